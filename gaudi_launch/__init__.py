@@ -1,0 +1,19 @@
+"""gaudi-launch: a multi-node launcher for training on Intel Gaudi (HPU) clusters.
+
+The launcher side (everything importable from here) never imports torch; the worker and the
+runtime do.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["DistributedRunner", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy so that `import gaudi_launch` stays cheap for the CLI.
+    if name == "DistributedRunner":
+        from gaudi_launch.runner import DistributedRunner
+
+        return DistributedRunner
+    raise AttributeError(name)

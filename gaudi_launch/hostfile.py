@@ -1,0 +1,554 @@
+"""DeepSpeed-style hostfiles and include/exclude selectors.
+
+A hostfile lists one host per line::
+
+    # rack 3
+    worker-0 slots=8
+    deploy@worker-1 slots=8   # trailing comments are fine
+    10.0.0.7 slots=4
+    [fe80::1] slots=8
+
+``parse_selector`` reads the ``--include``/``--exclude`` syntax
+(``worker-0:0,2@worker-1``) and ``select`` turns a hostfile plus options into the
+list of ``(host, device ids)`` to launch on. Everything here is a pure function
+except ``read_hostfile``; every mistake a user can make is a ``UserError`` that
+says where it is and what to do.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from .errors import UserError
+
+__all__ = ["Host", "parse_hostfile", "read_hostfile", "parse_selector", "select"]
+
+
+@dataclass(frozen=True)
+class Host:
+    """One hostfile entry.
+
+    ``name`` is as written, except that IPv6 brackets are stripped
+    (``[fe80::1]`` -> ``fe80::1``, ``user@[fe80::1]`` -> ``user@fe80::1``).
+    ``line`` is the 1-based line in the file, 0 when the host did not come from a file.
+    """
+
+    name: str
+    slots: int
+    line: int = 0
+
+
+_HOSTNAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*", re.ASCII)
+_USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*", re.ASCII)
+_DIGITS_RE = re.compile(r"[0-9]+", re.ASCII)
+_DOTTED_NUMBERS_RE = re.compile(r"[0-9.]+", re.ASCII)
+
+_EXAMPLE_LINE = "worker-0 slots=8"
+
+
+# --------------------------------------------------------------------------- host names
+
+
+def _split_user(name: str) -> tuple[str | None, str]:
+    if "@" in name:
+        user, _, host = name.partition("@")
+        return user, host
+    return None, name
+
+
+def _ipv6(text: str) -> ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.IPv6Address(text)
+    except ValueError:
+        return None
+
+
+def _host_key(host: str) -> str:
+    """Canonical form of a host part (no user): lower-case, IPv6 compressed."""
+    addr = _ipv6(host)
+    if addr is not None:
+        return str(addr)
+    return host.lower()
+
+
+def _name_key(name: str) -> str:
+    """Key that identifies a machine: the host part of ``name``, canonicalised."""
+    return _host_key(_split_user(name)[1])
+
+
+def _check_host_name(raw: str, where: str) -> str:
+    """Validate a hostfile host token; return it with IPv6 brackets stripped."""
+    if "=" in raw:
+        raise UserError(
+            f"bad host name '{raw}': a host name cannot contain '='",
+            where=where,
+            hint=f"each line must start with a host name, then slots=N, e.g. '{_EXAMPLE_LINE}'",
+        )
+    if "," in raw:
+        raise UserError(
+            f"bad host name '{raw}': a host name cannot contain ','",
+            where=where,
+            hint=f"put one host per line, e.g. '{_EXAMPLE_LINE}'",
+        )
+    if raw.count("@") > 1:
+        raise UserError(
+            f"bad host name '{raw}': '@' appears more than once",
+            where=where,
+            hint="write at most one user, as user@host",
+        )
+    user, host = _split_user(raw)
+    if user == "":
+        raise UserError(
+            f"bad host name '{raw}': nothing before '@'",
+            where=where,
+            hint="write user@host, e.g. 'deploy@worker-0 slots=8', or just the host name",
+        )
+    if user is not None and not _USER_RE.fullmatch(user):
+        raise UserError(
+            f"bad user name '{user}' in '{raw}'",
+            where=where,
+            hint="write user@host with a plain user name (letters, digits, '.', '_', '-'), "
+            "or leave the user out and set it in ~/.ssh/config",
+        )
+    prefix = f"{user}@" if user is not None else ""
+
+    if host.startswith("[") or host.endswith("]"):
+        inner = host[1:-1] if host.startswith("[") and host.endswith("]") else None
+        if inner is None or _ipv6(inner) is None:
+            raise UserError(
+                f"bad host name '{raw}': brackets are only for IPv6 addresses",
+                where=where,
+                hint="write an IPv6 address as [fe80::1] (or bare fe80::1); "
+                "write host names and IPv4 addresses without brackets",
+            )
+        return prefix + inner
+
+    if ":" in host:
+        if _ipv6(host) is not None:
+            return raw
+        if host.count(":") == 1:
+            hint = (
+                "ports cannot be given in a hostfile; set the ssh port in ~/.ssh/config "
+                "(Host ... / Port ...) and write just the host name here"
+            )
+        else:
+            hint = "write an IPv6 address as [fe80::1] or fe80::1; host names cannot contain ':'"
+        raise UserError(f"bad host name '{raw}': unexpected ':'", where=where, hint=hint)
+
+    if not host:
+        raise UserError(
+            f"bad host name '{raw}': nothing after '@'",
+            where=where,
+            hint="write user@host, e.g. 'deploy@worker-0 slots=8'",
+        )
+    if _DOTTED_NUMBERS_RE.fullmatch(host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise UserError(
+                f"bad host name '{raw}': '{host}' is not a valid IPv4 address",
+                where=where,
+                hint="an IPv4 address is four numbers 0-255 separated by dots, e.g. 10.0.0.7",
+            ) from None
+        return raw
+    if not _HOSTNAME_RE.fullmatch(host):
+        raise UserError(
+            f"bad host name '{raw}'",
+            where=where,
+            hint="a host name may use letters, digits, '.', '_' and '-' and must not start "
+            "with '-' or '.'; IPv6 addresses look like fe80::1 or [fe80::1]",
+        )
+    return raw
+
+
+# --------------------------------------------------------------------------- hostfile
+
+
+def _parse_slots(value: str, where: str) -> int:
+    if not _DIGITS_RE.fullmatch(value):
+        raise UserError(
+            f"slots must be a positive integer, got '{value}'",
+            where=where,
+            hint="write the number of devices on the host, e.g. slots=8",
+        )
+    slots = int(value)
+    if slots < 1:
+        raise UserError(
+            f"slots must be at least 1, got {value}",
+            where=where,
+            hint="remove the line or comment it out with '#' to leave a host unused",
+        )
+    return slots
+
+
+def parse_hostfile(text: str, source: str) -> list[Host]:
+    """Parse hostfile ``text``; ``source`` names it in errors (``source:LINE``)."""
+    hosts: list[Host] = []
+    seen: dict[str, Host] = {}
+    for number, raw_line in enumerate(text.split("\n"), start=1):
+        content = raw_line.split("#", 1)[0]
+        tokens = content.split()
+        if not tokens:
+            continue
+        where = f"{source}:{number}"
+        head, rest = tokens[0], tokens[1:]
+        if "=" in head:
+            raise UserError(
+                f"bad line: expected a host name before '{head}'",
+                where=where,
+                hint=f"each line is a host name followed by slots=N, e.g. '{_EXAMPLE_LINE}'",
+            )
+        name = _check_host_name(head, where)
+
+        slots: int | None = None
+        for token in rest:
+            if "=" not in token:
+                if token.isdigit() and slots is None and len(rest) == 1:
+                    hint = f"write '{head} slots={token}'"
+                else:
+                    hint = f"write key=value with no spaces around '=', e.g. '{_EXAMPLE_LINE}'"
+                raise UserError(
+                    f"bad line: unexpected '{token}' (expected slots=N)", where=where, hint=hint
+                )
+            key, _, value = token.partition("=")
+            if key != "slots":
+                raise UserError(
+                    f"unknown key '{key}' (only slots=N is understood)",
+                    where=where,
+                    hint=f"write the line as '{head} slots=N'"
+                    + (" (keys are lower-case)" if key.lower() == "slots" else ""),
+                )
+            if slots is not None:
+                raise UserError(
+                    "slots is given twice",
+                    where=where,
+                    hint=f"keep a single slots=N, e.g. '{head} slots={slots}'",
+                )
+            slots = _parse_slots(value, where)
+        if slots is None:
+            raise UserError(
+                f"missing slots for host '{head}'",
+                where=where,
+                hint=f"say how many devices the host has, e.g. '{head} slots=8'",
+            )
+
+        key = _name_key(name)
+        first = seen.get(key)
+        if first is not None:
+            raise UserError(
+                f"duplicate host '{head}' (already listed on line {first.line} as '{first.name}')",
+                where=where,
+                hint="list each host once; remove or comment out one of the lines",
+            )
+        host = Host(name=name, slots=slots, line=number)
+        seen[key] = host
+        hosts.append(host)
+
+    if not hosts:
+        raise UserError(
+            "the hostfile lists no hosts",
+            where=source,
+            hint=f"add one line per host, e.g. '{_EXAMPLE_LINE}'",
+        )
+    return hosts
+
+
+def read_hostfile(path: str) -> list[Host]:
+    """Read and parse the hostfile at ``path``; a missing or unreadable file is a UserError."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        raise UserError(
+            "hostfile not found",
+            where=path,
+            hint=f"create it with one line per host (e.g. '{_EXAMPLE_LINE}') "
+            "or pass the right path with --hostfile",
+        ) from None
+    except IsADirectoryError:
+        raise UserError(
+            "hostfile is a directory, not a file",
+            where=path,
+            hint="pass the path of the hostfile itself with --hostfile",
+        ) from None
+    except PermissionError:
+        raise UserError(
+            "hostfile cannot be read: permission denied",
+            where=path,
+            hint="check the file's permissions (e.g. chmod a+r) or copy it somewhere readable",
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"hostfile is not valid UTF-8 text ({exc.reason} at byte {exc.start})",
+            where=path,
+            hint="save the hostfile as plain UTF-8 text",
+        ) from None
+    except OSError as exc:
+        raise UserError(
+            f"hostfile cannot be read: {exc.strerror or exc}",
+            where=path,
+            hint="check that the path is a readable file",
+        ) from None
+    return parse_hostfile(text, path)
+
+
+# --------------------------------------------------------------------------- selectors
+
+
+def _parse_slot_list(text: str, part: str, option: str) -> list[int]:
+    slots: list[int] = []
+    for token in text.split(","):
+        token = token.strip()
+        if not token:
+            raise UserError(
+                f"empty slot number in '{part}'",
+                where=option,
+                hint="write slots as comma-separated numbers, e.g. worker-0:0,1",
+            )
+        if token.startswith("-") and _DIGITS_RE.fullmatch(token[1:]):
+            raise UserError(
+                f"slot numbers cannot be negative: '{token}' in '{part}'",
+                where=option,
+                hint="slots are numbered from 0, e.g. worker-0:0,1",
+            )
+        if not _DIGITS_RE.fullmatch(token):
+            raise UserError(
+                f"slot '{token}' in '{part}' is not a number",
+                where=option,
+                hint="write slots as comma-separated numbers, e.g. worker-0:0,1; "
+                "separate hosts with '@', e.g. worker-0:0@worker-1",
+            )
+        slot = int(token)
+        if slot in slots:
+            raise UserError(
+                f"slot {slot} is listed twice in '{part}'",
+                where=option,
+                hint="list each slot once",
+            )
+        slots.append(slot)
+    return sorted(slots)
+
+
+def _check_selector_name(name: str, part: str, option: str) -> None:
+    if not name:
+        raise UserError(
+            f"missing host name in '{part}'",
+            where=option,
+            hint="write HOST or HOST:SLOTS, e.g. worker-0:0,1",
+        )
+    if "," in name:
+        raise UserError(
+            f"bad host name '{name}'",
+            where=option,
+            hint="separate hosts with '@', e.g. " + "@".join(n for n in name.split(",") if n)
+            + "; ',' separates slots, e.g. worker-0:0,1",
+        )
+    if "=" in name or any(c.isspace() for c in name) or "[" in name or "]" in name:
+        raise UserError(
+            f"bad host name '{name}'",
+            where=option,
+            hint="write HOST or HOST:SLOTS as in the hostfile, e.g. worker-0:0,1; "
+            "IPv6 hosts with slots need brackets, e.g. [fe80::1]:0,1",
+        )
+
+
+def parse_selector(expr: str, option: str) -> dict[str, list[int] | None]:
+    """Parse ``NAME[:SLOT[,SLOT...]][@NAME[:SLOTS]]...``; errors name ``option``.
+
+    Returns ``{name: sorted slots or None for the whole host}`` in the order written.
+    Names have IPv6 brackets stripped. ``@`` separates hosts, so a selector names a
+    host without its ``user@`` part.
+    """
+    result: dict[str, list[int] | None] = {}
+    keys: dict[str, str] = {}
+    for part in expr.split("@"):
+        part = part.strip()
+        if not part:
+            raise UserError(
+                f"empty host in '{expr}'",
+                where=option,
+                hint="write HOST[:SLOTS] parts separated by single '@', e.g. worker-0:0,2@worker-1",
+            )
+        slots: list[int] | None = None
+        if part.startswith("["):
+            close = part.find("]")
+            if close < 0:
+                raise UserError(
+                    f"missing ']' in '{part}'",
+                    where=option,
+                    hint="write bracketed IPv6 hosts as [fe80::1] or [fe80::1]:0,1",
+                )
+            name = part[1:close].strip()
+            after = part[close + 1:]
+            if _ipv6(name) is None:
+                raise UserError(
+                    f"'{part[:close + 1]}' is not an IPv6 address",
+                    where=option,
+                    hint="brackets are only for IPv6 addresses, e.g. [fe80::1]:0,1",
+                )
+            if after:
+                if not after.startswith(":"):
+                    raise UserError(
+                        f"unexpected '{after}' after ']' in '{part}'",
+                        where=option,
+                        hint="write [IPV6] or [IPV6]:SLOTS, e.g. [fe80::1]:0,1",
+                    )
+                slots = _parse_slot_list(after[1:], part, option)
+        elif part.count(":") > 1:
+            name = part  # a bare IPv6 address: the whole host
+            if _ipv6(name) is None:
+                raise UserError(
+                    f"'{part}' is not an IPv6 address",
+                    where=option,
+                    hint="to pick slots on an IPv6 host, bracket it: [fe80::1]:0,1",
+                )
+        else:
+            name, colon, slot_text = part.partition(":")
+            name = name.strip()
+            _check_selector_name(name, part, option)
+            if colon:
+                slots = _parse_slot_list(slot_text, part, option)
+
+        key = _host_key(name)
+        if key in keys:
+            raise UserError(
+                f"host '{name}' is listed twice",
+                where=option,
+                hint=f"name each host once; merge its slots, e.g. {keys[key]}:0,1",
+            )
+        keys[key] = name
+        result[name] = slots
+    return result
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def _known_hosts_hint(hosts: list[Host]) -> str:
+    names = [h.name for h in hosts]
+    shown = ", ".join(names[:10])
+    if len(names) > 10:
+        shown += f", ... ({len(names) - 10} more)"
+    return f"hosts in the hostfile: {shown}"
+
+
+def _resolve(
+    hosts: list[Host], selector: dict[str, list[int] | None], option: str
+) -> dict[int, list[int] | None]:
+    """Map hostfile index -> selected slots (None = all), checking names and slot ranges."""
+    by_key = {_name_key(h.name): i for i, h in enumerate(hosts)}
+    resolved: dict[int, list[int] | None] = {}
+    for name, slots in selector.items():
+        index = by_key.get(_host_key(name))
+        if index is None:
+            raise UserError(
+                f"Hostname '{name}' not found in hostfile",
+                where=option,
+                hint=_known_hosts_hint(hosts),
+            )
+        host = hosts[index]
+        for slot in slots or ():
+            if slot >= host.slots:
+                raise UserError(
+                    f"No slot {slot} on host '{host.name}' (slots={host.slots})",
+                    where=option,
+                    hint=f"slots on '{host.name}' are numbered 0 to {host.slots - 1}",
+                )
+        resolved[index] = slots
+    return resolved
+
+
+def _check_count(value: object, option: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(
+            f"{option} must be at least 1, got {value!r}",
+            where=option,
+            hint=f"pass the number of {what} to use, or leave {option} out to use all of them",
+        )
+    return value
+
+
+def select(
+    hosts: list[Host],
+    *,
+    include: str | None = None,
+    exclude: str | None = None,
+    num_nodes: int | None = None,
+    num_devices: int | None = None,
+) -> list[tuple[str, list[int]]]:
+    """Apply include/exclude, then num_nodes, then num_devices.
+
+    Returns ``[(host name, ascending device ids)]`` in hostfile order. ``None`` means
+    an option was not given; an empty string is an (invalid) empty selector.
+    """
+    if include is not None and exclude is not None:
+        raise UserError(
+            "--include and --exclude are mutually exclusive",
+            where="--include/--exclude",
+            hint="use only one: --include to list the hosts/slots to use, "
+            "or --exclude to list those to leave out",
+        )
+    if num_nodes is not None:
+        _check_count(num_nodes, "--num_nodes", "nodes")
+    if num_devices is not None:
+        _check_count(num_devices, "--num_devices", "devices per node")
+    if not hosts:
+        raise UserError(
+            "no hosts to run on",
+            where="hostfile",
+            hint=f"list at least one host in the hostfile, e.g. '{_EXAMPLE_LINE}'",
+        )
+
+    chosen: list[tuple[str, list[int]]]
+    if include is not None:
+        wanted = _resolve(hosts, parse_selector(include, "--include"), "--include")
+        chosen = []
+        for index, host in enumerate(hosts):
+            if index in wanted:
+                slots = wanted[index]
+                chosen.append((host.name, list(slots) if slots is not None else list(range(host.slots))))
+    elif exclude is not None:
+        unwanted = _resolve(hosts, parse_selector(exclude, "--exclude"), "--exclude")
+        chosen = []
+        for index, host in enumerate(hosts):
+            if index in unwanted:
+                dropped = unwanted[index]
+                if dropped is None:
+                    continue
+                left = [s for s in range(host.slots) if s not in dropped]
+            else:
+                left = list(range(host.slots))
+            if left:
+                chosen.append((host.name, left))
+        if not chosen:
+            raise UserError(
+                "--exclude leaves no hosts to run on",
+                where="--exclude",
+                hint="exclude fewer hosts or slots; " + _known_hosts_hint(hosts),
+            )
+    else:
+        chosen = [(h.name, list(range(h.slots))) for h in hosts]
+
+    if num_nodes is not None:
+        if num_nodes > len(chosen):
+            raise UserError(
+                f"asked for {num_nodes} nodes but the hostfile selection has {len(chosen)}",
+                where="--num_nodes",
+                hint=f"pass --num_nodes {len(chosen)} or fewer, or add hosts to the hostfile"
+                + (" / widen --include/--exclude" if include is not None or exclude is not None else ""),
+            )
+        chosen = chosen[:num_nodes]
+
+    if num_devices is not None:
+        for name, devices in chosen:
+            if len(devices) < num_devices:
+                shown = ",".join(str(d) for d in devices)
+                raise UserError(
+                    f"host '{name}' has only {len(devices)} selected device(s) "
+                    f"(slots {shown}) but {num_devices} were asked for",
+                    where="--num_devices",
+                    hint=f"pass --num_devices {len(devices)} or fewer, or select more slots on '{name}'",
+                )
+        chosen = [(name, devices[:num_devices]) for name, devices in chosen]
+
+    return chosen

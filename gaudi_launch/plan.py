@@ -1,0 +1,100 @@
+"""The launch plan: plain data saying exactly what will run where, and how it is shown.
+
+A plan is built without side effects on the job (see planner.py), printed by ``--dry-run`` and
+executed by a backend. Secrets are masked in everything rendered here.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+from gaudi_launch.envfile import is_secret, mask_env, mask_text
+
+
+@dataclass
+class NodePlan:
+    host: str
+    node_rank: int
+    devices: List[int]
+    ranks: List[int]
+
+
+@dataclass
+class Command:
+    """One process the launcher starts. ``env`` is what it adds on top of the job env."""
+
+    host: str
+    argv: List[str]
+    env: Dict[str, str] = field(default_factory=dict)
+    rank: Optional[int] = None  # None when one process (mpirun, deepspeed) starts many ranks
+
+
+@dataclass
+class LaunchPlan:
+    backend: str
+    world_size: int
+    master_addr: str
+    master_port: int
+    nodes: List[NodePlan]
+    env: Dict[str, str]            # what every rank sees on top of the inherited environment
+    commands: List[Command]
+    program: List[str]             # the user's script (or module) and its arguments
+    notes: List[str] = field(default_factory=list)
+    job_id: str = ""
+
+    def secret_values(self) -> Dict[str, str]:
+        return {k: v for k, v in self.env.items() if is_secret(k)}
+
+    def mask(self, text: str) -> str:
+        return mask_text(text, self.secret_values())
+
+    def to_dict(self) -> dict:
+        """The JSON form (secrets masked): stable keys that tests and tools may rely on."""
+        secrets = self.secret_values()
+        data = asdict(self)
+        data["env"] = mask_env(self.env)
+        data["commands"] = [
+            {"host": c.host, "rank": c.rank, "argv": [mask_text(a, secrets) for a in c.argv],
+             "env": mask_env(c.env)} for c in self.commands]
+        data["program"] = [mask_text(a, secrets) for a in self.program]
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def render_text(self) -> str:
+        """A readable dry run: who runs what, with which environment."""
+        secrets = self.secret_values()
+        out = [f"backend: {self.backend}    world size: {self.world_size}    "
+               f"master: {self.master_addr}:{self.master_port}    job: {self.job_id}"]
+        out.append("nodes:")
+        for n in self.nodes:
+            out.append(f"  node {n.node_rank}  {n.host:<24} devices {_ids(n.devices):<16} ranks {_ids(n.ranks)}")
+        if self.env:
+            out.append("environment for every rank (in addition to the launcher's):")
+            for k, v in sorted(mask_env(self.env).items()):
+                out.append(f"  {k}={v}")
+        out.append("commands:")
+        for c in self.commands:
+            who = f"rank {c.rank}" if c.rank is not None else "all ranks"
+            extra = " ".join(f"{k}={v}" for k, v in mask_env(c.env).items())
+            line = mask_text(shlex.join(c.argv), secrets)
+            out.append(f"  [{c.host}, {who}] {extra + ' ' if extra else ''}{line}")
+        for note in self.notes:
+            out.append(f"note: {note}")
+        return "\n".join(out) + "\n"
+
+
+def _ids(ids: List[int]) -> str:
+    """[0,1,2,3,6] -> '0-3,6': short and unambiguous."""
+    parts: List[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(parts) or "-"

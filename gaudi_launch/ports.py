@@ -1,0 +1,62 @@
+"""Master port: pick a free one, or check that a given one is free and name who holds it."""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Optional
+
+from gaudi_launch.errors import UserError
+
+
+def pick_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    # SO_REUSEADDR as the rendezvous store uses it: a port in TIME_WAIT is fine, a listener is not.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def port_holder(port: int) -> Optional[str]:
+    """'pid 123 (python)' for the process listening on ``port``, when /proc tells (best effort)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    local, state, inode = fields[1], fields[3], fields[9]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
+                        inodes.add(f"socket:[{inode}]")
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue
+    if not inodes:
+        return None
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    with open(f"/proc/{pid}/comm") as f:
+                        return f"pid {pid} ({f.read().strip()})"
+        except OSError:
+            continue
+    return None
+
+
+def check_port(port: int, option: str = "--master_port") -> None:
+    if not 1 <= port <= 65535:
+        raise UserError(f"port {port} is out of range 1-65535", where=option)
+    if not port_is_free(port):
+        holder = port_holder(port)
+        raise UserError(
+            f"port {port} is already in use on this host" + (f" by {holder}" if holder else ""),
+            where=option, hint="choose another --master_port, or leave it out and a free one is picked")

@@ -1,0 +1,71 @@
+"""JobSpec: what the user asked for, validated, with gaudi_spawn.py's flags mapped onto ours."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from gaudi_launch.errors import UserError
+
+BACKENDS = ("auto", "local", "mpirun", "deepspeed")
+
+
+@dataclass
+class JobSpec:
+    program: List[str]                   # the script (or module) and its arguments, untouched
+    module: bool = False                 # run program[0] as a module (python -m)
+    no_python: bool = False              # program[0] is an executable, not a Python script
+    python: str = field(default_factory=lambda: sys.executable)
+    hostfile: Optional[str] = None
+    include: Optional[str] = None
+    exclude: Optional[str] = None
+    num_nodes: Optional[int] = None
+    num_devices: Optional[int] = None    # per node
+    backend: str = "auto"
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    env_file: Optional[str] = None
+    env: Dict[str, str] = field(default_factory=dict)  # from -x, on top of the env files
+    append_local_rank: bool = False
+    log_dir: Optional[str] = None
+    grace: float = 10.0
+
+    def validate(self) -> "JobSpec":
+        if not self.program:
+            raise UserError("no training script given", where="SCRIPT",
+                            hint="gaudi-launch [OPTIONS] train.py [SCRIPT ARGS]...")
+        if self.module and self.no_python:
+            raise UserError("--module and --no_python cannot be used together", where="--module")
+        if self.backend not in BACKENDS:
+            raise UserError(f"unknown backend {self.backend!r}", where="--backend",
+                            hint="one of: " + ", ".join(BACKENDS))
+        for option, value in (("--num_nodes", self.num_nodes), ("--num_devices", self.num_devices)):
+            if value is not None and value < 1:
+                raise UserError(f"must be at least 1, got {value}", where=option)
+        if self.master_port is not None and not 1 <= self.master_port <= 65535:
+            raise UserError(f"port {self.master_port} is out of range 1-65535", where="--master_port")
+        if self.grace < 0:
+            raise UserError(f"must not be negative, got {self.grace}", where="--grace")
+        return self
+
+
+def resolve_compat(*, backend: str, use_mpi: bool, use_deepspeed: bool,
+                   world_size: Optional[int], num_devices: Optional[int]) -> tuple:
+    """Map gaudi_spawn.py's --use_mpi/--use_deepspeed/--world_size onto (backend, num_devices)."""
+    if use_mpi and use_deepspeed:
+        raise UserError("--use_mpi and --use_deepspeed cannot be used together", where="--use_mpi")
+    wanted = "mpirun" if use_mpi else "deepspeed" if use_deepspeed else None
+    if wanted:
+        if backend not in ("auto", wanted):
+            flag = "--use_mpi" if use_mpi else "--use_deepspeed"
+            raise UserError(f"{flag} contradicts --backend {backend}", where=flag)
+        backend = wanted
+    if world_size is not None:
+        if world_size < 1:
+            raise UserError(f"must be at least 1, got {world_size}", where="--world_size")
+        if num_devices is not None and num_devices != world_size:
+            raise UserError(f"--world_size {world_size} contradicts --num_devices {num_devices}",
+                            where="--world_size",
+                            hint="--world_size is gaudi_spawn.py's name for devices per node; give one of them")
+        num_devices = world_size
+    return backend, num_devices

@@ -1,0 +1,357 @@
+"""The supervisor: owns every process of a job from spawn to reap.
+
+Each process gets its own session (so its process group is ours to signal and a terminal's Ctrl-C
+reaches only the launcher), its output is streamed line by line with a ``[rank N]`` prefix, and the
+first non-zero exit tears the rest down: SIGTERM to every other process group, SIGKILL after the
+grace period. Signals to the launcher (INT, TERM, HUP) tear the job down the same way. The result is
+a record (``JobResult``) with one failure summary, root cause first.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Deque, Dict, List, Optional, TextIO
+
+TAIL_KEEP = 200          # lines of output remembered per process for the summary
+SUMMARY_LINES = 25       # lines shown when there is no traceback
+TRACEBACK_LINES = 60     # at most this much of a traceback
+_COLORS = ["36", "33", "35", "32", "34", "31", "96", "93"]
+
+
+@dataclass
+class ProcSpec:
+    """One process to run. ``env`` is its whole environment."""
+
+    rank: int
+    host: str
+    argv: List[str]
+    env: Dict[str, str]
+    cwd: Optional[str] = None
+    label: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return self.label or f"rank {self.rank}"
+
+
+@dataclass
+class ProcResult:
+    rank: int
+    host: str
+    name: str
+    pid: Optional[int]
+    returncode: Optional[int]  # Popen convention: -N means killed by signal N
+    state: str                 # "ok", "failed", "torn down", "not started"
+    runtime_s: float
+    tail: List[str] = field(default_factory=list)
+    killed: bool = False       # needed SIGKILL after the grace period
+
+    @property
+    def status(self) -> str:
+        return describe_returncode(self.returncode)
+
+
+@dataclass
+class JobResult:
+    exit_code: int
+    procs: List[ProcResult]
+    first_failure: Optional[ProcResult]
+    interrupted_by: Optional[str]
+    summary: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def exit_codes(self) -> Dict[int, Optional[int]]:
+        return {p.rank: p.returncode for p in self.procs}
+
+
+def exit_code_for(returncode: int) -> int:
+    """Shell convention: a signal N becomes 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_returncode(returncode: Optional[int]) -> str:
+    if returncode is None:
+        return "not started"
+    if returncode < 0:
+        return f"killed by {signal_name(-returncode)}"
+    return f"exit code {returncode}"
+
+
+def failure_excerpt(tail: List[str]) -> List[str]:
+    """The Python traceback at the end of the output when there is one, else the last lines."""
+    for i in range(len(tail) - 1, -1, -1):
+        if tail[i].startswith("Traceback (most recent call last)"):
+            return tail[i:][-TRACEBACK_LINES:]
+    return tail[-SUMMARY_LINES:]
+
+
+def format_summary(first: Optional[ProcResult], procs: List[ProcResult], interrupted_by: Optional[str],
+                   exit_code: int, log_dir: Optional[str]) -> str:
+    """One failure summary, root cause first. Pure: built from results only."""
+    lines = ["", "=" * 24 + " gaudi-launch: job failed " + "=" * 24]
+    if first is not None:
+        lines.append(f"first failure: {first.name} on {first.host} (pid {first.pid}), "
+                     f"{first.status} after {first.runtime_s:.1f} s")
+        excerpt = failure_excerpt(first.tail)
+        if excerpt:
+            lines.append(f"last output of {first.name}:")
+            lines.extend("  | " + line for line in excerpt)
+        else:
+            lines.append(f"{first.name} printed nothing")
+    if interrupted_by:
+        lines.append(f"the launcher received {interrupted_by} and stopped the job")
+    also = [p for p in procs if p.state == "failed" and p is not first]
+    if also:
+        lines.append("also failed: " + ", ".join(f"{p.name} ({p.status})" for p in also))
+    torn = [p for p in procs if p.state == "torn down"]
+    if torn:
+        lines.append("torn down as a consequence: " + ", ".join(
+            f"{p.name} ({'SIGKILL after grace period' if p.killed else p.status})" for p in torn))
+    never = [p for p in procs if p.state == "not started"]
+    if never:
+        lines.append("never started: " + ", ".join(p.name for p in never))
+    if log_dir:
+        lines.append(f"per-rank logs: {log_dir}")
+    lines.append(f"exit code: {exit_code}")
+    lines.append("=" * 74)
+    return "\n".join(lines) + "\n"
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: a SIGKILLed launcher leaves no orphans
+    except Exception:
+        pass
+
+
+class _Proc:
+    def __init__(self, index: int, spec: ProcSpec):
+        self.index = index
+        self.spec = spec
+        self.popen: Optional[subprocess.Popen] = None
+        self.started = 0.0
+        self.ended: Optional[float] = None
+        self.returncode: Optional[int] = None
+        self.tail: Deque[str] = deque(maxlen=TAIL_KEEP)
+        self.readers: List[threading.Thread] = []
+        self.log = None
+        self.state = "not started"
+        self.killed = False
+
+
+class Supervisor:
+    def __init__(self, specs: List[ProcSpec], *, grace: float = 10.0, log_dir: Optional[str] = None,
+                 stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
+                 color: Optional[bool] = None, mask: Callable[[str], str] = lambda s: s,
+                 handle_signals: bool = True):
+        self.procs = [_Proc(i, s) for i, s in enumerate(specs)]
+        self.grace = grace
+        self.log_dir = log_dir
+        self.out = stdout or sys.stdout
+        self.err = stderr or sys.stderr
+        if color is None:
+            color = _isatty(self.out) and not os.environ.get("NO_COLOR")
+        self.color = color
+        self.mask = mask
+        self.handle_signals = handle_signals and threading.current_thread() is threading.main_thread()
+        self._events: "queue.Queue[tuple]" = queue.Queue()
+        self._write_lock = threading.Lock()
+        self._stop_signal = 0
+
+    # ---- output -------------------------------------------------------------------------------
+    def _prefix(self, proc: _Proc) -> str:
+        text = f"[{proc.spec.name}]"
+        if self.color:
+            text = f"\x1b[{_COLORS[proc.index % len(_COLORS)]}m{text}\x1b[0m"
+        return text + " "
+
+    def _pump(self, proc: _Proc, pipe, sink: TextIO) -> None:
+        prefix = self._prefix(proc)
+        for raw in iter(pipe.readline, b""):
+            line = self.mask(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+            with self._write_lock:
+                proc.tail.append(line)
+                if proc.log:
+                    proc.log.write(line + "\n")
+                    proc.log.flush()
+                try:
+                    sink.write(prefix + line + "\n")
+                    sink.flush()
+                except (OSError, ValueError):
+                    pass  # our own stdout is gone (closed pipe); keep draining the child
+        pipe.close()
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def _spawn(self, proc: _Proc) -> None:
+        spec = proc.spec
+        if self.log_dir:
+            proc.log = open(os.path.join(self.log_dir, f"rank-{spec.rank}.log"), "w", encoding="utf-8")
+        proc.started = time.monotonic()
+        try:
+            proc.popen = subprocess.Popen(
+                spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=_die_with_parent)
+        except OSError as exc:
+            proc.tail.append(f"gaudi-launch could not start {spec.argv[0]!r}: {exc.strerror or exc}")
+            proc.returncode = 127
+            proc.ended = proc.started
+            self._events.put(("exit", proc.index))
+            return
+        proc.state = "running"
+        for pipe, sink in ((proc.popen.stdout, self.out), (proc.popen.stderr, self.err)):
+            t = threading.Thread(target=self._pump, args=(proc, pipe, sink), daemon=True)
+            t.start()
+            proc.readers.append(t)
+        threading.Thread(target=self._wait, args=(proc,), daemon=True).start()
+
+    def _wait(self, proc: _Proc) -> None:
+        proc.returncode = proc.popen.wait()
+        proc.ended = time.monotonic()
+        self._events.put(("exit", proc.index))
+
+    def _signal_groups(self, sig: int, only_running: bool = True) -> None:
+        for proc in self.procs:
+            if proc.popen is None or (only_running and proc.returncode is not None):
+                continue
+            try:
+                os.killpg(proc.popen.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._stop_signal = signum
+        self._events.put(("signal", signum))
+
+    def run(self) -> JobResult:
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+        old_handlers = {}
+        if self.handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                old_handlers[sig] = signal.signal(sig, self._on_signal)
+        try:
+            return self._run()
+        finally:
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            for proc in self.procs:
+                if proc.log:
+                    proc.log.close()
+
+    def _run(self) -> JobResult:
+        first: Optional[_Proc] = None
+        interrupted: Optional[str] = None
+        deadline: Optional[float] = None  # set once teardown starts
+
+        def teardown() -> None:
+            nonlocal deadline
+            if deadline is None:
+                deadline = time.monotonic() + self.grace
+                for p in self.procs:
+                    if p.state == "running":
+                        p.state = "torn down"
+                self._signal_groups(signal.SIGTERM)
+
+        for proc in self.procs:
+            # A signal or a failure while spawning: start nothing more (the main loop tears down).
+            if self._stop_signal or any(p.returncode not in (None, 0) for p in self.procs):
+                break
+            self._spawn(proc)
+        pending = {p.index for p in self.procs if p.popen is not None or p.returncode is not None}
+        while pending:
+            timeout = 0.5 if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                kind, value = self._events.get(timeout=timeout)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    for p in self.procs:
+                        if p.popen is not None and p.returncode is None:
+                            p.killed = True
+                    self._signal_groups(signal.SIGKILL)
+                    deadline = float("inf")
+                continue
+            if kind == "signal":
+                if deadline is not None:
+                    self._signal_groups(signal.SIGKILL)  # a signal during teardown: no more waiting
+                    for p in self.procs:
+                        if p.popen is not None and p.returncode is None:
+                            p.killed = True
+                interrupted = interrupted or signal_name(value)
+                teardown()
+                continue
+            proc = self.procs[value]
+            pending.discard(value)
+            if proc.returncode == 0:
+                if proc.state == "running":
+                    proc.state = "ok"
+            elif proc.state == "running" or (proc.state == "not started" and proc.popen is None):
+                proc.state = "failed"
+                if first is None and interrupted is None:
+                    first = proc
+                teardown()
+        if self._stop_signal and interrupted is None and first is None:
+            interrupted = signal_name(self._stop_signal)  # arrived before anything was running
+        # Every direct child is reaped; kill whatever their process groups left behind.
+        self._signal_groups(signal.SIGKILL, only_running=False)
+        for proc in self.procs:
+            for t in proc.readers:
+                t.join(timeout=5)
+        return self._result(first, interrupted)
+
+    def _result(self, first: Optional[_Proc], interrupted: Optional[str]) -> JobResult:
+        now = time.monotonic()
+        results = [ProcResult(
+            rank=p.spec.rank, host=p.spec.host, name=p.spec.name,
+            pid=p.popen.pid if p.popen else None, returncode=p.returncode, state=p.state,
+            runtime_s=((p.ended or now) - p.started) if p.started else 0.0,
+            tail=list(p.tail), killed=p.killed) for p in self.procs]
+        by_index = {p.index: r for p, r in zip(self.procs, results)}
+        first_result = by_index[first.index] if first else None
+        if first_result is not None:
+            code = exit_code_for(first_result.returncode)
+        elif interrupted:
+            code = 128 + int(signal.Signals[interrupted])
+        else:
+            code = 0
+        summary = ""
+        if code != 0:
+            summary = self.mask(format_summary(first_result, results, interrupted, code, self.log_dir))
+            try:
+                self.err.write(summary)
+                self.err.flush()
+            except (OSError, ValueError):
+                pass
+        return JobResult(exit_code=code, procs=results, first_failure=first_result,
+                         interrupted_by=interrupted, summary=summary)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def supervise(specs: List[ProcSpec], **kwargs) -> JobResult:
+    return Supervisor(specs, **kwargs).run()

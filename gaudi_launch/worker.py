@@ -1,0 +1,102 @@
+"""Rank bootstrap: ``python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]``.
+
+Runs on every rank, whatever started it (our local backend, mpirun, the DeepSpeed launcher):
+normalises the environment to torchrun's contract, then runs the user's script in this process as
+``__main__`` with sys.argv as given. An uncaught exception is written as a structured error record
+(rank, host, time, traceback) to $GAUDI_LAUNCH_ERROR_FILE for the supervisor's failure summary.
+This module stays torch-free; the training runtime sets up devices and process groups.
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import socket
+import sys
+import time
+import traceback
+from typing import Dict, List, Mapping, MutableMapping
+
+# Where other launchers put the rank layout, in order of preference for each torchrun name.
+_SOURCES = {
+    "RANK": ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"),
+    "WORLD_SIZE": ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
+    "LOCAL_RANK": ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
+    "LOCAL_WORLD_SIZE": ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"),
+    "NODE_RANK": ("NODE_RANK", "GROUP_RANK", "CROSS_RANK", "OMPI_COMM_WORLD_NODE_RANK"),
+}
+
+
+def normalize_env(env: Mapping[str, str]) -> Dict[str, str]:
+    """The torchrun names (plus DeepSpeed's aliases) filled in from whichever launcher ran us. Pure."""
+    out: Dict[str, str] = {}
+    for name, sources in _SOURCES.items():
+        for src in sources:
+            if env.get(src, "") != "":
+                out[name] = env[src]
+                break
+    if "NODE_RANK" not in out and "RANK" in out and "LOCAL_WORLD_SIZE" in out:
+        # Homogeneous nodes (mpirun ppr:K:node): node rank follows from the global rank.
+        out["NODE_RANK"] = str(int(out["RANK"]) // max(1, int(out["LOCAL_WORLD_SIZE"])))
+    if "NODE_RANK" in out:
+        out.setdefault("GROUP_RANK", out["NODE_RANK"])
+        out.setdefault("CROSS_RANK", out["NODE_RANK"])
+    if "LOCAL_WORLD_SIZE" in out:
+        out.setdefault("LOCAL_SIZE", out["LOCAL_WORLD_SIZE"])
+    out.setdefault("MASTER_ADDR", env.get("MASTER_ADDR", "127.0.0.1"))
+    out.setdefault("MASTER_PORT", env.get("MASTER_PORT", "29500"))
+    return {k: v for k, v in out.items() if env.get(k) != v}
+
+
+def write_error_record(path: str, exc: BaseException, environ: Mapping[str, str]) -> None:
+    record = {
+        "rank": environ.get("RANK"),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "exc_type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    }
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
+    if not argv or argv == ["-m"]:
+        print("usage: python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    environ.update(normalize_env(environ))
+    as_module = argv[0] == "-m"
+    target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
+    try:
+        if as_module:
+            sys.argv = [target, *args]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [target, *args]
+            sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py` does
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        if code is None or isinstance(code, int):
+            return code or 0
+        print(code, file=sys.stderr)
+        return 1
+    except BaseException as exc:
+        error_file = environ.get("GAUDI_LAUNCH_ERROR_FILE")
+        if error_file:
+            try:
+                write_error_record(error_file, exc, environ)
+            except OSError:
+                pass
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
