@@ -9,6 +9,7 @@ a record (``JobResult``) with one failure summary, root cause first.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import queue
 import signal
@@ -36,6 +37,7 @@ class ProcSpec:
     env: Dict[str, str]
     cwd: Optional[str] = None
     label: Optional[str] = None
+    error_file: Optional[str] = None  # where the worker writes its error record (worker.py)
 
     @property
     def name(self) -> str:
@@ -53,6 +55,7 @@ class ProcResult:
     runtime_s: float
     tail: List[str] = field(default_factory=list)
     killed: bool = False       # needed SIGKILL after the grace period
+    error: Optional[dict] = None  # the worker's error record, when it wrote one
 
     @property
     def status(self) -> str:
@@ -111,7 +114,10 @@ def format_summary(first: Optional[ProcResult], procs: List[ProcResult], interru
     if first is not None:
         lines.append(f"first failure: {first.name} on {first.host} (pid {first.pid}), "
                      f"{first.status} after {first.runtime_s:.1f} s")
-        excerpt = failure_excerpt(first.tail)
+        if first.error and first.error.get("traceback"):
+            excerpt = first.error["traceback"].rstrip("\n").splitlines()[-TRACEBACK_LINES:]
+        else:
+            excerpt = failure_excerpt(first.tail)
         if excerpt:
             lines.append(f"last output of {first.name}:")
             lines.extend("  | " + line for line in excerpt)
@@ -325,7 +331,8 @@ class Supervisor:
             rank=p.spec.rank, host=p.spec.host, name=p.spec.name,
             pid=p.popen.pid if p.popen else None, returncode=p.returncode, state=p.state,
             runtime_s=((p.ended or now) - p.started) if p.started else 0.0,
-            tail=list(p.tail), killed=p.killed) for p in self.procs]
+            tail=list(p.tail), killed=p.killed, error=_read_record(p.spec.error_file))
+            for p in self.procs]
         by_index = {p.index: r for p, r in zip(self.procs, results)}
         first_result = by_index[first.index] if first else None
         if first_result is not None:
@@ -344,6 +351,17 @@ class Supervisor:
                 pass
         return JobResult(exit_code=code, procs=results, first_failure=first_result,
                          interrupted_by=interrupted, summary=summary)
+
+
+def _read_record(path: Optional[str]) -> Optional[dict]:
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _isatty(stream) -> bool:

@@ -1,0 +1,170 @@
+"""The ``gaudi-launch`` command: parses options, builds the plan, shows or runs it.
+
+Everything after SCRIPT is the script's own argv and is passed on untouched. No torch here.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+import click
+import typer
+from click.core import ParameterSource
+
+from gaudi_launch import __version__
+from gaudi_launch.errors import UserError
+
+EXIT_USAGE = 2
+
+HELP = """Launch SCRIPT on every selected device of every host, one process per device.
+
+Examples:
+
+  gaudi-launch --num_devices 8 train.py --bf16          (this host, 8 ranks)
+
+  gaudi-launch --hostfile hostfiles/two-dl1-nodes train.py --config cfg.json
+
+  gaudi-launch --hostfile H --include 'worker-0:0,1@worker-1' --dry-run train.py
+
+Exit status: 0 on success; the first failing rank's exit code (128+N for signal N);
+2 for bad input or options; 128+N when the launcher itself got signal N.
+"""
+
+_app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
+
+
+def _version(value: bool):
+    if value:
+        typer.echo(f"gaudi-launch {__version__}")
+        raise typer.Exit()
+
+
+@_app.command(help=HELP, context_settings={"allow_interspersed_args": False,
+                                          "help_option_names": ["-h", "--help"]})
+def launch(
+    ctx: typer.Context,
+    script: Optional[str] = typer.Argument(None, metavar="SCRIPT", help="Training script (or module with -m)."),
+    script_args: Optional[List[str]] = typer.Argument(None, metavar="[SCRIPT_ARGS]...",
+                                                      help="Passed to the script untouched."),
+    hostfile: Optional[str] = typer.Option(None, "--hostfile", "--hostfile_path", help="DeepSpeed-style hostfile: 'HOST slots=N' per line. Default: this host only."),
+    include: Optional[str] = typer.Option(None, "--include", "-i", help="Use only these hosts/devices: 'host1:0,2@host2'."),
+    exclude: Optional[str] = typer.Option(None, "--exclude", "-e", help="Leave out these hosts/devices: 'host1:3@host2'."),
+    num_nodes: Optional[int] = typer.Option(None, "--num_nodes", "--num-nodes", help="Use the first N hosts of the hostfile."),
+    num_devices: Optional[int] = typer.Option(None, "--num_devices", "--num-devices", "--num_gpus", "--num-gpus", "--nproc_per_node", help="Devices (ranks) per node. Default: every slot, or the detected device count."),
+    world_size: Optional[int] = typer.Option(None, "--world_size", "--world-size", help="gaudi_spawn.py's name for --num_devices."),
+    backend: str = typer.Option("auto", "--backend", help="auto, local, mpirun or deepspeed. auto: local for this host alone, else mpirun."),
+    use_mpi: bool = typer.Option(False, "--use_mpi", "--use-mpi", help="gaudi_spawn.py: same as --backend mpirun."),
+    use_deepspeed: bool = typer.Option(False, "--use_deepspeed", "--use-deepspeed", help="gaudi_spawn.py: same as --backend deepspeed."),
+    master_addr: Optional[str] = typer.Option(None, "--master_addr", "--master-addr", help="Rendezvous address. Default: 127.0.0.1 locally, else the first host."),
+    master_port: Optional[int] = typer.Option(None, "--master_port", "--master-port", help="Rendezvous port. Default: a free port picked on the master host."),
+    env_file: Optional[str] = typer.Option(None, "--env-file", "--env_file", help="Read only this env file instead of ~/.deepspeed_env and ./.deepspeed_env."),
+    env: Optional[List[str]] = typer.Option(None, "-x", "--env", help="KEY=VALUE for every rank (repeatable); wins over env files."),
+    module: bool = typer.Option(False, "--module", "-m", help="Run SCRIPT as a Python module (python -m)."),
+    no_python: bool = typer.Option(False, "--no_python", "--no-python", help="SCRIPT is an executable, not a Python file."),
+    python: Optional[str] = typer.Option(None, "--python", help="Interpreter for the ranks. Default: this one."),
+    append_local_rank: bool = typer.Option(False, "--append-local-rank", "--append_local_rank", help="Append --local_rank=N to the script's arguments (off by default; ranks read LOCAL_RANK)."),
+    no_local_rank: bool = typer.Option(False, "--no_local_rank", "--no-local-rank", help="Accepted for DeepSpeed compatibility: this is already the default."),
+    log_dir: Optional[str] = typer.Option(None, "--log-dir", "--log_dir", help="Also write each rank's output to DIR/rank-N.log."),
+    grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when tearing the job down."),
+    dry_run: bool = typer.Option(False, "--dry-run", "--dry_run", help="Print the plan; start nothing."),
+    json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as one JSON object."),
+    config: Optional[str] = typer.Option(None, "--config", help="YAML job file holding any of these options; the command line wins."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> int:
+    values = dict(ctx.params)
+    if config:
+        _apply_config(ctx, values, config)
+    if no_local_rank and values["append_local_rank"]:
+        raise UserError("--no_local_rank and --append-local-rank contradict each other", where="--no_local_rank")
+    return _launch(values)
+
+
+def _apply_config(ctx: click.Context, values: dict, path: str) -> None:
+    from gaudi_launch.config import load_config
+
+    params = {p.name: p for p in ctx.command.params}
+    for name, raw, where in load_config(path):
+        if name == "program_args":
+            name = "script_args"
+        elif name == "program":
+            name = "script"
+        param = params.get(name)
+        if param is None or name in ("config", "version", "ctx"):
+            raise UserError(f"unknown option '{name}'", where=where,
+                            hint="keys are the long option names, e.g. hostfile, num_devices, master_port")
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            continue  # the command line wins
+        if name == "env" and isinstance(raw, dict):
+            raw = [f"{k}={'' if v is None else v}" for k, v in raw.items()]
+        if name == "script_args" and isinstance(raw, str):
+            raise UserError("script_args is a list of strings", where=where, hint="script_args: [--bf16, --lr, '1e-4']")
+        if isinstance(raw, list):
+            raw = [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in raw]
+        try:
+            values[name] = param.type_cast_value(ctx, raw)
+        except click.BadParameter as exc:
+            raise UserError(f"bad value for {name}: {exc.message}", where=where)
+
+
+def _launch(v: dict) -> int:
+    from gaudi_launch.envfile import parse_assignments
+    from gaudi_launch.planner import build_plan
+    from gaudi_launch.spec import JobSpec, resolve_compat
+
+    if not v["script"]:
+        raise UserError("no training script given", where="SCRIPT",
+                        hint="gaudi-launch [OPTIONS] train.py [SCRIPT_ARGS]...  (see --help)")
+    backend, num_devices = resolve_compat(backend=v["backend"], use_mpi=v["use_mpi"],
+                                          use_deepspeed=v["use_deepspeed"], world_size=v["world_size"],
+                                          num_devices=v["num_devices"])
+    if v["json_out"] and not v["dry_run"]:
+        raise UserError("--json only applies to --dry-run", where="--json")
+    spec = JobSpec(
+        program=[v["script"], *(v["script_args"] or [])], module=v["module"], no_python=v["no_python"],
+        hostfile=v["hostfile"], include=v["include"], exclude=v["exclude"], num_nodes=v["num_nodes"],
+        num_devices=num_devices, backend=backend, master_addr=v["master_addr"],
+        master_port=v["master_port"], env_file=v["env_file"], env=parse_assignments(v["env"] or [], "-x"),
+        append_local_rank=v["append_local_rank"], log_dir=v["log_dir"], grace=v["grace"])
+    if v["python"]:
+        spec.python = v["python"]
+    return run_spec(spec, dry_run=v["dry_run"], json_out=v["json_out"])
+
+
+def run_spec(spec, *, dry_run: bool = False, json_out: bool = False) -> int:
+    from gaudi_launch.backends import get_backend
+    from gaudi_launch.planner import build_plan
+
+    plan = build_plan(spec)
+    if dry_run:
+        sys.stdout.write(plan.to_json() + "\n" if json_out else plan.render_text())
+        return 0
+    hosts = len(plan.nodes)
+    print(f"gaudi-launch: job {plan.job_id}: {plan.world_size} rank(s) on {hosts} host(s), backend "
+          f"{plan.backend}, master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
+    return get_backend(plan.backend).run(plan, spec).exit_code
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = typer.main.get_command(_app)
+    try:
+        return command.main(args=argv, prog_name="gaudi-launch", standalone_mode=False) or 0
+    except UserError as exc:
+        print(f"gaudi-launch: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        print("gaudi-launch: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug of ours: say so briefly; the traceback on request
+        if os.environ.get("GAUDI_LAUNCH_DEBUG"):
+            raise
+        print(f"gaudi-launch: internal error: {type(exc).__name__}: {exc}\n"
+              "  hint: rerun with GAUDI_LAUNCH_DEBUG=1 for the traceback and please report it",
+              file=sys.stderr)
+        return 1

@@ -1,0 +1,141 @@
+"""JobSpec -> LaunchPlan. Reads the hostfile and env files and picks a port; starts nothing."""
+from __future__ import annotations
+
+import secrets
+import socket
+from typing import Callable, List, Optional, Tuple
+
+from gaudi_launch.devices import DeviceCount, detect_local_devices
+from gaudi_launch.envfile import load_env_files
+from gaudi_launch.errors import UserError
+from gaudi_launch.hostfile import Host, read_hostfile, select
+from gaudi_launch.plan import LaunchPlan, NodePlan
+from gaudi_launch.ports import check_port, pick_free_port
+from gaudi_launch.spec import JobSpec
+
+DEFAULT_REMOTE_PORT = 29500
+_LOOPBACK = {"localhost", "localhost.localdomain", "ip6-localhost", "::1"}
+
+
+def bare_host(name: str) -> str:
+    """'user@host' -> 'host'."""
+    return name.rsplit("@", 1)[-1]
+
+
+def is_local_host(name: str, hostname: Optional[str] = None) -> bool:
+    """True for names that mean this machine, decided without any DNS lookup."""
+    host = bare_host(name).lower()
+    me = (hostname or socket.gethostname()).lower()
+    return host in _LOOPBACK or host.startswith("127.") or host in (me, me.split(".")[0])
+
+
+def layout(selected: List[Tuple[str, List[int]]]) -> List[NodePlan]:
+    """Global ranks are handed out node by node, devices in order. Pure."""
+    nodes, rank = [], 0
+    for node_rank, (host, devices) in enumerate(selected):
+        ranks = list(range(rank, rank + len(devices)))
+        rank += len(devices)
+        nodes.append(NodePlan(host=host, node_rank=node_rank, devices=list(devices), ranks=ranks))
+    return nodes
+
+
+def resolve_hosts(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices
+                  ) -> Tuple[List[Tuple[str, List[int]]], List[Host], List[str]]:
+    """The selected (host, device ids), the hostfile's hosts, and notes for the dry run."""
+    notes: List[str] = []
+    if spec.hostfile is not None:
+        hosts = read_hostfile(spec.hostfile)
+        num_devices = spec.num_devices
+    else:
+        found = detect()
+        slots = spec.num_devices or found.count
+        if not spec.num_devices:
+            notes.append(f"no hostfile: this host only, {found.count} {found.kind} device(s) ({found.source})")
+        hosts = [Host(name="localhost", slots=slots, line=0)]
+        num_devices = None  # already applied as the slot count
+    selected = select(hosts, include=spec.include or None, exclude=spec.exclude or None,
+                      num_nodes=spec.num_nodes, num_devices=num_devices)
+    return selected, hosts, notes
+
+
+def choose_backend(spec: JobSpec, selected, hosts: List[Host]) -> str:
+    all_local = all(is_local_host(h) for h, _ in selected)
+    if spec.backend == "auto":
+        return "local" if len(selected) == 1 and all_local else "mpirun"
+    if spec.backend == "local" and not all_local:
+        remote = next(h for h, _ in selected if not is_local_host(h))
+        line = next((x.line for x in hosts if x.name == remote), 0)
+        where = f"{spec.hostfile}:{line}" if spec.hostfile and line else "--backend"
+        raise UserError(f"the local backend runs on this host only, but '{remote}' is another host",
+                        where=where, hint="use --backend mpirun or --backend deepspeed for several hosts")
+    return spec.backend
+
+
+def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices,
+               environ=None) -> LaunchPlan:
+    spec.validate()
+    selected, hosts, notes = resolve_hosts(spec, detect)
+    backend = choose_backend(spec, selected, hosts)
+    if spec.master_addr:
+        master_addr = spec.master_addr
+    elif backend == "local":
+        master_addr = "127.0.0.1"
+    else:
+        master_addr = bare_host(selected[0][0])
+    master_local = is_local_host(master_addr)
+    if spec.master_port is not None:
+        if master_local:
+            check_port(spec.master_port)
+        master_port = spec.master_port
+    elif master_local:
+        master_port = pick_free_port()
+    else:
+        master_port = DEFAULT_REMOTE_PORT
+        notes.append(f"master port {master_port} on {master_addr} is not checked from here: "
+                     "give --master_port to choose another")
+    env, sources = load_env_files(explicit=spec.env_file, environ=environ)
+    env.update(spec.env)
+    if sources:
+        notes.append("environment files read: " + ", ".join(sources))
+    nodes = layout(selected)
+    plan = LaunchPlan(
+        backend=backend, world_size=sum(len(n.ranks) for n in nodes), master_addr=master_addr,
+        master_port=master_port, nodes=nodes, env=env, commands=[], program=list(spec.program),
+        notes=notes, job_id=secrets.token_hex(4))
+    from gaudi_launch.backends import get_backend
+
+    plan.commands = get_backend(backend).commands(plan, spec)
+    return plan
+
+
+def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int) -> dict:
+    """torchrun's worker environment (with DeepSpeed's aliases) for one rank. Pure."""
+    contract = {
+        "RANK": node.ranks[local_rank],
+        "LOCAL_RANK": local_rank,
+        "WORLD_SIZE": plan.world_size,
+        "LOCAL_WORLD_SIZE": len(node.ranks),
+        "LOCAL_SIZE": len(node.ranks),
+        "NODE_RANK": node.node_rank,
+        "GROUP_RANK": node.node_rank,
+        "CROSS_RANK": node.node_rank,
+        "CROSS_SIZE": len(plan.nodes),
+        "MASTER_ADDR": plan.master_addr,
+        "MASTER_PORT": plan.master_port,
+        "GAUDI_LAUNCH_JOB_ID": plan.job_id,
+    }
+    if node.devices != list(range(len(node.devices))):
+        # The user picked devices (--include host:1,3): show only those, LOCAL_RANK indexes them.
+        visible = ",".join(map(str, node.devices))
+        contract["HABANA_VISIBLE_MODULES"] = visible
+        contract["CUDA_VISIBLE_DEVICES"] = visible
+    return {k: str(v) for k, v in contract.items()}
+
+
+def worker_argv(spec: JobSpec, python: Optional[str] = None) -> List[str]:
+    """How one rank starts the user's program: through our bootstrap, unless it is not Python."""
+    if spec.no_python:
+        return list(spec.program)
+    head = [python or spec.python, "-u", "-m", "gaudi_launch.worker"]
+    return head + (["-m"] if spec.module else []) + list(spec.program)
+

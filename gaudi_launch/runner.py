@@ -1,0 +1,84 @@
+"""``DistributedRunner``: optimum-habana's Python entry point, on top of our plan and supervisor.
+
+Same constructor as upstream, plus our own keywords. Differences that matter: no shell ever sees
+a command (each string is split with shlex, or pass an argv list), ``run()`` returns an int (0 on
+success), ``os.environ`` is never modified, and the whole result is kept in ``self.result``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from typing import Dict, List, Optional, Sequence, Union
+
+from gaudi_launch.errors import UserError
+from gaudi_launch.plan import LaunchPlan
+from gaudi_launch.spec import JobSpec, resolve_compat
+from gaudi_launch.supervise import JobResult
+
+Command = Union[str, Sequence[str]]
+_PYTHON = re.compile(r"python[0-9.]*$")
+
+
+def command_to_program(command: Command) -> tuple:
+    """'train.py --lr 1' or ['python3', 'train.py'] -> (interpreter or None, program argv). Pure."""
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    if not argv:
+        raise UserError("empty command", where="command_list")
+    if _PYTHON.match(os.path.basename(argv[0])):
+        if len(argv) > 1 and argv[1] == "-u":
+            argv = [argv[0], *argv[2:]]
+        return argv[0], argv[1:]
+    return None, argv
+
+
+class DistributedRunner:
+    def __init__(self, command_list: Optional[List[Command]] = None, world_size: int = 1,
+                 hostfile: Optional[str] = None, use_mpi: bool = False, use_deepspeed: bool = False,
+                 master_port: Optional[int] = 29500, use_env: bool = False, map_by: str = "socket",
+                 multi_hls=None, *, backend: str = "auto", include: Optional[str] = None,
+                 exclude: Optional[str] = None, num_nodes: Optional[int] = None,
+                 env: Optional[Dict[str, str]] = None, env_file: Optional[str] = None,
+                 master_addr: Optional[str] = None, log_dir: Optional[str] = None, grace: float = 10.0,
+                 append_local_rank: bool = False, python: Optional[str] = None,
+                 stdout=None, stderr=None):
+        # use_env and map_by are accepted for compatibility: ranks always get the env contract,
+        # and CPU binding is the mpirun backend's business. multi_hls is replaced by hostfile.
+        self.command_list = list(command_list or [])
+        backend, num_devices = resolve_compat(backend=backend, use_mpi=use_mpi, use_deepspeed=use_deepspeed,
+                                              world_size=world_size, num_devices=None)
+        self._template = dict(
+            hostfile=hostfile, include=include, exclude=exclude, num_nodes=num_nodes,
+            num_devices=num_devices, backend=backend, master_addr=master_addr, master_port=master_port,
+            env_file=env_file, env=dict(env or {}), append_local_rank=append_local_rank,
+            log_dir=log_dir, grace=grace)
+        self.python = python or sys.executable
+        self._streams = dict(stdout=stdout, stderr=stderr)
+        self.result: Optional[JobResult] = None
+        self.results: List[JobResult] = []
+
+    def spec_for(self, command: Command) -> JobSpec:
+        interpreter, program = command_to_program(command)
+        return JobSpec(program=program, python=interpreter or self.python, **self._template).validate()
+
+    def plans(self) -> List[LaunchPlan]:
+        """The plan of every command, without running anything (a dry run)."""
+        from gaudi_launch.planner import build_plan
+
+        return [build_plan(self.spec_for(c)) for c in self.command_list]
+
+    def run(self) -> int:
+        """Run each command as a job, in order; stop at the first failure and return its exit code."""
+        from gaudi_launch.backends import get_backend
+        from gaudi_launch.planner import build_plan
+
+        self.results = []
+        for command in self.command_list:
+            spec = self.spec_for(command)
+            plan = build_plan(spec)
+            self.result = get_backend(plan.backend).run(plan, spec, **self._streams)
+            self.results.append(self.result)
+            if not self.result.ok:
+                return self.result.exit_code
+        return 0
