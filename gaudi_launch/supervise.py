@@ -245,6 +245,12 @@ class Supervisor:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def _kill_remaining(self) -> None:
+        for proc in self.procs:
+            if proc.popen is not None and proc.returncode is None:
+                proc.killed = True
+        self._signal_groups(signal.SIGKILL)
+
     def _on_signal(self, signum, _frame) -> None:
         self._stop_signal = signum
         self._events.put(("signal", signum))
@@ -286,23 +292,17 @@ class Supervisor:
             self._spawn(proc)
         pending = {p.index for p in self.procs if p.popen is not None or p.returncode is not None}
         while pending:
-            timeout = 0.5 if deadline is None else max(0.0, deadline - time.monotonic())
+            now = time.monotonic()
+            timeout = 0.5 if deadline is None else min(0.5, max(0.0, deadline - now))
+            if deadline is not None and now >= deadline:
+                self._kill_remaining()  # past the grace period (again each turn: harmless)
             try:
                 kind, value = self._events.get(timeout=timeout)
             except queue.Empty:
-                if deadline is not None and time.monotonic() >= deadline:
-                    for p in self.procs:
-                        if p.popen is not None and p.returncode is None:
-                            p.killed = True
-                    self._signal_groups(signal.SIGKILL)
-                    deadline = float("inf")
                 continue
             if kind == "signal":
                 if deadline is not None:
-                    self._signal_groups(signal.SIGKILL)  # a signal during teardown: no more waiting
-                    for p in self.procs:
-                        if p.popen is not None and p.returncode is None:
-                            p.killed = True
+                    self._kill_remaining()  # a signal during teardown: no more waiting
                 interrupted = interrupted or signal_name(value)
                 teardown()
                 continue

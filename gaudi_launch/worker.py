@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import signal
 import socket
 import sys
 import time
@@ -64,11 +65,20 @@ def write_error_record(path: str, exc: BaseException, environ: Mapping[str, str]
     os.replace(tmp, path)
 
 
+def _term_whole_group(signum, _frame) -> None:
+    # We lead our own process group (the supervisor starts each rank in a new session): take the
+    # rank's children (data loader workers, helpers) with us, whoever sent the SIGTERM.
+    signal.signal(signum, signal.SIG_DFL)
+    os.killpg(0, signum)
+
+
 def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
     if not argv or argv == ["-m"]:
         print("usage: python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     environ.update(normalize_env(environ))
+    if os.getpgrp() == os.getpid():
+        signal.signal(signal.SIGTERM, _term_whole_group)
     as_module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
     try:

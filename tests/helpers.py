@@ -1,0 +1,40 @@
+"""Helpers for tests that run real processes."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterable, List
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (a zombie has already died)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def read_pids(directory: str) -> List[int]:
+    """PIDs that test ranks wrote, one file each (*.pid), one PID per line."""
+    pids = []
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".pid"):
+            with open(os.path.join(directory, name)) as f:
+                pids += [int(x) for x in f.read().split()]
+    return pids
+
+
+def all_gone(pids: Iterable[int], timeout: float = 10.0) -> bool:
+    pids = list(pids)
+    return wait_for(lambda: not any(alive(p) for p in pids), timeout=timeout)
