@@ -431,22 +431,6 @@ def test_byte_exact_values_from_file(dirs):
     }
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
-                    reason="root can read anything")
-def test_unreadable_file(dirs):
-    home, cwd = dirs
-    p = cwd / DEFAULT_NAME
-    write(p, "A=1")
-    p.chmod(0)
-    try:
-        with pytest.raises(UserError) as info:
-            load(home, cwd)
-    finally:
-        p.chmod(0o600)
-    assert str(p) in info.value.where
-    assert "permission" in info.value.message
-
-
 def test_unreadable_file_simulated(dirs, monkeypatch):
     import gaudi_launch.envfile as envfile
 
