@@ -19,7 +19,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional, TextIO
+from typing import Callable, Deque, Dict, List, Optional, TextIO, Tuple
+
+from gaudi_launch.worker import ERROR_MARKER
 
 TAIL_KEEP = 200          # lines of output remembered per process for the summary
 SUMMARY_LINES = 25       # lines shown when there is no traceback
@@ -37,11 +39,30 @@ class ProcSpec:
     env: Dict[str, str]
     cwd: Optional[str] = None
     label: Optional[str] = None
-    error_file: Optional[str] = None  # where the worker writes its error record (worker.py)
+    # For one process that starts many ranks (mpirun, deepspeed): rank -> host, a function that
+    # tells which rank a line of output came from, and one that reads the process's own report of
+    # which rank failed.
+    ranks: Optional[Dict[int, str]] = None
+    demux: Optional[Callable[[str], Tuple[Optional[int], str]]] = None
+    explain: Optional[Callable[[List[str]], Optional["Culprit"]]] = None
 
     @property
     def name(self) -> str:
         return self.label or f"rank {self.rank}"
+
+    @property
+    def rank_hosts(self) -> Dict[int, str]:
+        return self.ranks or {self.rank: self.host}
+
+
+@dataclass
+class Culprit:
+    """The rank that failed first, as far as anyone can tell."""
+
+    rank: Optional[int]
+    host: str
+    status: str
+    excerpt: List[str]
 
 
 @dataclass
@@ -53,9 +74,15 @@ class ProcResult:
     returncode: Optional[int]  # Popen convention: -N means killed by signal N
     state: str                 # "ok", "failed", "torn down", "not started"
     runtime_s: float
-    tail: List[str] = field(default_factory=list)
+    tail: List[str] = field(default_factory=list)       # all output lines, in order
     killed: bool = False       # needed SIGKILL after the grace period
-    error: Optional[dict] = None  # the worker's error record, when it wrote one
+    rank_tails: Dict[int, List[str]] = field(default_factory=dict)
+    records: List[dict] = field(default_factory=list)   # workers' error records, in arrival order
+    rank_hosts: Dict[int, str] = field(default_factory=dict)
+    explain: Optional[Callable[[List[str]], Optional[Culprit]]] = None
+
+    def __post_init__(self):
+        self.rank_hosts = self.rank_hosts or {self.rank: self.host}
 
     @property
     def status(self) -> str:
@@ -67,6 +94,7 @@ class JobResult:
     exit_code: int
     procs: List[ProcResult]
     first_failure: Optional[ProcResult]
+    culprit: Optional[Culprit]
     interrupted_by: Optional[str]
     summary: str
 
@@ -107,34 +135,64 @@ def failure_excerpt(tail: List[str]) -> List[str]:
     return tail[-SUMMARY_LINES:]
 
 
-def format_summary(first: Optional[ProcResult], procs: List[ProcResult], interrupted_by: Optional[str],
-                   exit_code: int, log_dir: Optional[str]) -> str:
+def find_culprit(first: ProcResult) -> Culprit:
+    """Which rank of the first failing process failed, from the best evidence there is. Pure."""
+    if first.records:
+        rec = first.records[0]
+        rank = rec.get("rank") if isinstance(rec.get("rank"), int) else first.rank
+        status = f"exit code {rec.get('exit_code')}"
+        if len(first.rank_hosts) == 1 and first.returncode is not None:
+            status = first.status
+        if rec.get("exc_type"):
+            status += f" ({rec['exc_type']}: {rec.get('message', '')})"
+        if rec.get("traceback"):
+            excerpt = str(rec["traceback"]).rstrip("\n").splitlines()[-TRACEBACK_LINES:]
+        else:
+            excerpt = failure_excerpt(first.rank_tails.get(rank) or first.tail)
+        host = first.rank_hosts.get(rank) or rec.get("host") or first.host
+        return Culprit(rank, host, status, excerpt)
+    if first.explain is not None:
+        found = first.explain(first.tail)
+        if found is not None:
+            if not found.excerpt:
+                found.excerpt = failure_excerpt(first.rank_tails.get(found.rank) or first.tail)
+            return found
+    return Culprit(first.rank, first.host, first.status,
+                   failure_excerpt(first.rank_tails.get(first.rank) or first.tail))
+
+
+def format_summary(first: Optional[ProcResult], culprit: Optional[Culprit], procs: List[ProcResult],
+                   interrupted_by: Optional[str], exit_code: int, log_dir: Optional[str]) -> str:
     """One failure summary, root cause first. Pure: built from results only."""
     lines = ["", "=" * 24 + " gaudi-launch: job failed " + "=" * 24]
-    if first is not None:
-        lines.append(f"first failure: {first.name} on {first.host} (pid {first.pid}), "
-                     f"{first.status} after {first.runtime_s:.1f} s")
-        if first.error and first.error.get("traceback"):
-            excerpt = first.error["traceback"].rstrip("\n").splitlines()[-TRACEBACK_LINES:]
+    if first is not None and culprit is not None:
+        who = f"rank {culprit.rank}" if culprit.rank is not None else first.name
+        via = f" (through {first.name}, pid {first.pid})" if len(first.rank_hosts) > 1 else f" (pid {first.pid})"
+        lines.append(f"first failure: {who} on {culprit.host}{via}, {culprit.status} after {first.runtime_s:.1f} s")
+        if culprit.excerpt:
+            lines.append(f"last output of {who}:")
+            lines.extend("  | " + line for line in culprit.excerpt)
         else:
-            excerpt = failure_excerpt(first.tail)
-        if excerpt:
-            lines.append(f"last output of {first.name}:")
-            lines.extend("  | " + line for line in excerpt)
-        else:
-            lines.append(f"{first.name} printed nothing")
+            lines.append(f"{who} printed nothing")
     if interrupted_by:
         lines.append(f"the launcher received {interrupted_by} and stopped the job")
-    also = [p for p in procs if p.state == "failed" and p is not first]
+    also = [p.name + f" ({p.status})" for p in procs if p.state == "failed" and p is not first]
+    if first is not None:
+        also += [f"rank {r['rank']}" for r in first.records[1:] if isinstance(r.get("rank"), int)]
     if also:
-        lines.append("also failed: " + ", ".join(f"{p.name} ({p.status})" for p in also))
-    torn = [p for p in procs if p.state == "torn down"]
+        lines.append("also failed: " + ", ".join(also))
+    torn = [f"{p.name} ({'SIGKILL after grace period' if p.killed else p.status})"
+            for p in procs if p.state == "torn down"]
+    if first is not None and len(first.rank_hosts) > 1:
+        failed = {r.get("rank") for r in first.records} | {culprit.rank if culprit else None}
+        rest = [r for r in sorted(first.rank_hosts) if r not in failed]
+        if rest:
+            torn.append(", ".join(f"rank {r}" for r in rest) + f" (stopped by {first.name})")
     if torn:
-        lines.append("torn down as a consequence: " + ", ".join(
-            f"{p.name} ({'SIGKILL after grace period' if p.killed else p.status})" for p in torn))
-    never = [p for p in procs if p.state == "not started"]
+        lines.append("torn down as a consequence: " + ", ".join(torn))
+    never = [p.name for p in procs if p.state == "not started"]
     if never:
-        lines.append("never started: " + ", ".join(p.name for p in never))
+        lines.append("never started: " + ", ".join(never))
     if log_dir:
         lines.append(f"per-rank logs: {log_dir}")
     lines.append(f"exit code: {exit_code}")
@@ -159,6 +217,8 @@ class _Proc:
         self.ended: Optional[float] = None
         self.returncode: Optional[int] = None
         self.tail: Deque[str] = deque(maxlen=TAIL_KEEP)
+        self.rank_tails: Dict[int, Deque[str]] = {}
+        self.records: List[dict] = []
         self.readers: List[threading.Thread] = []
         self.log = None
         self.state = "not started"
@@ -185,23 +245,36 @@ class Supervisor:
         self._stop_signal = 0
 
     # ---- output -------------------------------------------------------------------------------
-    def _prefix(self, proc: _Proc) -> str:
-        text = f"[{proc.spec.name}]"
+    def _prefix(self, proc: _Proc, rank: Optional[int]) -> str:
+        text = f"[rank {rank}]" if rank is not None else f"[{proc.spec.name}]"
         if self.color:
-            text = f"\x1b[{_COLORS[proc.index % len(_COLORS)]}m{text}\x1b[0m"
+            color = _COLORS[(rank if rank is not None else proc.index) % len(_COLORS)]
+            text = f"\x1b[{color}m{text}\x1b[0m"
         return text + " "
 
     def _pump(self, proc: _Proc, pipe, sink: TextIO) -> None:
-        prefix = self._prefix(proc)
+        spec = proc.spec
         for raw in iter(pipe.readline, b""):
-            line = self.mask(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            rank: Optional[int] = spec.rank if spec.ranks is None else None
+            if spec.demux is not None:
+                rank, text = spec.demux(text)
+            if text.startswith(ERROR_MARKER):
+                record = _parse_record(text[len(ERROR_MARKER):])
+                if record is not None:
+                    with self._write_lock:
+                        proc.records.append(record)
+                    continue
+            line = self.mask(text)
             with self._write_lock:
                 proc.tail.append(line)
+                if rank is not None:
+                    proc.rank_tails.setdefault(rank, deque(maxlen=TAIL_KEEP)).append(line)
                 if proc.log:
                     proc.log.write(line + "\n")
                     proc.log.flush()
                 try:
-                    sink.write(prefix + line + "\n")
+                    sink.write(self._prefix(proc, rank) + line + "\n")
                     sink.flush()
                 except (OSError, ValueError):
                     pass  # our own stdout is gone (closed pipe); keep draining the child
@@ -211,7 +284,8 @@ class Supervisor:
     def _spawn(self, proc: _Proc) -> None:
         spec = proc.spec
         if self.log_dir:
-            proc.log = open(os.path.join(self.log_dir, f"rank-{spec.rank}.log"), "w", encoding="utf-8")
+            name = f"rank-{spec.rank}" if spec.ranks is None else spec.name.replace(" ", "-")
+            proc.log = open(os.path.join(self.log_dir, f"{name}.log"), "w", encoding="utf-8")
         proc.started = time.monotonic()
         try:
             proc.popen = subprocess.Popen(
@@ -331,10 +405,12 @@ class Supervisor:
             rank=p.spec.rank, host=p.spec.host, name=p.spec.name,
             pid=p.popen.pid if p.popen else None, returncode=p.returncode, state=p.state,
             runtime_s=((p.ended or now) - p.started) if p.started else 0.0,
-            tail=list(p.tail), killed=p.killed, error=_read_record(p.spec.error_file))
+            tail=list(p.tail), killed=p.killed,
+            rank_tails={r: list(t) for r, t in p.rank_tails.items()}, records=list(p.records),
+            rank_hosts=p.spec.rank_hosts, explain=p.spec.explain)
             for p in self.procs]
-        by_index = {p.index: r for p, r in zip(self.procs, results)}
-        first_result = by_index[first.index] if first else None
+        first_result = results[first.index] if first else None
+        culprit = find_culprit(first_result) if first_result else None
         if first_result is not None:
             code = exit_code_for(first_result.returncode)
         elif interrupted:
@@ -343,23 +419,20 @@ class Supervisor:
             code = 0
         summary = ""
         if code != 0:
-            summary = self.mask(format_summary(first_result, results, interrupted, code, self.log_dir))
+            summary = self.mask(format_summary(first_result, culprit, results, interrupted, code, self.log_dir))
             try:
                 self.err.write(summary)
                 self.err.flush()
             except (OSError, ValueError):
                 pass
-        return JobResult(exit_code=code, procs=results, first_failure=first_result,
+        return JobResult(exit_code=code, procs=results, first_failure=first_result, culprit=culprit,
                          interrupted_by=interrupted, summary=summary)
 
 
-def _read_record(path: Optional[str]) -> Optional[dict]:
-    if not path:
-        return None
+def _parse_record(text: str) -> Optional[dict]:
     try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError):
+        record = json.loads(text)
+    except ValueError:
         return None
     return record if isinstance(record, dict) else None
 

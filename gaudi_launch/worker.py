@@ -3,7 +3,8 @@
 Runs on every rank, whatever started it (our local backend, mpirun, the DeepSpeed launcher):
 normalises the environment to torchrun's contract, then runs the user's script in this process as
 ``__main__`` with sys.argv as given. An uncaught exception is written as a structured error record
-(rank, host, time, traceback) to $GAUDI_LAUNCH_ERROR_FILE for the supervisor's failure summary.
+(rank, host, time, traceback) as one marker line on stderr, which the supervisor takes out of the
+output stream for its failure summary; it works through any backend (pipes, mpirun, pdsh).
 This module stays torch-free; the training runtime sets up devices and process groups.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ import socket
 import sys
 import time
 import traceback
-from typing import Dict, List, Mapping, MutableMapping
+from typing import Dict, List, Mapping, MutableMapping, Optional
 
 # Where other launchers put the rank layout, in order of preference for each torchrun name.
 _SOURCES = {
@@ -49,20 +50,30 @@ def normalize_env(env: Mapping[str, str]) -> Dict[str, str]:
     return {k: v for k, v in out.items() if env.get(k) != v}
 
 
-def write_error_record(path: str, exc: BaseException, environ: Mapping[str, str]) -> None:
+ERROR_MARKER = "@@gaudi-launch-error-record@@ "
+
+
+def error_record(environ: Mapping[str, str], exc: Optional[BaseException] = None,
+                 exit_code: Optional[int] = None) -> dict:
     record = {
-        "rank": environ.get("RANK"),
+        "rank": int(environ["RANK"]) if environ.get("RANK", "").isdigit() else None,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "exc_type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "exit_code": exit_code,
     }
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f)
-    os.replace(tmp, path)
+    if exc is not None:
+        record.update(exc_type=type(exc).__name__, message=str(exc),
+                      traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    return record
+
+
+def emit_error_record(record: dict) -> None:
+    try:
+        sys.stderr.write(ERROR_MARKER + json.dumps(record) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # stderr is gone: the exit code still tells
 
 
 def _term_whole_group(signum, _frame) -> None:
@@ -93,17 +104,15 @@ def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
     except SystemExit as exc:
         code = exc.code
         if code is None or isinstance(code, int):
+            if code:
+                emit_error_record(error_record(environ, exit_code=code))
             return code or 0
         print(code, file=sys.stderr)
+        emit_error_record(error_record(environ, exit_code=1))
         return 1
     except BaseException as exc:
-        error_file = environ.get("GAUDI_LAUNCH_ERROR_FILE")
-        if error_file:
-            try:
-                write_error_record(error_file, exc, environ)
-            except OSError:
-                pass
         traceback.print_exc()
+        emit_error_record(error_record(environ, exc, exit_code=1))
         return 1
     return 0
 

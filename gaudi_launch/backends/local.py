@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import List, Mapping, Optional
 
 from gaudi_launch.plan import Command, LaunchPlan
@@ -21,20 +20,14 @@ def commands(plan: LaunchPlan, spec: JobSpec) -> List[Command]:
     return out
 
 
-def proc_specs(plan: LaunchPlan, error_dir: str, environ: Mapping[str, str]) -> List[ProcSpec]:
+def proc_specs(plan: LaunchPlan, environ: Mapping[str, str]) -> List[ProcSpec]:
     """Each rank's whole environment: the launcher's, then the job's, then its own contract."""
-    specs = []
-    for cmd in plan.commands:
-        error_file = os.path.join(error_dir, f"rank-{cmd.rank}.error.json")
-        env = {**environ, **plan.env, **cmd.env, "GAUDI_LAUNCH_ERROR_FILE": error_file}
-        specs.append(ProcSpec(rank=cmd.rank, host=cmd.host, argv=cmd.argv, env=env, error_file=error_file))
-    return specs
+    return [ProcSpec(rank=cmd.rank, host=cmd.host, argv=cmd.argv, env={**environ, **plan.env, **cmd.env})
+            for cmd in plan.commands]
 
 
 def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = None,
         **supervisor_options) -> JobResult:
     environ = os.environ if environ is None else environ
-    with tempfile.TemporaryDirectory(prefix=f"gaudi-launch-{plan.job_id}-") as error_dir:
-        supervisor = Supervisor(proc_specs(plan, error_dir, environ), grace=spec.grace,
-                                log_dir=spec.log_dir, mask=plan.mask, **supervisor_options)
-        return supervisor.run()
+    return Supervisor(proc_specs(plan, environ), grace=spec.grace, log_dir=spec.log_dir,
+                      mask=plan.mask, **supervisor_options).run()

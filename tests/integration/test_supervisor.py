@@ -142,12 +142,31 @@ def test_failure_excerpt_prefers_the_last_traceback():
 
 
 def test_format_summary_names_root_cause_first():
-    from gaudi_launch.supervise import ProcResult
+    from gaudi_launch.supervise import ProcResult, find_culprit
 
     first = ProcResult(1, "h1", "rank 1", 11, 3, "failed", 2.0, tail=["bad"])
     other = ProcResult(0, "h0", "rank 0", 10, -15, "torn down", 2.1)
-    text = format_summary(first, [other, first], None, 3, "/logs")
+    text = format_summary(first, find_culprit(first), [other, first], None, 3, "/logs")
     lines = text.splitlines()
     assert lines[2].startswith("first failure: rank 1 on h1 (pid 11), exit code 3")
     assert "torn down as a consequence: rank 0 (killed by SIGTERM)" in text
     assert "per-rank logs: /logs" in text and "exit code: 3" in text
+
+
+def test_culprit_of_a_multi_rank_process_comes_from_the_first_error_record():
+    from gaudi_launch.supervise import ProcResult, find_culprit
+
+    mpirun = ProcResult(0, "n0", "mpirun", 5, 1, "failed", 3.0, tail=["x"],
+                        rank_hosts={0: "n0", 1: "n0", 2: "n1", 3: "n1"},
+                        rank_tails={2: ["working", "Traceback (most recent call last):", "ValueError: v"]},
+                        records=[{"rank": 2, "host": "n1", "exit_code": 1, "exc_type": "ValueError",
+                                  "message": "v"},
+                                 {"rank": 3, "host": "n1", "exit_code": 4}])
+    culprit = find_culprit(mpirun)
+    assert (culprit.rank, culprit.host) == (2, "n1")
+    assert culprit.status == "exit code 1 (ValueError: v)"
+    assert culprit.excerpt == ["Traceback (most recent call last):", "ValueError: v"]
+    text = format_summary(mpirun, culprit, [mpirun], None, 1, None)
+    assert "first failure: rank 2 on n1 (through mpirun, pid 5), exit code 1 (ValueError: v)" in text
+    assert "also failed: rank 3" in text
+    assert "torn down as a consequence: rank 0, rank 1 (stopped by mpirun)" in text
