@@ -43,6 +43,12 @@ class LaunchPlan:
     program: List[str]             # the user's script (or module) and its arguments
     notes: List[str] = field(default_factory=list)
     job_id: str = ""
+    # Multi-node details, filled from the options and the pre-flight's findings.
+    exported: List[str] = field(default_factory=list)   # launcher env names remote ranks also get
+    ssh_args: List[str] = field(default_factory=list)   # options for every ssh the backend runs
+    ifname: Optional[str] = None                        # interface carrying the master's subnet
+    tcp_cidr: Optional[str] = None                      # its network, for mpirun's tcp_if_include
+    cores_per_host: Optional[int] = None                # fewest cores of any host, for CPU binding
 
     def secret_values(self) -> Dict[str, str]:
         return {k: v for k, v in self.env.items() if is_secret(k)}

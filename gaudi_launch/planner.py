@@ -104,6 +104,9 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
         notes=notes, job_id=secrets.token_hex(4))
     from gaudi_launch.backends import get_backend
 
+    if backend != "local" and any(n.devices != list(range(len(n.devices))) for n in nodes):
+        # One command starts every node, so each node's device subset travels in one variable.
+        plan.env["GAUDI_LAUNCH_NODE_DEVICES"] = ";".join(",".join(map(str, n.devices)) for n in nodes)
     plan.commands = get_backend(backend).commands(plan, spec)
     return plan
 

@@ -43,7 +43,7 @@ class ProcSpec:
     # tells which rank a line of output came from, and one that reads the process's own report of
     # which rank failed.
     ranks: Optional[Dict[int, str]] = None
-    demux: Optional[Callable[[str], Tuple[Optional[int], str]]] = None
+    demux: Optional[Callable[[], Callable[[Optional[str]], List[Tuple[Optional[int], str]]]]] = None
     explain: Optional[Callable[[List[str]], Optional["Culprit"]]] = None
 
     @property
@@ -220,7 +220,6 @@ class _Proc:
         self.rank_tails: Dict[int, Deque[str]] = {}
         self.records: List[dict] = []
         self.readers: List[threading.Thread] = []
-        self.log = None
         self.state = "not started"
         self.killed = False
 
@@ -243,6 +242,7 @@ class Supervisor:
         self._events: "queue.Queue[tuple]" = queue.Queue()
         self._write_lock = threading.Lock()
         self._stop_signal = 0
+        self._logs: Dict[str, TextIO] = {}
 
     # ---- output -------------------------------------------------------------------------------
     def _prefix(self, proc: _Proc, rank: Optional[int]) -> str:
@@ -254,38 +254,47 @@ class Supervisor:
 
     def _pump(self, proc: _Proc, pipe, sink: TextIO) -> None:
         spec = proc.spec
+        # A demuxer turns physical lines of a multi-rank process into (rank, line) pairs; it is
+        # called with None at the end of the stream to flush what it holds.
+        demux = spec.demux() if spec.demux else (lambda t: [] if t is None else [(spec.rank, t)])
         for raw in iter(pipe.readline, b""):
-            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            rank: Optional[int] = spec.rank if spec.ranks is None else None
-            if spec.demux is not None:
-                rank, text = spec.demux(text)
-            if text.startswith(ERROR_MARKER):
-                record = _parse_record(text[len(ERROR_MARKER):])
-                if record is not None:
-                    with self._write_lock:
-                        proc.records.append(record)
-                    continue
-            line = self.mask(text)
-            with self._write_lock:
-                proc.tail.append(line)
-                if rank is not None:
-                    proc.rank_tails.setdefault(rank, deque(maxlen=TAIL_KEEP)).append(line)
-                if proc.log:
-                    proc.log.write(line + "\n")
-                    proc.log.flush()
-                try:
-                    sink.write(self._prefix(proc, rank) + line + "\n")
-                    sink.flush()
-                except (OSError, ValueError):
-                    pass  # our own stdout is gone (closed pipe); keep draining the child
+            for rank, text in demux(raw.decode("utf-8", errors="replace").rstrip("\r\n")):
+                self._emit(proc, rank, text, sink)
+        for rank, text in demux(None):
+            self._emit(proc, rank, text, sink)
         pipe.close()
+
+    def _log(self, name: str, line: str) -> None:
+        """Append to LOG_DIR/NAME.log (one file per rank); called with the write lock held."""
+        f = self._logs.get(name)
+        if f is None:
+            f = self._logs[name] = open(os.path.join(self.log_dir, f"{name}.log"), "w", encoding="utf-8")
+        f.write(line + "\n")
+        f.flush()
+
+    def _emit(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
+        if text.startswith(ERROR_MARKER):
+            record = _parse_record(text[len(ERROR_MARKER):])
+            if record is not None:
+                with self._write_lock:
+                    proc.records.append(record)
+                return
+        line = self.mask(text)
+        with self._write_lock:
+            proc.tail.append(line)
+            if rank is not None:
+                proc.rank_tails.setdefault(rank, deque(maxlen=TAIL_KEEP)).append(line)
+            if self.log_dir:
+                self._log(f"rank-{rank}" if rank is not None else proc.spec.name.replace(" ", "-"), line)
+            try:
+                sink.write(self._prefix(proc, rank) + line + "\n")
+                sink.flush()
+            except (OSError, ValueError):
+                pass  # our own stdout is gone (closed pipe); keep draining the child
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def _spawn(self, proc: _Proc) -> None:
         spec = proc.spec
-        if self.log_dir:
-            name = f"rank-{spec.rank}" if spec.ranks is None else spec.name.replace(" ", "-")
-            proc.log = open(os.path.join(self.log_dir, f"{name}.log"), "w", encoding="utf-8")
         proc.started = time.monotonic()
         try:
             proc.popen = subprocess.Popen(
@@ -341,9 +350,8 @@ class Supervisor:
         finally:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
-            for proc in self.procs:
-                if proc.log:
-                    proc.log.close()
+            for f in self._logs.values():
+                f.close()
 
     def _run(self) -> JobResult:
         first: Optional[_Proc] = None

@@ -25,7 +25,8 @@ _SOURCES = {
     "WORLD_SIZE": ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
     "LOCAL_RANK": ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
     "LOCAL_WORLD_SIZE": ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"),
-    "NODE_RANK": ("NODE_RANK", "GROUP_RANK", "CROSS_RANK", "OMPI_COMM_WORLD_NODE_RANK"),
+    # Not OMPI_COMM_WORLD_NODE_RANK: despite its name it is a rank within the node.
+    "NODE_RANK": ("NODE_RANK", "GROUP_RANK", "CROSS_RANK"),
 }
 
 
@@ -45,12 +46,25 @@ def normalize_env(env: Mapping[str, str]) -> Dict[str, str]:
         out.setdefault("CROSS_RANK", out["NODE_RANK"])
     if "LOCAL_WORLD_SIZE" in out:
         out.setdefault("LOCAL_SIZE", out["LOCAL_WORLD_SIZE"])
+    devices = _node_devices(env.get("GAUDI_LAUNCH_NODE_DEVICES", ""), out.get("NODE_RANK"))
+    if devices is not None and not env.get("HABANA_VISIBLE_MODULES"):
+        # A backend that starts every node alike (mpirun) passes each node's device subset.
+        out["HABANA_VISIBLE_MODULES"] = devices
+        out.setdefault("CUDA_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES") or devices)
     out.setdefault("MASTER_ADDR", env.get("MASTER_ADDR", "127.0.0.1"))
     out.setdefault("MASTER_PORT", env.get("MASTER_PORT", "29500"))
     return {k: v for k, v in out.items() if env.get(k) != v}
 
 
 ERROR_MARKER = "@@gaudi-launch-error-record@@ "
+
+
+def _node_devices(spec: str, node_rank: Optional[str]) -> Optional[str]:
+    """'0,1;1,3' and node 1 -> '1,3' (None when nothing applies)."""
+    parts = spec.split(";") if spec else []
+    if node_rank is None or not node_rank.isdigit() or int(node_rank) >= len(parts):
+        return None
+    return parts[int(node_rank)] or None
 
 
 def error_record(environ: Mapping[str, str], exc: Optional[BaseException] = None,

@@ -1,44 +1,154 @@
-"""Backend ``mpirun`` (OpenMPI): one mpirun on this host starts every rank on every node.
+"""Backend ``mpirun`` (OpenMPI 4 and 5): one mpirun on this host starts every rank on every node.
 
 Ranks start through gaudi_launch.worker, which maps OMPI_COMM_WORLD_* to torchrun's names.
-Environment values never appear on the command line: ``-x NAME`` exports the launcher's value.
+Environment values never appear on the command line: ``-x NAME`` exports the value mpirun itself
+has, and we give mpirun the job's environment.
 """
 from __future__ import annotations
 
+import functools
 import os
-from typing import List
+import re
+import shutil
+import subprocess
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.plan import Command, LaunchPlan
 from gaudi_launch.planner import bare_host, worker_argv
 from gaudi_launch.spec import JobSpec
+from gaudi_launch.supervise import Culprit, JobResult, ProcSpec, Supervisor, signal_name
 
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "GAUDI_LAUNCH_JOB_ID")
+_TAG = re.compile(r"\[(\d+),(\d+)\]<(?:stdout|stderr)>:")
 
 
-def commands(plan: LaunchPlan, spec: JobSpec) -> List[Command]:
+@functools.lru_cache(maxsize=None)
+def openmpi_major(mpirun: str = "mpirun") -> Optional[int]:
+    """4 or 5 from `mpirun --version`; None when mpirun is missing or not OpenMPI."""
+    if not shutil.which(mpirun):
+        return None
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"Open MPI\)?\s+(\d+)\.", out)
+    return int(m.group(1)) if m else None
+
+
+def build_argv(plan: LaunchPlan, spec: JobSpec, *, version: int, root: bool, exported: List[str],
+               cores_per_host: Optional[int] = None, tcp_cidr: Optional[str] = None,
+               rsh_args: Optional[List[str]] = None) -> List[str]:
+    """The whole mpirun command line. Pure."""
     per_node = {len(n.ranks) for n in plan.nodes}
     if len(per_node) != 1:
         raise UserError("the mpirun backend needs the same number of devices on every node",
                         where="--hostfile", hint="use --num_devices N to take N devices on each node")
     k = per_node.pop()
     argv = ["mpirun"]
-    if os.geteuid() == 0:
+    if root:
         argv.append("--allow-run-as-root")
-    argv += ["-n", str(plan.world_size),
-             "--host", ",".join(f"{bare_host(n.host)}:{k}" for n in plan.nodes),
-             "--map-by", f"ppr:{k}:node", "--bind-to", "none", "--rank-by", "slot"]
-    for name in sorted(set(plan.env) | set(CONTRACT)):
+    argv += ["-n", str(plan.world_size), "--host", ",".join(f"{_mpi_host(n.host)}:{k}" for n in plan.nodes)]
+    pe = (cores_per_host // k) if cores_per_host else 0
+    if pe >= 1:
+        argv += ["--map-by", f"ppr:{k}:node:PE={pe}", "--bind-to", "core"]
+    else:
+        argv += ["--map-by", f"ppr:{k}:node", "--bind-to", "none"]
+    # OpenMPI 5 rejects --rank-by core (optimum-habana PR #2320); slot means the same here.
+    argv += ["--rank-by", "slot"]
+    argv += ["--tag-output"] if version < 5 else ["--output", "tag"]
+    if tcp_cidr:
+        argv += ["--mca", "btl_tcp_if_include", tcp_cidr, "--mca", "oob_tcp_if_include", tcp_cidr]
+    if rsh_args:
+        argv += ["--mca", "plm_rsh_args", " ".join(rsh_args)]
+    for name in exported:
         argv += ["-x", name]
     argv += worker_argv(spec)
+    return argv
+
+
+def _mpi_host(host: str) -> str:
+    # OpenMPI takes the user from the ssh config, not from --host: strip it (preflight checked it).
+    return bare_host(host)
+
+
+def exported_names(plan: LaunchPlan, extra: List[str] = ()) -> List[str]:
+    return sorted(set(plan.env) | set(CONTRACT) | set(extra))
+
+
+def commands(plan: LaunchPlan, spec: JobSpec) -> List[Command]:
     if spec.append_local_rank:
         raise UserError("--append-local-rank is not available with mpirun: ranks read LOCAL_RANK",
                         where="--append-local-rank")
+    version = openmpi_major()
+    if version is None:
+        plan.notes.append("mpirun (OpenMPI) not found on this host: showing OpenMPI 4 flags")
+    argv = build_argv(plan, spec, version=version or 4, root=os.geteuid() == 0,
+                      exported=exported_names(plan, plan.exported), cores_per_host=plan.cores_per_host,
+                      tcp_cidr=plan.tcp_cidr, rsh_args=plan.ssh_args)
     env = {"MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port),
            "GAUDI_LAUNCH_JOB_ID": plan.job_id}
     return [Command(host=plan.nodes[0].host, argv=argv, env=env)]
 
 
-def run(plan: LaunchPlan, spec: JobSpec, **_):
-    raise UserError("the mpirun backend is planned but cannot run yet in this version",
-                    where="--backend", hint="use --dry-run to see its command, or --backend local on one host")
+class OmpiDemux:
+    """Reassembles per-rank lines from mpirun's tagged output.
+
+    OpenMPI tags chunks, not lines: a rank's line can arrive in pieces, interleaved with other
+    ranks' pieces on one physical line, e.g. ``[1,0]<stdout>:hi[1,1]<stdout>:other``. Every
+    piece starts with a tag, and the physical newline ends the last piece's line. A physical line
+    without a leading tag is mpirun's own message.
+    """
+
+    def __init__(self):
+        self.partial: Dict[int, str] = {}
+
+    def __call__(self, line: Optional[str]) -> List[Tuple[Optional[int], str]]:
+        if line is None:
+            out = [(r, t) for r, t in sorted(self.partial.items()) if t]
+            self.partial.clear()
+            return out
+        if not _TAG.match(line):
+            return [(None, line)]
+        pieces = _TAG.split(line)  # ['', job, rank, data, job, rank, data, ...]
+        last = None
+        for i in range(1, len(pieces) - 2, 3):
+            last = int(pieces[i + 1])
+            self.partial[last] = self.partial.get(last, "") + pieces[i + 2]
+        return [(last, self.partial.pop(last))]
+
+
+def explain(lines: List[str], rank_hosts: Mapping[int, str]) -> Optional[Culprit]:
+    """mpirun's own report of the first failing rank (used when the rank left no error record)."""
+    text = "\n".join(lines)
+    m = re.search(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)", text)
+    if m:
+        rank = int(m.group(1))
+        return Culprit(rank, rank_hosts.get(rank, m.group(2)), f"killed by {signal_name(int(m.group(3)))}", [])
+    m = re.search(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)", text)
+    if m:
+        rank = int(m.group(1))
+        return Culprit(rank, rank_hosts.get(rank, "?"), f"exit code {m.group(2)}", [])
+    return None
+
+
+def rank_hosts(plan: LaunchPlan) -> Dict[int, str]:
+    return {r: n.host for n in plan.nodes for r in n.ranks}
+
+
+def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = None,
+        **supervisor_options) -> JobResult:
+    environ = os.environ if environ is None else environ
+    if environ.get("OMPI_COMM_WORLD_SIZE"):
+        raise UserError("gaudi-launch is running inside an MPI job (OMPI_COMM_WORLD_SIZE is set)",
+                        where="--backend mpirun", hint="run gaudi-launch directly, not under mpirun")
+    if openmpi_major() is None:
+        raise UserError("mpirun (OpenMPI) is not installed on this host", where="--backend mpirun",
+                        hint="install OpenMPI (Debian: apt-get install openmpi-bin), or use --backend deepspeed")
+    cmd = plan.commands[0]
+    hosts = rank_hosts(plan)
+    proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env={**environ, **plan.env, **cmd.env},
+                    label="mpirun", ranks=hosts, demux=OmpiDemux,
+                    explain=lambda lines: explain(lines, hosts))
+    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
+                      **supervisor_options).run()
