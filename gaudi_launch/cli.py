@@ -85,26 +85,38 @@ def _apply_config(ctx: click.Context, values: dict, path: str) -> None:
 
     params = {p.name: p for p in ctx.command.params}
     for name, raw, where in load_config(path):
-        if name == "program_args":
-            name = "script_args"
-        elif name == "program":
-            name = "script"
         param = params.get(name)
         if param is None or name in ("config", "version", "ctx"):
             raise UserError(f"unknown option '{name}'", where=where,
                             hint="keys are the long option names, e.g. hostfile, num_devices, master_port")
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
             continue  # the command line wins
-        if name == "env" and isinstance(raw, dict):
-            raw = [f"{k}={'' if v is None else v}" for k, v in raw.items()]
-        if name == "script_args" and isinstance(raw, str):
-            raise UserError("script_args is a list of strings", where=where, hint="script_args: [--bf16, --lr, '1e-4']")
-        if isinstance(raw, list):
-            raw = [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in raw]
-        try:
-            values[name] = param.type_cast_value(ctx, raw)
-        except click.BadParameter as exc:
-            raise UserError(f"bad value for {name}: {exc.message}", where=where)
+        if name == "script_args" and ctx.get_parameter_source("script") not in (ParameterSource.DEFAULT, None):
+            continue  # a script given on the command line brings its own arguments
+        values[name] = _config_value(ctx, param, name, raw, where)
+
+
+def _config_value(ctx: click.Context, param: click.Parameter, name: str, raw, where: str):
+    """A YAML value checked as strictly as the same option on the command line."""
+    if name == "env" and isinstance(raw, dict):
+        raw = [f"{k}={'' if v is None else v}" for k, v in raw.items()]
+    many = param.multiple or param.nargs == -1
+    if many and not isinstance(raw, list):
+        raise UserError(f"{name} is a list", where=where, hint=f"{name}: [a, b]")
+    if not many and isinstance(raw, (list, dict)):
+        raise UserError(f"{name} takes a single value, not a {type(raw).__name__}", where=where)
+    items = raw if many else [raw]
+    if isinstance(param.type, click.types.IntParamType) and any(isinstance(v, (bool, float)) for v in items):
+        raise UserError(f"{name} must be a whole number", where=where)
+    if isinstance(param.type, click.types.StringParamType):
+        if any(isinstance(v, (list, dict)) for v in items):
+            raise UserError(f"{name} takes text, not a nested list or mapping", where=where)
+        items = [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in items]
+        raw = items if many else items[0]
+    try:
+        return param.type_cast_value(ctx, raw)
+    except (click.BadParameter, TypeError, ValueError) as exc:
+        raise UserError(f"bad value for {name}: {getattr(exc, 'message', exc)}", where=where)
 
 
 def _launch(v: dict) -> int:

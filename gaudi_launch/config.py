@@ -9,8 +9,8 @@ from gaudi_launch.errors import UserError
 
 # Spellings users bring from other launchers, mapped to our option's parameter name.
 ALIASES = {"num_gpus": "num_devices", "nproc_per_node": "num_devices", "hostfile_path": "hostfile",
-           "script": "program", "training_script": "program", "script_args": "program_args",
-           "args": "program_args", "training_script_args": "program_args"}
+           "training_script": "script", "args": "script_args", "training_script_args": "script_args",
+           "json": "json_out"}
 
 
 def normalize_key(key: str) -> str:
@@ -48,6 +48,10 @@ def load_config(path: str) -> List[Tuple[str, Any, str]]:
         if name in seen:
             raise UserError(f"'{key_node.value}' is given twice (first at {seen[name]})", where=where)
         seen[name] = where
-        value = yaml.safe_load(yaml.serialize(value_node))
+        try:
+            value = yaml.safe_load(yaml.serialize(value_node))
+        except (yaml.YAMLError, ValueError, TypeError) as exc:
+            raise UserError(f"bad value for '{key_node.value}': {getattr(exc, 'problem', None) or exc}", where=where,
+                            hint="use plain YAML scalars, lists and mappings (no tags)")
         out.append((name, value, where))
     return out

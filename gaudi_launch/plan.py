@@ -86,7 +86,7 @@ class LaunchPlan:
         for c in self.commands:
             who = f"rank {c.rank}" if c.rank is not None else "all ranks"
             extra = " ".join(f"{k}={v}" for k, v in mask_env(c.env).items())
-            line = mask_text(shlex.join(c.argv), secrets)
+            line = shlex.join(mask_text(a, secrets) for a in c.argv)  # mask before quoting
             out.append(f"  [{c.host}, {who}] {extra + ' ' if extra else ''}{line}")
         for note in self.notes:
             out.append(f"note: {note}")

@@ -1,9 +1,10 @@
 """JobSpec -> LaunchPlan. Reads the hostfile and env files and picks a port; starts nothing."""
 from __future__ import annotations
 
+import os
 import secrets
 import socket
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Mapping, Optional, Tuple
 
 from gaudi_launch.devices import DeviceCount, detect_local_devices
 from gaudi_launch.envfile import load_env_files
@@ -107,12 +108,17 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
     if backend != "local" and any(n.devices != list(range(len(n.devices))) for n in nodes):
         # One command starts every node, so each node's device subset travels in one variable.
         plan.env["GAUDI_LAUNCH_NODE_DEVICES"] = ";".join(",".join(map(str, n.devices)) for n in nodes)
-    plan.commands = get_backend(backend).commands(plan, spec)
+    plan.commands = get_backend(backend).commands(plan, spec, os.environ if environ is None else environ)
     return plan
 
 
-def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int) -> dict:
-    """torchrun's worker environment (with DeepSpeed's aliases) for one rank. Pure."""
+def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
+                  inherited: Optional[Mapping[str, str]] = None) -> dict:
+    """torchrun's worker environment (with DeepSpeed's aliases) for one rank. Pure.
+
+    ``inherited`` is the launcher's environment when the rank runs on this host: device ids then
+    index the devices the launcher itself was restricted to.
+    """
     contract = {
         "RANK": node.ranks[local_rank],
         "LOCAL_RANK": local_rank,
@@ -129,9 +135,9 @@ def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int) -> dict:
     }
     if node.devices != list(range(len(node.devices))):
         # The user picked devices (--include host:1,3): show only those, LOCAL_RANK indexes them.
-        visible = ",".join(map(str, node.devices))
-        contract["HABANA_VISIBLE_MODULES"] = visible
-        contract["CUDA_VISIBLE_DEVICES"] = visible
+        for name in ("HABANA_VISIBLE_MODULES", "CUDA_VISIBLE_DEVICES"):
+            parent = [d.strip() for d in (inherited or {}).get(name, "").split(",") if d.strip()]
+            contract[name] = ",".join(parent[d] if d < len(parent) else str(d) for d in node.devices)
     return {k: str(v) for k, v in contract.items()}
 
 

@@ -1,14 +1,14 @@
 """Backend ``deepspeed``: the DeepSpeed launcher (pdsh or openmpi) starts gaudi_launch.worker."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Mapping
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.plan import Command, LaunchPlan
 from gaudi_launch.spec import JobSpec
 
 
-def commands(plan: LaunchPlan, spec: JobSpec) -> List[Command]:
+def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
     if spec.no_python:
         raise UserError("the deepspeed backend runs Python programs only", where="--no_python")
     argv = ["deepspeed", "--hostfile", "<generated from the selection>",

@@ -10,13 +10,13 @@ from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
 
 
-def commands(plan: LaunchPlan, spec: JobSpec) -> List[Command]:
+def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
     out = []
     base = worker_argv(spec)
     for node in plan.nodes:
         for local_rank, rank in enumerate(node.ranks):
             argv = base + ([f"--local_rank={local_rank}"] if spec.append_local_rank else [])
-            out.append(Command(host=node.host, argv=argv, env=rank_contract(plan, node, local_rank), rank=rank))
+            out.append(Command(host=node.host, argv=argv, env=rank_contract(plan, node, local_rank, environ), rank=rank))
     return out
 
 

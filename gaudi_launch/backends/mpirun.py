@@ -76,7 +76,7 @@ def exported_names(plan: LaunchPlan, extra: List[str] = ()) -> List[str]:
     return sorted(set(plan.env) | set(CONTRACT) | set(extra))
 
 
-def commands(plan: LaunchPlan, spec: JobSpec) -> List[Command]:
+def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
     if spec.append_local_rank:
         raise UserError("--append-local-rank is not available with mpirun: ranks read LOCAL_RANK",
                         where="--append-local-rank")

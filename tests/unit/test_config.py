@@ -232,8 +232,6 @@ def test_command_line_script_wins(capsys, tmp_path):
     assert plan["program"] == ["other.py", "--x"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: SCRIPT given on the command line replaces the job file's "
-                   "script but the job file's script_args are still appended to it (other.py --lr 1)")
 def test_command_line_script_drops_config_script_args(capsys, tmp_path):
     path = job(tmp_path, "num_devices: 1\nscript: train.py\nscript_args: [--lr, '1']\n")
     plan = plan_of(capsys, "--config", path, "other.py")
@@ -273,9 +271,6 @@ def test_config_value_errors_come_from_planning(capsys, tmp_path):
     assert "--backend" in err and "bogus" in err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: load_config calls yaml.safe_load on each value without "
-                   "catching its errors: an unknown tag or a bad explicit tag crashes with an internal "
-                   "error (exit 1) instead of a UserError naming job.yaml:LINE (exit 2)")
 @pytest.mark.parametrize("text", ["num_devices: !foo 3\n", "num_devices: !!int two\n",
                                   "script: !!python/name:os.system\n"])
 def test_config_bad_tag_is_user_error(capsys, tmp_path, text):
@@ -284,8 +279,6 @@ def test_config_bad_tag_is_user_error(capsys, tmp_path, text):
     assert f"{path}:1: " in err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: YAML floats and booleans are coerced by click's int type "
-                   "(num_devices: 2.5 -> 2, num_devices: true -> 1) where the command line rejects them")
 @pytest.mark.parametrize("value", ["2.5", "true"])
 def test_config_non_integer_for_int_option_is_error(capsys, tmp_path, value):
     path = job(tmp_path, f"num_devices: {value}\nscript: t.py\n")
@@ -293,9 +286,6 @@ def test_config_non_integer_for_int_option_is_error(capsys, tmp_path, value):
     assert f"{path}:1: " in err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a list for an int option reaches int() inside click's "
-                   "type_cast_value and the TypeError escapes as an internal error (exit 1) instead of "
-                   "a UserError naming job.yaml:LINE (exit 2)")
 def test_config_list_for_int_option_is_error(capsys, tmp_path):
     path = job(tmp_path, "script: t.py\nmaster_port: [1, 2]\n")
     err = user_error(capsys, "--dry-run", "--config", path)
@@ -303,16 +293,12 @@ def test_config_list_for_int_option_is_error(capsys, tmp_path):
     assert "master_port" in err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a mapping for a string option is turned into its repr "
-                   "(hostfile: {a: 1} -> a hostfile named \"{'a': 1}\") instead of an error at job.yaml:LINE")
 def test_config_mapping_for_string_option_is_error(capsys, tmp_path):
     path = job(tmp_path, "script: t.py\nhostfile: {a: 1}\n")
     err = user_error(capsys, "--dry-run", "--config", path)
     assert f"{path}:2: " in err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the long option --json cannot be spelled in a job file "
-                   "(its parameter is named json_out), although keys are documented as long option names")
 def test_config_json_key(capsys, tmp_path):
     path = job(tmp_path, "dry_run: true\njson: true\nnum_devices: 1\nscript: t.py\n")
     rc, out, err = run_cli(capsys, "--config", path)
