@@ -75,15 +75,15 @@ def test_load_config_names_values_and_lines(tmp_path):
         ("num_devices", 2, f"{path}:2"),
         ("master_port", 29600, f"{path}:4"),
         ("env", {"A": "1"}, f"{path}:5"),
-        ("program", "train.py", f"{path}:6"),
-        ("program_args", ["--lr", "1e-4"], f"{path}:7"),
+        ("script", "train.py", f"{path}:6"),
+        ("script_args", ["--lr", "1e-4"], f"{path}:7"),
     ]
 
 
 @pytest.mark.parametrize("key, name", [
     ("num_gpus", "num_devices"), ("nproc_per_node", "num_devices"), ("num-devices", "num_devices"),
-    ("hostfile_path", "hostfile"), ("training_script", "program"), ("script", "program"),
-    ("args", "program_args"), ("training_script_args", "program_args"), ("script-args", "program_args"),
+    ("hostfile_path", "hostfile"), ("training_script", "script"), ("script", "script"),
+    ("args", "script_args"), ("training_script_args", "script_args"), ("script-args", "script_args"),
     ("--use-mpi", "use_mpi"), ("append-local-rank", "append_local_rank"), ("env_file", "env_file"),
 ])
 def test_normalize_key(key, name):
