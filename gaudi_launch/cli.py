@@ -67,6 +67,18 @@ def launch(
     no_local_rank: bool = typer.Option(False, "--no_local_rank", "--no-local-rank", help="Accepted for DeepSpeed compatibility: this is already the default."),
     log_dir: Optional[str] = typer.Option(None, "--log-dir", "--log_dir", help="Also write each rank's output to DIR/rank-N.log."),
     grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when tearing the job down."),
+    ssh_port: Optional[int] = typer.Option(None, "--ssh-port", "--ssh_port", help="SSH port of every host. Default: ~/.ssh/config, else 22 (DL1 containers: 3022)."),
+    ssh_identity: Optional[str] = typer.Option(None, "--ssh-identity", "--ssh_identity", help="Private key for SSH. Default: ~/.ssh/config, then the usual keys and the agent."),
+    ssh_config: Optional[str] = typer.Option(None, "--ssh-config", "--ssh_config", help="ssh_config file. Default: ~/.ssh/config."),
+    ssh_timeout: float = typer.Option(10.0, "--ssh-timeout", "--ssh_timeout", help="SSH connect timeout in seconds."),
+    strict_host_keys: bool = typer.Option(False, "--strict-host-keys", help="Refuse hosts whose key is not in known_hosts (default: accept new keys, refuse changed ones)."),
+    no_ssh_check: bool = typer.Option(False, "--no-ssh-check", "--no_ssh_check", help="Skip the SSH pre-flight of every host."),
+    check_only: bool = typer.Option(False, "--check-only", "--check_only", help="Run the pre-flight only and print its table (exit 3 when a check fails)."),
+    export_prefix: Optional[List[str]] = typer.Option(None, "--export-prefix", "--export_prefix", help="Also export this launcher's variables starting with PREFIX to every rank (repeatable)."),
+    efa: Optional[bool] = typer.Option(None, "--efa/--no-efa", help="Set HCCL_OVER_OFI and the EFA libraries. Default: on when this host has EFA devices."),
+    hccl_ofi_wrapper: Optional[str] = typer.Option(None, "--hccl-ofi-wrapper", "--hccl_ofi_wrapper", help="Directory of hccl_ofi_wrapper. Default: $HCCL_OFI_WRAPPER, else /root/hccl_ofi_wrapper."),
+    launcher: str = typer.Option("pdsh", "--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi."),
+    launcher_args: Optional[str] = typer.Option(None, "--launcher-args", "--launcher_args", help="With --backend deepspeed: extra arguments for its runner (one string)."),
     dry_run: bool = typer.Option(False, "--dry-run", "--dry_run", help="Print the plan; start nothing."),
     json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as one JSON object."),
     config: Optional[str] = typer.Option(None, "--config", help="YAML job file holding any of these options; the command line wins."),
@@ -137,17 +149,31 @@ def _launch(v: dict) -> int:
         hostfile=v["hostfile"], include=v["include"], exclude=v["exclude"], num_nodes=v["num_nodes"],
         num_devices=num_devices, backend=backend, master_addr=v["master_addr"],
         master_port=v["master_port"], env_file=v["env_file"], env=parse_assignments(v["env"] or [], "-x"),
-        append_local_rank=v["append_local_rank"], log_dir=v["log_dir"], grace=v["grace"])
+        append_local_rank=v["append_local_rank"], log_dir=v["log_dir"], grace=v["grace"],
+        ssh_port=v["ssh_port"], ssh_identity=v["ssh_identity"], ssh_config=v["ssh_config"],
+        ssh_timeout=v["ssh_timeout"], strict_host_keys=v["strict_host_keys"], ssh_check=not v["no_ssh_check"],
+        export_prefixes=list(v["export_prefix"] or []), efa=v["efa"], hccl_ofi_wrapper=v["hccl_ofi_wrapper"],
+        launcher=v["launcher"], launcher_args=v["launcher_args"])
     if v["python"]:
         spec.python = v["python"]
-    return run_spec(spec, dry_run=v["dry_run"], json_out=v["json_out"])
+    if v["check_only"] and v["no_ssh_check"]:
+        raise UserError("--check-only and --no-ssh-check contradict each other", where="--check-only")
+    return run_spec(spec, dry_run=v["dry_run"], json_out=v["json_out"], check_only=v["check_only"])
 
 
-def run_spec(spec, *, dry_run: bool = False, json_out: bool = False) -> int:
+def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only: bool = False) -> int:
     from gaudi_launch.backends import get_backend
-    from gaudi_launch.planner import build_plan
+    from gaudi_launch.multinode import EXIT_PREFLIGHT, progress_printer, run_preflight
+    from gaudi_launch.planner import build_plan, is_local_host
 
-    plan = build_plan(spec)
+    def preflight(plan, spec):
+        return run_preflight(plan, spec, local=is_local_host, progress=progress_printer())
+
+    if check_only:
+        report = preflight(build_plan(spec), spec)
+        sys.stdout.write(report.render_table())
+        return 0 if report.ok else EXIT_PREFLIGHT
+    plan = build_plan(spec, preflight=preflight)
     if dry_run:
         sys.stdout.write(plan.to_json() + "\n" if json_out else plan.render_text())
         return 0

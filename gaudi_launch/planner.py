@@ -14,7 +14,6 @@ from gaudi_launch.plan import LaunchPlan, NodePlan
 from gaudi_launch.ports import check_port, pick_free_port
 from gaudi_launch.spec import JobSpec
 
-DEFAULT_REMOTE_PORT = 29500
 _LOOPBACK = {"localhost", "localhost.localdomain", "ip6-localhost", "::1"}
 
 
@@ -73,7 +72,11 @@ def choose_backend(spec: JobSpec, selected, hosts: List[Host]) -> str:
 
 
 def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices,
-               environ=None) -> LaunchPlan:
+               environ: Optional[Mapping[str, str]] = None, preflight: Optional[Callable] = None) -> LaunchPlan:
+    """``preflight(plan, spec) -> CheckReport`` runs for multi-host backends unless --no-ssh-check."""
+    from gaudi_launch.multinode import PreflightFailed, finish_plan, pick_remote_port
+
+    environ = os.environ if environ is None else environ
     spec.validate()
     selected, hosts, notes = resolve_hosts(spec, detect)
     backend = choose_backend(spec, selected, hosts)
@@ -91,9 +94,7 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
     elif master_local:
         master_port = pick_free_port()
     else:
-        master_port = DEFAULT_REMOTE_PORT
-        notes.append(f"master port {master_port} on {master_addr} is not checked from here: "
-                     "give --master_port to choose another")
+        master_port = pick_remote_port()
     env, sources = load_env_files(explicit=spec.env_file, environ=environ)
     env.update(spec.env)
     if sources:
@@ -105,10 +106,17 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
         notes=notes, job_id=secrets.token_hex(4))
     from gaudi_launch.backends import get_backend
 
+    report = None
+    if backend != "local" and spec.ssh_check and preflight is not None:
+        report = preflight(plan, spec)
+        if not report.ok:
+            raise PreflightFailed(report)
+        plan.notes.extend(report.warnings)
+    finish_plan(plan, spec, environ, report=report)
     if backend != "local" and any(n.devices != list(range(len(n.devices))) for n in nodes):
         # One command starts every node, so each node's device subset travels in one variable.
         plan.env["GAUDI_LAUNCH_NODE_DEVICES"] = ";".join(",".join(map(str, n.devices)) for n in nodes)
-    plan.commands = get_backend(backend).commands(plan, spec, os.environ if environ is None else environ)
+    plan.commands = get_backend(backend).commands(plan, spec, environ)
     return plan
 
 

@@ -29,6 +29,18 @@ class JobSpec:
     append_local_rank: bool = False
     log_dir: Optional[str] = None
     grace: float = 10.0
+    # Multi-node: SSH, pre-flight, exported environment, fabric, DeepSpeed's own launcher.
+    ssh_port: Optional[int] = None
+    ssh_identity: Optional[str] = None
+    ssh_config: Optional[str] = None
+    ssh_timeout: float = 10.0
+    strict_host_keys: bool = False
+    ssh_check: bool = True
+    export_prefixes: List[str] = field(default_factory=list)
+    efa: Optional[bool] = None             # None: on when this host has EFA devices
+    hccl_ofi_wrapper: Optional[str] = None
+    launcher: str = "pdsh"                 # DeepSpeed's multi-node runner: pdsh or openmpi
+    launcher_args: Optional[str] = None
 
     def validate(self) -> "JobSpec":
         if not self.program:
@@ -44,6 +56,13 @@ class JobSpec:
                 raise UserError(f"must be at least 1, got {value}", where=option)
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
             raise UserError(f"port {self.master_port} is out of range 1-65535", where="--master_port")
+        if self.ssh_port is not None and not 1 <= self.ssh_port <= 65535:
+            raise UserError(f"port {self.ssh_port} is out of range 1-65535", where="--ssh-port")
+        if self.ssh_timeout <= 0:
+            raise UserError(f"must be positive, got {self.ssh_timeout}", where="--ssh-timeout")
+        if self.launcher not in ("pdsh", "openmpi"):
+            raise UserError(f"unknown DeepSpeed launcher {self.launcher!r}", where="--launcher",
+                            hint="pdsh or openmpi")
         if self.grace < 0:
             raise UserError(f"must not be negative, got {self.grace}", where="--grace")
         return self

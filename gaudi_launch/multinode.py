@@ -1,0 +1,126 @@
+"""What a multi-node plan adds: SSH options, the pre-flight, the interface pick, EFA/HCCL env.
+
+Decisions are pure functions of the spec, the launcher's environment and the pre-flight's facts;
+``run_preflight`` is the one place that talks to the hosts.
+"""
+from __future__ import annotations
+
+import os
+import random
+import socket
+import sys
+from typing import Dict, List, Mapping, Optional
+
+from gaudi_launch import fabric
+from gaudi_launch.errors import UserError
+from gaudi_launch.plan import LaunchPlan
+from gaudi_launch.spec import JobSpec
+
+EXIT_PREFLIGHT = 3
+
+
+class PreflightFailed(UserError):
+    exit_code = EXIT_PREFLIGHT
+
+    def __init__(self, report):
+        super().__init__("pre-flight failed: nothing was started\n" + report.render_table().rstrip(),
+                         hint="fix the hosts marked failed, or skip the SSH checks with --no-ssh-check")
+        self.report = report
+
+
+def ssh_args(spec: JobSpec) -> List[str]:
+    """Options for every `ssh` a backend runs (mpirun's plm_rsh_args, pdsh, teardown). Pure."""
+    args = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(spec.ssh_timeout))}",
+            "-o", "StrictHostKeyChecking=" + ("yes" if spec.strict_host_keys else "accept-new")]
+    if spec.ssh_port:
+        args += ["-p", str(spec.ssh_port)]
+    if spec.ssh_identity:
+        args += ["-i", spec.ssh_identity, "-o", "IdentitiesOnly=yes"]
+    if spec.ssh_config:
+        args += ["-F", spec.ssh_config]
+    return args
+
+
+def master_host(plan: LaunchPlan) -> str:
+    """The selected host that is the master (the first one unless --master_addr names another)."""
+    for node in plan.nodes:
+        if node.host.rsplit("@", 1)[-1] == plan.master_addr:
+            return node.host
+    return plan.nodes[0].host
+
+
+def pick_remote_port() -> int:
+    # The pre-flight then checks on the master that nothing listens there.
+    return random.randint(20000, 40000)
+
+
+def resolve_ip(addr: str) -> Optional[str]:
+    try:
+        return socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0]
+    except (socket.gaierror, IndexError, UnicodeError):
+        return None
+
+
+def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None):
+    from gaudi_launch.preflight import SshOptions, check_hosts
+
+    script = None
+    if not spec.module:
+        script = spec.program[0]
+    report = check_hosts(
+        [n.host for n in plan.nodes], python=spec.python if not spec.no_python else "python3",
+        script=script, cwd=os.getcwd(), master_host=master_host(plan), master_addr=plan.master_addr,
+        master_port=plan.master_port, devices_needed={n.host: len(n.devices) for n in plan.nodes},
+        ssh=SshOptions(port=spec.ssh_port, identity=spec.ssh_identity, config=spec.ssh_config,
+                       timeout=spec.ssh_timeout, strict=spec.strict_host_keys),
+        local=local, progress=progress)
+    return report
+
+
+def apply_facts(plan: LaunchPlan, facts: Mapping[str, object], environ: Mapping[str, str]) -> None:
+    """Interface, its network and the CPU budget from what the pre-flight saw on each host."""
+    cpus = [f.ncpus for f in facts.values() if getattr(f, "ncpus", None)]
+    plan.cores_per_host = min(cpus) if cpus else None
+    interfaces = {h: fabric.parse_ip_addr(f.ip_addr) for h, f in facts.items() if getattr(f, "ip_addr", "")}
+    master_ip = resolve_ip(plan.master_addr)
+    user_pick = {**environ, **plan.env}.get("HCCL_SOCKET_IFNAME")
+    if user_pick:
+        plan.ifname = user_pick
+        plan.notes.append(f"interface {user_pick}: HCCL_SOCKET_IFNAME as you set it")
+    elif interfaces and master_ip:
+        plan.ifname, how = fabric.choose_interface(master_ip, interfaces)
+        plan.notes.append(f"interface {plan.ifname}: " + (
+            f"carries the master's subnet ({master_ip}) on every host" if how == "subnet"
+            else "no host has an address on the master's subnet: first common interface (fallback)"))
+    if plan.ifname and master_ip:
+        mine = interfaces.get(master_host(plan), [])
+        plan.tcp_cidr = fabric.subnet_cidr(master_ip, mine, plan.ifname)
+
+
+def finish_plan(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, report=None) -> None:
+    """Everything multi-node and fabric-related that goes into the plan. Pure given the report."""
+    if plan.backend != "local":
+        plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
+        plan.ssh_args = ssh_args(spec)
+        if report is not None:
+            apply_facts(plan, report.facts, environ)
+        else:
+            plan.notes.append("no pre-flight (--no-ssh-check): interface and CPU binding are left to defaults")
+    efa = spec.efa if spec.efa is not None else fabric.efa_present()
+    if efa:
+        plan.notes.append("EFA: HCCL_OVER_OFI=1 and the EFA libraries on LD_LIBRARY_PATH"
+                          + ("" if spec.efa else " (EFA devices found on this host)"))
+    plan.env.update(fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname,
+                                      wrapper_dir=spec.hccl_ofi_wrapper))
+
+
+def progress_printer(stream=None):
+    stream = stream or sys.stderr
+    if not getattr(stream, "isatty", lambda: False)():
+        return None
+
+    def show(host: str, status: str) -> None:
+        stream.write(f"  pre-flight {host}: {status}\n")
+        stream.flush()
+    return show
+

@@ -1,0 +1,1 @@
+"""Multi-host test cluster (network namespaces + sshd) and the tests that prove it."""

@@ -1,0 +1,323 @@
+"""The SSH pre-flight's pure parts: error classification, the probe command, its parser, the report."""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+
+import paramiko
+import pytest
+
+from gaudi_launch.preflight import (CheckReport, HostFacts, SshOptions, _judge, _policies, _versions_warning,
+                                    _warnings, classify_ssh_error, parse_probe_output, probe_command)
+
+OPTS = SshOptions(port=22, identity="/keys/id_ed25519", timeout=7.0, known_hosts="/tmp/kh")
+KEY = "/home/u/.ssh/id_ed25519"
+
+
+# ---------------------------------------------------------------- classify_ssh_error
+
+
+def test_auth_refused_names_the_key_and_how_to_install_it():
+    reason, fix = classify_ssh_error(paramiko.AuthenticationException("Authentication failed."),
+                                     "root@gl-n1", OPTS, KEY)
+    assert reason.startswith("auth refused") and f"tried key {KEY}" in reason
+    assert f"ssh-copy-id -i {KEY}.pub root@gl-n1" in fix and "authorized_keys" in fix
+
+
+def test_auth_refused_several_keys_and_agent():
+    reason, fix = classify_ssh_error(paramiko.AuthenticationException("x"), "gl-n1",
+                                     SshOptions(port=3022), f"{KEY}, /k/id_rsa, ssh-agent keys")
+    assert f"tried keys {KEY}, /k/id_rsa, ssh-agent keys" in reason
+    assert f"ssh-copy-id -i {KEY}.pub -p 3022 gl-n1" in fix
+
+
+def test_passphrase_protected_key():
+    reason, fix = classify_ssh_error(paramiko.PasswordRequiredException("private key file is encrypted"),
+                                     "gl-n1", OPTS, KEY)
+    assert "passphrase" in reason and KEY in reason and f"ssh-add {KEY}" in fix
+
+
+def test_no_key_at_all():
+    reason, fix = classify_ssh_error(paramiko.SSHException("No authentication methods available"),
+                                     "gl-n1", SshOptions(), None)
+    assert "no SSH key" in reason and "ssh-keygen" in fix and "--ssh-identity" in fix
+
+
+@pytest.mark.parametrize("exc", [
+    ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
+    paramiko.ssh_exception.NoValidConnectionsError(
+        {("10.0.0.5", 22): ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
+         ("::ffff:10.0.0.5", 22, 0, 0): ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")}),
+])
+def test_connection_refused(exc):
+    reason, fix = classify_ssh_error(exc, "gl-n2", OPTS, KEY)
+    assert reason == "connection refused by gl-n2:22"
+    assert "sshd" in fix and "3022" in fix and "--ssh-port" in fix
+
+
+def test_connection_refused_names_the_port_used():
+    reason, _ = classify_ssh_error(ConnectionRefusedError(errno.ECONNREFUSED, "x"), "u@h", SshOptions(port=3022), None)
+    assert reason == "connection refused by h:3022"
+
+
+@pytest.mark.parametrize("exc", [socket.timeout("timed out"), TimeoutError("timed out"),
+                                 OSError(errno.ETIMEDOUT, "Connection timed out")])
+def test_timeout(exc):
+    reason, fix = classify_ssh_error(exc, "10.213.0.99", OPTS, KEY)
+    assert reason == "timed out after 7 s connecting to 10.213.0.99:22"
+    assert "security group" in fix and "route" in fix and "--ssh-timeout" in fix
+
+
+def test_unreachable():
+    exc = paramiko.ssh_exception.NoValidConnectionsError(
+        {("10.213.0.99", 22): OSError(errno.EHOSTUNREACH, "No route to host")})
+    reason, fix = classify_ssh_error(exc, "10.213.0.99", OPTS, KEY)
+    assert "unreachable" in reason and "No route to host" in reason and "route" in fix
+
+
+@pytest.mark.parametrize("code, text", [(socket.EAI_NONAME, "Name or service not known"),
+                                        (socket.EAI_AGAIN, "Temporary failure in name resolution")])
+def test_dns(code, text):
+    reason, fix = classify_ssh_error(socket.gaierror(code, text), "root@gl-nowhere.invalid", OPTS, KEY)
+    assert reason.startswith("name does not resolve: gl-nowhere.invalid") and text in reason
+    assert "hostfile" in fix and "/etc/hosts" in fix
+
+
+def test_real_gaierror():
+    try:
+        socket.getaddrinfo("no such host name", 22)  # spaces: rejected without any DNS query
+    except socket.gaierror as e:
+        exc = e
+    else:
+        pytest.skip("the resolver accepted a name with spaces")
+    assert classify_ssh_error(exc, "x", OPTS, None)[0].startswith("name does not resolve")
+
+
+def test_host_key_changed():
+    got, want = paramiko.RSAKey.generate(1024), paramiko.RSAKey.generate(1024)
+    exc = paramiko.BadHostKeyException("10.213.0.11", got, want)
+    reason, fix = classify_ssh_error(exc, "root@10.213.0.11", OPTS, KEY)
+    assert reason.startswith("host key changed")
+    assert got.fingerprint in reason and want.fingerprint in reason
+    assert "ssh-keygen -R 10.213.0.11 -f /tmp/kh" in fix
+
+
+def test_host_key_changed_non_default_port_uses_bracket_name():
+    got, want = paramiko.RSAKey.generate(1024), paramiko.RSAKey.generate(1024)
+    reason, fix = classify_ssh_error(paramiko.BadHostKeyException("h", got, want), "h",
+                                     SshOptions(port=3022), None)
+    assert "ssh-keygen -R '[h]:3022'" in fix
+
+
+def test_unknown_host_key_strict():
+    exc = paramiko.SSHException("Server 'gl-n1' not found in known_hosts")  # RejectPolicy's message
+    reason, fix = classify_ssh_error(exc, "gl-n1", SshOptions(strict=True, known_hosts="/tmp/kh"), None)
+    assert "unknown host key" in reason and "--strict-host-keys" in reason
+    assert "ssh-keyscan gl-n1 >> /tmp/kh" in fix
+
+
+class _Client:
+    def _log(self, *args):
+        pass
+
+
+def test_real_reject_policies_are_classified():
+    key = paramiko.RSAKey.generate(1024)
+    with pytest.raises(paramiko.SSHException) as info:
+        paramiko.RejectPolicy().missing_host_key(_Client(), "gl-n1", key)
+    reason, _ = classify_ssh_error(info.value, "gl-n1", SshOptions(strict=True), None)
+    assert "unknown host key" in reason
+    _, Reject = _policies()  # ours also names the offered key's fingerprint
+    with pytest.raises(paramiko.SSHException) as info:
+        Reject("/tmp/kh").missing_host_key(_Client(), "gl-n1", key)
+    reason, _ = classify_ssh_error(info.value, "gl-n1", SshOptions(strict=True), None)
+    assert "unknown host key for gl-n1" in reason and key.fingerprint in reason
+
+
+def test_banner_and_other_errors():
+    reason, fix = classify_ssh_error(paramiko.SSHException("Error reading SSH protocol banner"), "h", OPTS, KEY)
+    assert "no SSH banner" in reason and "sshd" in fix
+    reason, fix = classify_ssh_error(EOFError(), "h", OPTS, KEY)
+    assert "closed the connection" in reason
+    reason, fix = classify_ssh_error(RuntimeError("weird"), "u@h", OPTS, KEY)
+    assert "weird" in reason and "ssh -v u@h true" in fix
+
+
+# ---------------------------------------------------------------- probe_command + parse_probe_output
+
+
+def run_probe(cmd: str) -> dict:
+    done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return parse_probe_output(done.stdout)
+
+
+def test_probe_with_awkward_paths_stays_one_argument(tmp_path):
+    odd = tmp_path / "dir with 'quotes' and \"dq\" $(touch PWNED) `x` ;"
+    odd.mkdir()
+    script = odd / "my script 'v2'.py"
+    script.write_text("print(1)\n")
+    fake_py = odd / "py thon's"
+    os.symlink(sys.executable, fake_py)
+    cmd = probe_command(str(fake_py), script.name, str(odd), "127.0.0.1", 9, None)
+    got = run_probe(cmd)
+    assert got["complete"] is True
+    assert got["python_ok"] is True and got["cwd_ok"] is True and got["script_ok"] is True
+    assert got["python_path"] == str(fake_py)
+    assert got["hostname"] == socket.gethostname()
+    assert got["ncpus"] == os.cpu_count() or got["ncpus"] >= 1
+    assert "port_free" not in got
+    assert not list(tmp_path.rglob("PWNED")) and not os.path.exists("PWNED")
+
+
+def test_probe_reports_missing_python_script_and_cwd(tmp_path):
+    got = run_probe(probe_command(str(tmp_path / "no python"), "train.py", str(tmp_path), "127.0.0.1", 9, None))
+    assert got["python_ok"] is False and "python_path" not in got
+    assert got["script_ok"] is False and got["cwd_ok"] is True
+    assert "master_reachable" not in got  # no python: not known, not failed
+    assert got["complete"] is True
+    got = run_probe(probe_command(sys.executable, "train.py", str(tmp_path / "gone"), "127.0.0.1", 9, None))
+    assert got["cwd_ok"] is False and got["script_ok"] is False and got["python_ok"] is True
+    got = run_probe(probe_command(sys.executable, None, str(tmp_path), "127.0.0.1", 9, None))
+    assert "script_ok" not in got
+
+
+def test_probe_master_reachable_and_port_free():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        got = run_probe(probe_command(sys.executable, None, "/", "127.0.0.1", port, port))
+        assert got["master_reachable"] is True
+        assert got["port_free"] is False and "port_error" in got
+    got = run_probe(probe_command(sys.executable, None, "/", "127.0.0.1", port, port))
+    assert got["master_reachable"] is False and "refused" in got["master_error"].lower()
+    assert got["port_free"] is True
+
+
+def test_probe_master_address_is_argv_not_code():
+    evil = "127.0.0.1'); import os; os.system('touch /tmp/preflight-PWNED'); ('"
+    got = run_probe(probe_command(sys.executable, None, "/", evil, 22, None))
+    assert got["master_reachable"] is False
+    assert not os.path.exists("/tmp/preflight-PWNED")
+
+
+def test_probe_ip_block_and_devices(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "hl-smi"
+    smi.write_text("#!/bin/sh\n[ \"$*\" = '-Q module_id -f csv,noheader' ] || exit 3\nprintf '0\\n1\\n2\\n3\\n'\n")
+    smi.chmod(0o755)
+    ip = bin_dir / "ip"
+    ip.write_text("#!/bin/sh\necho '2: eth0    inet 10.9.0.5/24 brd 10.9.0.255 scope global eth0'\n")
+    ip.chmod(0o755)
+    cmd = probe_command(sys.executable, None, "/", "127.0.0.1", 9, None)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env, timeout=60)
+    got = parse_probe_output(done.stdout)
+    assert got["devices"] == 4
+    assert got["ip_addr"] == "2: eth0    inet 10.9.0.5/24 brd 10.9.0.255 scope global eth0\n"
+    smi.write_text("#!/bin/sh\nexit 1\n")
+    got = parse_probe_output(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env).stdout)
+    assert got["devices"] == 0 and "hl-smi failed" in got["devices_error"]
+
+
+def test_probe_without_hl_smi_says_none():
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["sh", "-c", probe_command(sys.executable, None, "/", "127.0.0.1", 9, None)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    got = parse_probe_output(done.stdout)
+    if os.path.exists("/usr/bin/hl-smi") or os.path.exists("/bin/hl-smi"):
+        pytest.skip("this machine has hl-smi")
+    assert "devices" in got and got["devices"] is None
+
+
+@pytest.mark.parametrize("text", [
+    "", "\x00\x01\xff", "=\n==\nncpus=\nncpus=abc\ndevices=-3\npython_ok=maybe\n",
+    "@@ip-addr begin\nno end", "garbage " * 1000, "key=value=more\n\r\n\t",
+])
+def test_parse_garbage(text):
+    got = parse_probe_output(text)
+    assert isinstance(got, dict) and got["complete"] is False
+    assert "ncpus" not in got and "devices" not in got and "python_ok" not in got
+
+
+def test_parse_skips_login_banner_and_unknown_keys():
+    text = ("Welcome! hostname=evil\nncpus=999\n@@gaudi-launch-probe begin\r\nhostname=gl-n1\r\nncpus=4\n"
+            "python_ok=1\nweird_key=1\nmaster_reachable=unknown\ndevices=none\n@@gaudi-launch-probe end\n")
+    got = parse_probe_output(text)
+    assert got["hostname"] == "gl-n1" and got["ncpus"] == 4 and got["python_ok"] is True
+    assert got["devices"] is None and "master_reachable" not in got and "weird_key" not in got
+    assert got["complete"] is True
+    assert parse_probe_output(b"ncpus=3\n")["ncpus"] == 3
+
+
+# ---------------------------------------------------------------- judging, warnings, the report
+
+
+def judge(probe, **kw):
+    f = HostFacts(host="gl-n1", ok=False)
+    args = dict(python="/py", script="train.py", cwd="/work", master_addr="10.0.0.1", master_port=29500,
+                master_ssh_port=22, is_master=False, needed=0, where="gl-n1")
+    args.update(kw)
+    _judge(f, {"complete": True, **probe}, **args)
+    return f
+
+
+GOOD = dict(hostname="gl-n1", ncpus=8, python_ok=True, cwd_ok=True, script_ok=True, master_reachable=True)
+
+
+def test_judge_ok_and_each_failure():
+    assert judge(GOOD).ok
+    f = judge({**GOOD, "python_ok": False})
+    assert not f.ok and "/py" in f.reason and "--python" in f.fix
+    f = judge({**GOOD, "script_ok": False})
+    assert not f.ok and "train.py" in f.reason and "/work" in f.reason
+    f = judge({**GOOD, "cwd_ok": False, "script_ok": False})
+    assert "working directory /work" in f.reason
+    f = judge({**GOOD, "devices": 4}, needed=8)
+    assert not f.ok and "4" in f.reason and "8 needed" in f.reason
+    assert judge({**GOOD, "devices": 8}, needed=8).ok
+    assert judge({**GOOD}, needed=8).ok  # no hl-smi: not checked
+    f = judge({**GOOD, "master_reachable": False, "master_error": "timed out"})
+    assert not f.ok and "10.0.0.1:22" in f.reason and "timed out" in f.reason
+    f = judge({**GOOD, "port_free": False}, is_master=True)
+    assert not f.ok and "29500" in f.reason and "--master_port" in f.fix
+    assert judge({**GOOD, "port_free": False}, is_master=False).ok
+    f = judge({**GOOD, "python_ok": False, "script_ok": False})
+    assert f.reason.count(";") == 1 and len(f.fix.splitlines()) == 2
+
+
+def test_warnings():
+    facts = {
+        "a": HostFacts("a", True, hostname="a", openmpi="mpirun (Open MPI) 4.1.5", deepspeed="0.14.0", devices=8),
+        "b": HostFacts("b", True, hostname="b", openmpi="mpirun (Open MPI) 4.1.5", deepspeed="0.14.0"),
+        "c": HostFacts("c", True, hostname="c", openmpi="mpirun (Open MPI) 5.0.0", deepspeed="0.14.0"),
+        "d": HostFacts("d", False, reason="auth refused"),  # never probed: not part of the comparison
+    }
+    w = _warnings(facts)
+    assert len(w) == 2
+    assert w[0].startswith("OpenMPI version differs") and "5.0.0 on c" in w[0] and "4.1.5 on a, b" in w[0]
+    assert w[1] == "device count not checked (no hl-smi) on b, c"
+    assert _versions_warning("X", {"a": None, "b": "1"}) == "X differs across hosts: not installed on a; 1 on b"
+    assert _versions_warning("X", {"a": "1", "b": "1"}) is None
+
+
+def test_report_ok_failures_and_table():
+    ok = HostFacts("gl-n0", True, hostname="gl-n0", ncpus=4, elapsed_s=0.25)
+    bad = HostFacts("root@gl-n1", False, reason="auth refused (tried key /k)", fix="ssh-copy-id -i /k.pub root@gl-n1")
+    report = CheckReport(facts={"gl-n0": ok, "root@gl-n1": bad}, warnings=["OpenMPI version differs"])
+    assert not report.ok and report.failures() == [bad]
+    table = report.render_table()
+    lines = table.splitlines()
+    assert lines[0].split() == ["host", "status", "details"]
+    assert lines[1].startswith("gl-n0") and " OK " in lines[1] and "4 cpus" in lines[1]
+    assert lines[2].startswith("root@gl-n1") and "failed" in lines[2] and "auth refused (tried key /k)" in lines[2]
+    assert lines[3].strip() == "fix: ssh-copy-id -i /k.pub root@gl-n1"
+    assert lines[3].index("fix:") == lines[2].index("auth refused")  # aligned under the reason
+    assert lines[4] == "warning: OpenMPI version differs"
+    assert CheckReport(facts={"gl-n0": ok}, warnings=[]).ok
+    assert CheckReport(facts={}, warnings=[]).ok
