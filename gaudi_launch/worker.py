@@ -77,9 +77,17 @@ def error_record(environ: Mapping[str, str], exc: Optional[BaseException] = None
         "exit_code": exit_code,
     }
     if exc is not None:
-        record.update(exc_type=type(exc).__name__, message=str(exc),
-                      traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        record.update(exc_type=type(exc).__name__, message=str(exc), traceback=format_user_traceback(exc))
     return record
+
+
+def format_user_traceback(exc: BaseException) -> str:
+    """The traceback as `python script.py` would print it: without our and runpy's frames."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
+                              or tb.tb_frame.f_code.co_filename.endswith("runpy.py")):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
 
 def emit_error_record(record: dict) -> None:
@@ -91,17 +99,38 @@ def emit_error_record(record: dict) -> None:
 
 
 def _term_whole_group(signum, _frame) -> None:
-    # We lead our own process group (the supervisor starts each rank in a new session): take the
-    # rank's children (data loader workers, helpers) with us, whoever sent the SIGTERM.
+    # We lead our own process group: take the rank's children (data loader workers, helpers) with
+    # us, whoever sent the SIGTERM (our supervisor, mpirun's orted, DeepSpeed's launch.py).
     signal.signal(signum, signal.SIG_DFL)
     os.killpg(0, signum)
 
 
+def _end_group() -> None:
+    """The rank is done: whatever it started in its group (our group) ends with it."""
+    if os.getpgrp() == os.getpid():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            os.killpg(0, signal.SIGTERM)
+        except OSError:
+            pass
+
+
 def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
+    try:
+        return _run(argv, environ)
+    finally:
+        _end_group()
+
+
+def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
     if not argv or argv == ["-m"]:
         print("usage: python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     environ.update(normalize_env(environ))
+    try:
+        os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
+    except OSError:
+        pass  # already a session leader (our local backend): nothing to do
     if os.getpgrp() == os.getpid():
         signal.signal(signal.SIGTERM, _term_whole_group)
     as_module = argv[0] == "-m"
@@ -125,7 +154,7 @@ def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
         emit_error_record(error_record(environ, exit_code=1))
         return 1
     except BaseException as exc:
-        traceback.print_exc()
+        sys.stderr.write(format_user_traceback(exc))
         emit_error_record(error_record(environ, exc, exit_code=1))
         return 1
     return 0
