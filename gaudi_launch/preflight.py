@@ -211,7 +211,9 @@ def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
                     f"ssh-keyscan{port_opt} {shlex.quote(name)} >> {file}; "
                     "or run without --strict-host-keys to accept new keys")
         if "no authentication methods available" in low or "no existing session" in low:
-            return (f"no SSH key to offer (tried {tried})",
+            what = (f"none of {key_tried} could be used" if key_tried else
+                    "no identity file, no default key in ~/.ssh, no ssh-agent")
+            return (f"no SSH key to offer ({what})",
                     "create a key (ssh-keygen -t ed25519) and install it: "
                     f"ssh-copy-id -i ~/.ssh/id_ed25519.pub{port_opt} {target}; or give one with --ssh-identity")
         if "protocol banner" in low:
@@ -750,7 +752,7 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
                     facts.reason, facts.fix = classify_ssh_error(exc, f"{t.user}@{t.hostname}", o,
                                                                  _keys_description(t) or None)
                     if t.hostname != t.name:
-                        facts.reason += f" [{t.name} is {t.hostname} in the ssh config]"
+                        facts.reason += f" ({t.name} = {t.hostname} in the ssh config)"
                     return facts
             probe = parse_probe_output(out)
             _judge(facts, probe, python=python, script=script, cwd=cwd, master_addr=master_addr,
@@ -819,7 +821,7 @@ def _warnings(facts: dict[str, HostFacts]) -> list[str]:
     w = _versions_warning("OpenMPI version", {h: f.openmpi for h, f in probed.items()})
     if w:
         out.append(w)
-    w = _versions_warning("DeepSpeed version", {h: f.deepspeed for h, f in probed.items()})
+    w = _versions_warning("DeepSpeed version", {h: f.deepspeed for h, f in probed.items() if f.python_ok})
     if w:
         out.append(w)
     no_smi = [h for h, f in probed.items() if f.devices is None]

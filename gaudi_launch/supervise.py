@@ -45,6 +45,10 @@ class ProcSpec:
     ranks: Optional[Dict[int, str]] = None
     demux: Optional[Callable[[], Callable[[Optional[str]], List[Tuple[Optional[int], str]]]]] = None
     explain: Optional[Callable[[List[str]], Optional["Culprit"]]] = None
+    # Stops the ranks this process started elsewhere (job-scoped, on every host). With it, the
+    # local process group gets only SIGKILL: its own SIGTERM handler may do harm (DeepSpeed's
+    # runner pkills by pattern on every host).
+    stop: Optional[Callable[[int], None]] = None
 
     @property
     def name(self) -> str:
@@ -256,7 +260,8 @@ class Supervisor:
         spec = proc.spec
         # A demuxer turns physical lines of a multi-rank process into (rank, line) pairs; it is
         # called with None at the end of the stream to flush what it holds.
-        demux = spec.demux() if spec.demux else (lambda t: [] if t is None else [(spec.rank, t)])
+        own = spec.rank if spec.ranks is None else None  # a multi-rank process without a demuxer
+        demux = spec.demux() if spec.demux else (lambda t: [] if t is None else [(own, t)])
         for raw in iter(pipe.readline, b""):
             for rank, text in demux(raw.decode("utf-8", errors="replace").rstrip("\r\n")):
                 self._emit(proc, rank, text, sink)
@@ -323,6 +328,10 @@ class Supervisor:
         for proc in self.procs:
             if proc.popen is None or (only_running and proc.returncode is not None):
                 continue
+            if proc.spec.stop is not None:
+                proc.spec.stop(sig)
+                if sig != signal.SIGKILL:
+                    continue
             try:
                 os.killpg(proc.popen.pid, sig)
             except (ProcessLookupError, PermissionError):

@@ -9,6 +9,7 @@ This module stays torch-free; the training runtime sets up devices and process g
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import runpy
@@ -57,6 +58,26 @@ def normalize_env(env: Mapping[str, str]) -> Dict[str, str]:
 
 
 ERROR_MARKER = "@@gaudi-launch-error-record@@ "
+
+
+JOB_FLAG = "--job-b64="
+# Read by the dynamic loader or the interpreter at start-up: changing them needs a fresh process.
+_STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")
+
+
+def encode_job(env: Mapping[str, str], argv: List[str], module: bool = False) -> str:
+    """The rank's environment and argv as one token that no shell or launcher can alter.
+
+    DeepSpeed's runners strip values and wrap them in double quotes for a remote shell, and pdsh
+    joins arguments into one shell line; URL-safe base64 has no character either will touch.
+    """
+    raw = json.dumps({"env": dict(env), "argv": list(argv), "module": module}).encode()
+    return JOB_FLAG + base64.urlsafe_b64encode(raw).decode()
+
+
+def decode_job(token: str) -> tuple:
+    data = json.loads(base64.urlsafe_b64decode(token[len(JOB_FLAG):].encode()))
+    return data["env"], data["argv"], bool(data.get("module"))
 
 
 def _node_devices(spec: str, node_rank: Optional[str]) -> Optional[str]:
@@ -123,6 +144,13 @@ def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
 
 
 def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
+    if argv and argv[0].startswith(JOB_FLAG):
+        env, argv, module = decode_job(argv[0])
+        argv = (["-m"] if module else []) + argv
+        if any(env.get(k, environ.get(k)) != environ.get(k) for k in _STARTUP_VARS):
+            os.execve(sys.executable, [sys.executable, "-u", "-m", "gaudi_launch.worker", *argv],
+                      {**environ, **env})
+        environ.update(env)
     if not argv or argv == ["-m"]:
         print("usage: python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
