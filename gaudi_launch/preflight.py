@@ -173,11 +173,12 @@ def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
     target = f"{user}@{name}" if user else name
     port_opt = f" -p {port}" if port != 22 else ""
     kh = opts.known_hosts
-    kh_opt = f" -f {shlex.quote(kh)}" if kh else ""
+    default_kh = os.path.expanduser("~/.ssh/known_hosts")
+    kh_opt = f" -f {shlex.quote(kh)}" if kh and kh != default_kh else ""
     kh_name = _known_hosts_name(name, port)
     text = str(exc) or type(exc).__name__
     keys = _keys_of(key_tried)
-    tried = key_tried or "no key"
+    tried = key_tried or "no key"  # (paramiko only refuses auth after offering something)
 
     if isinstance(exc, paramiko.BadHostKeyException):
         got, want = _fingerprint(exc.key), _fingerprint(exc.expected_key)
@@ -187,8 +188,12 @@ def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
 
     if isinstance(exc, paramiko.PasswordRequiredException):
         key = keys[0] if keys else "the key"
-        return (f"key {key} is protected by a passphrase (tried key {tried})",
+        return (f"key {key} needs a passphrase (the pre-flight never prompts)",
                 f"load it into an agent first: eval $(ssh-agent) && ssh-add {key}")
+
+    if isinstance(exc, paramiko.AuthenticationException) and "timeout" in text.lower():
+        return (f"{name}:{port} did not finish authentication within {opts.timeout:g} s",
+                "the server is slow or overloaded (DNS lookups in sshd: UseDNS no); raise --ssh-timeout")
 
     if isinstance(exc, paramiko.AuthenticationException):
         label = "key" if len(keys) + (_AGENT in (key_tried or "")) == 1 else "keys"
@@ -203,7 +208,7 @@ def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
     if isinstance(exc, paramiko.SSHException):
         low = text.lower()
         if "not found in known_hosts" in low:
-            file = kh or "~/.ssh/known_hosts"
+            file = shlex.quote(kh) if kh and kh != default_kh else "~/.ssh/known_hosts"
             offers = text.split("it offers ", 1)[1].rstrip(")") if "it offers " in text else None
             return (f"unknown host key for {kh_name}" + (f" ({offers})" if offers else "")
                     + f", not in {file}, and --strict-host-keys is set",

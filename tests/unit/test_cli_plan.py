@@ -18,6 +18,7 @@ import pytest
 
 from gaudi_launch import __version__
 from gaudi_launch.cli import main
+from gaudi_launch.worker import decode_job
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = [sys.executable, "-u", "-m", "gaudi_launch.worker"]
@@ -263,7 +264,14 @@ def test_script_args_pass_through_byte_exact(capsys, backend):
     assert plan["program"] == ["train.py", *TRICKY_ARGS]
     assert plan["commands"]
     for cmd in plan["commands"]:
-        assert cmd["argv"][-len(TRICKY_ARGS) - 1:] == ["train.py", *TRICKY_ARGS]
+        if backend == "deepspeed":
+            # DeepSpeed and pdsh re-quote arguments for a remote shell: they travel in one token.
+            from gaudi_launch.worker import decode_job
+
+            assert cmd["argv"][-3:-1] == ["--module", "gaudi_launch.worker"]
+            assert decode_job(cmd["argv"][-1])[1] == ["train.py", *TRICKY_ARGS]
+        else:
+            assert cmd["argv"][-len(TRICKY_ARGS) - 1:] == ["train.py", *TRICKY_ARGS]
 
 
 def test_script_args_pass_through_text_dry_run(capsys):
@@ -389,10 +397,11 @@ def test_use_deepspeed(capsys, flag, two_hosts):
     assert plan["backend"] == "deepspeed"
     (cmd,) = plan["commands"]
     argv = cmd["argv"]
-    assert argv[0] == "deepspeed"
+    assert os.path.basename(argv[0]) == "deepspeed"
     assert "--no_local_rank" in argv
     i = argv.index("--module")
-    assert argv[i:] == ["--module", "gaudi_launch.worker", "train.py", "--bf16"]
+    assert argv[i:i + 2] == ["--module", "gaudi_launch.worker"]
+    assert decode_job(argv[i + 2])[1] == ["train.py", "--bf16"]
     assert argv[argv.index("--master_addr") + 1] == "worker-0"
     assert argv[argv.index("--master_port") + 1] == str(plan["master_port"])
     assert plan["world_size"] == 8

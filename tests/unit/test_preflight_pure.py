@@ -34,6 +34,11 @@ def test_auth_refused_several_keys_and_agent():
     assert f"ssh-copy-id -i {KEY}.pub -p 3022 gl-n1" in fix
 
 
+def test_auth_timeout_is_not_a_refusal():
+    reason, fix = classify_ssh_error(paramiko.AuthenticationException("Authentication timeout."), "h", OPTS, KEY)
+    assert "did not finish authentication within 7 s" in reason and "--ssh-timeout" in fix
+
+
 def test_passphrase_protected_key():
     reason, fix = classify_ssh_error(paramiko.PasswordRequiredException("private key file is encrypted"),
                                      "gl-n1", OPTS, KEY)
@@ -43,7 +48,8 @@ def test_passphrase_protected_key():
 def test_no_key_at_all():
     reason, fix = classify_ssh_error(paramiko.SSHException("No authentication methods available"),
                                      "gl-n1", SshOptions(), None)
-    assert "no SSH key" in reason and "ssh-keygen" in fix and "--ssh-identity" in fix
+    assert "no SSH key" in reason and "no ssh-agent" in reason
+    assert "ssh-keygen" in fix and "--ssh-identity" in fix
 
 
 @pytest.mark.parametrize("exc", [
@@ -293,15 +299,23 @@ def test_judge_ok_and_each_failure():
 
 def test_warnings():
     facts = {
-        "a": HostFacts("a", True, hostname="a", openmpi="mpirun (Open MPI) 4.1.5", deepspeed="0.14.0", devices=8),
-        "b": HostFacts("b", True, hostname="b", openmpi="mpirun (Open MPI) 4.1.5", deepspeed="0.14.0"),
-        "c": HostFacts("c", True, hostname="c", openmpi="mpirun (Open MPI) 5.0.0", deepspeed="0.14.0"),
+        "a": HostFacts("a", True, hostname="a", python_ok=True, openmpi="mpirun (Open MPI) 4.1.5",
+                       deepspeed="0.14.0", devices=8),
+        "b": HostFacts("b", True, hostname="b", python_ok=True, openmpi="mpirun (Open MPI) 4.1.5",
+                       deepspeed="0.14.0", devices=8),
+        "c": HostFacts("c", True, hostname="c", python_ok=True, openmpi="mpirun (Open MPI) 5.0.0",
+                       deepspeed="0.15.1", devices=8),
         "d": HostFacts("d", False, reason="auth refused"),  # never probed: not part of the comparison
+        # no python there: its (unknown) DeepSpeed is not "not installed"
+        "e": HostFacts("e", False, hostname="e", python_ok=False, openmpi="mpirun (Open MPI) 4.1.5"),
     }
     w = _warnings(facts)
-    assert len(w) == 2
-    assert w[0].startswith("OpenMPI version differs") and "5.0.0 on c" in w[0] and "4.1.5 on a, b" in w[0]
-    assert w[1] == "device count not checked (no hl-smi) on b, c"
+    assert len(w) == 3, w
+    assert w[0].startswith("OpenMPI version differs") and "5.0.0 on c" in w[0] and "4.1.5 on a, b, e" in w[0]
+    assert w[1] == "DeepSpeed version differs across hosts: 0.14.0 on a, b; 0.15.1 on c"
+    assert w[2] == "device count not checked (no hl-smi) on e"
+    facts["b"].devices = None
+    assert _warnings(facts)[2] == "device count not checked (no hl-smi) on b, e"
     assert _versions_warning("X", {"a": None, "b": "1"}) == "X differs across hosts: not installed on a; 1 on b"
     assert _versions_warning("X", {"a": "1", "b": "1"}) is None
 
