@@ -163,11 +163,8 @@ def _launch(v: dict) -> int:
 
 def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only: bool = False) -> int:
     from gaudi_launch.backends import get_backend
-    from gaudi_launch.multinode import EXIT_PREFLIGHT, progress_printer, run_preflight
-    from gaudi_launch.planner import build_plan, is_local_host
-
-    def preflight(plan, spec):
-        return run_preflight(plan, spec, local=is_local_host, progress=progress_printer())
+    from gaudi_launch.multinode import EXIT_PREFLIGHT, default_preflight as preflight
+    from gaudi_launch.planner import build_plan
 
     if check_only:
         report = preflight(build_plan(spec), spec)

@@ -77,6 +77,13 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None):
     return report
 
 
+def default_preflight(plan: LaunchPlan, spec: JobSpec):
+    """The pre-flight as the CLI and DistributedRunner run it (progress lines on a terminal)."""
+    from gaudi_launch.planner import is_local_host
+
+    return run_preflight(plan, spec, local=is_local_host, progress=progress_printer())
+
+
 def apply_facts(plan: LaunchPlan, facts: Mapping[str, object], environ: Mapping[str, str]) -> None:
     """Interface, its network and the CPU budget from what the pre-flight saw on each host."""
     cpus = [f.ncpus for f in facts.values() if getattr(f, "ncpus", None)]
@@ -124,3 +131,11 @@ def progress_printer(stream=None):
         stream.flush()
     return show
 
+
+
+def host_watch(plan: LaunchPlan, spec: JobSpec, is_local):
+    """A watch over the remote hosts of a running job, or None when every host is this one."""
+    from gaudi_launch.watch import HostWatch, ssh_endpoints
+
+    remote = [n.host for n in plan.nodes if not is_local(n.host)]
+    return HostWatch(ssh_endpoints(remote, spec.ssh_port, spec.ssh_config)) if remote else None

@@ -42,17 +42,22 @@ class DistributedRunner:
                  env: Optional[Dict[str, str]] = None, env_file: Optional[str] = None,
                  master_addr: Optional[str] = None, log_dir: Optional[str] = None, grace: float = 10.0,
                  append_local_rank: bool = False, python: Optional[str] = None,
-                 stdout=None, stderr=None):
+                 ssh_port: Optional[int] = None, ssh_identity: Optional[str] = None,
+                 ssh_config: Optional[str] = None, ssh_check: bool = True, efa: Optional[bool] = None,
+                 launcher: str = "pdsh", stdout=None, stderr=None):
         # use_env and map_by are accepted for compatibility: ranks always get the env contract,
         # and CPU binding is the mpirun backend's business. multi_hls is replaced by hostfile.
         self.command_list = list(command_list or [])
+        # world_size is devices per node; with a hostfile the default 1 means "every slot".
+        per_node = None if hostfile and world_size == 1 else world_size
         backend, num_devices = resolve_compat(backend=backend, use_mpi=use_mpi, use_deepspeed=use_deepspeed,
-                                              world_size=world_size, num_devices=None)
+                                              world_size=per_node, num_devices=None)
         self._template = dict(
             hostfile=hostfile, include=include, exclude=exclude, num_nodes=num_nodes,
             num_devices=num_devices, backend=backend, master_addr=master_addr, master_port=master_port,
             env_file=env_file, env=dict(env or {}), append_local_rank=append_local_rank,
-            log_dir=log_dir, grace=grace)
+            log_dir=log_dir, grace=grace, ssh_port=ssh_port, ssh_identity=ssh_identity,
+            ssh_config=ssh_config, ssh_check=ssh_check, efa=efa, launcher=launcher)
         self.python = python or sys.executable
         self._streams = dict(stdout=stdout, stderr=stderr)
         self.result: Optional[JobResult] = None
@@ -71,12 +76,13 @@ class DistributedRunner:
     def run(self) -> int:
         """Run each command as a job, in order; stop at the first failure and return its exit code."""
         from gaudi_launch.backends import get_backend
+        from gaudi_launch.multinode import default_preflight
         from gaudi_launch.planner import build_plan
 
         self.results = []
         for command in self.command_list:
             spec = self.spec_for(command)
-            plan = build_plan(spec)
+            plan = build_plan(spec, preflight=default_preflight)
             self.result = get_backend(plan.backend).run(plan, spec, **self._streams)
             self.results.append(self.result)
             if not self.result.ok:

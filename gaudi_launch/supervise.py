@@ -23,6 +23,7 @@ from typing import Callable, Deque, Dict, List, Optional, TextIO, Tuple
 
 from gaudi_launch.worker import ERROR_MARKER
 
+EXIT_HOST_LOST = 4       # a host stopped answering mid-run
 TAIL_KEEP = 200          # lines of output remembered per process for the summary
 SUMMARY_LINES = 25       # lines shown when there is no traceback
 TRACEBACK_LINES = 60     # at most this much of a traceback
@@ -49,6 +50,9 @@ class ProcSpec:
     # local process group gets only SIGKILL: its own SIGTERM handler may do harm (DeepSpeed's
     # runner pkills by pattern on every host).
     stop: Optional[Callable[[int], None]] = None
+    # A line of this process's own output that means one of its ranks failed (pdsh's "ssh exited
+    # with exit code 1"): the job is torn down then, not when the process gets round to exiting.
+    alarm: Optional[Callable[[str], bool]] = None
 
     @property
     def name(self) -> str:
@@ -166,9 +170,12 @@ def find_culprit(first: ProcResult) -> Culprit:
 
 
 def format_summary(first: Optional[ProcResult], culprit: Optional[Culprit], procs: List[ProcResult],
-                   interrupted_by: Optional[str], exit_code: int, log_dir: Optional[str]) -> str:
+                   interrupted_by: Optional[str], exit_code: int, log_dir: Optional[str],
+                   lost: Optional[str] = None) -> str:
     """One failure summary, root cause first. Pure: built from results only."""
     lines = ["", "=" * 24 + " gaudi-launch: job failed " + "=" * 24]
+    if lost and first is None:
+        lines.append(f"first failure: {lost}")
     if first is not None and culprit is not None:
         who = f"rank {culprit.rank}" if culprit.rank is not None else first.name
         via = f" (through {first.name}, pid {first.pid})" if len(first.rank_hosts) > 1 else f" (pid {first.pid})"
@@ -232,7 +239,8 @@ class Supervisor:
     def __init__(self, specs: List[ProcSpec], *, grace: float = 10.0, log_dir: Optional[str] = None,
                  stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
                  color: Optional[bool] = None, mask: Callable[[str], str] = lambda s: s,
-                 handle_signals: bool = True):
+                 handle_signals: bool = True, watch: Optional[Callable[[], Optional[str]]] = None,
+                 watch_interval: float = 3.0):
         self.procs = [_Proc(i, s) for i, s in enumerate(specs)]
         self.grace = grace
         self.log_dir = log_dir
@@ -247,6 +255,10 @@ class Supervisor:
         self._write_lock = threading.Lock()
         self._stop_signal = 0
         self._logs: Dict[str, TextIO] = {}
+        self.watch = watch
+        self.watch_interval = watch_interval
+        self._done = threading.Event()
+        self.lost: Optional[str] = None
 
     # ---- output -------------------------------------------------------------------------------
     def _prefix(self, proc: _Proc, rank: Optional[int]) -> str:
@@ -283,7 +295,11 @@ class Supervisor:
             if record is not None:
                 with self._write_lock:
                     proc.records.append(record)
+                if proc.spec.ranks is not None:
+                    self._events.put(("rank failed", proc.index))  # don't wait for the others
                 return
+        if proc.spec.alarm is not None and proc.spec.alarm(text):
+            self._events.put(("rank failed", proc.index))
         line = self.mask(text)
         with self._write_lock:
             proc.tail.append(line)
@@ -337,6 +353,13 @@ class Supervisor:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def _watch_hosts(self) -> None:
+        while not self._done.wait(self.watch_interval):
+            message = self.watch()
+            if message:
+                self._events.put(("lost", message))
+                return
+
     def _kill_remaining(self) -> None:
         for proc in self.procs:
             if proc.popen is not None and proc.returncode is None:
@@ -354,9 +377,12 @@ class Supervisor:
         if self.handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
+        if self.watch is not None:
+            threading.Thread(target=self._watch_hosts, daemon=True).start()
         try:
             return self._run()
         finally:
+            self._done.set()
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
             for f in self._logs.values():
@@ -391,6 +417,19 @@ class Supervisor:
                 kind, value = self._events.get(timeout=timeout)
             except queue.Empty:
                 continue
+            if kind == "rank failed":
+                proc = self.procs[value]
+                if proc.state == "running":
+                    proc.state = "failed"
+                    if first is None and interrupted is None and self.lost is None:
+                        first = proc
+                    teardown()
+                continue
+            if kind == "lost":
+                if first is None and interrupted is None and self.lost is None:
+                    self.lost = value
+                teardown()
+                continue
             if kind == "signal":
                 if deadline is not None:
                     self._kill_remaining()  # a signal during teardown: no more waiting
@@ -403,6 +442,7 @@ class Supervisor:
                 if proc.state == "running":
                     proc.state = "ok"
             elif proc.state == "running" or (proc.state == "not started" and proc.popen is None):
+                # (a process already marked failed by a rank's record keeps that verdict)
                 proc.state = "failed"
                 if first is None and interrupted is None:
                     first = proc
@@ -430,13 +470,19 @@ class Supervisor:
         culprit = find_culprit(first_result) if first_result else None
         if first_result is not None:
             code = exit_code_for(first_result.returncode)
+            record_code = first_result.records[0].get("exit_code") if first_result.records else None
+            if len(first_result.rank_hosts) > 1 and isinstance(record_code, int) and record_code:
+                code = record_code  # the failing rank's own code, not its launcher's
+        elif self.lost:
+            code = EXIT_HOST_LOST
         elif interrupted:
             code = 128 + int(signal.Signals[interrupted])
         else:
             code = 0
         summary = ""
         if code != 0:
-            summary = self.mask(format_summary(first_result, culprit, results, interrupted, code, self.log_dir))
+            summary = self.mask(format_summary(first_result, culprit, results, interrupted, code, self.log_dir,
+                                               lost=self.lost))
             try:
                 self.err.write(summary)
                 self.err.flush()

@@ -8,18 +8,20 @@ handler pkills by command-line pattern on every host, so its process group only 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import tempfile
 from typing import List, Mapping, Optional
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.multinode import host_watch
 from gaudi_launch.plan import Command, LaunchPlan
 from gaudi_launch.planner import is_local_host
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.teardown import signal_job
-from gaudi_launch.worker import encode_job
+from gaudi_launch.worker import ERROR_MARKER, encode_job
 
 
 def job_dir(plan: LaunchPlan) -> str:
@@ -108,17 +110,43 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     directory = job_dir(plan)
     write_job_dir(plan, directory)
     hosts = [n.host for n in plan.nodes]
+    watch = host_watch(plan, spec, is_local_host)
 
     def stop(sig: int) -> None:
-        signal_job(hosts, plan.job_id, sig, ssh_args=plan.ssh_args, python=spec.python, is_local=is_local_host)
+        alive = [h for h in hosts if not (watch and h in watch.lost)]
+        signal_job(alive, plan.job_id, sig, ssh_args=plan.ssh_args, python=spec.python, is_local=is_local_host)
 
     rank_hosts = {r: n.host for n in plan.nodes for r in n.ranks}
     cmd = plan.commands[0]
     proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env={**environ, **cmd.env}, label="deepspeed",
-                    ranks=rank_hosts, stop=stop)
+                    ranks=rank_hosts, stop=stop, demux=lambda: PdshDemux(hosts), alarm=node_failed)
     try:
         return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
-                          **supervisor_options).run()
+                          watch=watch.probe if watch else None, **supervisor_options).run()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
+
+
+_NODE_FAILED = re.compile(r"^pdsh@\S+: (\S+): ssh exited with exit code [1-9]")
+
+
+def node_failed(line: str) -> bool:
+    """pdsh's word that a node's launcher exited non-zero (a rank failed there)."""
+    return bool(_NODE_FAILED.match(line))
+
+
+class PdshDemux:
+    """pdsh prefixes each remote line with 'HOST: ': keep it on output (which rank printed a
+    line is not known beyond its host), strip it from error records so they are recognised."""
+
+    def __init__(self, hosts):
+        self.prefixes = tuple(f"{h.rsplit('@', 1)[-1]}: " for h in hosts)
+
+    def __call__(self, line: Optional[str]):
+        if line is None:
+            return []
+        for prefix in self.prefixes:
+            if line.startswith(prefix) and line[len(prefix):].startswith(ERROR_MARKER):
+                return [(None, line[len(prefix):])]
+        return [(None, line)]

@@ -145,10 +145,14 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     if openmpi_major() is None:
         raise UserError("mpirun (OpenMPI) is not installed on this host", where="--backend mpirun",
                         hint="install OpenMPI (Debian: apt-get install openmpi-bin), or use --backend deepspeed")
+    from gaudi_launch.multinode import host_watch
+    from gaudi_launch.planner import is_local_host
+
     cmd = plan.commands[0]
     hosts = rank_hosts(plan)
+    watch = host_watch(plan, spec, is_local_host)
     proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env={**environ, **plan.env, **cmd.env},
                     label="mpirun", ranks=hosts, demux=OmpiDemux,
                     explain=lambda lines: explain(lines, hosts))
     return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
-                      **supervisor_options).run()
+                      watch=watch.probe if watch else None, **supervisor_options).run()

@@ -12,12 +12,12 @@ p.add_argument("--pid-dir", required=True)
 p.add_argument("--fail-rank", type=int, default=-1)
 p.add_argument("--how", default="exit:3")  # exit:N, raise, kill9, ok
 p.add_argument("--ignore-term", action="store_true")
-p.add_argument("--sleep", type=float, default=120)
+p.add_argument("--sleep", type=float, default=900)
 a = p.parse_args()
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 if a.ignore_term and rank != a.fail_rank:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])
 tmp = os.path.join(a.pid_dir, f"{rank}.tmp")
 with open(tmp, "w") as f:
     f.write(f"{os.getpid()}\n{child.pid}\n")

@@ -1,0 +1,82 @@
+"""Notice a host that vanishes mid-run (its sshd and its link gone) and say which one.
+
+A rank blocked in a collective on a dead peer can wait for many minutes, and mpirun or pdsh may
+never notice; so while a multi-host job runs, every remote host's SSH port is probed now and then.
+A host that misses several probes in a row is reported once, and the supervisor tears the job down.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
+
+Endpoint = Tuple[str, str, int]  # (name as in the hostfile, address to probe, port)
+
+
+def ssh_endpoints(hosts: Sequence[str], port: Optional[int], config_path: Optional[str]) -> List[Endpoint]:
+    """Where each host's sshd listens, as ssh itself would connect (HostName/Port from ssh_config)."""
+    path = os.path.expanduser(config_path or "~/.ssh/config")
+    config = None
+    if os.path.isfile(path):
+        import paramiko  # only for multi-host runs
+
+        try:
+            config = paramiko.SSHConfig.from_path(path)
+        except Exception:
+            config = None
+    out = []
+    for host in hosts:
+        name = host.rsplit("@", 1)[-1].strip("[]")
+        conf = {}
+        if config is not None:
+            try:
+                conf = config.lookup(name)
+            except Exception:
+                conf = {}
+        try:
+            p = port or int(conf.get("port", 22))
+        except ValueError:
+            p = 22
+        out.append((host, conf.get("hostname", name), p))
+    return out
+
+
+def reachable(addr: str, port: int, timeout: float) -> bool:
+    try:
+        with socket.create_connection((addr, port), timeout=timeout):
+            return True
+    except OSError as exc:
+        # Refused means the machine answered: it is there, only sshd is not (yet another problem).
+        return isinstance(exc, ConnectionRefusedError)
+
+
+class HostWatch:
+    def __init__(self, endpoints: Sequence[Endpoint], *, timeout: float = 2.0, misses: int = 3):
+        self.endpoints = list(endpoints)
+        self.timeout = timeout
+        self.misses = misses
+        self.missed: Dict[str, int] = {h: 0 for h, _, _ in self.endpoints}
+        self.lost: set = set()
+
+    def probe(self) -> Optional[str]:
+        """One round over every host at once; a message for a host that is now lost, else None."""
+        results: Dict[str, bool] = {}
+
+        def one(host: str, addr: str, port: int) -> None:
+            results[host] = reachable(addr, port, self.timeout)
+
+        threads = [threading.Thread(target=one, args=e, daemon=True) for e in self.endpoints if e[0] not in self.lost]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(self.timeout + 2)
+        for host, addr, port in self.endpoints:
+            if host in self.lost:
+                continue
+            self.missed[host] = 0 if results.get(host) else self.missed[host] + 1
+            if self.missed[host] >= self.misses:
+                self.lost.add(host)
+                return (f"host {host} stopped answering: no reply from {addr}:{port} in {self.misses} probes "
+                        "(powered off, network cut, or sshd gone)")
+        return None
