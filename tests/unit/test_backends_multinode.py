@@ -1,0 +1,144 @@
+"""Pure parts of the multi-host backends: mpirun flags per OpenMPI version, output reassembly,
+failure reports, the job token, job-scoped teardown, the host watch."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from gaudi_launch.backends import deepspeed, mpirun
+from gaudi_launch.plan import LaunchPlan, NodePlan
+from gaudi_launch.spec import JobSpec
+from gaudi_launch.teardown import signal_job
+from gaudi_launch.watch import HostWatch, reachable
+from gaudi_launch.worker import decode_job, encode_job, normalize_env
+
+
+def two_node_plan(**kw) -> LaunchPlan:
+    nodes = [NodePlan("gl-n0", 0, [0, 1], [0, 1]), NodePlan("gl-n1", 1, [0, 1], [2, 3])]
+    return LaunchPlan(backend="mpirun", world_size=4, master_addr="gl-n0", master_port=29600, nodes=nodes,
+                      env={"A": "1"}, commands=[], program=["t.py", "--x"], job_id="j1", **kw)
+
+
+def test_mpirun_argv_openmpi4_without_core_count():
+    argv = mpirun.build_argv(two_node_plan(), JobSpec(program=["t.py"], python="/py"), version=4, root=True,
+                             exported=["A", "MASTER_ADDR"])
+    assert argv[:6] == ["mpirun", "--allow-run-as-root", "-n", "4", "--host", "gl-n0:2,gl-n1:2"]
+    assert argv[argv.index("--map-by") + 1] == "ppr:2:node"
+    assert argv[argv.index("--bind-to") + 1] == "none"
+    assert argv[argv.index("--rank-by") + 1] == "slot"
+    assert "--tag-output" in argv and "--output" not in argv
+    assert argv[-5:] == ["/py", "-u", "-m", "gaudi_launch.worker", "t.py"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "-x"] == ["A", "MASTER_ADDR"]
+
+
+def test_mpirun_argv_openmpi5_binds_cores_and_passes_ssh_and_network():
+    argv = mpirun.build_argv(two_node_plan(), JobSpec(program=["t.py"], python="/py"), version=5, root=False,
+                             exported=[], cores_per_host=16, tcp_cidr="10.0.0.0/24",
+                             rsh_args=["-p", "3022", "-F", "/cfg"])
+    assert "--allow-run-as-root" not in argv
+    assert argv[argv.index("--map-by") + 1] == "ppr:2:node:PE=8"
+    assert argv[argv.index("--bind-to") + 1] == "core"
+    assert argv[argv.index("--output") + 1] == "tag" and "--tag-output" not in argv
+    assert argv[argv.index("btl_tcp_if_include") + 1] == "10.0.0.0/24"
+    assert argv[argv.index("oob_tcp_if_include") + 1] == "10.0.0.0/24"
+    assert argv[argv.index("plm_rsh_args") + 1] == "-p 3022 -F /cfg"
+
+
+def test_ompi_demux_reassembles_lines_split_across_ranks():
+    demux = mpirun.OmpiDemux()
+    out = []
+    for line in ["[1,0]<stdout>:hi 0 line 1[1,1]<stdout>:hi 1 line 0",
+                 "[1,0]<stdout>:",
+                 "[1,0]<stdout>:hi[1,0]<stdout>: 0 line 2[1,0]<stdout>:",
+                 "--------------------------------------------------------------------------",
+                 "[1,1]<stderr>:partial"]:
+        out += demux(line)
+    out += demux(None)
+    assert out == [(1, "hi 1 line 0"), (0, "hi 0 line 1"), (0, "hi 0 line 2"),
+                   (None, "-" * 74), (1, "partial")]
+
+
+def test_mpirun_explains_its_own_failure_reports():
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
+    c = mpirun.explain(["mpirun noticed that process rank 2 with PID 0 on node b exited on signal 9 (Killed)."],
+                       hosts)
+    assert (c.rank, c.host, c.status) == (2, "b", "killed by SIGKILL")
+    c = mpirun.explain(["  Process name: [[28933,1],1]", "  Exit code:    3"], hosts)
+    assert (c.rank, c.host, c.status) == (1, "a", "exit code 3")
+    assert mpirun.explain(["nothing here"], hosts) is None
+
+
+def test_deepspeed_argv_uses_a_job_token_and_include_for_device_subsets():
+    plan = two_node_plan(exported=["HCCL_X"])
+    plan.nodes[1].devices = [1, 3]
+    spec = JobSpec(program=["t.py", "a b", "$(x)"], python="/nowhere/py", launcher_args="-l root")
+    argv = deepspeed.build_argv(plan, spec, {"HCCL_X": "v w", "OTHER": "no"}, "/jobdir")
+    assert argv[:3] == ["deepspeed", "--hostfile", "/jobdir/hostfile"]
+    assert argv[argv.index("--include") + 1] == "gl-n0:0,1@gl-n1:1,3"
+    assert "--launcher_args=-l root" in argv and "--no_local_rank" in argv
+    env, program, module = decode_job(argv[-1])
+    assert program == ["t.py", "a b", "$(x)"] and module is False
+    assert env == {"HCCL_X": "v w", "A": "1", "GAUDI_LAUNCH_JOB_ID": "j1"}
+    assert deepspeed.hostfile_text(plan, {"gl-n1": 4}) == "gl-n0 slots=2\ngl-n1 slots=4\n"
+
+
+def test_pdsh_output_keeps_hosts_but_recognises_records_and_node_failures():
+    demux = deepspeed.PdshDemux(["gl-n0", "root@gl-n1"])
+    assert demux("gl-n1: hello") == [(None, "gl-n1: hello")]
+    assert demux("gl-n1: @@gaudi-launch-error-record@@ {}") == [(None, "@@gaudi-launch-error-record@@ {}")]
+    assert deepspeed.node_failed("pdsh@gl-n0: gl-n1: ssh exited with exit code 1")
+    assert not deepspeed.node_failed("pdsh@gl-n0: gl-n1: ssh exited with exit code 0")
+
+
+def test_job_token_round_trips_anything():
+    env = {"A": 'x "y" $(z) `w` ; \\ \n', "J": '{"k": [1]}'}
+    token = encode_job(env, ["s.py", "--", "ünï", ""], module=True)
+    assert set(token[len("--job-b64="):]) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=")
+    assert decode_job(token) == (env, ["s.py", "--", "ünï", ""], True)
+
+
+def test_worker_maps_openmpi_and_deepspeed_layouts():
+    ompi = normalize_env({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
+                          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+                          "OMPI_COMM_WORLD_NODE_RANK": "1"})
+    assert (ompi["RANK"], ompi["WORLD_SIZE"], ompi["LOCAL_RANK"], ompi["NODE_RANK"]) == ("5", "8", "1", "1")
+    ds = normalize_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
+                        "MASTER_ADDR": "m", "MASTER_PORT": "1"})
+    assert (ds["LOCAL_WORLD_SIZE"], ds["NODE_RANK"], ds["GROUP_RANK"]) == ("2", "1", "1")
+
+
+def test_signal_job_touches_only_its_own_job():
+    code = "import time; time.sleep(60)"
+    mine = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "GAUDI_LAUNCH_JOB_ID": "jobA"})
+    other = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "GAUDI_LAUNCH_JOB_ID": "jobAB"})
+    plain = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        hits = signal_job(["localhost"], "jobA", signal.SIGTERM, ssh_args=[], python=sys.executable,
+                          is_local=lambda h: True)
+        assert hits == {"localhost": 1}
+        assert mine.wait(timeout=10) == -signal.SIGTERM
+        assert other.poll() is None and plain.poll() is None
+    finally:
+        for p in (mine, other, plain):
+            p.kill()
+            p.wait()
+
+
+def test_host_watch_reports_a_host_after_consecutive_misses(monkeypatch):
+    answers = {"a": [True, False, False, False], "b": [True, True, True, True]}
+    monkeypatch.setattr("gaudi_launch.watch.reachable", lambda addr, port, timeout: answers[addr].pop(0))
+    watch = HostWatch([("a", "a", 22), ("b", "b", 22)], misses=3)
+    assert [watch.probe() for _ in range(3)] == [None, None, None]
+    message = watch.probe()
+    assert message.startswith("host a stopped answering") and watch.lost == {"a"}
+
+
+def test_refused_counts_as_reachable():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert reachable("127.0.0.1", port, 1.0)  # nothing listens: refused, the machine is there
