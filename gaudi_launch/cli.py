@@ -27,8 +27,11 @@ Examples:
 
   gaudi-launch --hostfile H --include 'worker-0:0,1@worker-1' --dry-run train.py
 
+  gaudi-launch check --hostfile H train.py      (pre-flight only; also --check-only)
+
 Exit status: 0 on success; the first failing rank's exit code (128+N for signal N);
-2 for bad input or options; 128+N when the launcher itself got signal N.
+2 for bad input or options; 3 when the pre-flight failed (nothing started);
+4 when a host stopped answering mid-run; 128+N when the launcher itself got signal N.
 """
 
 _app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
@@ -136,7 +139,7 @@ def _launch(v: dict) -> int:
     from gaudi_launch.planner import build_plan
     from gaudi_launch.spec import JobSpec, resolve_compat
 
-    if not v["script"]:
+    if not v["script"] and not v["check_only"]:
         raise UserError("no training script given", where="SCRIPT",
                         hint="gaudi-launch [OPTIONS] train.py [SCRIPT_ARGS]...  (see --help)")
     backend, num_devices = resolve_compat(backend=v["backend"], use_mpi=v["use_mpi"],
@@ -145,7 +148,7 @@ def _launch(v: dict) -> int:
     if v["json_out"] and not v["dry_run"]:
         raise UserError("--json only applies to --dry-run", where="--json")
     spec = JobSpec(
-        program=[v["script"], *(v["script_args"] or [])], module=v["module"], no_python=v["no_python"],
+        program=[v["script"], *(v["script_args"] or [])] if v["script"] else [], module=v["module"], no_python=v["no_python"],
         hostfile=v["hostfile"], include=v["include"], exclude=v["exclude"], num_nodes=v["num_nodes"],
         num_devices=num_devices, backend=backend, master_addr=v["master_addr"],
         master_port=v["master_port"], env_file=v["env_file"], env=parse_assignments(v["env"] or [], "-x"),
@@ -167,8 +170,9 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
     from gaudi_launch.planner import build_plan
 
     if check_only:
-        report = preflight(build_plan(spec), spec)
-        sys.stdout.write(report.render_table())
+        report = preflight(build_plan(spec, require_program=False), spec)
+        table = report.render_table()
+        sys.stdout.write(table if table.endswith("\n") else table + "\n")
         return 0 if report.ok else EXIT_PREFLIGHT
     plan = build_plan(spec, preflight=preflight)
     if dry_run:
@@ -182,6 +186,8 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check"]:  # `gaudi-launch check [OPTIONS] [SCRIPT]` = --check-only
+        argv = ["--check-only", *argv[1:]]
     command = typer.main.get_command(_app)
     try:
         return command.main(args=argv, prog_name="gaudi-launch", standalone_mode=False) or 0

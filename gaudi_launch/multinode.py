@@ -64,9 +64,7 @@ def resolve_ip(addr: str) -> Optional[str]:
 def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None):
     from gaudi_launch.preflight import SshOptions, check_hosts
 
-    script = None
-    if not spec.module:
-        script = spec.program[0]
+    script = spec.program[0] if spec.program and not spec.module else None
     report = check_hosts(
         [n.host for n in plan.nodes], python=spec.python if not spec.no_python else "python3",
         script=script, cwd=os.getcwd(), master_host=master_host(plan), master_addr=plan.master_addr,

@@ -88,6 +88,14 @@ class LaunchPlan:
             extra = " ".join(f"{k}={v}" for k, v in mask_env(c.env).items())
             line = shlex.join(mask_text(a, secrets) for a in c.argv)  # mask before quoting
             out.append(f"  [{c.host}, {who}] {extra + ' ' if extra else ''}{line}")
+        if any(c.rank is None for c in self.commands):
+            out.append("what the ranks see (set by the backend and the rank bootstrap):")
+            for n in self.nodes:
+                out.append(f"  {n.host}: RANK={_ids(n.ranks)} LOCAL_RANK={_ids(list(range(len(n.ranks))))} "
+                           f"WORLD_SIZE={self.world_size} LOCAL_WORLD_SIZE={len(n.ranks)} NODE_RANK={n.node_rank} "
+                           f"MASTER_ADDR={self.master_addr} MASTER_PORT={self.master_port}")
+            if self.exported:
+                out.append("  and from this shell: " + ", ".join(self.exported))
         for note in self.notes:
             out.append(f"note: {note}")
         return "\n".join(out) + "\n"

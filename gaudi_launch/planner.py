@@ -72,12 +72,13 @@ def choose_backend(spec: JobSpec, selected, hosts: List[Host]) -> str:
 
 
 def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices,
-               environ: Optional[Mapping[str, str]] = None, preflight: Optional[Callable] = None) -> LaunchPlan:
+               environ: Optional[Mapping[str, str]] = None, preflight: Optional[Callable] = None,
+               require_program: bool = True) -> LaunchPlan:
     """``preflight(plan, spec) -> CheckReport`` runs for multi-host backends unless --no-ssh-check."""
     from gaudi_launch.multinode import PreflightFailed, finish_plan, pick_remote_port
 
     environ = os.environ if environ is None else environ
-    spec.validate()
+    spec.validate(require_program)
     selected, hosts, notes = resolve_hosts(spec, detect)
     backend = choose_backend(spec, selected, hosts)
     if spec.master_addr:

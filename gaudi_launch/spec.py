@@ -42,8 +42,8 @@ class JobSpec:
     launcher: str = "pdsh"                 # DeepSpeed's multi-node runner: pdsh or openmpi
     launcher_args: Optional[str] = None
 
-    def validate(self) -> "JobSpec":
-        if not self.program:
+    def validate(self, require_program: bool = True) -> "JobSpec":
+        if require_program and not self.program:
             raise UserError("no training script given", where="SCRIPT",
                             hint="gaudi-launch [OPTIONS] train.py [SCRIPT ARGS]...")
         if self.module and self.no_python:
