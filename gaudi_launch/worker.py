@@ -143,6 +143,16 @@ def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
         _end_group()
 
 
+def _whole_lines() -> None:
+    # One write per line: ranks sharing a pipe (pdsh, mpirun, our supervisor) must not interleave
+    # inside a line, as they do when print() writes its pieces separately (python -u).
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)
+        except (AttributeError, ValueError):
+            pass
+
+
 def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
     if argv and argv[0].startswith(JOB_FLAG):
         env, argv, module = decode_job(argv[0])
@@ -151,6 +161,7 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
             os.execve(sys.executable, [sys.executable, "-u", "-m", "gaudi_launch.worker", *argv],
                       {**environ, **env})
         environ.update(env)
+    _whole_lines()
     if not argv or argv == ["-m"]:
         print("usage: python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
