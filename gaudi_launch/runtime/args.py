@@ -1,0 +1,253 @@
+"""Training arguments, an HfArgumentParser-style parser and the Gaudi config, without torch.
+
+Scripts written for optimum-habana (run_clm.py and friends) keep their command lines: the field
+names and defaults are GaudiTrainingArguments'. Torch is not imported here so that argument errors
+show up in a fraction of a second, before any rank pays for importing torch.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import types
+import typing
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+
+def _opt(default: Any, help: str = "", choices: Optional[Sequence[Any]] = None) -> Any:
+    meta: Dict[str, Any] = {"help": help}
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class TrainingArguments:
+    """GaudiTrainingArguments' names and defaults (the subset this runtime implements)."""
+
+    output_dir: str = _opt("runs/out", "where checkpoints and logs go")
+    overwrite_output_dir: bool = _opt(False)
+    do_train: bool = _opt(False)
+    do_eval: bool = _opt(False)
+    use_habana: bool = _opt(False, "accepted for optimum-habana compatibility; the device is chosen by --device")
+    use_lazy_mode: bool = _opt(True, "HPU lazy mode (PT_HPU_LAZY_MODE=1); off with --torch_compile")
+    use_hpu_graphs_for_training: bool = _opt(False, "HPU graphs (CUDA graphs via torch.compile on CUDA)")
+    distribution_strategy: str = _opt("ddp", choices=("ddp", "fast_ddp"))
+    bf16: bool = _opt(False, "bfloat16 autocast")
+    half_precision_backend: str = _opt("hpu_amp", choices=("hpu_amp", "cpu_amp", "auto"))
+    throughput_warmup_steps: int = _opt(0, "steps left out of the throughput figures")
+    pipelining_fwd_bwd: bool = _opt(False, "mark_step between forward and backward (HPU lazy mode)")
+    non_blocking_data_copy: bool = _opt(False)
+    dataloader_num_workers: int = _opt(0)
+    dataloader_drop_last: bool = _opt(False)
+    dataloader_pin_memory: bool = _opt(True)
+    gradient_checkpointing: bool = _opt(False)
+    gradient_accumulation_steps: int = _opt(1)
+    logging_steps: int = _opt(10)
+    max_steps: int = _opt(-1, "overrides num_train_epochs when > 0")
+    num_train_epochs: float = _opt(3.0)
+    learning_rate: float = _opt(5e-5)
+    weight_decay: float = _opt(0.0)
+    warmup_steps: int = _opt(0)
+    lr_scheduler_type: str = _opt("linear", choices=("linear", "constant", "constant_with_warmup", "cosine"))
+    per_device_train_batch_size: int = _opt(8)
+    per_device_eval_batch_size: int = _opt(8)
+    max_grad_norm: float = _opt(1.0)
+    adam_beta1: float = _opt(0.9)
+    adam_beta2: float = _opt(0.999)
+    adam_epsilon: float = _opt(1e-6, "optimum-habana's default (HF's is 1e-8)")
+    seed: int = _opt(42)
+    save_steps: int = _opt(500)
+    save_total_limit: Optional[int] = _opt(None)
+    resume_from_checkpoint: Optional[str] = _opt(None)
+    torch_compile: bool = _opt(False)
+    deepspeed: Optional[str] = _opt(None, "DeepSpeed config file")
+    gaudi_config_name: Optional[str] = _opt(None, "gaudi_config.json path/dir or a shipped name (Habana/gpt2)")
+    device: Optional[str] = _opt(None, "default: hpu if habana_frameworks imports, else cuda, else cpu",
+                                 choices=("hpu", "cuda", "cpu"))
+    fast_ddp_buffer_dtype: Optional[str] = _opt(None, "default: bf16 on HPU, fp32 elsewhere", choices=("bf16", "fp32"))
+    report_to: str = _opt("none")
+    ddp_timeout: int = _opt(1800, "seconds")
+    local_rank: int = _opt(-1, "accepted for --local_rank compatibility; LOCAL_RANK from the env wins")
+    eval_steps: Optional[int] = _opt(None)
+    logging_first_step: bool = _opt(False)
+
+    def __post_init__(self) -> None:
+        # Direct construction gets the same checks as the command line.
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value is not None and value not in choices:
+                raise ValueError(f"{f.name}={value!r}: expected one of {', '.join(map(str, choices))}")
+        if self.gradient_accumulation_steps < 1:
+            raise ValueError("gradient_accumulation_steps must be >= 1")
+
+
+# ----------------------------------------------------------------------------------------------
+# Parser
+
+
+def _str2bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("true", "t", "yes", "y", "1", "on"):
+        return True
+    if low in ("false", "f", "no", "n", "0", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
+
+
+def _type_hints(cls: type) -> Dict[str, Any]:
+    # `from __future__ import annotations` makes every annotation a string; a script may use
+    # Optional/List without importing them at runtime, so fall back to typing's namespace.
+    try:
+        return typing.get_type_hints(cls)
+    except NameError:
+        return typing.get_type_hints(cls, localns=dict(vars(typing)))
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    union_types = (typing.Union,) + ((types.UnionType,) if hasattr(types, "UnionType") else ())
+    if typing.get_origin(tp) in union_types:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any) -> None:
+    names = [f"--{f.name}"]
+    if "_" in f.name:
+        names.append(f"--{f.name.replace('_', '-')}")
+    kwargs: Dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help") or None}
+    if f.default is not dataclasses.MISSING:
+        kwargs["default"] = f.default
+    elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        kwargs["default"] = f.default_factory()  # type: ignore[misc]
+    else:
+        kwargs["required"] = True
+    tp = _unwrap_optional(tp)
+    choices = f.metadata.get("choices")
+    if typing.get_origin(tp) is typing.Literal:
+        choices = typing.get_args(tp)
+        tp = type(choices[0])
+    if tp is bool:
+        # `--flag`, `--flag true|false` and `--no_flag`, as HfArgumentParser accepts them.
+        parser.add_argument(*names, type=_str2bool, nargs="?", const=True, metavar="BOOL", **kwargs)
+        no_names = [f"--no_{f.name}", f"--no-{f.name.replace('_', '-')}"]
+        parser.add_argument(*dict.fromkeys(no_names), dest=f.name, action="store_false",
+                            default=argparse.SUPPRESS, help=f"set {f.name} to False")
+        return
+    if typing.get_origin(tp) in (list, List) or tp is list:
+        item = (typing.get_args(tp) or (str,))[0]
+        kwargs.update(nargs="+", type=item)
+    elif tp in (int, float, str):
+        kwargs["type"] = tp
+    elif tp in (dict, Dict) or typing.get_origin(tp) is dict:
+        kwargs["type"] = json.loads
+    else:
+        kwargs["type"] = str
+    if choices:
+        kwargs["choices"] = list(choices)
+    parser.add_argument(*names, **kwargs)
+
+
+def build_parser(dataclass_types: Sequence[type], prog: Optional[str] = None) -> argparse.ArgumentParser:
+    # allow_abbrev=False: `--learning 1` must not silently mean --learning_rate.
+    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
+    owner: Dict[str, str] = {}
+    for cls in dataclass_types:
+        if not dataclasses.is_dataclass(cls):
+            raise TypeError(f"{cls!r} is not a dataclass")
+        hints = _type_hints(cls)
+        group = parser.add_argument_group(cls.__name__)
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            if f.name in owner:
+                raise ValueError(f"argument --{f.name} is defined by both {owner[f.name]} and {cls.__name__}")
+            owner[f.name] = cls.__name__
+            _add_field(group, f, hints.get(f.name, str))  # type: ignore[arg-type]
+    return parser
+
+
+def parse_args(dataclass_types: Tuple[type, ...], argv: Optional[List[str]] = None) -> tuple:
+    """Fill each dataclass from one command line, like HfArgumentParser.parse_args_into_dataclasses.
+
+    Unknown arguments exit with status 2 and argparse's message naming them.
+    """
+    if isinstance(dataclass_types, type):
+        dataclass_types = (dataclass_types,)
+    parser = build_parser(dataclass_types)
+    ns = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    out = []
+    for cls in dataclass_types:
+        values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if f.init}
+        try:
+            out.append(cls(**values))
+        except ValueError as exc:
+            parser.error(str(exc))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Gaudi config
+
+CONFIG_NAME = "gaudi_config.json"
+_SHIPPED = Path(__file__).resolve().parent / "gaudi_configs"
+
+
+@dataclass
+class GaudiConfig:
+    """optimum-habana's gaudi_config.json: which Gaudi-specific accelerations to use."""
+
+    use_torch_autocast: bool = False
+    autocast_bf16_ops: Optional[List[str]] = None
+    autocast_fp32_ops: Optional[List[str]] = None
+    use_dynamic_shapes: bool = False
+    use_fused_adam: bool = False
+    use_fused_clip_norm: bool = False
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], source: str = "<dict>") -> "GaudiConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            # Hub configs carry keys of other optimum-habana versions (hmp_*, ...): not fatal.
+            warnings.warn(f"{source}: ignoring unknown gaudi config keys: {', '.join(unknown)}", stacklevel=3)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike) -> "GaudiConfig":
+        path = Path(name_or_path)
+        if path.is_dir():
+            path = path / CONFIG_NAME
+            if not path.is_file():
+                raise FileNotFoundError(f"{name_or_path}: no {CONFIG_NAME} in this directory")
+        elif not path.is_file():
+            name = str(name_or_path).strip("/")
+            if name not in shipped_gaudi_configs():
+                raise FileNotFoundError(
+                    f"gaudi config {str(name_or_path)!r} is neither a file, a directory with {CONFIG_NAME}, "
+                    f"nor a shipped name ({', '.join(shipped_gaudi_configs()) or 'none'}); the Hugging Face "
+                    f"Hub is not consulted, so download the file and pass its path")
+            path = _SHIPPED / name / CONFIG_NAME
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a JSON object")
+        return cls.from_dict(data, source=str(path))
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def shipped_gaudi_configs() -> List[str]:
+    """Names like 'Habana/gpt2' that ship with the package."""
+    return sorted(str(p.parent.relative_to(_SHIPPED)) for p in _SHIPPED.glob(f"*/*/{CONFIG_NAME}"))

@@ -1,0 +1,222 @@
+"""Device selection, HPU environment set-up, process groups and memory statistics.
+
+HPU code imports ``habana_frameworks`` lazily and only on the HPU path: it is not on PyPI, and
+importing it freezes settings read from the environment (lazy mode, autocast op lists), so
+``prepare_hpu_env`` must run first.
+"""
+from __future__ import annotations
+
+import atexit
+import datetime
+import importlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, MutableMapping, Optional, Tuple
+
+import torch
+
+if TYPE_CHECKING:
+    from .args import GaudiConfig
+
+_BACKENDS = {"hpu": "hccl", "cuda": "nccl", "cpu": "gloo"}
+LAZY_VAR = "PT_HPU_LAZY_MODE"
+BF16_OPS_VAR = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
+FP32_OPS_VAR = "PT_HPU_AUTOCAST_FP32_OPS_LIST"
+
+
+@dataclass
+class DeviceInfo:
+    kind: str  # "hpu" | "cuda" | "cpu"
+    device: "torch.device"
+    dist_backend: str  # "hccl" | "nccl" | "gloo"
+    lazy: bool  # HPU lazy mode: ops are queued into a graph until mark_step()
+    local_rank: int
+
+
+# ----------------------------------------------------------------------------------------------
+# HPU environment (before habana_frameworks is imported)
+
+_process_tmpdir: Optional[str] = None
+
+
+def _op_list_dir(job_dir: Optional[str]) -> str:
+    global _process_tmpdir
+    if job_dir is not None:
+        os.makedirs(job_dir, exist_ok=True)
+        return str(job_dir)
+    if _process_tmpdir is None:
+        # Upstream writes fixed /tmp/lower_list.txt: two jobs on one host overwrite each other's lists.
+        _process_tmpdir = tempfile.mkdtemp(prefix=f"gaudi-launch-autocast-{os.getpid()}-")
+        atexit.register(shutil.rmtree, _process_tmpdir, True)
+    return _process_tmpdir
+
+
+def _write_ops(ops, kind: str, job_dir: Optional[str]) -> str:
+    # mkstemp: a unique file even when ranks of one job share job_dir.
+    fd, path = tempfile.mkstemp(prefix=f"autocast_{kind}_ops-", suffix=".txt", dir=_op_list_dir(job_dir))
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{op}\n" for op in ops))  # the bridge reads one op name per line
+    return path
+
+
+def prepare_hpu_env(args: Any, gaudi_config: Optional["GaudiConfig"] = None,
+                    environ: MutableMapping[str, str] = os.environ,
+                    job_dir: Optional[str] = None) -> Dict[str, str]:
+    """Set the variables the Gaudi bridge reads at import; return what was set."""
+    if "habana_frameworks.torch.core" in sys.modules:
+        warnings.warn("habana_frameworks is already imported: PT_HPU_* settings made now may not take effect",
+                      stacklevel=2)
+    # torch.compile on HPU needs eager mode: lazy graphs and dynamo do not mix.
+    lazy = bool(getattr(args, "use_lazy_mode", True)) and not getattr(args, "torch_compile", False)
+    out = {LAZY_VAR: "1" if lazy else "0"}
+    if getattr(args, "bf16", False) and gaudi_config is not None and gaudi_config.use_torch_autocast:
+        if gaudi_config.autocast_bf16_ops:
+            out[BF16_OPS_VAR] = _write_ops(gaudi_config.autocast_bf16_ops, "bf16", job_dir)
+        if gaudi_config.autocast_fp32_ops:
+            out[FP32_OPS_VAR] = _write_ops(gaudi_config.autocast_fp32_ops, "fp32", job_dir)
+    environ.update(out)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Device selection
+
+
+def _local_rank(args: Any) -> int:
+    # The launcher's contract (worker.normalize_env) puts LOCAL_RANK in the env; --local_rank is
+    # only what DeepSpeed's launcher appends, and says the same thing.
+    env = os.environ.get("LOCAL_RANK", "")
+    if env.lstrip("-").isdigit():
+        return int(env)
+    rank = getattr(args, "local_rank", -1) if args is not None else -1
+    return rank if rank is not None and rank >= 0 else 0
+
+
+def _auto_kind() -> str:
+    if importlib.util.find_spec("habana_frameworks") is not None:
+        return "hpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def select_device(args: Any = None, force: Optional[str] = None) -> DeviceInfo:
+    kind = force or (getattr(args, "device", None) if args is not None else None) or _auto_kind()
+    if kind not in _BACKENDS:
+        raise ValueError(f"unknown device {kind!r}: expected hpu, cuda or cpu")
+    local_rank = _local_rank(args)
+    if kind == "hpu":
+        if importlib.util.find_spec("habana_frameworks") is None:
+            raise RuntimeError("device 'hpu' requested but habana_frameworks is not importable "
+                               "(it comes with Habana's software stack, not PyPI)")
+        if args is not None and "habana_frameworks.torch.core" not in sys.modules:
+            prepare_hpu_env(args)  # lazy mode must be in the env before the import below
+        importlib.import_module("habana_frameworks.torch.core")
+        hpu = importlib.import_module("habana_frameworks.torch.hpu")
+        # One device per process (HABANA_VISIBLE_MODULES): plain "hpu". A recording stand-in used
+        # by the tests names a device its tensors can really live on.
+        device = torch.device(getattr(hpu, "_STAND_IN_TORCH_DEVICE", "hpu"))
+        lazy = os.environ.get(LAZY_VAR, "1") == "1"
+        return DeviceInfo("hpu", device, "hccl", lazy, local_rank)
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
+        # CUDA_VISIBLE_DEVICES may already narrow the view to one device per rank.
+        index = local_rank % max(1, torch.cuda.device_count())
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+        return DeviceInfo("cuda", device, "nccl", False, local_rank)
+    return DeviceInfo("cpu", torch.device("cpu"), "gloo", False, local_rank)
+
+
+# ----------------------------------------------------------------------------------------------
+# Process group
+
+
+def init_distributed(info: DeviceInfo, timeout_s: float = 1800) -> Tuple[int, int]:
+    """(rank, world) from RANK/WORLD_SIZE; a process group only when world > 1."""
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    rank = int(os.environ.get("RANK", "0") or 0)
+    if world <= 1:
+        return 0, 1
+    if dist.is_initialized():  # idempotent: a script may call us after its own set-up
+        return dist.get_rank(), dist.get_world_size()
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+    if missing:
+        raise RuntimeError(f"WORLD_SIZE={world} but {' and '.join(missing)} not set: "
+                           "start the script with gaudi-launch (or torchrun)")
+    if info.dist_backend == "hccl":
+        importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers "hccl"
+    dist.init_process_group(info.dist_backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return rank, world
+
+
+# ----------------------------------------------------------------------------------------------
+# Step boundaries and synchronisation
+
+
+def mark_step(info: DeviceInfo) -> None:
+    """End the lazy graph (HPU lazy mode) so it is compiled and run; no-op elsewhere."""
+    if info.kind == "hpu" and info.lazy:
+        importlib.import_module("habana_frameworks.torch.core").mark_step()
+
+
+def synchronize(info: DeviceInfo) -> None:
+    if info.kind == "hpu":
+        importlib.import_module("habana_frameworks.torch.hpu").synchronize()
+    elif info.kind == "cuda":
+        torch.cuda.synchronize(info.device)
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory
+
+
+def _gb(n_bytes: float) -> float:
+    return round(n_bytes / 1024 ** 3, 2)
+
+
+def _proc_kb(path: str, key: str) -> Optional[int]:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])  # "VmRSS:   123456 kB"
+    except OSError:
+        pass
+    return None
+
+
+def memory_stats(info: DeviceInfo) -> Dict[str, float]:
+    """optimum-habana's memory figures in GB (2 decimals); on CPU this process's resident memory."""
+    if info.kind == "hpu":
+        stats = importlib.import_module("habana_frameworks.torch.hpu").memory_stats()
+        used, peak, total = stats["InUse"], stats["MaxInUse"], stats["Limit"]
+    elif info.kind == "cuda":
+        used = torch.cuda.memory_allocated(info.device)
+        peak = torch.cuda.max_memory_allocated(info.device)
+        total = torch.cuda.get_device_properties(info.device).total_memory
+    else:
+        rss = _proc_kb("/proc/self/status", "VmRSS")
+        hwm = _proc_kb("/proc/self/status", "VmHWM")
+        mem = _proc_kb("/proc/meminfo", "MemTotal")
+        if rss is None:  # no /proc (macOS): the peak is all getrusage knows
+            import resource
+
+            scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, kB on Linux
+            rss = hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale // 1024
+        used, peak = rss * 1024, max(hwm or rss, rss) * 1024
+        total = (mem or 0) * 1024
+    return {
+        "memory_allocated (GB)": _gb(used),
+        "max_memory_allocated (GB)": _gb(peak),
+        "total_memory_available (GB)": _gb(total),
+    }

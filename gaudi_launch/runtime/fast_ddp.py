@@ -1,0 +1,158 @@
+"""One fused gradient all-reduce per optimizer step: optimum-habana's ``fast_ddp``, written anew.
+
+torch's DistributedDataParallel hooks autograd and reduces gradients in buckets while backward is
+still running. On Gaudi those many small collectives (and DDP's hooks breaking lazy-mode graphs)
+cost more than they overlap, so optimum-habana skips the DDP wrap: parameters are broadcast from
+rank 0 once, and after backward every gradient is packed into one flat buffer that is reduced
+with a single ``all_reduce``. The same code runs on hccl, nccl and gloo, which is what lets the
+CPU tests check it against DDP for real.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+
+class FastDDP:
+    """One fused gradient all-reduce per step (optimum-habana's fast_ddp), for hccl, nccl and gloo.
+
+    Call :meth:`broadcast_parameters` once before training and :meth:`all_reduce_gradients`
+    after each backward (before the optimizer step); afterwards every rank holds the gradient of
+    the mean loss over all ranks' batches, like DDP.
+
+    ``buffer_dtype`` is the fusion buffer's dtype (default float32; the Trainer passes bfloat16
+    on HPU like upstream, halving the bytes on the wire at the cost of bf16 rounding).
+    ``wait`` waits on the collective's work handle before copying the result back; only HPU's
+    lazy mode orders the copy after the collective by itself, everywhere else it is required.
+
+    The instance holds the model weakly, so caching one per model never keeps a model alive.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        buffer_dtype: Optional[torch.dtype] = None,
+        group=None,
+        wait: bool = True,
+    ) -> None:
+        self._model_ref = weakref.ref(model)
+        self.buffer_dtype = buffer_dtype if buffer_dtype is not None else torch.float32
+        self.group = group
+        self.wait = wait
+        # Built on the first all-reduce, then reused: the buffer and one view per parameter.
+        self._buffer: Optional[torch.Tensor] = None
+        self._entries: Optional[List[Tuple[str, torch.nn.Parameter, torch.Tensor]]] = None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        model = self._model_ref()
+        if model is None:
+            raise RuntimeError("FastDDP: the model it was built for no longer exists")
+        return model
+
+    def world_size(self) -> int:
+        """Ranks in the group; 1 when torch.distributed is not initialised (nothing to reduce)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return 1
+        return dist.get_world_size(self.group)
+
+    def broadcast_parameters(self, src: int = 0) -> None:
+        """Copy rank ``src``'s parameters and buffers to every rank (DDP does this when wrapping).
+
+        ``src`` is a global rank, as in ``torch.distributed.broadcast``.
+        """
+        if self.world_size() == 1:
+            return
+        model = self.model
+        with torch.no_grad():
+            # In the model's own order, so every rank issues the same sequence of collectives.
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                dist.broadcast(tensor.data, src=src, group=self.group)
+
+    def _build(self) -> None:
+        """Lay out one flat buffer for every gradient present now, in parameters() order."""
+        params = [
+            (name, p)
+            for name, p in self.model.named_parameters()
+            if p.requires_grad and p.grad is not None
+        ]
+        if not params:
+            raise RuntimeError(
+                "FastDDP.all_reduce_gradients: no parameter has a gradient; call it after backward()"
+            )
+        for name, p in params:
+            if p.grad.is_sparse:
+                raise RuntimeError(f"FastDDP: sparse gradient for {name!r} is not supported")
+        device = params[0][1].grad.device
+        total = sum(p.grad.numel() for _, p in params)
+        # No bucketing: a single collective is the whole point on Gaudi.
+        self._buffer = torch.empty(total, dtype=self.buffer_dtype, device=device)
+        entries = []
+        offset = 0
+        for name, p in params:
+            n = p.grad.numel()
+            entries.append((name, p, self._buffer[offset : offset + n]))
+            offset += n
+        self._entries = entries
+
+    def all_reduce_gradients(self) -> None:
+        """Average every cached parameter's gradient over the ranks with one ``all_reduce``."""
+        world = self.world_size()
+        if world == 1:
+            return
+        if self._entries is None:
+            self._build()
+        assert self._entries is not None and self._buffer is not None
+        scale = 1.0 / world
+        # Pre-scaling by 1/world (instead of dividing afterwards) keeps bf16 sums in range and
+        # matches upstream's numerics. Every check happens before the collective, so a rank that
+        # raises here raises on all ranks alike instead of leaving the others hanging in all_reduce.
+        for name, p, view in self._entries:
+            grad = p.grad
+            if grad is None:
+                raise RuntimeError(
+                    f"FastDDP: parameter {name!r} had a gradient at the first all-reduce but its "
+                    "grad is None now. The fused buffer's layout is fixed at the first step; keep "
+                    "grad tensors alive with optimizer.zero_grad(set_to_none=False) (or "
+                    "model.zero_grad(set_to_none=False)), and make sure every step uses this parameter."
+                )
+            flat = grad.detach().reshape(-1)
+            if flat.dtype == view.dtype:
+                torch.mul(flat, scale, out=view)
+            else:
+                # Scale in the gradient's precision, then round once into the buffer.
+                view.copy_(flat * scale)
+        work = dist.all_reduce(self._buffer, group=self.group, async_op=True)
+        if self.wait:
+            work.wait()
+        for _, p, view in self._entries:
+            # copy_ casts back to the gradient's dtype and handles any gradient strides.
+            p.grad.detach().copy_(view.view(p.grad.shape))
+
+
+# Keyed weakly so a discarded model (and the FastDDP built for it) can be garbage collected.
+_INSTANCES: "weakref.WeakKeyDictionary[torch.nn.Module, FastDDP]" = weakref.WeakKeyDictionary()
+
+
+def all_reduce_gradients(
+    model: torch.nn.Module,
+    fusion_buffer_dtype: torch.dtype = torch.bfloat16,
+    use_hpu_graphs: bool = False,
+) -> None:
+    """optimum-habana-compatible ``fast_ddp.all_reduce_gradients``: one FastDDP kept per model.
+
+    ``use_hpu_graphs`` is accepted for signature compatibility; the copy-in/copy-out is not
+    captured as an HPU graph here (lazy mode already fuses it into the step's graph). The work
+    handle is always waited on: on hccl and nccl that only orders the device streams (the host
+    does not block), and on gloo it is what makes the result valid at all.
+    """
+    del use_hpu_graphs
+    ddp = _INSTANCES.get(model)
+    if ddp is None or ddp.buffer_dtype != fusion_buffer_dtype:
+        ddp = FastDDP(model, buffer_dtype=fusion_buffer_dtype, wait=True)
+        _INSTANCES[model] = ddp
+    ddp.all_reduce_gradients()

@@ -1,0 +1,92 @@
+"""AdamW with the usual weight-decay split, gradient clipping and the LR schedule.
+
+On HPU the fused kernels from habana_frameworks.torch.hpex replace the per-tensor loops when the
+gaudi config asks for them; CUDA and CPU use torch's fused / foreach implementations.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Any, Iterable, List, Optional, Tuple
+
+import torch
+
+from .device import DeviceInfo
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    # Class-name test too: HF models define their own (LlamaRMSNorm, T5LayerNorm, ...).
+    norm_types = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._NormBase)
+    if hasattr(torch.nn, "RMSNorm"):
+        norm_types += (torch.nn.RMSNorm,)
+    return isinstance(module, norm_types) or "norm" in type(module).__name__.lower()
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> List[dict]:
+    """Two groups: decayed weights, and biases + normalisation weights without decay (as HF)."""
+    decay, no_decay, seen = [], [], set()
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad or id(p) in seen:  # tied weights appear under several modules
+                continue
+            seen.add(id(p))
+            (no_decay if name.endswith("bias") or _is_norm(module) else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: torch.nn.Module, args: Any, info: DeviceInfo,
+                   gaudi_config: Optional[Any] = None) -> torch.optim.Optimizer:
+    groups = param_groups(model, args.weight_decay)
+    kwargs = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    if info.kind == "hpu" and gaudi_config is not None and gaudi_config.use_fused_adam:
+        fused = importlib.import_module("habana_frameworks.torch.hpex.optimizers").FusedAdamW
+        return fused(groups, **kwargs)
+    if info.kind == "cuda":
+        return torch.optim.AdamW(groups, fused=True, **kwargs)
+    if info.kind == "cpu":
+        return torch.optim.AdamW(groups, foreach=True, **kwargs)
+    return torch.optim.AdamW(groups, **kwargs)
+
+
+def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, info: DeviceInfo,
+                   gaudi_config: Optional[Any] = None, fused_clip: Any = None) -> Tuple[Any, Any]:
+    """Clip gradients in place; returns (total norm, fused clipper to pass back next time).
+
+    FusedClipNorm keeps state for the parameter list it was built with, so it is built once and
+    handed back by the caller on later steps (None on non-HPU paths).
+    """
+    params = list(params)  # a generator would be used up by the first of two passes
+    if info.kind == "hpu" and gaudi_config is not None and gaudi_config.use_fused_clip_norm:
+        if fused_clip is None:
+            module = importlib.import_module("habana_frameworks.torch.hpex.normalization")
+            fused_clip = module.FusedClipNorm(params, max_norm)
+        return fused_clip.clip_norm(params), fused_clip
+    return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True), fused_clip
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, args: Any,
+                   num_training_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over args.warmup_steps, then the decay named by args.lr_scheduler_type.
+
+    "constant" ignores warmup as HF's does; "constant_with_warmup" keeps it.
+    """
+    kind = getattr(args, "lr_scheduler_type", "linear")
+    warmup = max(0, int(getattr(args, "warmup_steps", 0)))
+    total = max(1, int(num_training_steps))
+    if kind not in ("linear", "constant", "constant_with_warmup", "cosine"):
+        raise ValueError(f"lr_scheduler_type {kind!r}: expected linear, constant, constant_with_warmup or cosine")
+
+    def factor(step: int) -> float:
+        if kind == "constant":
+            return 1.0
+        if step < warmup:
+            return step / warmup
+        if kind == "constant_with_warmup":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,313 @@
+"""Checkpoint save/load/rotation/atomicity, throughput accounting and metric logging."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gaudi_launch.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def make(seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    return model, opt, sched
+
+
+def train_steps(model, opt, sched, n: int) -> None:
+    for _ in range(n):
+        opt.zero_grad()
+        x = torch.rand(5, 4)  # draws from the global RNG, so resumed runs depend on it being restored
+        model(x).pow(2).mean().backward()
+        opt.step()
+        sched.step()
+
+
+def ckpt_names(output_dir) -> list:
+    return sorted(n for n in os.listdir(output_dir) if n.startswith("checkpoint-"))
+
+
+def quick_save(output_dir, step, **kw):
+    model, opt, sched = make(step)
+    return save_checkpoint(str(output_dir), step, model=model, optimizer=opt, scheduler=sched, sampler_state={"epoch": 0}, **kw)
+
+
+def test_round_trip_restores_everything_exactly(tmp_path):
+    model, opt, sched = make(0)
+    train_steps(model, opt, sched, 3)
+    random.seed(7)
+    np.random.seed(7)
+    path = save_checkpoint(
+        str(tmp_path), 3, model=model, optimizer=opt, scheduler=sched,
+        sampler_state={"epoch": 1, "index": 24}, extra={"loss": 0.5},
+    )
+    assert path == str(tmp_path / "checkpoint-3")
+    assert sorted(os.listdir(path)) == ["model.pt", "optimizer.pt", "rng-0.pt", "scheduler.pt", "trainer_state.json"]
+    # What the uninterrupted run sees next: random numbers, then the rest of training.
+    expected_rand = (torch.rand(3), random.random(), np.random.rand())
+    train_steps(model, opt, sched, 2)
+    expected_params = [p.detach().clone() for p in model.parameters()]
+    expected_lr = sched.get_last_lr()
+
+    # A fresh process would start with other weights and other random states.
+    model2, opt2, sched2 = make(99)
+    torch.manual_seed(1234)
+    random.seed(1234)
+    np.random.seed(1234)
+    state = load_checkpoint(path, model=model2, optimizer=opt2, scheduler=sched2)
+    assert state == {"step": 3, "sampler_state": {"epoch": 1, "index": 24}, "extra": {"loss": 0.5}}
+    got_rand = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(got_rand[0], expected_rand[0]) and got_rand[1:] == expected_rand[1:]
+    train_steps(model2, opt2, sched2, 2)
+    assert all(torch.equal(a, b) for a, b in zip(model2.parameters(), expected_params))
+    assert sched2.get_last_lr() == expected_lr
+
+
+def test_rotation_keeps_newest_total_limit(tmp_path):
+    for step in (10, 20, 30, 40, 50):
+        quick_save(tmp_path, step, total_limit=2)
+    assert ckpt_names(tmp_path) == ["checkpoint-40", "checkpoint-50"]
+    assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-50")
+    # Sorted by number, not by name: 100 is newer than 50.
+    quick_save(tmp_path, 100, total_limit=2)
+    assert ckpt_names(tmp_path) == ["checkpoint-100", "checkpoint-50"]
+    # A rerun from an earlier step never deletes the checkpoint it has just written.
+    quick_save(tmp_path, 60, total_limit=2)
+    assert ckpt_names(tmp_path) == ["checkpoint-100", "checkpoint-60"]
+    # Nothing but checkpoints is left behind (no temp or half-deleted directories).
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-100", "checkpoint-60"]
+    with pytest.raises(ValueError):
+        quick_save(tmp_path, 70, total_limit=0)
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path):
+    quick_save(tmp_path, 5)
+    model, opt, sched = make(42)
+    save_checkpoint(str(tmp_path), 5, model=model, optimizer=opt, scheduler=sched, sampler_state={"epoch": 9})
+    assert os.listdir(tmp_path) == ["checkpoint-5"]
+    state = load_checkpoint(str(tmp_path / "checkpoint-5"), model=make(0)[0])
+    assert state["sampler_state"] == {"epoch": 9}
+
+
+def test_failure_mid_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
+    quick_save(tmp_path, 1)
+    real_save = torch.save
+
+    def failing_save(obj, f, *args, **kwargs):
+        if getattr(f, "name", str(f)).endswith("optimizer.pt"):
+            raise OSError("disk full")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        quick_save(tmp_path, 2)
+    assert os.listdir(tmp_path) == ["checkpoint-1"]  # the temp directory is cleaned up too
+    assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-1")
+
+
+def test_hard_crash_mid_save_leaves_previous_checkpoint(tmp_path):
+    """The process dies (no exception handling runs) after model.pt is written."""
+    quick_save(tmp_path, 1)
+    script = textwrap.dedent(
+        f"""
+        import os, torch
+        from gaudi_launch.runtime.checkpoint import save_checkpoint
+        real_save = torch.save
+        def dying_save(obj, f, *a, **k):
+            if f.name.endswith("optimizer.pt"):
+                os._exit(17)
+            return real_save(obj, f, *a, **k)
+        torch.save = dying_save
+        model = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        save_checkpoint({str(tmp_path)!r}, 2, model=model, optimizer=opt, scheduler=None, sampler_state={{}})
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=60)
+    assert proc.returncode == 17
+    leftovers = [n for n in os.listdir(tmp_path) if n != "checkpoint-1"]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".tmp-checkpoint-2-")
+    assert "model.pt" in os.listdir(tmp_path / leftovers[0])  # it really died mid-save
+    assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-1")
+
+
+def test_latest_checkpoint_edge_cases(tmp_path):
+    assert latest_checkpoint(str(tmp_path / "missing")) is None
+    assert latest_checkpoint(str(tmp_path)) is None
+    quick_save(tmp_path, 3)
+    (tmp_path / "checkpoint-9").mkdir()  # not ours / incomplete: no trainer_state.json
+    (tmp_path / "checkpoint-7.bak").mkdir()
+    (tmp_path / "checkpoint-8").write_text("a file")
+    assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-3")
+
+
+def test_world_above_one_needs_a_process_group(tmp_path):
+    with pytest.raises(RuntimeError, match="process group"):
+        quick_save(tmp_path, 1, rank=0, world=2)
+
+
+def _dist_rank(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
+    torch.manual_seed(rank)  # each rank's own random stream
+    model = torch.nn.Linear(2, 2)
+    path = save_checkpoint(out, 4, model=model, optimizer=None, scheduler=None, sampler_state={"rank0": True}, rank=rank, world=2)
+    # Right after the call every rank sees the final directory with every rank's RNG file.
+    seen = sorted(os.listdir(path))
+    expected = torch.rand(4)
+    torch.manual_seed(555)
+    state = load_checkpoint(path, model=model, rank=rank)
+    torch.save({"path": path, "seen": seen, "restored": torch.equal(torch.rand(4), expected), "state": state},
+               os.path.join(out, f"result-{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_two_ranks_save_one_checkpoint(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    ctx = mp.start_processes(_dist_rank, args=(port, str(tmp_path)), nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + 60
+    try:
+        while not ctx.join(timeout=1):
+            assert time.monotonic() < deadline, "ranks did not finish"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    for rank in range(2):
+        res = torch.load(tmp_path / f"result-{rank}.pt", weights_only=True)
+        assert res["path"] == str(tmp_path / "checkpoint-4")
+        assert res["seen"] == ["model.pt", "rng-0.pt", "rng-1.pt", "trainer_state.json"]
+        assert res["restored"] and res["state"]["sampler_state"] == {"rank0": True}
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_steps(warmup: int):
+    clock = FakeClock()
+    tp = Throughput(warmup_steps=warmup, clock=clock)
+    clock.now = 10.0  # the first step compiles graphs: 10 s
+    tp.step(samples=4, tokens=400)
+    for _ in range(4):  # then 0.5 s per step
+        clock.now += 0.5
+        tp.step(samples=4, tokens=400)
+    return tp.metrics()
+
+
+def test_throughput_excludes_warmup_steps():
+    m = run_steps(warmup=1)
+    assert m["measured_steps"] == 4
+    assert m["train_samples_per_second"] == pytest.approx(16 / 2.0)
+    assert m["train_tokens_per_second"] == pytest.approx(1600 / 2.0)
+    assert m["train_steps_per_second"] == pytest.approx(4 / 2.0)
+    assert m["train_runtime"] == pytest.approx(12.0)  # the whole run, warm-up included
+
+
+def test_throughput_without_warmup_includes_first_step():
+    m = run_steps(warmup=0)
+    assert m["measured_steps"] == 5
+    assert m["train_samples_per_second"] == pytest.approx(20 / 12.0)
+    assert m["train_steps_per_second"] == pytest.approx(5 / 12.0)
+
+
+def test_throughput_zeros_without_measured_steps():
+    clock = FakeClock()
+    tp = Throughput(warmup_steps=3, clock=clock)
+    assert tp.metrics() == {
+        "train_samples_per_second": 0.0, "train_tokens_per_second": 0.0,
+        "train_steps_per_second": 0.0, "train_runtime": 0.0, "measured_steps": 0,
+    }
+    clock.now = 5.0
+    tp.step(8)
+    m = tp.metrics()
+    assert m["measured_steps"] == 0 and m["train_samples_per_second"] == 0.0
+
+
+def test_metrics_writer_rank0_json_lines(tmp_path):
+    w = MetricsWriter(str(tmp_path), rank=0)
+    w.log(1, {"loss": torch.tensor(2.5), "lr": 1e-4, "grad_norm": float("nan"), "epoch": np.int64(0)})
+    w.log(2, {"loss": 2.25, "note": "ok"})
+    w.close()
+    w.close()  # idempotent
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON {c}")) for line in lines]
+    assert records == [
+        {"step": 1, "loss": 2.5, "lr": 1e-4, "grad_norm": "nan", "epoch": 0},
+        {"step": 2, "loss": 2.25, "note": "ok"},
+    ]
+    # A resumed run appends.
+    with MetricsWriter(str(tmp_path), rank=0) as w:
+        w.log(3, {"loss": 2.0})
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_metrics_writer_other_ranks_write_nothing(tmp_path):
+    out = tmp_path / "out"
+    w = MetricsWriter(str(out), rank=1)
+    w.log(1, {"loss": 1.0})
+    w.close()
+    assert not out.exists()
+
+
+def test_metrics_writer_tensorboard_scalars(tmp_path, monkeypatch):
+    scalars = []
+
+    class FakeSummaryWriter:
+        def __init__(self, log_dir):
+            self.log_dir = log_dir
+
+        def add_scalar(self, tag, value, global_step):
+            scalars.append((tag, value, global_step))
+
+        def close(self):
+            scalars.append("closed")
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeSummaryWriter))
+    w = MetricsWriter(str(tmp_path), rank=0)
+    w.log(7, {"loss": 1.5, "note": "text", "flag": True})
+    w.close()
+    assert scalars == [("loss", 1.5, 7), "closed"]
+    # tensorboard=False never touches it.
+    scalars.clear()
+    MetricsWriter(str(tmp_path), rank=0, tensorboard=False).close()
+    assert scalars == []
+
+
+def test_metrics_writer_without_tensorboard_is_silent(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
+    with MetricsWriter(str(tmp_path), rank=0) as w:
+        w.log(1, {"loss": 1.0})
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 1, "loss": 1.0}
+
+
+def test_format_log():
+    line = format_log(10, {"loss": 2.34567, "lr": 1e-4, "train_samples_per_second": 1234.5, "epoch": 1, "grad_norm": torch.tensor(0.5)})
+    assert line == "step 10 | loss 2.346 | lr 0.0001 | train_samples_per_second 1234.5 | epoch 1 | grad_norm 0.5"
+    assert format_log(3, {}) == "step 3"

@@ -1,0 +1,1 @@
+"""A recording stand-in for Habana's habana_frameworks (see fixture.py)."""

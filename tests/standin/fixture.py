@@ -1,0 +1,37 @@
+"""``hpu_stand_in`` fixture: the recording habana_frameworks stand-in, importable for one test.
+
+Tests import it (``from tests.standin.fixture import hpu_stand_in``); it yields the call log.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+STAND_IN_DIR = str(Path(__file__).resolve().parent)
+
+
+def _purge() -> None:
+    for name in [m for m in sys.modules if m == "habana_frameworks" or m.startswith("habana_frameworks.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def hpu_stand_in(monkeypatch):
+    _purge()
+    # The runtime writes PT_HPU_* into os.environ: give each test a clean slate and restore after.
+    saved = {k: v for k, v in os.environ.items() if k.startswith("PT_HPU_")}
+    for key in saved:
+        del os.environ[key]
+    monkeypatch.syspath_prepend(STAND_IN_DIR)
+    import habana_frameworks
+
+    try:
+        yield habana_frameworks._calls
+    finally:
+        _purge()
+        for key in [k for k in os.environ if k.startswith("PT_HPU_")]:
+            del os.environ[key]
+        os.environ.update(saved)
