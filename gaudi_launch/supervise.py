@@ -398,7 +398,7 @@ class Supervisor:
             if deadline is None:
                 deadline = time.monotonic() + self.grace
                 for p in self.procs:
-                    if p.state == "running":
+                    if p.state == "running" and p.returncode is None:
                         p.state = "torn down"
                 self._signal_groups(signal.SIGTERM)
 

@@ -31,7 +31,7 @@ _SOURCES = {
 }
 
 
-def normalize_env(env: Mapping[str, str]) -> Dict[str, str]:
+def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Dict[str, str]:
     """The torchrun names (plus DeepSpeed's aliases) filled in from whichever launcher ran us. Pure."""
     out: Dict[str, str] = {}
     for name, sources in _SOURCES.items():
@@ -52,6 +52,11 @@ def normalize_env(env: Mapping[str, str]) -> Dict[str, str]:
         # A backend that starts every node alike (mpirun) passes each node's device subset.
         out["HABANA_VISIBLE_MODULES"] = devices
         out.setdefault("CUDA_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES") or devices)
+    if cpu_count and not env.get("OMP_NUM_THREADS"):
+        # Ranks sharing a host share its cores: without this each one starts a thread per core and
+        # they slow each other down several times over (torchrun sets it too).
+        local = int(out.get("LOCAL_WORLD_SIZE", "1") or 1)
+        out["OMP_NUM_THREADS"] = str(max(1, cpu_count // max(1, local)))
     out.setdefault("MASTER_ADDR", env.get("MASTER_ADDR", "127.0.0.1"))
     out.setdefault("MASTER_PORT", env.get("MASTER_PORT", "29500"))
     return {k: v for k, v in out.items() if env.get(k) != v}
@@ -126,6 +131,17 @@ def _term_whole_group(signum, _frame) -> None:
     os.killpg(0, signum)
 
 
+def _close_process_group() -> None:
+    """A script that leaves its process group open makes gloo abort at exit ("terminate called
+    without an active exception"): close it for the script, only if torch is already in use."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
 def _end_group() -> None:
     """The rank is done: whatever it started in its group (our group) ends with it."""
     if os.getpgrp() == os.getpid():
@@ -140,6 +156,7 @@ def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
     try:
         return _run(argv, environ)
     finally:
+        _close_process_group()
         _end_group()
 
 
@@ -165,7 +182,7 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
     if not argv or argv == ["-m"]:
         print("usage: python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
-    environ.update(normalize_env(environ))
+    environ.update(normalize_env(environ, os.cpu_count()))
     try:
         os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
     except OSError:

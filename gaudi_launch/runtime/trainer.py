@@ -1,0 +1,296 @@
+"""A lean Trainer that applies each Gaudi acceleration on the device that has it.
+
+HPU: lazy mode (mark_step placement as optimum-habana does it), HPU graphs, fast_ddp, bf16 autocast,
+fused AdamW and clip norm. CUDA: the same ideas with nccl, torch.compile/CUDA graphs, fused AdamW.
+CPU (gloo): everything that means something there, for real. Throughput excludes warm-up steps.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
+
+from gaudi_launch.runtime import checkpoint as ckpt
+from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
+from gaudi_launch.runtime.device import (DeviceInfo, init_distributed, mark_step, memory_stats, prepare_hpu_env,
+                                         select_device)
+from gaudi_launch.runtime.fast_ddp import FastDDP
+from gaudi_launch.runtime.graphs import wrap_for_graphs
+from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
+from gaudi_launch.runtime.optim import clip_grad_norm, make_optimizer, make_scheduler
+from gaudi_launch.runtime.precision import autocast
+
+
+@dataclass
+class TrainOutput:
+    global_step: int
+    train_loss: float
+    metrics: Dict[str, float] = field(default_factory=dict)
+
+
+class PadToWholeBatches(Sampler):
+    """Lazy mode wants static shapes: repeat indices so the last batch is full (unless drop_last)."""
+
+    def __init__(self, sampler: Sampler, batch_size: int):
+        self.sampler, self.batch_size = sampler, batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(self.sampler)
+        short = -len(indices) % self.batch_size
+        return iter(indices + indices[:short])
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n + (-n % self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in backward (non-reentrant). transformers 5 renamed the method; the
+    old name still works there but warns."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError("--gradient_checkpointing needs a model that supports it (transformers models do)")
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, args: TrainingArguments, train_dataset=None, eval_dataset=None,
+                 data_collator: Optional[Callable] = None, gaudi_config: Optional[GaudiConfig] = None,
+                 tokens_per_sample: Optional[int] = None, log: Callable[[str], None] = print,
+                 on_step_end: Optional[Callable[[int], None]] = None):
+        self.args = args
+        if gaudi_config is None:
+            gaudi_config = GaudiConfig.from_pretrained(args.gaudi_config_name) if args.gaudi_config_name else GaudiConfig()
+        self.gaudi_config = gaudi_config
+        prepare_hpu_env(args, gaudi_config)  # before anything imports habana_frameworks
+        self.info: DeviceInfo = select_device(args)
+        self.rank, self.world = init_distributed(self.info, args.ddp_timeout)
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.collator = data_collator
+        self.tokens_per_sample = tokens_per_sample
+        self._log = log
+        self.on_step_end = on_step_end
+        _seed_everything(args.seed)
+        if args.gradient_checkpointing:
+            enable_checkpointing(model)
+        self.model = model.to(self.info.device)
+        self.fast_ddp: Optional[FastDDP] = None
+        self.engine = None
+        if args.deepspeed:
+            self._init_deepspeed()
+        else:
+            self._init_plain()
+        self.writer = MetricsWriter(args.output_dir, rank=self.rank)
+
+    # ---- set-up --------------------------------------------------------------------------------
+    def _init_plain(self) -> None:
+        args, info = self.args, self.info
+        if self.world > 1 and args.distribution_strategy == "fast_ddp":
+            dtype = args.fast_ddp_buffer_dtype or ("bfloat16" if info.kind == "hpu" else None)
+            self.fast_ddp = FastDDP(self.model, buffer_dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype,
+                                    wait=info.kind != "hpu")
+            self.fast_ddp.broadcast_parameters()
+            self.train_model = self.model
+        elif self.world > 1:
+            device_ids = [info.device.index] if info.kind == "cuda" else None
+            self.train_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
+        else:
+            self.train_model = self.model
+        self.train_model = wrap_for_graphs(self.train_model, info, args)
+        self.optimizer = make_optimizer(self.model, args, info, self.gaudi_config)
+        self._fused_clip = None
+
+    def _init_deepspeed(self) -> None:
+        import deepspeed
+
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=self.model, model_parameters=[p for p in self.model.parameters() if p.requires_grad],
+            config=self.args.deepspeed)
+        self.train_model = self.engine
+
+    def train_dataloader(self) -> DataLoader:
+        args = self.args
+        sampler: Sampler = DistributedSampler(self.train_dataset, num_replicas=self.world, rank=self.rank,
+                                              shuffle=True, seed=args.seed, drop_last=args.dataloader_drop_last)
+        if self.info.kind == "hpu" and self.info.lazy and not args.dataloader_drop_last and self.world == 1:
+            sampler = PadToWholeBatches(sampler, args.per_device_train_batch_size)
+        # Its own generator: starting an epoch's iterator then draws from it, not from the global RNG
+        # (which dropout uses), so a resumed run sees exactly the random numbers of an unbroken one.
+        self._loader_generator = torch.Generator()
+        return DataLoader(self.train_dataset, batch_size=args.per_device_train_batch_size, sampler=sampler,
+                          collate_fn=self.collator, num_workers=args.dataloader_num_workers,
+                          generator=self._loader_generator,
+                          drop_last=args.dataloader_drop_last,
+                          pin_memory=args.dataloader_pin_memory and self.info.kind == "cuda")
+
+    def _to_device(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        nb = self.args.non_blocking_data_copy
+        return {k: v.to(self.info.device, non_blocking=nb) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    # ---- training ------------------------------------------------------------------------------
+    def _mean_across_ranks(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.info.device if self.info.kind != "hpu" else "cpu")
+        dist.all_reduce(t)
+        return t.item() / self.world
+
+    def train(self, resume_from_checkpoint: Optional[str] = None) -> TrainOutput:
+        args, info = self.args, self.info
+        loader = self.train_dataloader()
+        accum = max(1, args.gradient_accumulation_steps)
+        steps_per_epoch = max(1, len(loader) // accum)
+        max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+        scheduler = make_scheduler(self.optimizer if self.engine is None else self.engine.optimizer, args, max_steps)
+        self.scheduler = scheduler
+        step, epoch, skip = 0, 0, 0
+        resume = resume_from_checkpoint or args.resume_from_checkpoint
+        if resume == "latest" or resume is True:
+            resume = ckpt.latest_checkpoint(args.output_dir)
+        if resume:
+            state = ckpt.load_checkpoint(resume, model=self.model, optimizer=self.optimizer, scheduler=scheduler,
+                                         rank=self.rank)
+            step = int(state["step"])
+            epoch = int(state["sampler_state"]["epoch"])
+            skip = int(state["sampler_state"]["batches"])
+            self._say(f"resumed from {resume} at step {step} (epoch {epoch}, batch {skip})")
+        throughput = Throughput(warmup_steps=args.throughput_warmup_steps)
+        samples_per_step = args.per_device_train_batch_size * accum * self.world
+        tokens_per_step = samples_per_step * (self.tokens_per_sample or 0)
+        losses: List[float] = []
+        window: List[float] = []
+        self.train_model.train()
+        done = step >= max_steps
+        while not done:
+            loader.sampler.set_epoch(epoch)
+            self._loader_generator.manual_seed(args.seed + epoch)  # worker seeds per epoch, resumable
+            micro = 0
+            for batch_index, batch in enumerate(loader):
+                if batch_index < skip:
+                    continue  # resuming: the sampler's order is the same, skip what was seen
+                loss = self._micro_step(self._to_device(batch), accum)
+                window.append(loss)
+                micro += 1
+                if micro % accum:
+                    continue
+                self._optimizer_step(scheduler)
+                step += 1
+                throughput.step(samples_per_step, tokens_per_step)
+                step_loss = self._mean_across_ranks(sum(window) / len(window))
+                window.clear()
+                losses.append(step_loss)
+                if step % args.logging_steps == 0 or (args.logging_first_step and step == 1):
+                    self._log_step(step, step_loss, scheduler, throughput)
+                if args.save_steps and step % args.save_steps == 0:
+                    self._save(step, epoch, batch_index + 1)
+                if self.on_step_end is not None:
+                    self.on_step_end(step)
+                if step >= max_steps:
+                    done = True
+                    break
+            skip = 0
+            epoch += 1
+        metrics = {**throughput.metrics(), "train_loss": sum(losses) / max(1, len(losses)), "global_step": step}
+        if self.rank == 0:
+            self.writer.log(step, metrics)
+        return TrainOutput(step, metrics["train_loss"], metrics)
+
+    def _micro_step(self, batch: Dict[str, torch.Tensor], accum: int) -> float:
+        args, info = self.args, self.info
+        with autocast(info, args, self.gaudi_config):
+            out = self.train_model(**batch)
+        loss = (out["loss"] if isinstance(out, dict) else out.loss if hasattr(out, "loss") else out[0]) / accum
+        if self.engine is not None:
+            self.engine.backward(loss)
+        else:
+            if args.pipelining_fwd_bwd:
+                mark_step(info)  # let the device run the forward graph while the host builds backward
+            loss.backward()
+        mark_step(info)
+        return loss.detach().float().item() * accum
+
+    def _optimizer_step(self, scheduler) -> None:
+        args, info = self.args, self.info
+        if self.engine is not None:
+            self.engine.step()
+            scheduler.step()
+            return
+        if self.fast_ddp is not None:
+            self.fast_ddp.all_reduce_gradients()
+            mark_step(info)
+        if args.max_grad_norm and args.max_grad_norm > 0:
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            _, self._fused_clip = clip_grad_norm(params, args.max_grad_norm, info, self.gaudi_config, self._fused_clip)
+        self.optimizer.step()
+        scheduler.step()
+        # fast_ddp keeps grad tensors (its buffer views must stay valid); otherwise free them.
+        self.optimizer.zero_grad(set_to_none=self.fast_ddp is None)
+        mark_step(info)
+
+    def _log_step(self, step: int, loss: float, scheduler, throughput: Throughput) -> None:
+        values = {"loss": round(loss, 4), "learning_rate": scheduler.get_last_lr()[0]}
+        values.update(throughput.metrics())
+        values.update(memory_stats(self.info))
+        if self.rank == 0:
+            self.writer.log(step, values)
+            self._say(format_log(step, values))
+
+    def _save(self, step: int, epoch: int, batches: int) -> None:
+        ckpt.save_checkpoint(self.args.output_dir, step, model=self.model, optimizer=self.optimizer,
+                             scheduler=self.scheduler, sampler_state={"epoch": epoch, "batches": batches},
+                             total_limit=self.args.save_total_limit, rank=self.rank, world=self.world)
+
+    def _say(self, text: str) -> None:
+        if self.rank == 0:
+            self._log(text)
+
+    # ---- evaluation ----------------------------------------------------------------------------
+    def evaluate(self) -> Dict[str, float]:
+        args, info = self.args, self.info
+        if self.world > int(os.environ.get("LOCAL_WORLD_SIZE", self.world)):
+            warnings.warn("evaluation runs on every node; with several nodes it is slower than on one "
+                          "node and its result is the mean over all ranks")
+        sampler = DistributedSampler(self.eval_dataset, num_replicas=self.world, rank=self.rank, shuffle=False)
+        loader = DataLoader(self.eval_dataset, batch_size=args.per_device_eval_batch_size, sampler=sampler,
+                            collate_fn=self.collator)
+        self.train_model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for batch in loader:
+                with autocast(info, args, self.gaudi_config):
+                    out = self.train_model(**self._to_device(batch))
+                mark_step(info)
+                loss = out["loss"] if isinstance(out, dict) else out.loss
+                total += loss.float().item()
+                count += 1
+        self.train_model.train()
+        loss = self._mean_across_ranks(total / max(1, count))
+        metrics = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+        if self.rank == 0:
+            self.writer.log(-1, metrics)
+        return metrics

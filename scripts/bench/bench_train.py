@@ -1,0 +1,144 @@
+"""Training throughput, side by side in one invocation: our Trainer (fast_ddp and DDP) against
+transformers' Trainer, same tiny GPT-2, data, batch, steps and 2 CPU ranks, warm-up excluded the
+same way (the clock starts after --warmup optimizer steps). Prints a table and writes JSON.
+
+    .venv/bin/python scripts/bench/bench_train.py [--steps 40] [--warmup 5] [--repeats 1] [--json out.json]
+
+It is a benchmark, not a test: it prints figures and ratios and never passes or fails on time.
+Each rank runs this same file with --role; the driver starts them through gaudi-launch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULT = "BENCH-RESULT "
+
+
+def common(args):
+    import torch
+
+    from gaudi_launch.runtime import data
+
+    texts = data.load_text_files(None, None)
+    tokenizer = data.load_tokenizer(None)
+    blocks = data.tokenize_and_group(texts["train"], tokenizer, args.block)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(os.path.join(data.ASSETS, "tiny-gpt2"))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    return model, data.BlockDataset(blocks), data.causal_lm_collator
+
+
+def role_ours(args) -> dict:
+    from gaudi_launch.runtime.args import TrainingArguments
+    from gaudi_launch.runtime.trainer import Trainer
+
+    model, dataset, collator = common(args)
+    targs = TrainingArguments(output_dir=args.out, per_device_train_batch_size=args.batch, max_steps=args.steps,
+                              learning_rate=1e-3, logging_steps=10 ** 9, save_steps=0, device="cpu",
+                              distribution_strategy=args.strategy, throughput_warmup_steps=args.warmup)
+    trainer = Trainer(model, targs, train_dataset=dataset, data_collator=collator, tokens_per_sample=args.block,
+                      log=lambda s: None)
+    m = trainer.train().metrics
+    return {"samples_per_s": m["train_samples_per_second"], "tokens_per_s": m["train_tokens_per_second"],
+            "step_s": 1.0 / m["train_steps_per_second"] if m["train_steps_per_second"] else float("nan")}
+
+
+def role_hf(args) -> dict:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    model, dataset, collator = common(args)
+    marks = {}
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, a, state, control, **kw):
+            if state.global_step == args.warmup:
+                marks["start"] = time.perf_counter()
+            marks["end"] = time.perf_counter()
+
+    targs = TrainingArguments(output_dir=args.out, per_device_train_batch_size=args.batch, max_steps=args.steps,
+                              learning_rate=1e-3, logging_steps=10 ** 9, save_strategy="no", report_to=[],
+                              use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, ddp_backend="gloo")
+    Trainer(model=model, args=targs, train_dataset=dataset, data_collator=collator, callbacks=[Clock()]).train()
+    measured = args.steps - args.warmup
+    seconds = marks["end"] - marks["start"]
+    samples = measured * args.batch * int(os.environ.get("WORLD_SIZE", "1"))
+    return {"samples_per_s": samples / seconds, "tokens_per_s": samples * args.block / seconds,
+            "step_s": seconds / measured}
+
+
+CONFIGS = [("gaudi-launch Trainer, fast_ddp", ["--role", "ours", "--strategy", "fast_ddp"]),
+           ("gaudi-launch Trainer, DDP", ["--role", "ours", "--strategy", "ddp"]),
+           ("transformers Trainer, DDP", ["--role", "hf"])]
+
+
+def run_config(extra, args) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "gaudi_launch", "--num_devices", str(args.ranks), os.path.abspath(__file__),
+               *extra, "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
+               "--block", str(args.block), "--out", out]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    for line in res.stdout.splitlines():
+        if RESULT in line:
+            return json.loads(line.split(RESULT, 1)[1])
+    raise SystemExit(f"a benchmark run failed (exit {res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+
+
+def drive(args) -> None:
+    runs = {name: [] for name, _ in CONFIGS}
+    for _ in range(args.repeats):  # interleaved, so machine noise hits every configuration alike
+        for name, extra in CONFIGS:
+            runs[name].append(run_config(extra, args))
+    base = statistics.median(r["samples_per_s"] for r in runs["transformers Trainer, DDP"])
+    print(f"training throughput: tiny GPT-2, {args.ranks} CPU ranks (gloo), batch {args.batch}x{args.block} tokens "
+          f"per rank, {args.steps} steps, first {args.warmup} excluded, {args.repeats} repeat(s); "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(f"{'configuration':34} {'samples/s median':>16} {'min-max':>15} {'step ms':>8} {'vs transformers':>16}")
+    table = {}
+    for name, _ in CONFIGS:
+        sps = [r["samples_per_s"] for r in runs[name]]
+        med = statistics.median(sps)
+        step_ms = 1000 * statistics.median(r["step_s"] for r in runs[name])
+        table[name] = {"samples_per_s": sps, "median": med, "step_ms": step_ms, "ratio": med / base}
+        print(f"{name:34} {med:16.1f} {min(sps):7.1f}-{max(sps):<7.1f} {step_ms:8.1f} {med / base:15.2f}x")
+    fd, dd = table["gaudi-launch Trainer, fast_ddp"], table["gaudi-launch Trainer, DDP"]
+    print(f"fast_ddp vs DDP step time: {fd['step_ms']:.1f} ms vs {dd['step_ms']:.1f} ms "
+          f"({dd['step_ms'] / fd['step_ms']:.2f}x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": vars(args), "results": table}, f, indent=2)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--role", choices=["ours", "hf"])
+    p.add_argument("--strategy", default="fast_ddp")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--block", type=int, default=64)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--out", default=None)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    if args.role is None:
+        drive(args)
+        return
+    result = role_ours(args) if args.role == "ours" else role_hf(args)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(RESULT + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

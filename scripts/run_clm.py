@@ -1,0 +1,101 @@
+"""Causal language modelling (GPT-2 family) with gaudi_launch's runtime: the seed's main example.
+
+Takes optimum-habana's run_clm.py flags, e.g.
+    gaudi-launch --num_devices 2 scripts/run_clm.py --model_name_or_path gpt2-xl \\
+        --gaudi_config_name Habana/gpt2 --do_train --do_eval --output_dir runs/clm \\
+        --learning_rate 4e-04 --per_device_train_batch_size 16 --gradient_checkpointing \\
+        --num_train_epochs 1 --use_habana --use_lazy_mode --throughput_warmup_steps 3
+Offline, the model comes from a local config directory or checkpoint (a hub name is tried only when
+the hub is reachable: here it is not, and you get a clear message). With no data flags it trains on
+the small public-domain corpus and tokenizer shipped in gaudi_launch/runtime/assets.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+from gaudi_launch.runtime.args import TrainingArguments, parse_args
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: Optional[str] = None   # a local checkpoint directory
+    config_name: Optional[str] = None          # a local config directory (trained from scratch)
+    tokenizer_name: Optional[str] = None       # a local tokenizer directory; default: the shipped one
+    use_cache: bool = False
+
+
+@dataclass
+class DataArguments:
+    dataset_name: Optional[str] = None
+    dataset_config_name: Optional[str] = None
+    train_file: Optional[str] = None
+    validation_file: Optional[str] = None
+    validation_split_percentage: int = 10
+    block_size: int = 64
+    max_train_samples: Optional[int] = None
+    max_eval_samples: Optional[int] = None
+
+
+def build_model(margs: ModelArguments, vocab_size: int):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gaudi_launch.runtime.data import ASSETS
+
+    source = margs.model_name_or_path
+    if source and os.path.isdir(source):
+        return AutoModelForCausalLM.from_pretrained(source)
+    config_dir = margs.config_name or (source if source and os.path.isdir(source) else None)
+    if config_dir is None:
+        if source:
+            print(f"run_clm: '{source}' is not a local directory and the hub is not reachable here: "
+                  "training the shipped tiny GPT-2 from scratch instead (pass --config_name DIR or "
+                  "--model_name_or_path DIR for another model)", file=sys.stderr)
+        config_dir = os.path.join(ASSETS, "tiny-gpt2")
+    config = AutoConfig.from_pretrained(config_dir)
+    if config.vocab_size != vocab_size:
+        config.vocab_size = vocab_size
+    return AutoModelForCausalLM.from_config(config)
+
+
+def main(argv=None) -> int:
+    margs, dargs, targs = parse_args((ModelArguments, DataArguments, TrainingArguments), argv)
+    from gaudi_launch.runtime import data
+    from gaudi_launch.runtime.trainer import Trainer
+
+    if dargs.dataset_name:
+        texts = data.load_dataset_by_name(dargs.dataset_name, dargs.dataset_config_name)
+    else:
+        texts = data.load_text_files(dargs.train_file, dargs.validation_file, dargs.validation_split_percentage)
+    tokenizer = data.load_tokenizer(margs.tokenizer_name)
+    train_blocks = data.tokenize_and_group(texts["train"], tokenizer, dargs.block_size)
+    eval_blocks = data.tokenize_and_group(texts["validation"], tokenizer, dargs.block_size)
+    if dargs.max_train_samples:
+        train_blocks = train_blocks[:dargs.max_train_samples]
+    if dargs.max_eval_samples:
+        eval_blocks = eval_blocks[:dargs.max_eval_samples]
+    model = build_model(margs, len(tokenizer))
+    model.config.use_cache = margs.use_cache
+    trainer = Trainer(model, targs, train_dataset=data.BlockDataset(train_blocks),
+                      eval_dataset=data.BlockDataset(eval_blocks), data_collator=data.causal_lm_collator,
+                      tokens_per_sample=dargs.block_size)
+    results = {}
+    if targs.do_eval:
+        results["eval_before"] = trainer.evaluate()
+    if targs.do_train:
+        results["train"] = trainer.train().metrics
+    if targs.do_eval:
+        results["eval"] = trainer.evaluate()
+    if trainer.rank == 0:
+        print(json.dumps(results, indent=2, sort_keys=True))
+        os.makedirs(targs.output_dir, exist_ok=True)
+        with open(os.path.join(targs.output_dir, "results.json"), "w") as f:
+            json.dump(results, f, indent=2, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

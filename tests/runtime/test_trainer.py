@@ -1,0 +1,198 @@
+"""The Trainer on CPU for real, and its HPU call sequence against the recording stand-in."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
+from gaudi_launch.runtime.trainer import Trainer, enable_checkpointing
+from tests.standin.fixture import hpu_stand_in  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A tiny deterministic regression task; dropout makes RNG state matter for exact resumes.
+TASK = textwrap.dedent("""
+    import torch
+
+    class Reg(torch.nn.Module):
+        def __init__(self, slow_first=0.0):
+            super().__init__()
+            self.lin1 = torch.nn.Linear(8, 16)
+            self.drop = torch.nn.Dropout(0.2)
+            self.lin2 = torch.nn.Linear(16, 1)
+            self.slow_first = slow_first
+
+        def forward(self, x, y):
+            if self.slow_first:
+                import time
+                time.sleep(self.slow_first)  # a deliberately slow first step (like graph compilation)
+                self.slow_first = 0.0
+            out = self.lin2(self.drop(torch.relu(self.lin1(x)))).squeeze(-1)
+            return {"loss": torch.nn.functional.mse_loss(out, y)}
+
+    def dataset(n=96):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(n, 8, generator=g)
+        y = x @ torch.linspace(-1, 1, 8) + 0.1 * torch.randn(n, generator=g)
+        return [{"x": x[i], "y": y[i]} for i in range(n)]
+
+    def model(seed=0, slow_first=0.0):
+        torch.manual_seed(seed)
+        return Reg(slow_first)
+""")
+ns: dict = {}
+exec(TASK, ns)
+
+
+def args(tmp_path, **kw) -> TrainingArguments:
+    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, learning_rate=1e-2, max_steps=30,
+                logging_steps=1, save_steps=0, device="cpu", seed=3)
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+def losses(output_dir) -> list:
+    rows = [json.loads(line) for line in Path(output_dir, "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in rows if "loss" in r]
+
+
+def test_training_lowers_the_loss_on_cpu(tmp_path):
+    trainer = Trainer(ns["model"](), args(tmp_path, learning_rate=5e-2, max_steps=40), train_dataset=ns["dataset"](),
+                      log=lambda s: None)
+    out = trainer.train()
+    curve = [loss for _, loss in losses(tmp_path)]
+    assert out.global_step == 40 and len(curve) == 40
+    assert sum(curve[-10:]) / 10 < 0.5 * sum(curve[:10]) / 10
+    assert out.metrics["measured_steps"] == 40
+
+
+def test_throughput_excludes_a_slow_warmup_step(tmp_path):
+    data = ns["dataset"]()
+    timed = {}
+    for warmup in (0, 1):
+        start = time.perf_counter()
+        trainer = Trainer(ns["model"](slow_first=1.5), args(tmp_path / str(warmup), max_steps=6,
+                          throughput_warmup_steps=warmup), train_dataset=data, log=lambda s: None)
+        out = trainer.train()
+        timed[warmup] = (out.metrics, time.perf_counter() - start)
+    with_slow, _ = timed[0]
+    without_slow, _ = timed[1]
+    assert with_slow["measured_steps"] == 6 and without_slow["measured_steps"] == 5
+    # The warm-up run's rate is computed from the fast steps only: it cannot be dragged down by the
+    # 1.5 s first step, so it is above what 48 samples over the whole run would give.
+    assert without_slow["train_samples_per_second"] > 48 / with_slow["train_runtime"]
+    assert without_slow["train_samples_per_second"] > with_slow["train_samples_per_second"]
+
+
+RUN = textwrap.dedent("""
+    import os, sys, torch
+    sys.path.insert(0, {root!r})
+    {task}
+    from gaudi_launch.runtime.args import TrainingArguments
+    from gaudi_launch.runtime.trainer import Trainer, enable_checkpointing
+    crash_step = int(os.environ.get("CRASH_STEP", "0"))
+    if os.environ.get("CRASH_IN_SAVE"):
+        real_save = torch.save
+        def save(obj, f, *a, **k):
+            name = getattr(f, "name", f)
+            if str(name).endswith("optimizer.pt") and "-{{}}-".format(crash_step) in str(name):
+                os._exit(9)  # killed in the middle of writing a checkpoint
+            return real_save(obj, f, *a, **k)
+        torch.save = save
+    def on_step(step):
+        if crash_step and step == crash_step and not os.environ.get("CRASH_IN_SAVE"):
+            os._exit(9)  # killed right after this optimizer step
+    a = TrainingArguments(output_dir=sys.argv[1], per_device_train_batch_size=8, learning_rate=1e-2,
+                          max_steps=24, logging_steps=1, save_steps=4, save_total_limit=2, device="cpu", seed=3,
+                          resume_from_checkpoint="latest" if len(sys.argv) > 2 else None)
+    Trainer(model(), a, train_dataset=dataset(), log=lambda s: None, on_step_end=on_step).train()
+""")
+
+
+def run_script(tmp_path, out_dir, *extra, env=None):
+    script = tmp_path / "run.py"
+    script.write_text(RUN.format(root=str(ROOT), task=TASK))
+    return subprocess.run([sys.executable, str(script), str(out_dir), *extra], env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("crash", [{"CRASH_STEP": "11"}, {"CRASH_STEP": "16", "CRASH_IN_SAVE": "1"}],
+                         ids=["killed-between-saves", "killed-during-a-save"])
+def test_killed_run_resumes_and_reproduces_the_loss_curve_exactly(tmp_path, crash):
+    ref = run_script(tmp_path, tmp_path / "ref")
+    assert ref.returncode == 0, ref.stderr
+    crashed = run_script(tmp_path, tmp_path / "crash", env=crash)
+    assert crashed.returncode == 9
+    saved = sorted(p.name for p in (tmp_path / "crash").iterdir() if p.name.startswith("checkpoint-"))
+    assert saved == (["checkpoint-4", "checkpoint-8"] if crash["CRASH_STEP"] == "11" else ["checkpoint-12", "checkpoint-8"])
+    resumed = run_script(tmp_path, tmp_path / "crash", "resume")
+    assert resumed.returncode == 0, resumed.stderr
+    reference = dict(losses(tmp_path / "ref"))
+    after = dict(losses(tmp_path / "crash"))  # resumed steps overwrite the replayed ones
+    assert sorted(after) == list(range(1, 25))
+    assert after == reference  # bit-for-bit the same curve
+
+
+def test_gradient_checkpointing_saves_activation_memory():
+    import transformers
+
+    from gaudi_launch.runtime.data import ASSETS
+
+    config = transformers.AutoConfig.from_pretrained(os.path.join(ASSETS, "small-gpt2"))
+    saved_bytes = {}
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        model.train()
+        if checkpointing:
+            enable_checkpointing(model)
+        ids = torch.randint(0, config.vocab_size, (4, 128))
+        total = [0]
+
+        def pack(t):
+            total[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        saved_bytes[checkpointing] = total[0]
+    assert saved_bytes[True] < 0.6 * saved_bytes[False], saved_bytes
+
+
+def test_stand_in_hpu_call_order_lazy_mode_pipelining_graphs_and_fused_ops(hpu_stand_in, tmp_path):
+    calls = hpu_stand_in
+    gaudi = GaudiConfig(use_fused_adam=True, use_fused_clip_norm=True)
+    a = args(tmp_path, device=None, max_steps=2, use_hpu_graphs_for_training=True, pipelining_fwd_bwd=True,
+             throughput_warmup_steps=1)
+    trainer = Trainer(ns["model"](), a, train_dataset=ns["dataset"](32), gaudi_config=gaudi, log=lambda s: None)
+    assert trainer.info.kind == "hpu" and trainer.info.lazy
+    start = len(calls)
+    trainer.train()
+    seq = [name for name, _ in calls[start:] if name in ("mark_step", "FusedAdamW.step", "FusedClipNorm.clip_norm")]
+    # Per optimizer step: pipelining mark_step between loss and backward, one after backward,
+    # fused clip, fused AdamW step, then one after the optimizer step + zero_grad.
+    one_step = ["mark_step", "mark_step", "FusedClipNorm.clip_norm", "FusedAdamW.step", "mark_step"]
+    assert seq == one_step * 2
+    names = [name for name, _ in calls]
+    assert "ModuleCacher" in names and "FusedAdamW" in names
+    assert any(n == "core.import" and d["PT_HPU_LAZY_MODE"] == "1" for n, d in calls)
+    assert "memory_stats" in names  # logged every logging_steps from the device
+
+
+def test_stand_in_hpu_pads_the_last_batch_in_lazy_mode(hpu_stand_in, tmp_path):
+    a = args(tmp_path, device=None, max_steps=-1, num_train_epochs=1, per_device_train_batch_size=8)
+    trainer = Trainer(ns["model"](), a, train_dataset=ns["dataset"](20), log=lambda s: None)
+    loader = trainer.train_dataloader()
+    assert [len(b["y"]) for b in loader] == [8, 8, 8]  # 20 samples padded to whole batches (static shapes)
+    cpu = Trainer(ns["model"](), args(tmp_path / "cpu", per_device_train_batch_size=8), train_dataset=ns["dataset"](20),
+                  log=lambda s: None)
+    assert [len(b["y"]) for b in cpu.train_dataloader()] == [8, 8, 4]
