@@ -133,6 +133,13 @@ class Trainer:
             config=self.args.deepspeed)
         self.train_model = self.engine
 
+    def _torch_optimizer(self) -> torch.optim.Optimizer:
+        """The torch optimizer the schedule drives (DeepSpeed's ZeRO wraps it)."""
+        opt = self.optimizer
+        while not isinstance(opt, torch.optim.Optimizer) and hasattr(opt, "optimizer"):
+            opt = opt.optimizer
+        return opt
+
     def train_dataloader(self) -> DataLoader:
         args = self.args
         sampler: Sampler = DistributedSampler(self.train_dataset, num_replicas=self.world, rank=self.rank,
@@ -166,7 +173,7 @@ class Trainer:
         accum = max(1, args.gradient_accumulation_steps)
         steps_per_epoch = max(1, len(loader) // accum)
         max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
-        scheduler = make_scheduler(self.optimizer if self.engine is None else self.engine.optimizer, args, max_steps)
+        scheduler = make_scheduler(self._torch_optimizer(), args, max_steps)
         self.scheduler = scheduler
         step, epoch, skip = 0, 0, 0
         resume = resume_from_checkpoint or args.resume_from_checkpoint

@@ -28,3 +28,22 @@ def test_run_clm_two_ranks_lowers_eval_perplexity(tmp_path):
     assert logged and all("max_memory_allocated (GB)" in r for r in logged)
     assert "[rank 0] step 5 | loss" in res.stdout and "[rank 1] step" not in res.stdout  # rank 0 logs
     assert "not a local directory and the hub is not reachable" in res.stdout + res.stderr
+
+
+def test_run_clm_with_deepspeed_zero_on_cpu(tmp_path):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+                              "zero_optimization": {"stage": 2},
+                              "optimizer": {"type": "Adam", "params": {"lr": 4e-3, "torch_adam": True}}}))
+    out = tmp_path / "clm"
+    cmd = [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", os.path.join(ROOT, "scripts", "run_clm.py"),
+           "--do_train", "--do_eval", "--output_dir", str(out), "--per_device_train_batch_size", "8",
+           "--max_steps", "20", "--logging_steps", "5", "--deepspeed", str(ds)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["train"]["global_step"] == 20
+    assert results["eval"]["perplexity"] < 0.8 * results["eval_before"]["perplexity"]
+    lrs = [json.loads(line)["learning_rate"] for line in (out / "metrics.jsonl").read_text().splitlines()
+           if "learning_rate" in line]
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] == 0  # our schedule drives DeepSpeed's optimizer
