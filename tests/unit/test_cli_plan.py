@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -29,18 +28,7 @@ TOP_KEYS = {"backend", "world_size", "master_addr", "master_port", "nodes", "env
             "program", "notes", "job_id"}
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    cwd = tmp_path / "cwd"
-    home.mkdir()
-    cwd.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(cwd)
-    for name in ("DS_ENV_FILE", "GAUDI_LAUNCH_DEBUG", "CUDA_VISIBLE_DEVICES"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1,2,3")
-    return SimpleNamespace(home=home, cwd=cwd, tmp=tmp_path)
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 
 
 def run_cli(capsys, *argv):

@@ -12,18 +12,7 @@ from gaudi_launch.config import load_config, normalize_key
 from gaudi_launch.errors import UserError
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    cwd = tmp_path / "cwd"
-    home.mkdir()
-    cwd.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(cwd)
-    for name in ("DS_ENV_FILE", "GAUDI_LAUNCH_DEBUG", "CUDA_VISIBLE_DEVICES"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1,2,3")
-    return cwd
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 
 
 def job(tmp_path: Path, text: str, name: str = "job.yaml") -> str:

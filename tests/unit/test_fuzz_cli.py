@@ -21,18 +21,7 @@ SETTINGS = settings(max_examples=150, deadline=None,
 ERROR_RE = re.compile(r"gaudi-launch: error: (.*?): ")
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    # The same for every example: HOME and cwd empty, a fixed device count.
-    home = tmp_path / "home"
-    cwd = tmp_path / "cwd"
-    home.mkdir()
-    cwd.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(cwd)
-    for name in ("DS_ENV_FILE", "GAUDI_LAUNCH_DEBUG", "CUDA_VISIBLE_DEVICES"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1,2,3")
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 
 
 def run(argv):

@@ -15,18 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER_HEAD = ["-u", "-m", "gaudi_launch.worker"]
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    cwd = tmp_path / "cwd"
-    home.mkdir()
-    cwd.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.chdir(cwd)
-    for name in ("DS_ENV_FILE", "GAUDI_LAUNCH_DEBUG", "CUDA_VISIBLE_DEVICES"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1,2,3")
-    return cwd
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 
 
 def runner(*args, **kwargs):
@@ -169,7 +158,7 @@ def test_world_size_zero_is_user_error():
 
 
 def test_env_and_env_file_keywords(isolated, tmp_path):
-    (isolated / ".deepspeed_env").write_text("A=cwd\nB=cwd\n")
+    (isolated.cwd / ".deepspeed_env").write_text("A=cwd\nB=cwd\n")
     (plan,) = runner(["t.py"], env={"B": "kw", "HF_TOKEN": "secretvalue"}).plans()
     assert plan.env == {"A": "cwd", "B": "kw", "HF_TOKEN": "secretvalue"}
     assert plan.to_dict()["env"]["HF_TOKEN"] == "***"
@@ -193,7 +182,7 @@ def test_default_world_size_is_one():
 
 
 def test_os_environ_unchanged(isolated):
-    (isolated / ".deepspeed_env").write_text("FROM_FILE=1\n")
+    (isolated.cwd / ".deepspeed_env").write_text("FROM_FILE=1\n")
     before = dict(os.environ)
     plans = runner(["train.py --lr 1", "python3 other.py"], world_size=2, env={"KW": "1"},
                    use_mpi=False).plans()
