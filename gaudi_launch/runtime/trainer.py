@@ -6,6 +6,7 @@ CPU (gloo): everything that means something there, for real. Throughput excludes
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -55,10 +56,20 @@ class PadToWholeBatches(Sampler):
             self.sampler.set_epoch(epoch)
 
 
-def enable_checkpointing(model: torch.nn.Module) -> None:
-    """Recompute activations in backward (non-reentrant). transformers 5 renamed the method; the
-    old name still works there but warns."""
-    kwargs = {"use_reentrant": False}
+def enable_checkpointing(model: torch.nn.Module, info: Optional[DeviceInfo] = None) -> None:
+    """Recompute activations in backward (non-reentrant). In HPU lazy mode each recomputation
+    starts with a mark_step, so the recomputed graph is not fused with the pending backward one
+    (optimum-habana does the same). transformers 5 renamed the method; the old name still works
+    there but warns."""
+    kwargs: Dict[str, object] = {"use_reentrant": False}
+    if info is not None and info.kind == "hpu" and info.lazy:
+
+        @contextlib.contextmanager
+        def recompute():
+            mark_step(info)
+            yield
+
+        kwargs["context_fn"] = lambda: (contextlib.nullcontext(), recompute())
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     elif hasattr(model, "gradient_checkpointing_enable"):
@@ -97,7 +108,7 @@ class Trainer:
         self.on_step_end = on_step_end
         _seed_everything(args.seed)
         if args.gradient_checkpointing:
-            enable_checkpointing(model)
+            enable_checkpointing(model, self.info)
         self.model = model.to(self.info.device)
         self.fast_ddp: Optional[FastDDP] = None
         self.engine = None

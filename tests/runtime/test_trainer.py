@@ -196,3 +196,22 @@ def test_stand_in_hpu_pads_the_last_batch_in_lazy_mode(hpu_stand_in, tmp_path):
     cpu = Trainer(ns["model"](), args(tmp_path / "cpu", per_device_train_batch_size=8), train_dataset=ns["dataset"](20),
                   log=lambda s: None)
     assert [len(b["y"]) for b in cpu.train_dataloader()] == [8, 8, 4]
+
+
+def test_stand_in_hpu_lazy_mode_marks_a_step_before_each_recompute(hpu_stand_in, tmp_path):
+    import transformers
+
+    from gaudi_launch.runtime.data import ASSETS
+
+    config = transformers.AutoConfig.from_pretrained(os.path.join(ASSETS, "tiny-gpt2"))
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, config.vocab_size, (16, 32))]
+    counts = {}
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        a = args(tmp_path / str(checkpointing), device=None, max_steps=2, gradient_checkpointing=checkpointing)
+        trainer = Trainer(model, a, train_dataset=data, log=lambda s: None)
+        start = len(hpu_stand_in)
+        trainer.train()
+        counts[checkpointing] = sum(1 for name, _ in hpu_stand_in[start:] if name == "mark_step")
+    assert counts[True] - counts[False] == 2 * config.n_layer  # one per recomputed block per step
