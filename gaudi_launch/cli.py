@@ -188,6 +188,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check"]:  # `gaudi-launch check [OPTIONS] [SCRIPT]` = --check-only
         argv = ["--check-only", *argv[1:]]
+    if argv[:1] == ["report"]:  # `gaudi-launch report RUN_DIR [--out DIR]`: plots (matplotlib, imported there)
+        from gaudi_launch.report import main as report_main
+
+        return report_main(argv[1:])
     command = typer.main.get_command(_app)
     try:
         return command.main(args=argv, prog_name="gaudi-launch", standalone_mode=False) or 0
