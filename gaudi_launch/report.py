@@ -1,0 +1,504 @@
+"""``gaudi-launch report SOURCE [--out DIR]``: PNG plots of a training run or of a benchmark result.
+
+SOURCE is a run's output directory (its ``metrics.jsonl``, as the Trainer writes it), a
+``metrics.jsonl`` file, or a benchmark JSON from ``scripts/bench/`` (bench_train.py, bench_launch.py,
+bench_mfu.py; recognised by content). A run gives loss, throughput, memory (and learning-rate)
+curves over the optimizer steps; a benchmark gives bar charts with each configuration's ratio
+against its peer (transformers' Trainer, raw mpirun, ``python -c pass``, the measured matmul peak).
+
+Plots go to --out (default: RUN_DIR/plots, or a ``plots`` directory beside a JSON file), drawn with
+matplotlib's Agg canvas (no display needed); the paths written are printed. matplotlib is optional
+(``pip install 'gaudi-launch[report]'``) and imported only here, never by the launcher itself.
+Exit status: 0, or 2 for bad input (no such file, no metrics, unknown JSON) or missing matplotlib.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+EXIT_USAGE = 2
+INSTALL_HINT = "pip install 'gaudi-launch[report]'"
+
+
+class ReportError(Exception):
+    """Bad input: the message is for the user, the exit status is 2."""
+
+
+class MissingMatplotlib(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _number(value: Any) -> Optional[float]:
+    """A plottable float: numbers as they are, the strings the metrics writer uses for NaN/inf too."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)  # "nan", "inf", "-inf"
+        except ValueError:
+            return None
+    return None
+
+
+def read_metrics(path: str) -> Tuple[List[Dict[str, Any]], int]:
+    """(rows, unreadable line count) of a metrics.jsonl. Rows are JSON objects with a "step"."""
+    rows, bad = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                bad += 1  # e.g. the half-written last line of a killed job
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append(row)
+            else:
+                bad += 1
+    return rows, bad
+
+
+def _segments(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The runs one metrics.jsonl holds, in file order (the writer appends: a re-run or a resumed
+    run continues the same file). A run is [evals before training], training rows, a summary row
+    (train_loss/global_step), [closing eval]; a training row whose step does not grow, or training
+    after a summary, starts the next run. Eval rows (step -1) get an x position: 0 before training,
+    the last training step during it, the summary's step for the first eval after the summary;
+    further evals after a summary open the next run."""
+    def new_run(evals=()):
+        return {"train": {}, "evals": list(evals), "summaries": [], "first": None}
+
+    runs = [new_run()]
+    last_step: Optional[int] = None
+    summary_step: Optional[int] = None   # set while after a summary row
+    closing_taken = False
+    pending: List[Dict[str, Any]] = []   # evals opening the next run
+    for row in rows:
+        step, cur = row["step"], runs[-1]
+        if step < 0:
+            if summary_step is not None and not closing_taken:
+                cur["evals"].append((summary_step, row))
+                closing_taken = True
+            elif summary_step is not None:
+                pending.append(row)
+            else:
+                cur["evals"].append((last_step if cur["train"] else None, row))
+        elif "train_loss" in row or "global_step" in row:
+            cur["summaries"].append(row)
+            summary_step, closing_taken = step, False
+        else:
+            if summary_step is not None or (cur["train"] and last_step is not None and step <= last_step):
+                runs.append(new_run((None, e) for e in pending))
+                cur = runs[-1]
+            pending, summary_step = [], None
+            if cur["first"] is None:
+                cur["first"] = step
+            cur["train"][step] = row
+            last_step = step
+    runs[-1]["evals"] += [(summary_step, e) for e in pending]
+    return [r for r in runs if r["train"] or r["evals"] or r["summaries"]]
+
+
+def split_rows(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """What to plot: the last run in the file; when it is a resumed one (its first step is later
+    than the file's first run's), merged with the runs it continues (a later line wins for the same
+    step). Returns train rows by step, summary rows, eval (x, row) pairs and how many runs were left
+    out."""
+    runs = _segments(rows) or [{"train": {}, "evals": [], "summaries": [], "first": None}]
+    start = next((r["first"] for r in runs if r["first"] is not None), None)
+    chosen = len(runs) - 1
+    while chosen > 0 and runs[chosen]["first"] is not None and start is not None and runs[chosen]["first"] > start:
+        chosen -= 1  # a resume continues the run before it
+    train: Dict[int, Dict[str, Any]] = {}
+    evals: List[Tuple[int, Dict[str, Any]]] = []
+    summaries: List[Dict[str, Any]] = []
+    for i, run in enumerate(runs[chosen:]):
+        if run["first"] is not None:
+            # A resumed run replaces what came after its restart point.
+            train = {k: v for k, v in train.items() if k < run["first"]}
+            evals = [(x, e) for x, e in evals if x < run["first"]]
+        train.update(run["train"])
+        opening = 0 if i == 0 or run["first"] is None else run["first"]  # where evals before training go
+        evals += [(opening if x is None else x, e) for x, e in run["evals"]]
+        summaries = run["summaries"] or summaries
+    return {"train": [train[s] for s in sorted(train)], "summaries": summaries, "evals": evals,
+            "runs": len(runs), "left_out": chosen}
+
+
+def series(rows: List[Dict[str, Any]], key: str) -> Tuple[List[int], List[float]]:
+    xs, ys = [], []
+    for row in rows:
+        y = _number(row.get(key))
+        if y is not None:
+            xs.append(row["step"])
+            ys.append(y)
+    return xs, ys
+
+
+def bench_kind(data: Any) -> Optional[str]:
+    """"launch", "mfu", "train" or None, from a benchmark JSON's content."""
+    if not isinstance(data, dict):
+        return None
+    if data.get("bench") in ("launch", "mfu", "train"):
+        return data["bench"]
+    results = data.get("results")
+    if isinstance(results, dict) and results and all(
+            isinstance(v, dict) and "samples_per_s" in v and "median" in v for v in results.values()):
+        return "train"  # bench_train.py: {"config": ..., "results": {name: {samples_per_s, median, ratio}}}
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Drawing
+
+
+def _mpl():
+    """matplotlib's Figure and Agg canvas (no pyplot, no global backend switch); MissingMatplotlib."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise MissingMatplotlib(str(exc)) from exc
+    return Figure, FigureCanvasAgg
+
+
+def _figure(width: float = 7.5, height: float = 4.2):
+    Figure, Canvas = _mpl()
+    fig = Figure(figsize=(width, height), dpi=110)
+    Canvas(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _save(fig, path: str, written: List[str]) -> None:
+    fig.tight_layout()
+    fig.savefig(path, format="png", bbox_inches="tight", pad_inches=0.12)  # long labels stay in the picture
+    written.append(path)
+
+
+def _headroom(ax, values: List[float]) -> None:
+    """y from 0 to a little above the largest finite value (room for the legend)."""
+    finite = [v for v in values if math.isfinite(v)]
+    top = max(finite) if finite else 0.0
+    ax.set_ylim(0, top * 1.25 if top > 0 else 1.0)
+
+
+def _fmt(value: float) -> str:
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
+    parts = split_rows(rows)
+    train, evals, summaries = parts["train"], parts["evals"], parts["summaries"]
+    if parts["left_out"]:
+        print(f"gaudi-launch report: the metrics file holds {parts['runs']} runs (the step count restarts, as "
+              f"when a job runs again into the same --output_dir); plotting the last one, leaving out "
+              f"{parts['left_out']}", file=sys.stderr)
+    written: List[str] = []
+
+    xs, ys = series(train, "loss")
+    ev = [(x, _number(r.get("eval_loss"))) for x, r in evals if _number(r.get("eval_loss")) is not None]
+    if xs or ev:
+        fig, ax = _figure()
+        if xs:
+            ax.plot(xs, ys, marker="." if len(xs) < 40 else None, label="training loss")
+        if ev:
+            ax.plot([x for x, _ in ev], [y for _, y in ev], "s", color="C3", label="eval loss")
+            for x, r in evals:
+                ppl = _number(r.get("perplexity"))
+                if ppl is not None and _number(r.get("eval_loss")) is not None:
+                    ax.annotate(f"ppl {_fmt(ppl)}", (x, _number(r["eval_loss"])), textcoords="offset points",
+                                xytext=(6, 6), fontsize=8, color="C3")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("loss")
+        ax.set_title(f"{title}: loss")
+        ax.legend()
+        _save(fig, os.path.join(out, "loss.png"), written)
+
+    xs, ys = series(train, "train_samples_per_second")
+    if xs:
+        fig, ax = _figure()
+        ax.plot(xs, ys, marker="." if len(xs) < 40 else None, label="samples/s (since warm-up)")
+        final = [s for s in summaries if _number(s.get("train_samples_per_second")) is not None]
+        if final:
+            avg = _number(final[-1]["train_samples_per_second"])
+            ax.axhline(avg, linestyle="--", color="C2", label=f"whole run: {_fmt(avg)} samples/s")
+            ys = ys + [avg]
+        _headroom(ax, ys)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("samples/s")
+        tokens = series(train, "train_tokens_per_second")[1]
+        ax.set_title(f"{title}: throughput" + (f" (last: {_fmt(tokens[-1])} tokens/s)" if tokens else ""))
+        ax.legend()
+        _save(fig, os.path.join(out, "throughput.png"), written)
+
+    mem_keys = [k for k in ("memory_allocated (GB)", "max_memory_allocated (GB)") if series(train, k)[0]]
+    if mem_keys:
+        fig, ax = _figure()
+        for key in mem_keys:
+            x, y = series(train, key)
+            ax.plot(x, y, marker="." if len(x) < 40 else None, label=key.replace(" (GB)", ""))
+        total = series(train, "total_memory_available (GB)")[1]
+        _headroom(ax, [v for key in mem_keys for v in series(train, key)[1]])
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("GB")
+        ax.set_title(f"{title}: memory" + (f" (of {_fmt(total[-1])} GB available)" if total else ""))
+        ax.legend()
+        _save(fig, os.path.join(out, "memory.png"), written)
+
+    xs, ys = series(train, "learning_rate")
+    if xs:
+        fig, ax = _figure(7.5, 3.2)
+        ax.plot(xs, ys, marker="." if len(xs) < 40 else None)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("learning rate")
+        ax.set_title(f"{title}: learning rate")
+        _save(fig, os.path.join(out, "learning_rate.png"), written)
+    return written
+
+
+def _hbars(names: List[str], values: List[Optional[float]], lows: List[Optional[float]],
+           highs: List[Optional[float]], notes: List[str], xlabel: str, title: str, path: str,
+           written: List[str], colors: Optional[List[str]] = None) -> None:
+    """Horizontal bars (top to bottom in the given order) with min-max whiskers and a note each."""
+    width = 8.5
+    fig, ax = _figure(width, 0.9 + 0.42 * len(names))
+    ys = list(range(len(names)))[::-1]
+    ends = [h if h is not None else v for v, h in zip(values, highs) if v is not None]
+    top = max(ends or [1.0])
+    # Room on the right for each note: ~0.058 in per character at 8 pt, on axes ~60% of the width.
+    per_char = 0.058 / (0.6 * width)
+    right = max([end / max(0.1, 1 - per_char * len(note) - 0.02)
+                 for end, note in zip([h if h is not None else v for v, h in zip(values, highs)], notes)
+                 if end is not None] or [top * 1.35])
+    for y, v, lo, hi, note, i in zip(ys, values, lows, highs, notes, range(len(names))):
+        if v is None:
+            ax.text(0, y, "  " + note, va="center", fontsize=8, color="0.4")
+            continue
+        color = colors[i] if colors else "C0"
+        ax.barh(y, v, color=color, height=0.6)
+        if lo is not None and hi is not None:
+            ax.errorbar(v, y, xerr=[[v - lo], [hi - v]], fmt="none", ecolor="0.25", capsize=3, lw=1)
+        ax.text((hi if hi is not None else v) + top * 0.01, y, note, va="center", fontsize=8)
+    ax.set_yticks(ys)
+    ax.set_yticklabels(names, fontsize=8)
+    ax.set_xlim(0, max(right, top * 1.1))
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.grid(False, axis="y")
+    _save(fig, path, written)
+
+
+def _ratio(r: Optional[float], peer: str) -> str:
+    return f"{r:.2f}x {peer}" if isinstance(r, (int, float)) and r else ""
+
+
+def plot_train_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
+    results: Dict[str, Dict[str, Any]] = data["results"]
+    cfg = data.get("config", {})
+    peer = "transformers Trainer, DDP"
+    names, vals, lows, highs, notes = [], [], [], [], []
+    for name, r in results.items():
+        sps = [x for x in (_number(v) for v in r.get("samples_per_s", [])) if x is not None]
+        names.append(name)
+        vals.append(_number(r.get("median")))
+        lows.append(min(sps) if sps else None)
+        highs.append(max(sps) if sps else None)
+        note = f"{_fmt(r['median'])} samples/s"
+        if name != peer and r.get("ratio"):
+            note += f" ({_ratio(r['ratio'], 'vs transformers')})"
+        notes.append(note)
+    title = "training throughput (median, min-max)"
+    if cfg:
+        title += (f": tiny GPT-2, {cfg.get('ranks')} ranks, batch {cfg.get('batch')}x{cfg.get('block')}, "
+                  f"{cfg.get('steps')} steps ({cfg.get('warmup')} warm-up), {cfg.get('repeats')} repeat(s)")
+    written: List[str] = []
+    colors = ["C1" if n == peer else "C0" for n in names]
+    _hbars(names, vals, lows, highs, notes, "samples/s (higher is better)", title,
+           os.path.join(out, f"{stem}.png"), written, colors)
+    return written
+
+
+def plot_launch_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
+    baseline = data.get("baseline", "mpirun (raw)")
+    names, vals, lows, highs, notes, colors = [], [], [], [], [], []
+    scopes = data.get("results", {})
+    for scope, table in scopes.items():
+        for name, e in table.items():
+            names.append(f"{e.get('label', name)} [{scope}]" if len(scopes) > 1 else e.get("label", name))
+            colors.append("C1" if name == baseline else "C0")
+            if "median" not in e:
+                vals.append(None)
+                lows.append(None)
+                highs.append(None)
+                notes.append(("skipped: " + e["skipped"]) if "skipped" in e else
+                             ("failed: " + str(e.get("error", "no result"))))
+                continue
+            vals.append(e["median"])
+            lows.append(e.get("min"))
+            highs.append(e.get("max"))
+            note = f"{e['median']:.2f} s"
+            if name != baseline and e.get("ratio"):
+                note += f" ({_ratio(e['ratio'], 'vs raw mpirun')})"
+            notes.append(note)
+    cfg = data.get("config", {})
+    title = (f"launch overhead: trivial gloo job, {cfg.get('ranks', '?')} rank(s) per host, "
+             f"median and min-max of {cfg.get('repeats', '?')}")
+    written: List[str] = []
+    if names:
+        _hbars(names, vals, lows, highs, notes, "wall time, s (lower is better)", title,
+               os.path.join(out, f"{stem}.png"), written, colors)
+    start = data.get("start_up") or {}
+    if start:
+        names, vals, lows, highs, notes, colors = [], [], [], [], [], []
+        for name, e in start.items():
+            names.append(name)
+            colors.append("C1" if name.startswith("python -c pass") else "C0")
+            if "median" not in e:
+                vals.append(None)
+                lows.append(None)
+                highs.append(None)
+                notes.append("failed: " + str(e.get("error", "no result"))[:60])
+                continue
+            vals.append(1000 * e["median"])
+            lows.append(1000 * e["min"])
+            highs.append(1000 * e["max"])
+            note = f"{1000 * e['median']:.0f} ms"
+            if not name.startswith("python -c pass") and e.get("ratio"):
+                note += f" ({_ratio(e['ratio'], 'vs python -c pass')})"
+            notes.append(note)
+        _hbars(names, vals, lows, highs, notes, "wall time, ms (lower is better)",
+               f"start-up without a job: median and min-max of {cfg.get('cold_repeats', '?')}",
+               os.path.join(out, f"{stem}-start-up.png"), written, colors)
+    return written
+
+
+def plot_mfu_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
+    peak, train = data.get("peak", {}), data.get("training", {})
+    precisions = [p for p in ("fp32", "bf16") if p in peak and p in train]
+    if not precisions:
+        raise ReportError("the MFU benchmark JSON has no 'peak'/'training' entries to plot")
+    top = max(max(peak[p]["flops"], train[p]["flops"]) for p in precisions)
+    scale, unit = (1e12, "TFLOP/s") if top >= 1e12 else (1e9, "GFLOP/s")
+    fig, ax = _figure(7.5, 4.2)
+    width = 0.38
+    for i, p in enumerate(precisions):
+        pk, ach = peak[p]["flops"] / scale, train[p]["flops"] / scale
+        ax.bar(i - width / 2, pk, width, color="C1", label="measured matmul peak" if i == 0 else None)
+        ax.bar(i + width / 2, ach, width, color="C0", label="Trainer: 6 x params x tokens/s" if i == 0 else None)
+        ax.text(i - width / 2, pk, f"{_fmt(pk)}\n(n={peak[p].get('size')})", ha="center", va="bottom", fontsize=8)
+        ax.text(i + width / 2, ach, f"{_fmt(ach)}\n{100 * train[p]['mfu']:.0f}% of peak", ha="center",
+                va="bottom", fontsize=8)
+    ax.set_xticks(range(len(precisions)))
+    ax.set_xticklabels(["fp32" if p == "fp32" else "bf16 (autocast)" for p in precisions])
+    ax.set_ylabel(unit)
+    ax.set_ylim(0, top / scale * 1.3)
+    cfg = data.get("config", {})
+    ax.set_title(f"MFU-style efficiency, {cfg.get('model', '?')} GPT-2 on {data.get('device', '?')}"[:95],
+                 fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(False, axis="x")
+    written: List[str] = []
+    _save(fig, os.path.join(out, f"{stem}.png"), written)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _default_out(source: str) -> str:
+    if os.path.isdir(source):
+        return os.path.join(source, "plots")
+    return os.path.join(os.path.dirname(source), "plots")
+
+
+def _load(source: str) -> Tuple[str, Any]:
+    """("run", rows) or (bench kind, data); ReportError for anything unusable."""
+    if not os.path.exists(source):
+        raise ReportError(f"{source}: no such file or directory")
+    path = os.path.join(source, "metrics.jsonl") if os.path.isdir(source) else source
+    if os.path.isdir(source) and not os.path.exists(path):
+        raise ReportError(f"{source}: no metrics.jsonl here (the Trainer writes it into its --output_dir)")
+    if path.endswith(".jsonl"):
+        rows, bad = read_metrics(path)
+        if not rows:
+            raise ReportError(f"{path}: no metrics in it (" + (f"none of its {bad} line(s) is" if bad else "empty, no line")
+                              + " a JSON object with a 'step')")
+        if bad:
+            print(f"gaudi-launch report: skipped {bad} unreadable line(s) in {path}", file=sys.stderr)
+        return "run", rows
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except ValueError as exc:
+        raise ReportError(f"{path}: not JSON ({exc})")
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read it ({exc.strerror})")
+    kind = bench_kind(data)
+    if kind is None:
+        raise ReportError(f"{path}: not a benchmark result this knows (from scripts/bench/bench_train.py, "
+                          "bench_launch.py or bench_mfu.py); for a run, give its directory or metrics.jsonl")
+    return kind, data
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gaudi-launch report",
+        description="PNG plots of a run's metrics.jsonl (loss, throughput, memory over steps) or of a "
+                    "benchmark JSON from scripts/bench/ (bars with ratios against the peer).")
+    parser.add_argument("source", metavar="RUN_DIR",
+                        help="a run's output directory or its metrics.jsonl, or a benchmark JSON file")
+    parser.add_argument("--out", default=None, help="directory for the PNGs (default: RUN_DIR/plots, or "
+                                                    "plots/ beside a JSON file)")
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit as exc:  # --help (0) or a usage error (2): argparse has printed why
+        return int(exc.code or 0)
+    try:
+        kind, data = _load(args.source)
+        out = args.out or _default_out(args.source)
+        _mpl()  # before creating anything: a missing matplotlib leaves no empty directory behind
+        os.makedirs(out, exist_ok=True)
+        if kind == "run":
+            title = os.path.basename(os.path.normpath(os.path.abspath(args.source)))
+            if title == "metrics.jsonl":
+                title = os.path.basename(os.path.dirname(os.path.abspath(args.source)))
+            written = plot_run(data, out, title)
+            if not written:
+                raise ReportError(f"{args.source}: nothing to plot (no loss, throughput or memory values)")
+        else:
+            stem = os.path.splitext(os.path.basename(args.source))[0]
+            written = {"train": plot_train_bench, "launch": plot_launch_bench,
+                       "mfu": plot_mfu_bench}[kind](data, out, stem)
+    except MissingMatplotlib as exc:
+        print(f"gaudi-launch report: error: matplotlib is not installed ({exc})\n"
+              f"  hint: {INSTALL_HINT}", file=sys.stderr)
+        return EXIT_USAGE
+    except ReportError as exc:
+        print(f"gaudi-launch report: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

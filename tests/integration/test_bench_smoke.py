@@ -1,0 +1,120 @@
+"""The benchmarks in scripts/bench/ run end to end, each in a tiny version (seconds, not minutes):
+every configuration gets its row in the printed table and its figures in the JSON. Nothing here
+asserts on speed: only that figures exist, are positive, and have their keys."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(ROOT, "scripts", "bench")
+
+LAUNCH_ROWS = ["gaudi-launch (local)", "gaudi-launch --backend mpirun", "gaudi-launch mpirun --no-ssh-check",
+               "gaudi-launch --backend deepspeed", "mpirun (raw)", "torchrun", "deepspeed"]
+# Rows that cannot run on one host alone; the rest must be measured unless their tool is missing.
+LAUNCH_LOCAL_SKIPS = {"gaudi-launch mpirun --no-ssh-check", "gaudi-launch --backend deepspeed"}
+START_UP_ROWS = ["python -c pass", "gaudi-launch --help", "gaudi-launch --dry-run --num_devices 2 x.py",
+                 "python -c 'import torch' (reference)"]
+TRAIN_ROWS = ["gaudi-launch Trainer, fast_ddp", "gaudi-launch Trainer, DDP", "transformers Trainer, DDP"]
+
+
+def run_bench(script, *args, timeout=240):
+    res = subprocess.run([sys.executable, os.path.join(BENCH, script), *args], capture_output=True, text=True,
+                         cwd=ROOT, timeout=timeout)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout
+
+
+def table_rows(stdout, names):
+    """The names with a table line starting with them (after the hosts column, if any)."""
+    lines = [line.split(None, 1)[1] if line[:1].isdigit() else line for line in stdout.splitlines() if line.strip()]
+    return [n for n in names if any(line.startswith(n + " ") for line in lines)]
+
+
+def assert_environment(data):
+    assert data["device"]
+    assert set(data["versions"]) >= {"torch", "openmpi", "deepspeed", "python"}
+    assert data["versions"]["torch"] and data["versions"]["python"]
+    assert "git_revision" in data
+
+
+def positive(x):
+    return isinstance(x, (int, float)) and x > 0
+
+
+def report(path, out):
+    """gaudi-launch report draws each benchmark's JSON (when matplotlib is there)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "report", str(path), "--out", str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 0, res.stderr
+    pngs = res.stdout.split()
+    assert pngs and all(p.endswith(".png") and os.path.getsize(p) > 1000 for p in pngs)
+
+
+def test_bench_launch_tiny(tmp_path):
+    # All local launchers including DeepSpeed's (its runner alone takes ~10 s here: worth covering,
+    # since its command line is the one most likely to change under us).
+    out = tmp_path / "launch.json"
+    stdout = run_bench("bench_launch.py", "--repeats", "1", "--warmup-rounds", "0", "--ranks", "2",
+                       "--cold-repeats", "1", "--json", str(out))
+    assert table_rows(stdout, LAUNCH_ROWS) == LAUNCH_ROWS, stdout
+    assert table_rows(stdout, START_UP_ROWS) == START_UP_ROWS, stdout
+    data = json.loads(out.read_text())
+    assert data["bench"] == "launch"
+    assert_environment(data)
+    table = data["results"]["1 host"]
+    assert list(table) == LAUNCH_ROWS
+    for name, entry in table.items():
+        if "skipped" in entry:
+            assert name in LAUNCH_LOCAL_SKIPS or entry["skipped"].startswith("not installed"), (name, entry)
+            continue
+        assert "error" not in entry, (name, entry)
+        assert len(entry["seconds"]) == 1 and positive(entry["median"]), (name, entry)
+        assert entry["min"] <= entry["median"] <= entry["max"]
+        assert positive(entry["ratio"]), (name, entry)
+    assert table["mpirun (raw)"].get("ratio") == pytest.approx(1.0) or "skipped" in table["mpirun (raw)"]
+    for name in START_UP_ROWS:
+        entry = data["start_up"][name]
+        assert positive(entry["median"]) and positive(entry["ratio"]), (name, entry)
+    report(out, tmp_path / "plots")
+
+
+def test_bench_mfu_tiny(tmp_path):
+    out = tmp_path / "mfu.json"
+    stdout = run_bench("bench_mfu.py", "--device", "cpu", "--model", "tiny", "--steps", "2", "--warmup", "1",
+                       "--batch", "4", "--block", "32", "--repeats", "1", "--sizes", "64,128", "--trials", "1",
+                       "--min-time", "0.01", "--json", str(out))
+    assert table_rows(stdout, ["fp32", "bf16", "bf16 autocast"]) == ["fp32", "bf16", "bf16 autocast"], stdout
+    assert "MFU" in stdout
+    data = json.loads(out.read_text())
+    assert data["bench"] == "mfu"
+    assert_environment(data)
+    for prec in ("fp32", "bf16"):
+        peak, train = data["peak"][prec], data["training"][prec]
+        assert positive(peak["flops"]) and peak["size"] in (64, 128)
+        assert set(peak["per_size"]) == {"64", "128"}
+        for key in ("tokens_per_s", "samples_per_s", "step_ms", "params", "flops", "mfu"):
+            assert positive(train[key]), (prec, key, train)
+        assert train["flops"] == pytest.approx(6 * train["params"] * train["tokens_per_s"])
+        assert train["mfu"] == pytest.approx(train["flops"] / peak["flops"])
+    report(out, tmp_path / "plots")
+
+
+def test_bench_train_tiny(tmp_path):
+    out = tmp_path / "train.json"
+    stdout = run_bench("bench_train.py", "--steps", "6", "--warmup", "2", "--json", str(out))
+    assert table_rows(stdout, TRAIN_ROWS) == TRAIN_ROWS, stdout
+    data = json.loads(out.read_text())
+    assert list(data["results"]) == TRAIN_ROWS
+    for name, entry in data["results"].items():
+        assert entry["samples_per_s"] and all(positive(x) for x in entry["samples_per_s"]), (name, entry)
+        assert positive(entry["median"]) and positive(entry["step_ms"]) and positive(entry["ratio"])
+    report(out, tmp_path / "plots")
