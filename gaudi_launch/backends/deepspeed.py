@@ -50,6 +50,10 @@ def rank_env(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
     return env
 
 
+def single_local(plan: LaunchPlan) -> bool:
+    return len(plan.nodes) == 1 and is_local_host(plan.nodes[0].host)
+
+
 def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], directory: str) -> List[str]:
     """Pure: DeepSpeed's command line for this plan."""
     if spec.no_python:
@@ -58,9 +62,15 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
     if spec.launcher == "openmpi" and not full:
         raise UserError("DeepSpeed's openmpi runner cannot select devices", where="--include",
                         hint="use --backend mpirun (it honours --include/--exclude), or the pdsh runner")
-    argv = [deepspeed_exe(spec.python), "--hostfile", os.path.join(directory, "hostfile")]
-    if not full:
-        argv += ["--include", include_selector(plan)]
+    argv = [deepspeed_exe(spec.python)]
+    if single_local(plan):
+        # One local node: DeepSpeed's single-node mode (given a hostfile it insists on ssh to
+        # localhost). A device subset then travels in the job token (GAUDI_LAUNCH_NODE_DEVICES).
+        argv += ["--num_gpus", str(len(plan.nodes[0].devices))]
+    else:
+        argv += ["--hostfile", os.path.join(directory, "hostfile")]
+        if not full:
+            argv += ["--include", include_selector(plan)]
     argv += ["--master_addr", plan.master_addr, "--master_port", str(plan.master_port),
              "--launcher", spec.launcher]
     if spec.launcher_args:
@@ -78,6 +88,11 @@ def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Lis
     env = {"DS_ENV_FILE": os.path.join(directory, "job.env")}
     if plan.ssh_args:
         env["PATH"] = os.path.join(directory, "bin") + os.pathsep + environ.get("PATH", os.defpath)
+    if single_local(plan):
+        # No remote shell exports it here: the runner carries the id itself, so launch.py and the
+        # ranks inherit it and job-scoped teardown finds them. (Multi-node, the runner must not
+        # carry it: its own SIGTERM handler pkills by pattern on every host.)
+        env["GAUDI_LAUNCH_JOB_ID"] = plan.job_id
     return [Command(host=plan.nodes[0].host, argv=build_argv(plan, spec, environ, directory), env=env)]
 
 

@@ -116,6 +116,11 @@ class Trainer:
             self._init_deepspeed()
         else:
             self._init_plain()
+        if args.overwrite_output_dir and not args.resume_from_checkpoint and self.rank == 0:
+            # A fresh run: earlier runs' metrics would otherwise be appended to.
+            path = os.path.join(args.output_dir, "metrics.jsonl")
+            if os.path.exists(path):
+                os.remove(path)
         self.writer = MetricsWriter(args.output_dir, rank=self.rank)
 
     # ---- set-up --------------------------------------------------------------------------------

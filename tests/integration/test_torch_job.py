@@ -43,3 +43,10 @@ def test_distributed_runner_reports_the_failing_rank(tmp_path):
     assert len(runner.results) == 1  # stopped at the first failing command
     assert runner.result.first_failure.rank == 1
     assert "first failure: rank 1" in runner.result.summary
+
+
+def test_two_rank_gloo_allreduce_through_deepspeed_on_one_host(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "--num_devices", "2", "--backend", "deepspeed",
+                          SMOKE], capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("all_reduce sum = 3, expected 3: OK") == 2
