@@ -29,6 +29,8 @@ Examples:
 
   gaudi-launch check --hostfile H train.py      (pre-flight only; also --check-only)
 
+  gaudi-launch report RUN_DIR                   (plots of a run's metrics.jsonl or a bench JSON)
+
 Exit status: 0 on success; the first failing rank's exit code (128+N for signal N);
 2 for bad input or options; 3 when the pre-flight failed (nothing started);
 4 when a host stopped answering mid-run; 128+N when the launcher itself got signal N.
