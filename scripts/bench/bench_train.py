@@ -20,6 +20,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_launch import environment, environment_line  # noqa: E402  (same directory)
 RESULT = "BENCH-RESULT "
 
 
@@ -95,6 +97,7 @@ def run_config(extra, args) -> dict:
 
 
 def drive(args) -> None:
+    env = environment()
     runs = {name: [] for name, _ in CONFIGS}
     for _ in range(args.repeats):  # interleaved, so machine noise hits every configuration alike
         for name, extra in CONFIGS:
@@ -103,6 +106,7 @@ def drive(args) -> None:
     print(f"training throughput: tiny GPT-2, {args.ranks} CPU ranks (gloo), batch {args.batch}x{args.block} tokens "
           f"per rank, {args.steps} steps, first {args.warmup} excluded, {args.repeats} repeat(s); "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(environment_line(env))
     print(f"{'configuration':34} {'samples/s median':>16} {'min-max':>15} {'step ms':>8} {'vs transformers':>16}")
     table = {}
     for name, _ in CONFIGS:
@@ -116,7 +120,7 @@ def drive(args) -> None:
           f"({dd['step_ms'] / fd['step_ms']:.2f}x)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"config": vars(args), "results": table}, f, indent=2)
+            json.dump({"config": vars(args), "environment": env, "results": table}, f, indent=2)
 
 
 def main() -> None:
