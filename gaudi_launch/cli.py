@@ -138,7 +138,6 @@ def _config_value(ctx: click.Context, param: click.Parameter, name: str, raw, wh
 
 def _launch(v: dict) -> int:
     from gaudi_launch.envfile import parse_assignments
-    from gaudi_launch.planner import build_plan
     from gaudi_launch.spec import JobSpec, resolve_compat
 
     if not v["script"] and not v["check_only"]:

@@ -9,7 +9,7 @@ import os
 import random
 import socket
 import sys
-from typing import Dict, List, Mapping, Optional
+from typing import List, Mapping, Optional
 
 from gaudi_launch import fabric
 from gaudi_launch.errors import UserError

@@ -229,7 +229,7 @@ def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
 
     if isinstance(exc, socket.gaierror):
         return (f"name does not resolve: {name} ({exc.strerror or text})",
-                f"fix the name in the hostfile, or add it to /etc/hosts (or DNS) on this machine")
+                "fix the name in the hostfile, or add it to /etc/hosts (or DNS) on this machine")
 
     if isinstance(exc, (socket.timeout, TimeoutError)) or _errno_of(exc) in (errno.ETIMEDOUT,):
         return (f"timed out after {opts.timeout:g} s connecting to {name}:{port}",

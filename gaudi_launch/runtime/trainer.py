@@ -184,7 +184,7 @@ class Trainer:
         return t.item() / self.world
 
     def train(self, resume_from_checkpoint: Optional[str] = None) -> TrainOutput:
-        args, info = self.args, self.info
+        args = self.args
         loader = self.train_dataloader()
         accum = max(1, args.gradient_accumulation_steps)
         steps_per_epoch = max(1, len(loader) // accum)

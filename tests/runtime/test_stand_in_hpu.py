@@ -16,7 +16,7 @@ from gaudi_launch.runtime.device import mark_step, memory_stats, prepare_hpu_env
 from gaudi_launch.runtime.graphs import wrap_for_graphs
 from gaudi_launch.runtime.optim import clip_grad_norm, make_optimizer
 from gaudi_launch.runtime.precision import autocast
-from tests.standin.fixture import STAND_IN_DIR, hpu_stand_in  # noqa: F401  (fixture)
+from tests.standin.fixture import STAND_IN_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 

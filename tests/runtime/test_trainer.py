@@ -14,7 +14,6 @@ import torch
 
 from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
 from gaudi_launch.runtime.trainer import Trainer, enable_checkpointing
-from tests.standin.fixture import hpu_stand_in  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,6 @@
 """Tests for gaudi_launch.hostfile: parsing hostfiles, selectors and host selection."""
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
