@@ -84,6 +84,7 @@ def launch(
     hccl_ofi_wrapper: Optional[str] = typer.Option(None, "--hccl-ofi-wrapper", "--hccl_ofi_wrapper", help="Directory of hccl_ofi_wrapper. Default: $HCCL_OFI_WRAPPER, else /root/hccl_ofi_wrapper."),
     launcher: str = typer.Option("pdsh", "--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi."),
     launcher_args: Optional[str] = typer.Option(None, "--launcher-args", "--launcher_args", help="With --backend deepspeed: extra arguments for its runner (one string)."),
+    device: Optional[str] = typer.Option(None, "--device", help="hpu, cuda or cpu for the ranks' training runtime (default: what the host has)."),
     dry_run: bool = typer.Option(False, "--dry-run", "--dry_run", help="Print the plan; start nothing."),
     json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as one JSON object."),
     config: Optional[str] = typer.Option(None, "--config", help="YAML job file holding any of these options; the command line wins."),
@@ -152,7 +153,8 @@ def _launch(v: dict) -> int:
         program=[v["script"], *(v["script_args"] or [])] if v["script"] else [], module=v["module"], no_python=v["no_python"],
         hostfile=v["hostfile"], include=v["include"], exclude=v["exclude"], num_nodes=v["num_nodes"],
         num_devices=num_devices, backend=backend, master_addr=v["master_addr"],
-        master_port=v["master_port"], env_file=v["env_file"], env=parse_assignments(v["env"] or [], "-x"),
+        master_port=v["master_port"], env_file=v["env_file"],
+        env={**parse_assignments(v["env"] or [], "-x"), **_device_env(v["device"])},
         append_local_rank=v["append_local_rank"], log_dir=v["log_dir"], grace=v["grace"],
         ssh_port=v["ssh_port"], ssh_identity=v["ssh_identity"], ssh_config=v["ssh_config"],
         ssh_timeout=v["ssh_timeout"], strict_host_keys=v["strict_host_keys"], ssh_check=not v["no_ssh_check"],
@@ -163,6 +165,14 @@ def _launch(v: dict) -> int:
     if v["check_only"] and v["no_ssh_check"]:
         raise UserError("--check-only and --no-ssh-check contradict each other", where="--check-only")
     return run_spec(spec, dry_run=v["dry_run"], json_out=v["json_out"], check_only=v["check_only"])
+
+
+def _device_env(device: Optional[str]) -> dict:
+    if device is None:
+        return {}
+    if device not in ("hpu", "cuda", "cpu"):
+        raise UserError(f"unknown device {device!r}", where="--device", hint="hpu, cuda or cpu")
+    return {"GAUDI_LAUNCH_DEVICE": device}
 
 
 def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only: bool = False) -> int:

@@ -10,6 +10,7 @@ This module stays torch-free; the training runtime sets up devices and process g
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
 import runpy
@@ -31,7 +32,7 @@ _SOURCES = {
 }
 
 
-def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Dict[str, str]:
+def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None, habana: bool = False) -> Dict[str, str]:
     """The torchrun names (plus DeepSpeed's aliases) filled in from whichever launcher ran us. Pure."""
     out: Dict[str, str] = {}
     for name, sources in _SOURCES.items():
@@ -52,6 +53,10 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Di
         # A backend that starts every node alike (mpirun) passes each node's device subset.
         out["HABANA_VISIBLE_MODULES"] = devices
         out.setdefault("CUDA_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES") or devices)
+    if habana and env.get("GAUDI_LAUNCH_DEVICE", "hpu") == "hpu" and not env.get("PT_HPU_LAZY_MODE"):
+        # Read once, when the Gaudi bridge is first imported (by `import torch` since SynapseAI
+        # 1.18): choose before the script can import torch. Lazy mode is the documented default.
+        out["PT_HPU_LAZY_MODE"] = "1"
     if cpu_count and not env.get("OMP_NUM_THREADS"):
         # Ranks sharing a host share its cores: without this each one starts a thread per core and
         # they slow each other down several times over (torchrun sets it too).
@@ -182,7 +187,8 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
     if not argv or argv == ["-m"]:
         print("usage: python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
-    environ.update(normalize_env(environ, os.cpu_count()))
+    habana = importlib.util.find_spec("habana_frameworks") is not None  # found, not imported
+    environ.update(normalize_env(environ, os.cpu_count(), habana))
     try:
         os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
     except OSError:

@@ -106,7 +106,9 @@ def _auto_kind() -> str:
 
 
 def select_device(args: Any = None, force: Optional[str] = None) -> DeviceInfo:
-    kind = force or (getattr(args, "device", None) if args is not None else None) or _auto_kind()
+    # --device on gaudi-launch reaches every rank as GAUDI_LAUNCH_DEVICE; the script's own wins.
+    kind = (force or (getattr(args, "device", None) if args is not None else None)
+            or os.environ.get("GAUDI_LAUNCH_DEVICE") or _auto_kind())
     if kind not in _BACKENDS:
         raise ValueError(f"unknown device {kind!r}: expected hpu, cuda or cpu")
     local_rank = _local_rank(args)

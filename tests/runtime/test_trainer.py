@@ -214,3 +214,12 @@ def test_stand_in_hpu_lazy_mode_marks_a_step_before_each_recompute(hpu_stand_in,
         trainer.train()
         counts[checkpointing] = sum(1 for name, _ in hpu_stand_in[start:] if name == "mark_step")
     assert counts[True] - counts[False] == 2 * config.n_layer  # one per recomputed block per step
+
+
+def test_stand_in_hpu_present_but_device_option_forces_cpu(hpu_stand_in, monkeypatch):
+    from gaudi_launch.runtime.device import select_device
+
+    monkeypatch.setenv("GAUDI_LAUNCH_DEVICE", "cpu")  # what `gaudi-launch --device cpu` gives every rank
+    info = select_device(TrainingArguments())
+    assert (info.kind, info.dist_backend) == ("cpu", "gloo")
+    assert select_device(TrainingArguments(device="hpu")).kind == "hpu"  # the script's own choice wins

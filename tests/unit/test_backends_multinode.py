@@ -142,3 +142,25 @@ def test_refused_counts_as_reachable():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     assert reachable("127.0.0.1", port, 1.0)  # nothing listens: refused, the machine is there
+
+
+def test_worker_defaults_lazy_mode_before_the_gaudi_bridge_can_load():
+    base = {"RANK": "0", "WORLD_SIZE": "1"}
+    assert normalize_env(base, habana=True)["PT_HPU_LAZY_MODE"] == "1"
+    assert "PT_HPU_LAZY_MODE" not in normalize_env({**base, "PT_HPU_LAZY_MODE": "0"}, habana=True)  # user's
+    assert "PT_HPU_LAZY_MODE" not in normalize_env(base, habana=False)
+    assert "PT_HPU_LAZY_MODE" not in normalize_env({**base, "GAUDI_LAUNCH_DEVICE": "cpu"}, habana=True)
+    assert normalize_env({**base, "LOCAL_WORLD_SIZE": "2"}, cpu_count=16)["OMP_NUM_THREADS"] == "8"
+    assert "OMP_NUM_THREADS" not in normalize_env({**base, "OMP_NUM_THREADS": "3"}, cpu_count=16)
+
+
+def test_device_option_reaches_every_rank(isolated, capsys):
+    import json
+
+    from gaudi_launch.cli import main
+
+    assert main(["--dry-run", "--json", "--num_devices", "2", "--device", "cpu", "t.py"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["env"]["GAUDI_LAUNCH_DEVICE"] == "cpu"
+    assert main(["--dry-run", "--device", "tpu", "t.py"]) == 2
+    assert "--device: unknown device 'tpu'" in capsys.readouterr().err
