@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gaudi_launch import __version__
-from gaudi_launch.cli import main
+from tests.unit.cli_helpers import plan_of, run_cli, user_error
 from gaudi_launch.worker import decode_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,29 +29,6 @@ TOP_KEYS = {"backend", "world_size", "master_addr", "master_port", "nodes", "env
 
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
-
-
-def run_cli(capsys, *argv):
-    # No SSH pre-flight in unit tests: their hosts are names only (nothing may be looked up).
-    rc = main(["--no-ssh-check", *[str(a) for a in argv]])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def plan_of(capsys, *argv) -> dict:
-    rc, out, err = run_cli(capsys, "--dry-run", "--json", *argv)
-    assert rc == 0, err
-    assert err == ""
-    return json.loads(out)
-
-
-def user_error(capsys, *argv) -> str:
-    rc, out, err = run_cli(capsys, *argv)
-    assert rc == 2, (out, err)
-    assert "Traceback" not in out + err
-    assert "internal error" not in err
-    assert out == ""
-    return err
 
 
 def write(path: Path, text: str) -> str:

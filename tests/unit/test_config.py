@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gaudi_launch.cli import main
+from tests.unit.cli_helpers import plan_of, run_cli, user_error
 from gaudi_launch.config import load_config, normalize_key
 from gaudi_launch.errors import UserError
 
@@ -25,28 +25,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
-
-
-def run_cli(capsys, *argv):
-    # No SSH pre-flight in unit tests: their hosts are names only (nothing may be looked up).
-    rc = main(["--no-ssh-check", *[str(a) for a in argv]])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def plan_of(capsys, *argv) -> dict:
-    rc, out, err = run_cli(capsys, "--dry-run", "--json", *argv)
-    assert rc == 0, err
-    return json.loads(out)
-
-
-def user_error(capsys, *argv) -> str:
-    rc, out, err = run_cli(capsys, *argv)
-    assert rc == 2, (out, err)
-    assert out == ""
-    assert "Traceback" not in err and "internal error" not in err
-    assert err.startswith("gaudi-launch: error: ")
-    return err
 
 
 def load_error(path: str) -> UserError:
