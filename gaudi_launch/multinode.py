@@ -103,7 +103,8 @@ def apply_facts(plan: LaunchPlan, facts: Mapping[str, object], environ: Mapping[
 
 
 def finish_plan(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, report=None) -> None:
-    """Everything multi-node and fabric-related that goes into the plan. Pure given the report."""
+    """Everything multi-node and fabric-related that goes into the plan, from the pre-flight's report
+    (the one other look at the world: whether this host has EFA devices, unless --efa/--no-efa)."""
     if plan.backend != "local":
         plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
         plan.ssh_args = ssh_args(spec)
