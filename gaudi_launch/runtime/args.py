@@ -73,6 +73,12 @@ class TrainingArguments:
     fast_ddp_buffer_dtype: Optional[str] = _opt(None, "default: bf16 on HPU, fp32 elsewhere", choices=("bf16", "fp32"))
     report_to: str = _opt("none")
     ddp_timeout: int = _opt(1800, "seconds")
+    attn_implementation: Optional[str] = _opt(
+        None, "attention kernel; gaudi_fused_sdpa is Gaudi's FusedSDPA (torch SDPA off HPU); default: the model's own",
+        choices=("eager", "sdpa", "gaudi_fused_sdpa"))
+    flash_attention_recompute: bool = _opt(False, "FusedSDPA recomputes in backward instead of storing (less memory)")
+    flash_attention_causal_mask: bool = _opt(False, "FusedSDPA applies the causal mask itself; padding masks dropped")
+    flash_attention_fast_softmax: bool = _opt(False, "FusedSDPA's fast (reduced-precision) softmax")
     local_rank: int = _opt(-1, "accepted for --local_rank compatibility; LOCAL_RANK from the env wins")
     eval_steps: Optional[int] = _opt(None)
     logging_first_step: bool = _opt(False)
@@ -86,6 +92,11 @@ class TrainingArguments:
                 raise ValueError(f"{f.name}={value!r}: expected one of {', '.join(map(str, choices))}")
         if self.gradient_accumulation_steps < 1:
             raise ValueError("gradient_accumulation_steps must be >= 1")
+        flash = [f"--{name}" for name in ("flash_attention_recompute", "flash_attention_causal_mask",
+                                          "flash_attention_fast_softmax") if getattr(self, name)]
+        if flash and self.attn_implementation != "gaudi_fused_sdpa":
+            raise ValueError(f"{', '.join(flash)} only apply to Gaudi's fused attention: "
+                             "add --attn_implementation gaudi_fused_sdpa")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from gaudi_launch.runtime import checkpoint as ckpt
+from gaudi_launch.runtime.attention import apply_attention
 from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
 from gaudi_launch.runtime.device import (DeviceInfo, init_distributed, mark_step, memory_stats, prepare_hpu_env,
                                          select_device)
@@ -107,6 +108,7 @@ class Trainer:
         self._log = log
         self.on_step_end = on_step_end
         _seed_everything(args.seed)
+        apply_attention(model, args, self.info)
         if args.gradient_checkpointing:
             enable_checkpointing(model, self.info)
         self.model = model.to(self.info.device)
