@@ -5,7 +5,12 @@ normalises the environment to torchrun's contract, then runs the user's script i
 ``__main__`` with sys.argv as given. An uncaught exception is written as a structured error record
 (rank, host, time, traceback) as one marker line on stderr, which the supervisor takes out of the
 output stream for its failure summary; it works through any backend (pipes, mpirun, pdsh).
-This module stays torch-free; the training runtime sets up devices and process groups.
+On a Gaudi host it also puts the bridge's import-time settings (lazy mode, per-job autocast op
+lists) in the environment from the script's flags, before the script can import torch, and for a
+multi-rank job registers the "hccl" process-group backend, so a script written for torchrun or
+optimum-habana runs unchanged. Elsewhere this module imports no torch; the process group itself is
+the script's (``init_process_group``) or the runtime's (``gaudi_launch.runtime.device``), with the
+device's backend (hccl, nccl, gloo) and --ddp_timeout.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import runpy
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from typing import Dict, List, Mapping, MutableMapping, Optional
@@ -32,7 +38,7 @@ _SOURCES = {
 }
 
 
-def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None, habana: bool = False) -> Dict[str, str]:
+def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Dict[str, str]:
     """The torchrun names (plus DeepSpeed's aliases) filled in from whichever launcher ran us. Pure."""
     out: Dict[str, str] = {}
     for name, sources in _SOURCES.items():
@@ -53,10 +59,6 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None, haban
         # A backend that starts every node alike (mpirun) passes each node's device subset.
         out["HABANA_VISIBLE_MODULES"] = devices
         out.setdefault("CUDA_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES") or devices)
-    if habana and env.get("GAUDI_LAUNCH_DEVICE", "hpu") == "hpu" and not env.get("PT_HPU_LAZY_MODE"):
-        # Read once, when the Gaudi bridge is first imported (by `import torch` since SynapseAI
-        # 1.18): choose before the script can import torch. Lazy mode is the documented default.
-        out["PT_HPU_LAZY_MODE"] = "1"
     if cpu_count and not env.get("OMP_NUM_THREADS"):
         # Ranks sharing a host share its cores: without this each one starts a thread per core and
         # they slow each other down several times over (torchrun sets it too).
@@ -96,6 +98,32 @@ def _node_devices(spec: str, node_rank: Optional[str]) -> Optional[str]:
     if node_rank is None or not node_rank.isdigit() or int(node_rank) >= len(parts):
         return None
     return parts[int(node_rank)] or None
+
+
+def uses_hpu(environ: Mapping[str, str]) -> bool:
+    """The Gaudi stack is installed (found, not imported) and --device did not say otherwise."""
+    return (environ.get("GAUDI_LAUNCH_DEVICE", "hpu") == "hpu"
+            and importlib.util.find_spec("habana_frameworks") is not None)
+
+
+def _hpu_env(script_args: List[str], environ: Mapping[str, str]) -> Dict[str, str]:
+    # The bridge reads lazy mode and the autocast op lists once, at import, and `import torch`
+    # imports it (SynapseAI >= 1.18): they must be in place before the script's first line.
+    from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
+
+    job = environ.get("GAUDI_LAUNCH_JOB_ID", "")
+    job_dir = os.path.join(tempfile.gettempdir(), f"gaudi-launch-{job}") if job else None
+    return hpu_env_for_script(script_args, environ, job_dir)
+
+
+def _register_hccl() -> None:
+    """Make dist.init_process_group("hccl") work for any script, as the bridge's autoload does on
+    SynapseAI >= 1.18 (older stacks need this import, and scripts for torchrun lack it)."""
+    try:
+        importlib.import_module("habana_frameworks.torch.distributed.hccl")
+    except Exception as exc:  # the script may not need it: say so and go on
+        print(f"gaudi-launch worker: the HCCL backend did not load ({type(exc).__name__}: {exc}); "
+              "init_process_group('hccl') will fail on this rank", file=sys.stderr)
 
 
 def error_record(environ: Mapping[str, str], exc: Optional[BaseException] = None,
@@ -187,8 +215,7 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
     if not argv or argv == ["-m"]:
         print("usage: python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
-    habana = importlib.util.find_spec("habana_frameworks") is not None  # found, not imported
-    environ.update(normalize_env(environ, os.cpu_count(), habana))
+    environ.update(normalize_env(environ, os.cpu_count()))
     try:
         os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
     except OSError:
@@ -197,6 +224,10 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
         signal.signal(signal.SIGTERM, _term_whole_group)
     as_module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
+    if uses_hpu(environ):
+        environ.update(_hpu_env(args, environ))
+        if int(environ.get("WORLD_SIZE", "1") or 1) > 1:
+            _register_hccl()
     try:
         if as_module:
             sys.argv = [target, *args]

@@ -167,9 +167,10 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any) -
     parser.add_argument(*names, **kwargs)
 
 
-def build_parser(dataclass_types: Sequence[type], prog: Optional[str] = None) -> argparse.ArgumentParser:
+def build_parser(dataclass_types: Sequence[type], prog: Optional[str] = None,
+                 add_help: bool = True) -> argparse.ArgumentParser:
     # allow_abbrev=False: `--learning 1` must not silently mean --learning_rate.
-    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False, add_help=add_help)
     owner: Dict[str, str] = {}
     for cls in dataclass_types:
         if not dataclasses.is_dataclass(cls):

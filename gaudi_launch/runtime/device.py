@@ -2,31 +2,23 @@
 
 HPU code imports ``habana_frameworks`` lazily and only on the HPU path: it is not on PyPI, and
 importing it freezes settings read from the environment (lazy mode, autocast op lists), so
-``prepare_hpu_env`` must run first.
+``prepare_hpu_env`` (hpu_env.py; the worker runs it before the script) must come first.
 """
 from __future__ import annotations
 
-import atexit
 import datetime
 import importlib
 import importlib.util
 import os
-import shutil
 import sys
-import tempfile
-import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, MutableMapping, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-if TYPE_CHECKING:
-    from .args import GaudiConfig
+from .hpu_env import LAZY_VAR, prepare_hpu_env  # noqa: F401  (prepare_hpu_env: part of this module's API)
 
 _BACKENDS = {"hpu": "hccl", "cuda": "nccl", "cpu": "gloo"}
-LAZY_VAR = "PT_HPU_LAZY_MODE"
-BF16_OPS_VAR = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
-FP32_OPS_VAR = "PT_HPU_AUTOCAST_FP32_OPS_LIST"
 
 
 @dataclass
@@ -36,51 +28,6 @@ class DeviceInfo:
     dist_backend: str  # "hccl" | "nccl" | "gloo"
     lazy: bool  # HPU lazy mode: ops are queued into a graph until mark_step()
     local_rank: int
-
-
-# ----------------------------------------------------------------------------------------------
-# HPU environment (before habana_frameworks is imported)
-
-_process_tmpdir: Optional[str] = None
-
-
-def _op_list_dir(job_dir: Optional[str]) -> str:
-    global _process_tmpdir
-    if job_dir is not None:
-        os.makedirs(job_dir, exist_ok=True)
-        return str(job_dir)
-    if _process_tmpdir is None:
-        # Upstream writes fixed /tmp/lower_list.txt: two jobs on one host overwrite each other's lists.
-        _process_tmpdir = tempfile.mkdtemp(prefix=f"gaudi-launch-autocast-{os.getpid()}-")
-        atexit.register(shutil.rmtree, _process_tmpdir, True)
-    return _process_tmpdir
-
-
-def _write_ops(ops, kind: str, job_dir: Optional[str]) -> str:
-    # mkstemp: a unique file even when ranks of one job share job_dir.
-    fd, path = tempfile.mkstemp(prefix=f"autocast_{kind}_ops-", suffix=".txt", dir=_op_list_dir(job_dir))
-    with os.fdopen(fd, "w") as f:
-        f.write("".join(f"{op}\n" for op in ops))  # the bridge reads one op name per line
-    return path
-
-
-def prepare_hpu_env(args: Any, gaudi_config: Optional["GaudiConfig"] = None,
-                    environ: MutableMapping[str, str] = os.environ,
-                    job_dir: Optional[str] = None) -> Dict[str, str]:
-    """Set the variables the Gaudi bridge reads at import; return what was set."""
-    if "habana_frameworks.torch.core" in sys.modules:
-        warnings.warn("habana_frameworks is already imported: PT_HPU_* settings made now may not take effect",
-                      stacklevel=2)
-    # torch.compile on HPU needs eager mode: lazy graphs and dynamo do not mix.
-    lazy = bool(getattr(args, "use_lazy_mode", True)) and not getattr(args, "torch_compile", False)
-    out = {LAZY_VAR: "1" if lazy else "0"}
-    if getattr(args, "bf16", False) and gaudi_config is not None and gaudi_config.use_torch_autocast:
-        if gaudi_config.autocast_bf16_ops:
-            out[BF16_OPS_VAR] = _write_ops(gaudi_config.autocast_bf16_ops, "bf16", job_dir)
-        if gaudi_config.autocast_fp32_ops:
-            out[FP32_OPS_VAR] = _write_ops(gaudi_config.autocast_fp32_ops, "fp32", job_dir)
-    environ.update(out)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""The environment the Gaudi bridge reads once, when it is imported. Torch-free.
+
+Since SynapseAI 1.18 ``import torch`` loads the bridge itself, so lazy mode and the autocast op
+lists must be in the environment before the script's first ``import torch``: the worker sets them
+from the script's own flags (``--use_lazy_mode``, ``--torch_compile``, ``--bf16``,
+``--gaudi_config_name``) before running it. The op lists go to per-job files; optimum-habana's fixed
+/tmp paths let two jobs on one host overwrite each other's lists.
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import dataclasses
+import os
+import sys
+import tempfile
+import warnings
+from typing import Any, Dict, List, MutableMapping, Optional, Sequence
+
+from .args import GaudiConfig, build_parser
+
+LAZY_VAR = "PT_HPU_LAZY_MODE"
+BF16_OPS_VAR = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
+FP32_OPS_VAR = "PT_HPU_AUTOCAST_FP32_OPS_LIST"
+
+_process_tmpdir: Optional[str] = None
+
+
+def _op_list_dir(job_dir: Optional[str]) -> str:
+    global _process_tmpdir
+    if job_dir is not None:
+        os.makedirs(job_dir, exist_ok=True)
+        return str(job_dir)
+    if _process_tmpdir is None:
+        _process_tmpdir = tempfile.mkdtemp(prefix=f"gaudi-launch-autocast-{os.getpid()}-")
+        atexit.register(_remove_tree, _process_tmpdir)
+    return _process_tmpdir
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_file(path: str) -> None:
+    try:
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))  # the job's directory, once its last rank is done
+    except OSError:
+        pass
+
+
+def _ops_text(ops: Sequence[str]) -> str:
+    return "".join(f"{op}\n" for op in ops)  # the bridge reads one op name per line
+
+
+def _holds(path: Optional[str], text: str) -> bool:
+    try:
+        with open(path or "") as f:
+            return f.read() == text
+    except OSError:
+        return False
+
+
+def _write_ops(ops: Sequence[str], kind: str, job_dir: Optional[str]) -> str:
+    # mkstemp: a file of this rank's own even when the ranks of one job share job_dir.
+    fd, path = tempfile.mkstemp(prefix=f"autocast_{kind}_ops-", suffix=".txt", dir=_op_list_dir(job_dir))
+    with os.fdopen(fd, "w") as f:
+        f.write(_ops_text(ops))
+    atexit.register(_remove_file, path)
+    return path
+
+
+def prepare_hpu_env(args: Any, gaudi_config: Optional[GaudiConfig] = None,
+                    environ: MutableMapping[str, str] = os.environ,
+                    job_dir: Optional[str] = None) -> Dict[str, str]:
+    """Put lazy mode and the op lists for these arguments in the environment; return what changed.
+
+    Idempotent: settings already in place (the worker's, before the script imported torch) are
+    kept, so calling it again from the runtime writes nothing and does not warn.
+    """
+    # torch.compile on HPU needs eager mode: lazy graphs and dynamo do not mix.
+    lazy = bool(getattr(args, "use_lazy_mode", True)) and not getattr(args, "torch_compile", False)
+    out = {LAZY_VAR: "1" if lazy else "0"}
+    if getattr(args, "bf16", False) and gaudi_config is not None and gaudi_config.use_torch_autocast:
+        for var, ops, kind in ((BF16_OPS_VAR, gaudi_config.autocast_bf16_ops, "bf16"),
+                               (FP32_OPS_VAR, gaudi_config.autocast_fp32_ops, "fp32")):
+            if ops and not _holds(environ.get(var), _ops_text(ops)):
+                out[var] = _write_ops(ops, kind, job_dir)
+    changed = {k: v for k, v in out.items() if environ.get(k) != v}
+    if changed and "habana_frameworks.torch.core" in sys.modules:
+        warnings.warn(f"habana_frameworks is already imported: {', '.join(sorted(changed))} set now may not take "
+                      "effect; start the script with gaudi-launch, which sets them from the script's flags "
+                      "before it runs", stacklevel=2)
+    environ.update(changed)
+    return changed
+
+
+@dataclasses.dataclass
+class _HpuFlags:
+    """The script flags that decide the bridge's import-time settings (TrainingArguments' names)."""
+
+    use_lazy_mode: bool = True
+    torch_compile: bool = False
+    bf16: bool = False
+    gaudi_config_name: Optional[str] = None
+
+
+def script_hpu_flags(script_argv: List[str]) -> Optional[_HpuFlags]:
+    """Those flags read from a script's command line, or None when it cannot be read that way. Pure."""
+    parser = build_parser((_HpuFlags,), add_help=False)  # the script's -h is the script's
+    parser.exit_on_error = False
+    try:
+        ns, _ = parser.parse_known_args(script_argv)
+    except (argparse.ArgumentError, SystemExit):
+        return None
+    return _HpuFlags(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(_HpuFlags)})
+
+
+def hpu_env_for_script(script_argv: List[str], environ: MutableMapping[str, str],
+                       job_dir: Optional[str]) -> Dict[str, str]:
+    """What the worker puts in the environment before running a script on HPU; the user's own
+    PT_HPU_LAZY_MODE wins. A gaudi config that does not load is left for the script to report."""
+    flags = script_hpu_flags(script_argv) or _HpuFlags()
+    config = None
+    if flags.bf16 and flags.gaudi_config_name:
+        try:
+            config = GaudiConfig.from_pretrained(flags.gaudi_config_name)
+        except (OSError, ValueError):
+            config = None
+    scratch = dict(environ)
+    user_lazy = environ.get(LAZY_VAR)
+    out = prepare_hpu_env(flags, config, environ=scratch, job_dir=job_dir)
+    if user_lazy:
+        out.pop(LAZY_VAR, None)
+    return out
