@@ -40,6 +40,13 @@ class DataArguments:
     max_eval_samples: Optional[int] = None
 
 
+def saved_tokenizer(model_dir: Optional[str]) -> Optional[str]:
+    """A model directory this script saved carries its tokenizer; use it rather than the shipped one."""
+    if model_dir and os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
+        return model_dir
+    return None
+
+
 def build_model(margs: ModelArguments, vocab_size: int):
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -70,7 +77,7 @@ def main(argv=None) -> int:
         texts = data.load_dataset_by_name(dargs.dataset_name, dargs.dataset_config_name)
     else:
         texts = data.load_text_files(dargs.train_file, dargs.validation_file, dargs.validation_split_percentage)
-    tokenizer = data.load_tokenizer(margs.tokenizer_name)
+    tokenizer = data.load_tokenizer(margs.tokenizer_name or saved_tokenizer(margs.model_name_or_path))
     train_blocks = data.tokenize_and_group(texts["train"], tokenizer, dargs.block_size)
     eval_blocks = data.tokenize_and_group(texts["validation"], tokenizer, dargs.block_size)
     if dargs.max_train_samples:
@@ -87,6 +94,10 @@ def main(argv=None) -> int:
         results["eval_before"] = trainer.evaluate()
     if targs.do_train:
         results["train"] = trainer.train().metrics
+        # What the multi-node guide evaluates afterwards on one node: --model_name_or_path <output_dir>.
+        trainer.save_model()
+        if trainer.rank == 0:
+            tokenizer.save_pretrained(targs.output_dir)
     if targs.do_eval:
         results["eval"] = trainer.evaluate()
     if trainer.rank == 0:

@@ -90,6 +90,15 @@ def _seed_everything(seed: int) -> None:
         pass
 
 
+def multi_node_eval_warning(world: int, local_world: int) -> Optional[str]:
+    """The multi-node guide's advice when evaluation spans nodes (None on one node). Pure."""
+    if world <= max(1, local_world):
+        return None
+    return ("multi-node evaluation is not recommended: it can give inconsistent results. Train on several "
+            "nodes, then evaluate the saved model on one node (run_clm.py: --model_name_or_path <output_dir> "
+            "--do_eval, without --do_train)")
+
+
 class Trainer:
     def __init__(self, model: torch.nn.Module, args: TrainingArguments, train_dataset=None, eval_dataset=None,
                  data_collator: Optional[Callable] = None, gaudi_config: Optional[GaudiConfig] = None,
@@ -294,12 +303,25 @@ class Trainer:
         if self.rank == 0:
             self._log(text)
 
+    def save_model(self, output_dir: Optional[str] = None) -> Optional[str]:
+        """The trained model (not a resumable checkpoint) for from_pretrained: rank 0 writes it."""
+        out = output_dir or self.args.output_dir
+        if self.rank == 0:
+            os.makedirs(out, exist_ok=True)
+            if hasattr(self.model, "save_pretrained"):
+                self.model.save_pretrained(out)
+            else:
+                torch.save(self.model.state_dict(), os.path.join(out, "pytorch_model.bin"))
+        if self.world > 1:
+            dist.barrier()  # nobody reads the directory before it is complete
+        return out
+
     # ---- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> Dict[str, float]:
         args, info = self.args, self.info
-        if self.world > int(os.environ.get("LOCAL_WORLD_SIZE", self.world)):
-            warnings.warn("evaluation runs on every node; with several nodes it is slower than on one "
-                          "node and its result is the mean over all ranks")
+        note = multi_node_eval_warning(self.world, int(os.environ.get("LOCAL_WORLD_SIZE", self.world) or 1))
+        if note and self.rank == 0:
+            warnings.warn(note, stacklevel=2)
         sampler = DistributedSampler(self.eval_dataset, num_replicas=self.world, rank=self.rank, shuffle=False)
         loader = DataLoader(self.eval_dataset, batch_size=args.per_device_eval_batch_size, sampler=sampler,
                             collate_fn=self.collator)

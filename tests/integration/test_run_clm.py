@@ -28,6 +28,14 @@ def test_run_clm_two_ranks_lowers_eval_perplexity(tmp_path):
     assert logged and all("max_memory_allocated (GB)" in r for r in logged)
     assert "[rank 0] step 5 | loss" in res.stdout and "[rank 1] step" not in res.stdout  # rank 0 logs
     assert "not a local directory and the hub is not reachable" in res.stdout + res.stderr
+    # The multi-node guide's second step: evaluate the saved model alone, on one process.
+    alone = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "run_clm.py"), "--model_name_or_path",
+                            str(out), "--do_eval", "--output_dir", str(tmp_path / "eval"), "--device", "cpu"],
+                           capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    again = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert "train" not in again and "not a local directory" not in alone.stderr
+    assert abs(again["eval_before"]["perplexity"] / results["eval"]["perplexity"] - 1) < 0.02
 
 
 def test_run_clm_with_deepspeed_zero_on_cpu(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
-from gaudi_launch.runtime.trainer import Trainer, enable_checkpointing
+from gaudi_launch.runtime.trainer import Trainer, enable_checkpointing, multi_node_eval_warning
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -223,3 +223,19 @@ def test_stand_in_hpu_present_but_device_option_forces_cpu(hpu_stand_in, monkeyp
     info = select_device(TrainingArguments())
     assert (info.kind, info.dist_backend) == ("cpu", "gloo")
     assert select_device(TrainingArguments(device="hpu")).kind == "hpu"  # the script's own choice wins
+
+
+def test_multi_node_evaluation_gets_the_guides_advice():
+    assert multi_node_eval_warning(8, 8) is None and multi_node_eval_warning(1, 1) is None
+    note = multi_node_eval_warning(16, 8)
+    assert "not recommended" in note and "inconsistent results" in note
+    assert "--model_name_or_path <output_dir> --do_eval" in note
+
+
+def test_save_model_writes_weights_that_load_back(tmp_path):
+    model = ns["model"]()
+    trainer = Trainer(model, args(tmp_path, max_steps=2), train_dataset=ns["dataset"](16), log=lambda s: None)
+    trainer.train()
+    path = trainer.save_model(str(tmp_path / "final"))
+    state = torch.load(os.path.join(path, "pytorch_model.bin"))
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
