@@ -439,6 +439,15 @@ class NetCluster:
         cwd = popen_kwargs.pop("cwd", None)
         return subprocess.Popen(self.nsenter_argv(i, argv, cwd), **popen_kwargs)
 
+    def login_argv(self, argv: Sequence[str]) -> List[str]:
+        """Run argv in the root namespace as a login node outside the hostfile: on the bridge's
+        network, with the cluster's hosts file and resolv.conf bound over this mount namespace's own."""
+        if isinstance(argv, (str, bytes)):
+            raise TypeError("argv must be a list of arguments, not a string")
+        script = 'mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && shift 2 && exec "$@"'
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "login",
+                self.hosts_file, self.resolv_conf, *argv]
+
     def stop_sshd(self, i) -> None:
         """Stop host i's sshd (the listener; running sessions stay). The host itself stays up."""
         h = self._host(i)

@@ -56,6 +56,25 @@ def test_gloo_allreduce_two_hosts_two_ranks(cluster, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_launch_from_a_login_node_outside_the_hostfile(cluster, backend):
+    # The root namespace has the machine's own interfaces besides the cluster bridge: the job must
+    # still rendezvous on the hosts' network, with no rank on the login node.
+    hostfile = cluster.hostfile(slots=2, hosts=[0, 1])
+    argv = cluster.login_argv(launch_argv(cluster, backend, hostfile, SMOKE))
+    res = subprocess.run(argv, env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    ok = [line for line in res.stdout.splitlines() if "all_reduce sum = 10, expected 10: OK" in line]
+    assert sum(" on gl-n0 " in line for line in ok) == 2 and sum(" on gl-n1 " in line for line in ok) == 2
+    assert len(ok) == 4
+    dry = subprocess.run(cluster.login_argv(launch_argv(cluster, backend, hostfile, "--dry-run", "--json", SMOKE)),
+                         env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    plan = json.loads(dry.stdout)
+    assert (plan["master_addr"], plan["ifname"]) == ("gl-n0", "eth0")
+    if backend == "mpirun":
+        assert plan["tcp_cidr"] == "10.213.0.0/24"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_env_and_args_arrive_byte_exact_on_remote_ranks(cluster, backend, tmp_path):
     tricky = 'a  b $(id) `id` "dq" \'sq\' ; {"j": [1, 2]} \\ end '
     escaped = tricky.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
