@@ -70,6 +70,8 @@ def build_model(margs: ModelArguments, vocab_size: int):
 
 def main(argv=None) -> int:
     margs, dargs, targs = parse_args((ModelArguments, DataArguments, TrainingArguments), argv)
+    import transformers
+
     from gaudi_launch.runtime import data
     from gaudi_launch.runtime.trainer import Trainer
 
@@ -86,6 +88,10 @@ def main(argv=None) -> int:
         eval_blocks = eval_blocks[:dargs.max_eval_samples]
     model = build_model(margs, len(tokenizer))
     model.config.use_cache = margs.use_cache
+    if getattr(model, "loss_type", "") is None:
+        # transformers 5 derives it from the class name, which GPT2LMHeadModel does not match; it
+        # falls back to the causal-LM loss anyway, but warns on every rank.
+        model.loss_type = "ForCausalLM"
     trainer = Trainer(model, targs, train_dataset=data.BlockDataset(train_blocks),
                       eval_dataset=data.BlockDataset(eval_blocks), data_collator=data.causal_lm_collator,
                       tokens_per_sample=dargs.block_size)
@@ -95,6 +101,7 @@ def main(argv=None) -> int:
     if targs.do_train:
         results["train"] = trainer.train().metrics
         # What the multi-node guide evaluates afterwards on one node: --model_name_or_path <output_dir>.
+        transformers.utils.logging.disable_progress_bar()  # a progress bar per save is noise in rank logs
         trainer.save_model()
         if trainer.rank == 0:
             tokenizer.save_pretrained(targs.output_dir)
