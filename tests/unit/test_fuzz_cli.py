@@ -51,11 +51,16 @@ def assert_clean_error(rc, out, err):
     assert err.strip()
 
 
-def write_temp(data, suffix: str) -> str:
+@contextlib.contextmanager
+def temp_file(data, suffix: str):
+    """A file holding data (text or bytes) for one CLI run; hypothesis reruns forbid tmp_path."""
     fd, path = tempfile.mkstemp(suffix=suffix)
     with os.fdopen(fd, "wb") as f:
         f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
-    return path
+    try:
+        yield path
+    finally:
+        os.unlink(path)
 
 
 # ----------------------------------------------------------------------------- hostfiles
@@ -83,11 +88,8 @@ hostfile_text = st.one_of(
 @SETTINGS
 @given(text=st.one_of(hostfile_text, st.binary(max_size=40)))
 def test_fuzz_hostfile(text):
-    path = write_temp(text, ".hostfile")
-    try:
+    with temp_file(text, ".hostfile") as path:
         rc, out, err = run(["--hostfile", path, "--dry-run", "--json", "--backend", "mpirun", "train.py"])
-    finally:
-        os.unlink(path)
     if rc == 0:
         plan = check_plan(out)
         assert plan["backend"] == "mpirun"
@@ -122,11 +124,8 @@ env_text = st.one_of(st.lists(env_line, max_size=6).map("\n".join), st.text(max_
 @SETTINGS
 @given(text=st.one_of(env_text, st.binary(max_size=40)))
 def test_fuzz_env_file(text):
-    path = write_temp(text, ".env")
-    try:
+    with temp_file(text, ".env") as path:
         rc, out, err = run(["--env-file", path, "--num_devices", "1", "--dry-run", "--json", "train.py"])
-    finally:
-        os.unlink(path)
     if rc == 0:
         plan = check_plan(out)
         assert err == ""
@@ -193,19 +192,15 @@ KNOWN = tuple(VALUES) + tuple(FLAGS) + ("--hostfile", "--num_devices", "--dry-ru
 @SETTINGS
 @given(argv=option_argv(), with_hostfile=st.booleans())
 def test_fuzz_options(argv, with_hostfile):
-    hostfile = None
-    head = ["--dry-run"]  # first, so that no option can swallow it as its value
-    if with_hostfile:
-        hostfile = write_temp("localhost slots=4\n", ".hostfile")
-        head += ["--hostfile", hostfile]
-    try:
+    head, hostfile = ["--dry-run"], None  # --dry-run first: no option can swallow it as its value
+    with contextlib.ExitStack() as stack:
+        if with_hostfile:
+            hostfile = stack.enter_context(temp_file("localhost slots=4\n", ".hostfile"))
+            head += ["--hostfile", hostfile]
         rc, out, err = run(head + argv)
-    finally:
-        if hostfile:
-            os.unlink(hostfile)
     if rc == 0:
         if "--json" in argv[: argv.index("train.py") if "train.py" in argv else len(argv)] and out.startswith("{"):
-            plan = check_plan(out)
+            check_plan(out)
             assert "hf_secretvalue" not in out
         else:
             assert out  # the text plan
