@@ -9,7 +9,8 @@ from typing import Callable, List, Mapping, Optional, Tuple
 from gaudi_launch.devices import DeviceCount, detect_local_devices
 from gaudi_launch.envfile import load_env_files
 from gaudi_launch.errors import UserError
-from gaudi_launch.hostfile import Host, read_hostfile, select
+from gaudi_launch.hostfile import Host, read_hostfile
+from gaudi_launch.hostselect import select
 from gaudi_launch.plan import LaunchPlan, NodePlan
 from gaudi_launch.ports import check_port, pick_free_port
 from gaudi_launch.spec import JobSpec

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gaudi_launch.errors import UserError
-from gaudi_launch.hostfile import Host, parse_hostfile, parse_selector, read_hostfile, select
+from gaudi_launch.hostfile import Host, parse_hostfile, read_hostfile
+from gaudi_launch.hostselect import parse_selector, select
 
 SRC = "hosts.txt"
 
