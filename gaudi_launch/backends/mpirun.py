@@ -20,7 +20,11 @@ from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import Culprit, JobResult, ProcSpec, Supervisor, signal_name
 
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "GAUDI_LAUNCH_JOB_ID")
-_TAG = re.compile(r"\[(\d+),(\d+)\]<(?:stdout|stderr)>:")
+# The tag before each piece of a rank's output: OpenMPI 4 (ORTE) writes "[1,0]<stdout>:text";
+# OpenMPI 5 (PMIx's iof) writes "[1,0]<stdout>: text" (one space, part of the tag), and its job
+# part is a namespace's suffix, a number unless the namespace has no '@'.
+_TAGS = {4: re.compile(r"\[(\d+),(\d+)\]<(?:stdout|stderr)>:"),
+         5: re.compile(r"\[([^,\[\]]+),(\d+)\]<(?:stdout|stderr|stddiag)>: ")}
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,13 +98,15 @@ def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Lis
 class OmpiDemux:
     """Reassembles per-rank lines from mpirun's tagged output.
 
-    OpenMPI tags chunks, not lines: a rank's line can arrive in pieces, interleaved with other
+    OpenMPI 4 tags chunks, not lines: a rank's line can arrive in pieces, interleaved with other
     ranks' pieces on one physical line, e.g. ``[1,0]<stdout>:hi[1,1]<stdout>:other``. Every
-    piece starts with a tag, and the physical newline ends the last piece's line. A physical line
+    piece starts with a tag, and the physical newline ends the last piece's line. OpenMPI 5 tags
+    whole lines, but a last line without a newline still runs into the next tag. A physical line
     without a leading tag is mpirun's own message.
     """
 
-    def __init__(self):
+    def __init__(self, major: Optional[int] = 4):
+        self.tag = _TAGS[5 if (major or 4) >= 5 else 4]
         self.partial: Dict[int, str] = {}
 
     def __call__(self, line: Optional[str]) -> List[Tuple[Optional[int], str]]:
@@ -108,9 +114,9 @@ class OmpiDemux:
             out = [(r, t) for r, t in sorted(self.partial.items()) if t]
             self.partial.clear()
             return out
-        if not _TAG.match(line):
+        if not self.tag.match(line):
             return [(None, line)]
-        pieces = _TAG.split(line)  # ['', job, rank, data, job, rank, data, ...]
+        pieces = self.tag.split(line)  # ['', job, rank, data, job, rank, data, ...]
         last = None
         for i in range(1, len(pieces) - 2, 3):
             last = int(pieces[i + 1])
@@ -152,7 +158,7 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     hosts = rank_hosts(plan)
     watch = host_watch(plan, spec, is_local_host)
     proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env={**environ, **plan.env, **cmd.env},
-                    label="mpirun", ranks=hosts, demux=OmpiDemux,
+                    label="mpirun", ranks=hosts, demux=functools.partial(OmpiDemux, openmpi_major()),
                     explain=lambda lines: explain(lines, hosts))
     return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
                       watch=watch.probe if watch else None, **supervisor_options).run()

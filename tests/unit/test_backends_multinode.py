@@ -60,6 +60,20 @@ def test_ompi_demux_reassembles_lines_split_across_ranks():
                    (None, "-" * 74), (1, "partial")]
 
 
+def test_ompi5_demux_takes_the_space_of_its_tag_and_keeps_the_programs_own():
+    # OpenMPI 5 (PMIx iof) formats "[%s,%s]<%s>: ": job suffix, rank, stream, then one space.
+    demux = mpirun.OmpiDemux(5)
+    out = []
+    for line in ["[1,0]<stdout>: hello", "[1,1]<stderr>:   indented", "[prterun-h-42,2]<stdout>: odd namespace",
+                 "[1,3]<stdout>: no newline[1,0]<stdout>: next", "[1,0]<stddiag>: diag",
+                 "[1,0]<stdout>:no space is not a v5 tag"]:
+        out += demux(line)
+    assert out == [(0, "hello"), (1, "  indented"), (2, "odd namespace"), (0, "next"), (0, "diag"),
+                   (None, "[1,0]<stdout>:no space is not a v5 tag")]
+    assert demux(None) == [(3, "no newline")]
+    assert mpirun.OmpiDemux(4)("[1,0]<stdout>: kept")[0] == (0, " kept")  # v4: the space is the program's
+
+
 def test_mpirun_explains_its_own_failure_reports():
     hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
     c = mpirun.explain(["mpirun noticed that process rank 2 with PID 0 on node b exited on signal 9 (Killed)."],
