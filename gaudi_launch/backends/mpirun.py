@@ -127,11 +127,13 @@ class OmpiDemux:
 def explain(lines: List[str], rank_hosts: Mapping[int, str]) -> Optional[Culprit]:
     """mpirun's own report of the first failing rank (used when the rank left no error record)."""
     text = "\n".join(lines)
-    m = re.search(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)", text)
+    # OpenMPI 5 (PRRTE) wraps this message after "exited on" and names processes
+    # "[prterun-host-pid@1,RANK]" where OpenMPI 4 wrote "[[JOB,1],RANK]".
+    m = re.search(r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)", text)
     if m:
         rank = int(m.group(1))
         return Culprit(rank, rank_hosts.get(rank, m.group(2)), f"killed by {signal_name(int(m.group(3)))}", [])
-    m = re.search(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*Exit code:\s*(\d+)", text)
+    m = re.search(r"Process name:\s*\[(?:\[\d+,\d+\]|[^,\[\]\s]+),(\d+)\]\s*Exit code:\s*(\d+)", text)
     if m:
         rank = int(m.group(1))
         return Culprit(rank, rank_hosts.get(rank, "?"), f"exit code {m.group(2)}", [])

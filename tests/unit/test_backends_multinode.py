@@ -82,6 +82,12 @@ def test_mpirun_explains_its_own_failure_reports():
     c = mpirun.explain(["  Process name: [[28933,1],1]", "  Exit code:    3"], hosts)
     assert (c.rank, c.host, c.status) == (1, "a", "exit code 3")
     assert mpirun.explain(["nothing here"], hosts) is None
+    # OpenMPI 5 (PRRTE's help-prun.txt): the same reports, worded and named differently.
+    c = mpirun.explain(["prterun noticed that process rank 3 with PID 0 on node b exited on",
+                        "signal 15 (Terminated)."], hosts)
+    assert (c.rank, c.host, c.status) == (3, "b", "killed by SIGTERM")
+    c = mpirun.explain(["   Process name: [prterun-a-4242@1,2]", "   Exit code:    7"], hosts)
+    assert (c.rank, c.host, c.status) == (2, "b", "exit code 7")
 
 
 def test_deepspeed_argv_uses_a_job_token_and_include_for_device_subsets():
