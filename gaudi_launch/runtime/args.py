@@ -76,6 +76,7 @@ class TrainingArguments:
     attn_implementation: Optional[str] = _opt(
         None, "attention kernel; gaudi_fused_sdpa is Gaudi's FusedSDPA (torch SDPA off HPU); default: the model's own",
         choices=("eager", "sdpa", "gaudi_fused_sdpa"))
+    use_flash_attention: bool = _opt(False, "older optimum-habana spelling of --attn_implementation gaudi_fused_sdpa")
     flash_attention_recompute: bool = _opt(False, "FusedSDPA recomputes in backward instead of storing (less memory)")
     flash_attention_causal_mask: bool = _opt(False, "FusedSDPA applies the causal mask itself; padding masks dropped")
     flash_attention_fast_softmax: bool = _opt(False, "FusedSDPA's fast (reduced-precision) softmax")
@@ -92,6 +93,11 @@ class TrainingArguments:
                 raise ValueError(f"{f.name}={value!r}: expected one of {', '.join(map(str, choices))}")
         if self.gradient_accumulation_steps < 1:
             raise ValueError("gradient_accumulation_steps must be >= 1")
+        if self.use_flash_attention:
+            if self.attn_implementation not in (None, "gaudi_fused_sdpa"):
+                raise ValueError(f"--use_flash_attention asks for gaudi_fused_sdpa but --attn_implementation is "
+                                 f"{self.attn_implementation}: pass only one of them")
+            self.attn_implementation = "gaudi_fused_sdpa"
         flash = [f"--{name}" for name in ("flash_attention_recompute", "flash_attention_causal_mask",
                                           "flash_attention_fast_softmax") if getattr(self, name)]
         if flash and self.attn_implementation != "gaudi_fused_sdpa":

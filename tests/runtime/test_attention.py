@@ -60,6 +60,13 @@ def test_flash_flags_parse_from_argv_like_optimum_habana():
             a.flash_attention_fast_softmax) == (FUSED_SDPA, True, True, False)
 
 
+def test_older_use_flash_attention_flag_means_the_fused_kernel():
+    (a,) = parse_args((TrainingArguments,), ["--use_flash_attention", "--flash_attention_causal_mask"])
+    assert (a.attn_implementation, a.flash_attention_causal_mask) == (FUSED_SDPA, True)
+    with pytest.raises(ValueError, match="pass only one of them"):
+        TrainingArguments(use_flash_attention=True, attn_implementation="eager")
+
+
 def test_on_cpu_the_fused_request_becomes_torch_sdpa_with_a_warning():
     model = gpt2()
     with pytest.warns(UserWarning, match="on cpu the model uses torch's scaled_dot_product_attention"):
