@@ -113,7 +113,12 @@ def _hpu_env(script_args: List[str], environ: Mapping[str, str]) -> Dict[str, st
 
     job = environ.get("GAUDI_LAUNCH_JOB_ID", "")
     job_dir = os.path.join(tempfile.gettempdir(), f"gaudi-launch-{job}") if job else None
-    return hpu_env_for_script(script_args, environ, job_dir)
+    try:
+        return hpu_env_for_script(script_args, environ, job_dir)
+    except OSError as exc:  # e.g. an unwritable TMPDIR: the runtime tries again, later
+        print(f"gaudi-launch worker: could not write the autocast op lists ({exc}); set TMPDIR to a "
+              "writable directory", file=sys.stderr)
+        return {}
 
 
 def _register_hccl() -> None:

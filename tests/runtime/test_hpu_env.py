@@ -171,3 +171,16 @@ def test_worker_imports_no_torch_off_gaudi(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_stand_in_worker_that_cannot_write_op_lists_says_so_and_runs_the_script(tmp_path, config_dir):
+    script = tmp_path / "train.py"
+    script.write_text("print('ran')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PT_HPU_")}
+    env.update(PYTHONPATH=os.pathsep.join([STAND_IN_DIR, str(ROOT)]), GAUDI_LAUNCH_JOB_ID="j1", TMPDIR=str(tmp_path))
+    (tmp_path / "gaudi-launch-j1").write_text("a file where the job's directory should be")
+    out = subprocess.run([sys.executable, "-m", "gaudi_launch.worker", str(script), "--bf16",
+                          "--gaudi_config_name", config_dir], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ran"
+    assert "could not write the autocast op lists" in out.stderr and "Traceback" not in out.stderr
