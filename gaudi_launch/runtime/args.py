@@ -81,7 +81,11 @@ class TrainingArguments:
     flash_attention_causal_mask: bool = _opt(False, "FusedSDPA applies the causal mask itself; padding masks dropped")
     flash_attention_fast_softmax: bool = _opt(False, "FusedSDPA's fast (reduced-precision) softmax")
     local_rank: int = _opt(-1, "accepted for --local_rank compatibility; LOCAL_RANK from the env wins")
-    eval_steps: Optional[int] = _opt(None)
+    eval_strategy: str = _opt("no", "evaluate during training: every eval_steps, or after each epoch",
+                              choices=("no", "steps", "epoch"))
+    evaluation_strategy: Optional[str] = _opt(None, "older name of --eval_strategy",
+                                              choices=("no", "steps", "epoch"))
+    eval_steps: Optional[int] = _opt(None, "with --eval_strategy steps; default: logging_steps")
     logging_first_step: bool = _opt(False)
 
     def __post_init__(self) -> None:
@@ -93,6 +97,13 @@ class TrainingArguments:
                 raise ValueError(f"{f.name}={value!r}: expected one of {', '.join(map(str, choices))}")
         if self.gradient_accumulation_steps < 1:
             raise ValueError("gradient_accumulation_steps must be >= 1")
+        if self.evaluation_strategy and self.eval_strategy == "no":
+            self.eval_strategy = self.evaluation_strategy
+        if self.eval_strategy == "steps" and not self.eval_steps:
+            self.eval_steps = self.logging_steps
+        elif self.eval_steps and self.eval_strategy != "steps":
+            warnings.warn(f"--eval_steps {self.eval_steps} has no effect with --eval_strategy {self.eval_strategy} "
+                          "(add --eval_strategy steps)", stacklevel=3)
         if self.use_flash_attention:
             if self.attn_implementation not in (None, "gaudi_fused_sdpa"):
                 raise ValueError(f"--use_flash_attention asks for gaudi_fused_sdpa but --attn_implementation is "

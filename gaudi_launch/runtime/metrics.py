@@ -1,12 +1,13 @@
 """Throughput accounting and metric logging (JSON lines, optional TensorBoard, console)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
 import os
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 
 class Throughput:
@@ -30,15 +31,29 @@ class Throughput:
         self._steps = 0  # all steps, warm-up included
         self._samples = 0  # measured steps only
         self._tokens = 0
+        self._paused = 0.0  # time spent in pause() since the last step
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Leave what runs inside (evaluation during training) out of the rates."""
+        start = self._clock()
+        try:
+            yield
+        finally:
+            self._paused += self._clock() - start
 
     def step(self, samples: int, tokens: int = 0) -> None:
         """Record one optimizer step; call at its END (after the optimizer step / mark_step)."""
         now = self._clock()
         self._steps += 1
         self._last = now
+        paused, self._paused = self._paused, 0.0
         if self._steps <= self.warmup_steps:
             self._window_start = now
             return
+        # A pause between two measured steps moves the window's start by its length; one after
+        # the last step is outside the window already.
+        self._window_start += paused
         self._samples += samples
         self._tokens += tokens
 

@@ -90,6 +90,13 @@ def _seed_everything(seed: int) -> None:
         pass
 
 
+def evaluation_due(args: TrainingArguments, step: int, epoch_end: bool) -> bool:
+    """Whether to evaluate now: every eval_steps optimizer steps, or at the end of each epoch. Pure."""
+    if args.eval_strategy == "steps":
+        return not epoch_end and bool(args.eval_steps) and step % args.eval_steps == 0
+    return args.eval_strategy == "epoch" and epoch_end
+
+
 def multi_node_eval_warning(world: int, local_world: int) -> Optional[str]:
     """The multi-node guide's advice when evaluation spans nodes (None on one node). Pure."""
     if world <= max(1, local_world):
@@ -223,7 +230,7 @@ class Trainer:
         while not done:
             loader.sampler.set_epoch(epoch)
             self._loader_generator.manual_seed(args.seed + epoch)  # worker seeds per epoch, resumable
-            micro = 0
+            micro, batch_index = 0, -1
             for batch_index, batch in enumerate(loader):
                 if batch_index < skip:
                     continue  # resuming: the sampler's order is the same, skip what was seen
@@ -240,6 +247,9 @@ class Trainer:
                 losses.append(step_loss)
                 if step % args.logging_steps == 0 or (args.logging_first_step and step == 1):
                     self._log_step(step, step_loss, scheduler, throughput)
+                if self.eval_dataset is not None and evaluation_due(args, step, epoch_end=False):
+                    with throughput.pause():
+                        self.evaluate(step)
                 if args.save_steps and step % args.save_steps == 0:
                     self._save(step, epoch, batch_index + 1)
                 if self.on_step_end is not None:
@@ -247,6 +257,11 @@ class Trainer:
                 if step >= max_steps:
                     done = True
                     break
+            # The epoch's end, also when it is the last step's (max_steps from num_train_epochs).
+            epoch_end = batch_index + 1 >= len(loader)
+            if epoch_end and self.eval_dataset is not None and evaluation_due(args, step, epoch_end=True):
+                with throughput.pause():
+                    self.evaluate(step)
             skip = 0
             epoch += 1
         metrics = {**throughput.metrics(), "train_loss": sum(losses) / max(1, len(losses)), "global_step": step}
@@ -317,14 +332,16 @@ class Trainer:
         return out
 
     # ---- evaluation ----------------------------------------------------------------------------
-    def evaluate(self) -> Dict[str, float]:
+    def evaluate(self, step: Optional[int] = None) -> Dict[str, float]:
+        """Mean loss and perplexity over eval_dataset on all ranks (logged at `step` if given)."""
         args, info = self.args, self.info
         note = multi_node_eval_warning(self.world, int(os.environ.get("LOCAL_WORLD_SIZE", self.world) or 1))
         if note and self.rank == 0:
             warnings.warn(note, stacklevel=2)
         sampler = DistributedSampler(self.eval_dataset, num_replicas=self.world, rank=self.rank, shuffle=False)
+        # Its own generator: an evaluation must not draw from the global RNG the training uses.
         loader = DataLoader(self.eval_dataset, batch_size=args.per_device_eval_batch_size, sampler=sampler,
-                            collate_fn=self.collator)
+                            collate_fn=self.collator, generator=torch.Generator())
         self.train_model.eval()
         total, count = 0.0, 0
         with torch.no_grad():
@@ -339,5 +356,7 @@ class Trainer:
         loss = self._mean_across_ranks(total / max(1, count))
         metrics = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
         if self.rank == 0:
-            self.writer.log(-1, metrics)
+            self.writer.log(-1 if step is None else step, metrics)
+            if step is not None:
+                self._say(format_log(step, metrics))
         return metrics

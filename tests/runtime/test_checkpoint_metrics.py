@@ -250,6 +250,23 @@ def test_throughput_zeros_without_measured_steps():
     assert m["measured_steps"] == 0 and m["train_samples_per_second"] == 0.0
 
 
+def test_throughput_leaves_paused_time_out_of_the_rates():
+    clock = FakeClock()
+    tp = Throughput(warmup_steps=1, clock=clock)
+    clock.now = 10.0
+    tp.step(4)  # warm-up
+    with tp.pause():  # an evaluation during warm-up: the window restarts after it anyway
+        clock.now += 7.0
+    for _ in range(4):
+        clock.now += 0.5
+        tp.step(4)
+        with tp.pause():  # an evaluation after every step, the last one included
+            clock.now += 3.0
+    m = tp.metrics()
+    assert m["train_samples_per_second"] == pytest.approx(16 / 2.0)
+    assert m["train_steps_per_second"] == pytest.approx(4 / 2.0)
+
+
 def test_metrics_writer_rank0_json_lines(tmp_path):
     w = MetricsWriter(str(tmp_path), rank=0)
     w.log(1, {"loss": torch.tensor(2.5), "lr": 1e-4, "grad_norm": float("nan"), "epoch": np.int64(0)})

@@ -73,6 +73,35 @@ def test_training_lowers_the_loss_on_cpu(tmp_path):
     assert out.metrics["measured_steps"] == 40
 
 
+@pytest.mark.parametrize("strategy, extra, expected", [
+    ("steps", {"eval_steps": 5}, [5, 10, 15]),
+    ("steps", {"logging_steps": 4}, [4, 8, 12]),  # eval_steps defaults to logging_steps
+    ("epoch", {}, [6, 12, 18]),  # 48 samples / batch 8 = 6 steps an epoch; the last epoch's end too
+])
+def test_evaluation_during_training_leaves_training_unchanged(tmp_path, strategy, extra, expected):
+    data = ns["dataset"](48)
+    kw = dict(max_steps=-1, num_train_epochs=3 if strategy == "epoch" else 1, **extra)
+    if strategy == "steps":
+        kw.update(max_steps=15 if "eval_steps" in extra else 12)
+    plain_kw = {k: v for k, v in kw.items() if k != "eval_steps"}
+    plain = Trainer(ns["model"](), args(tmp_path / "plain", **plain_kw), train_dataset=data, log=lambda s: None)
+    plain.train()
+    evaluated = Trainer(ns["model"](), args(tmp_path / "eval", eval_strategy=strategy, **kw), train_dataset=data,
+                        eval_dataset=ns["dataset"](16), log=lambda s: None)
+    out = evaluated.train()
+    rows = [json.loads(line) for line in Path(tmp_path / "eval", "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval_loss" in r] == expected
+    assert out.global_step == expected[-1]
+    assert losses(tmp_path / "eval") == losses(tmp_path / "plain")  # no RNG draw, no weight change
+
+
+def test_eval_strategy_arguments():
+    assert TrainingArguments(evaluation_strategy="steps", logging_steps=7).eval_steps == 7  # older name
+    assert TrainingArguments(eval_strategy="steps", eval_steps=3).eval_steps == 3
+    with pytest.warns(UserWarning, match="--eval_steps 50 has no effect with --eval_strategy no"):
+        TrainingArguments(eval_steps=50)
+
+
 def test_throughput_excludes_a_slow_warmup_step(tmp_path):
     data = ns["dataset"]()
     timed = {}
