@@ -123,6 +123,7 @@ class Trainer:
         self.tokens_per_sample = tokens_per_sample
         self._log = log
         self.on_step_end = on_step_end
+        self._eval_warned = False
         _seed_everything(args.seed)
         apply_attention(model, args, self.info)
         if args.gradient_checkpointing:
@@ -336,7 +337,8 @@ class Trainer:
         """Mean loss and perplexity over eval_dataset on all ranks (logged at `step` if given)."""
         args, info = self.args, self.info
         note = multi_node_eval_warning(self.world, int(os.environ.get("LOCAL_WORLD_SIZE", self.world) or 1))
-        if note and self.rank == 0:
+        if note and self.rank == 0 and not self._eval_warned:
+            self._eval_warned = True  # once per run, however often it evaluates
             warnings.warn(note, stacklevel=2)
         sampler = DistributedSampler(self.eval_dataset, num_replicas=self.world, rank=self.rank, shuffle=False)
         # Its own generator: an evaluation must not draw from the global RNG the training uses.

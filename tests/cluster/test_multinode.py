@@ -74,6 +74,20 @@ def test_launch_from_a_login_node_outside_the_hostfile(cluster, backend):
         assert plan["tcp_cidr"] == "10.213.0.0/24"
 
 
+def test_main_job_across_two_hosts_advises_evaluating_on_one_node(cluster, tmp_path):
+    out = tmp_path / "clm"
+    res = run_job(cluster, "mpirun", os.path.join(ROOT, "scripts", "run_clm.py"), "--do_train", "--do_eval",
+                  "--output_dir", str(out), "--max_steps", "4", "--logging_steps", "2",
+                  "--per_device_train_batch_size", "4", "--max_train_samples", "64", "--max_eval_samples", "16",
+                  "--distribution_strategy", "fast_ddp", slots=1)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    text = res.stdout + res.stderr
+    assert text.count("multi-node evaluation is not recommended") == 1  # rank 0, once
+    results = json.loads((out / "results.json").read_text())
+    assert results["train"]["global_step"] == 4 and results["eval"]["perplexity"] > 0
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()  # for the one-node eval
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_env_and_args_arrive_byte_exact_on_remote_ranks(cluster, backend, tmp_path):
     tricky = 'a  b $(id) `id` "dq" \'sq\' ; {"j": [1, 2]} \\ end '
