@@ -303,12 +303,13 @@ class Trainer:
         mark_step(info)
 
     def _log_step(self, step: int, loss: float, scheduler, throughput: Throughput) -> None:
+        if self.rank != 0:
+            return  # the main process logs (and only it queries the device's memory)
         values = {"loss": round(loss, 4), "learning_rate": scheduler.get_last_lr()[0]}
         values.update(throughput.metrics())
         values.update(memory_stats(self.info))
-        if self.rank == 0:
-            self.writer.log(step, values)
-            self._say(format_log(step, values))
+        self.writer.log(step, values)
+        self._say(format_log(step, values))
 
     def _save(self, step: int, epoch: int, batches: int) -> None:
         ckpt.save_checkpoint(self.args.output_dir, step, model=self.model, optimizer=self.optimizer,

@@ -55,3 +55,43 @@ def test_run_clm_with_deepspeed_zero_on_cpu(tmp_path):
     lrs = [json.loads(line)["learning_rate"] for line in (out / "metrics.jsonl").read_text().splitlines()
            if "learning_rate" in line]
     assert lrs == sorted(lrs, reverse=True) and lrs[-1] == 0  # our schedule drives DeepSpeed's optimizer
+
+
+def test_stand_in_hpu_run_clm_through_gaudi_launch_takes_every_gaudi_path(tmp_path):
+    """The whole HPU path, launcher to kernel, against the recording habana_frameworks stand-in."""
+    from tests.standin.fixture import STAND_IN_DIR
+
+    cfg = tmp_path / "gaudi_config.json"
+    cfg.write_text(json.dumps({"use_torch_autocast": True, "use_fused_adam": True, "use_fused_clip_norm": True,
+                               "autocast_bf16_ops": ["addmm", "mm"], "autocast_fp32_ops": ["softmax"]}))
+    log = tmp_path / "calls"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PT_HPU_")}
+    # DeepSpeed (imported by transformers' save_pretrained) would pick its own HPU accelerator on
+    # seeing habana_frameworks: not ours to check, and beyond what the stand-in offers.
+    env.update(PYTHONPATH=STAND_IN_DIR, HPU_STAND_IN_LOG=str(log), DS_ACCELERATOR="cpu")
+    cmd = [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", os.path.join(ROOT, "scripts", "run_clm.py"),
+           "--gaudi_config_name", str(tmp_path), "--bf16", "--do_train", "--do_eval", "--output_dir",
+           str(tmp_path / "out"), "--max_steps", "3", "--logging_steps", "1", "--per_device_train_batch_size", "4",
+           "--max_train_samples", "32", "--max_eval_samples", "8", "--distribution_strategy", "fast_ddp",
+           "--attn_implementation", "gaudi_fused_sdpa", "--use_hpu_graphs_for_training", "--pipelining_fwd_bwd"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    n_layer = json.loads(open(os.path.join(ROOT, "gaudi_launch", "runtime", "assets", "tiny-gpt2",
+                                           "config.json")).read())["n_layer"]
+    for rank in (0, 1):
+        calls = json.loads((tmp_path / f"calls.rank{rank}.json").read_text())
+        names = [name for name, _ in calls]
+        (loaded,) = [details for name, details in calls if name == "core.import"]
+        # The bridge found lazy mode and this job's op lists in place when it was loaded.
+        assert loaded["PT_HPU_LAZY_MODE"] == "1"
+        assert sorted(loaded["op_lists"].values()) == ["addmm\nmm\n", "softmax\n"]
+        assert names.index("hccl.import") < names.index("hccl.create")  # registered by the worker
+        assert "ModuleCacher" in names and "FusedAdamW" in names
+        assert names.count("FusedClipNorm.clip_norm") == 3 and names.count("FusedAdamW.step") == 3
+        # Between two optimizer steps: one after the optimizer step + zero_grad, then the next
+        # step's marks between loss and backward (pipelining), after backward, after the all-reduce.
+        steps = [i for i, name in enumerate(names) if name == "FusedAdamW.step"]
+        assert names[steps[0]:steps[1]].count("mark_step") == 4
+        assert names.count("FusedSDPA.apply") >= 3 * n_layer  # every training forward, every block
+        assert ("memory_stats" in names) == (rank == 0)  # logged by the main process only
+    assert "multi-node" not in res.stdout + res.stderr  # one host: no multi-node advice

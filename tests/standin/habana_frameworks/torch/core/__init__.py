@@ -5,10 +5,22 @@ import os
 
 from habana_frameworks import record
 
-# The real bridge reads these once, at import: the tests assert they were set before it.
+_LISTS = ("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", "PT_HPU_AUTOCAST_FP32_OPS_LIST")
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except (OSError, TypeError):
+        return None
+
+
+# The real bridge reads these once, at import: the tests assert they were set (and the op-list
+# files written) before it.
 record("core.import", PT_HPU_LAZY_MODE=os.environ.get("PT_HPU_LAZY_MODE"),
-       PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST=os.environ.get("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"),
-       PT_HPU_AUTOCAST_FP32_OPS_LIST=os.environ.get("PT_HPU_AUTOCAST_FP32_OPS_LIST"))
+       **{var: os.environ.get(var) for var in _LISTS},
+       op_lists={var: _read(os.environ.get(var)) for var in _LISTS})
 
 
 def mark_step() -> None:
