@@ -12,6 +12,7 @@ import argparse
 import atexit
 import dataclasses
 import os
+import shutil
 import sys
 import tempfile
 import warnings
@@ -33,14 +34,8 @@ def _op_list_dir(job_dir: Optional[str]) -> str:
         return str(job_dir)
     if _process_tmpdir is None:
         _process_tmpdir = tempfile.mkdtemp(prefix=f"gaudi-launch-autocast-{os.getpid()}-")
-        atexit.register(_remove_tree, _process_tmpdir)
+        atexit.register(shutil.rmtree, _process_tmpdir, True)
     return _process_tmpdir
-
-
-def _remove_tree(path: str) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _remove_file(path: str) -> None:
@@ -128,7 +123,7 @@ def hpu_env_for_script(script_argv: List[str], environ: MutableMapping[str, str]
         try:
             config = GaudiConfig.from_pretrained(flags.gaudi_config_name)
         except (OSError, ValueError):
-            config = None
+            pass
     scratch = dict(environ)
     user_lazy = environ.get(LAZY_VAR)
     out = prepare_hpu_env(flags, config, environ=scratch, job_dir=job_dir)

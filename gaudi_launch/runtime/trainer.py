@@ -248,9 +248,7 @@ class Trainer:
                 losses.append(step_loss)
                 if step % args.logging_steps == 0 or (args.logging_first_step and step == 1):
                     self._log_step(step, step_loss, scheduler, throughput)
-                if self.eval_dataset is not None and evaluation_due(args, step, epoch_end=False):
-                    with throughput.pause():
-                        self.evaluate(step)
+                self._evaluate_if_due(step, False, throughput)
                 if args.save_steps and step % args.save_steps == 0:
                     self._save(step, epoch, batch_index + 1)
                 if self.on_step_end is not None:
@@ -258,17 +256,19 @@ class Trainer:
                 if step >= max_steps:
                     done = True
                     break
-            # The epoch's end, also when it is the last step's (max_steps from num_train_epochs).
-            epoch_end = batch_index + 1 >= len(loader)
-            if epoch_end and self.eval_dataset is not None and evaluation_due(args, step, epoch_end=True):
-                with throughput.pause():
-                    self.evaluate(step)
+            if batch_index + 1 >= len(loader):  # the epoch's end, also when it was the last step's
+                self._evaluate_if_due(step, True, throughput)
             skip = 0
             epoch += 1
         metrics = {**throughput.metrics(), "train_loss": sum(losses) / max(1, len(losses)), "global_step": step}
         if self.rank == 0:
             self.writer.log(step, metrics)
         return TrainOutput(step, metrics["train_loss"], metrics)
+
+    def _evaluate_if_due(self, step: int, epoch_end: bool, throughput: Throughput) -> None:
+        if self.eval_dataset is not None and evaluation_due(self.args, step, epoch_end):
+            with throughput.pause():  # evaluation time is not training throughput
+                self.evaluate(step)
 
     def _micro_step(self, batch: Dict[str, torch.Tensor], accum: int) -> float:
         args, info = self.args, self.info

@@ -11,11 +11,15 @@ import os
 
 _calls: list = []
 
+
+def _write_log(prefix: str) -> None:
+    with open(f"{prefix}.rank{os.environ.get('RANK', '0')}.json", "w") as f:
+        json.dump(_calls, f, default=str)
+
+
 # A rank run in its own process (through the launcher) leaves its call log here for the test.
-_LOG_PREFIX = os.environ.get("HPU_STAND_IN_LOG")
-if _LOG_PREFIX:
-    atexit.register(lambda: open(f"{_LOG_PREFIX}.rank{os.environ.get('RANK', '0')}.json", "w")
-                    .write(json.dumps(_calls, default=str)))
+if os.environ.get("HPU_STAND_IN_LOG"):
+    atexit.register(_write_log, os.environ["HPU_STAND_IN_LOG"])
 
 
 def record(name: str, **details) -> None:
