@@ -124,8 +124,14 @@ def _config_value(ctx: click.Context, param: click.Parameter, name: str, raw, wh
     if not many and isinstance(raw, (list, dict)):
         raise UserError(f"{name} takes a single value, not a {type(raw).__name__}", where=where)
     items = raw if many else [raw]
+    if any(v is None for v in items):  # YAML null: click would pass None on and fail much later
+        raise UserError(f"{name} has no value", where=where, hint=f"give {name} a value, or leave the key out")
+    if isinstance(param.type, click.types.BoolParamType) and not all(isinstance(v, bool) for v in items):
+        raise UserError(f"{name} is true or false, got {raw!r}", where=where)
     if isinstance(param.type, click.types.IntParamType) and any(isinstance(v, (bool, float)) for v in items):
         raise UserError(f"{name} must be a whole number", where=where)
+    if name == "env":
+        _check_env_items(items, where)
     if isinstance(param.type, click.types.StringParamType):
         if any(isinstance(v, (list, dict)) for v in items):
             raise UserError(f"{name} takes text, not a nested list or mapping", where=where)
@@ -135,6 +141,19 @@ def _config_value(ctx: click.Context, param: click.Parameter, name: str, raw, wh
         return param.type_cast_value(ctx, raw)
     except (click.BadParameter, TypeError, ValueError) as exc:
         raise UserError(f"bad value for {name}: {getattr(exc, 'message', exc)}", where=where)
+
+
+def _check_env_items(items: list, where: str) -> None:
+    """A job file's env items, checked here so that errors name the job file's line."""
+    from gaudi_launch.envfile import parse_assignments
+
+    hint = 'env: {NAME: "value"} or env: ["NAME=value"]'
+    if not all(isinstance(v, str) for v in items):
+        raise UserError("env items are NAME=VALUE text", where=where, hint=hint)
+    try:
+        parse_assignments(items, "env")
+    except UserError as exc:
+        raise UserError(exc.message, where=where, hint=hint) from None
 
 
 def _launch(v: dict) -> int:

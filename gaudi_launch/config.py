@@ -11,6 +11,7 @@ from gaudi_launch.errors import UserError
 ALIASES = {"num_gpus": "num_devices", "nproc_per_node": "num_devices", "hostfile_path": "hostfile",
            "training_script": "script", "args": "script_args", "training_script_args": "script_args",
            "json": "json_out"}
+MAX_CONFIG_BYTES = 1 << 20
 
 
 def normalize_key(key: str) -> str:
@@ -21,8 +22,11 @@ def normalize_key(key: str) -> str:
 def load_config(path: str) -> List[Tuple[str, Any, str]]:
     """[(parameter name, value, "path:line")] in file order."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)  # bounded: --config /dev/zero must not eat memory
+        if len(data) > MAX_CONFIG_BYTES:
+            raise UserError(f"config file is larger than {MAX_CONFIG_BYTES} bytes", where=path)
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise UserError("config file does not exist", where=path, hint="check the path given to --config")
     except (OSError, UnicodeDecodeError) as exc:

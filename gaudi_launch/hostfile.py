@@ -53,11 +53,21 @@ def _split_user(name: str) -> tuple[str | None, str]:
     return None, name
 
 
+# A zone id names an interface (fe80::1%eth0) or its index; anything else (';', '$', '/') would
+# reach ssh and remote command lines as part of a host name.
+_ZONE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}", re.ASCII)
+MAX_HOSTFILE_BYTES = 1 << 20  # a hostfile of a million bytes is already ~40,000 hosts
+MAX_SLOTS = 65536             # per host (as spec.MAX_DEVICES)
+
+
 def _ipv6(text: str) -> ipaddress.IPv6Address | None:
     try:
-        return ipaddress.IPv6Address(text)
+        addr = ipaddress.IPv6Address(text)
     except ValueError:
         return None
+    if addr.scope_id is not None and not _ZONE_RE.fullmatch(addr.scope_id):
+        return None
+    return addr
 
 
 def _host_key(host: str) -> str:
@@ -111,6 +121,12 @@ def _check_host_name(raw: str, where: str) -> str:
 
     if host.startswith("[") or host.endswith("]"):
         inner = host[1:-1] if host.startswith("[") and host.endswith("]") else None
+        if inner is not None and "%" in inner and _ipv6(inner) is None and _ipv6(inner.split("%", 1)[0]):
+            raise UserError(
+                f"bad IPv6 zone id in '{raw}'",
+                where=where,
+                hint="a zone id is an interface name or number: letters, digits, '.', '_', '-' (fe80::1%eth0)",
+            )
         if inner is None or _ipv6(inner) is None:
             raise UserError(
                 f"bad host name '{raw}': brackets are only for IPv6 addresses",
@@ -123,6 +139,12 @@ def _check_host_name(raw: str, where: str) -> str:
     if ":" in host:
         if _ipv6(host) is not None:
             return raw
+        if "%" in host and _ipv6(host.split("%", 1)[0]) is not None:
+            raise UserError(
+                f"bad IPv6 zone id in '{raw}'",
+                where=where,
+                hint="a zone id is an interface name or number: letters, digits, '.', '_', '-' (fe80::1%eth0)",
+            )
         if host.count(":") == 1:
             hint = (
                 "ports cannot be given in a hostfile; set the ssh port in ~/.ssh/config "
@@ -165,6 +187,12 @@ def _parse_slots(value: str, where: str) -> int:
     if not _DIGITS_RE.fullmatch(value):
         raise UserError(
             f"slots must be a positive integer, got '{value}'",
+            where=where,
+            hint="write the number of devices on the host, e.g. slots=8",
+        )
+    if len(value) > 6 or int(value) > MAX_SLOTS:
+        raise UserError(
+            f"slots={value} is more than {MAX_SLOTS}",
             where=where,
             hint="write the number of devices on the host, e.g. slots=8",
         )
@@ -253,8 +281,15 @@ def parse_hostfile(text: str, source: str) -> list[Host]:
 def read_hostfile(path: str) -> list[Host]:
     """Read and parse the hostfile at ``path``; a missing or unreadable file is a UserError."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_HOSTFILE_BYTES + 1)  # bounded: --hostfile /dev/zero must not eat memory
+        if len(data) > MAX_HOSTFILE_BYTES:
+            raise UserError(
+                f"hostfile is larger than {MAX_HOSTFILE_BYTES} bytes",
+                where=path,
+                hint="pass the hostfile itself (one 'HOST slots=N' line per host) with --hostfile",
+            )
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise UserError(
             "hostfile not found",

@@ -1,6 +1,7 @@
 """JobSpec: what the user asked for, validated, with gaudi_spawn.py's flags mapped onto ours."""
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -8,6 +9,7 @@ from typing import Dict, List, Optional
 from gaudi_launch.errors import UserError
 
 BACKENDS = ("auto", "local", "mpirun", "deepspeed")
+MAX_DEVICES = 65536  # per node: far above any real host, low enough that a plan fits in memory
 
 
 @dataclass
@@ -54,10 +56,17 @@ class JobSpec:
         for option, value in (("--num_nodes", self.num_nodes), ("--num_devices", self.num_devices)):
             if value is not None and value < 1:
                 raise UserError(f"must be at least 1, got {value}", where=option)
+        if self.num_devices is not None and self.num_devices > MAX_DEVICES:
+            raise UserError(f"{self.num_devices} devices per node is more than {MAX_DEVICES}", where="--num_devices")
         if self.master_port is not None and not 1 <= self.master_port <= 65535:
             raise UserError(f"port {self.master_port} is out of range 1-65535", where="--master_port")
         if self.ssh_port is not None and not 1 <= self.ssh_port <= 65535:
             raise UserError(f"port {self.ssh_port} is out of range 1-65535", where="--ssh-port")
+        # nan compares false with everything: without isfinite it slips past every bound below
+        # (--grace nan busy-looped and never sent SIGKILL).
+        for option, seconds in (("--ssh-timeout", self.ssh_timeout), ("--grace", self.grace)):
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds):
+                raise UserError(f"must be a finite number of seconds, got {seconds!r}", where=option)
         if self.ssh_timeout <= 0:
             raise UserError(f"must be positive, got {self.ssh_timeout}", where="--ssh-timeout")
         if self.launcher not in ("pdsh", "openmpi"):
