@@ -38,15 +38,8 @@ def _parse_slot_list(text: str, part: str, option: str) -> list[int]:
                 hint="write slots as comma-separated numbers, e.g. worker-0:0,1; "
                 "separate hosts with '@', e.g. worker-0:0@worker-1",
             )
-        slot = int(token)
-        if slot in slots:
-            raise UserError(
-                f"slot {slot} is listed twice in '{part}'",
-                where=option,
-                hint="list each slot once",
-            )
-        slots.append(slot)
-    return sorted(slots)
+        slots.append(int(token))
+    return sorted(set(slots))  # a slot named twice is one slot, as DeepSpeed reads it
 
 
 def _check_selector_name(name: str, part: str, option: str) -> None:
@@ -131,11 +124,18 @@ def parse_selector(expr: str, option: str) -> dict[str, list[int] | None]:
 
         key = _host_key(name)
         if key in keys:
-            raise UserError(
-                f"host '{name}' is listed twice",
-                where=option,
-                hint=f"name each host once; merge its slots, e.g. {keys[key]}:0,1",
-            )
+            # DeepSpeed merges a host's parts (worker-0:1@worker-0:0,1 is worker-0:0,1). A whole
+            # host and some of its slots have no clear meaning (DeepSpeed takes only the slots).
+            first = keys[key]
+            if (result[first] is None) != (slots is None):
+                raise UserError(
+                    f"host '{name}' is named both whole and with slots",
+                    where=option,
+                    hint=f"write '{first}' for all its slots, or '{first}:0,1' for some",
+                )
+            if slots is not None:
+                result[first] = sorted(set(result[first]) | set(slots))
+            continue
         keys[key] = name
         result[name] = slots
     return result
@@ -254,7 +254,8 @@ def select(
             raise UserError(
                 f"asked for {num_nodes} nodes but the hostfile selection has {len(chosen)}",
                 where="--num_nodes",
-                hint=f"pass --num_nodes {len(chosen)} or fewer, or add hosts to the hostfile"
+                hint=f"pass --num_nodes {len(chosen)} or fewer (DeepSpeed silently runs on the "
+                f"{len(chosen)} there are), or add hosts to the hostfile"
                 + (" / widen --include/--exclude" if include is not None or exclude is not None else ""),
             )
         chosen = chosen[:num_nodes]

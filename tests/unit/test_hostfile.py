@@ -307,6 +307,11 @@ class TestParseSelector:
             ("fe80::1", {"fe80::1": None}),
             ("fe80::1@worker-0:1", {"fe80::1": None, "worker-0": [1]}),
             (" worker-0 : 0 , 1 @ worker-1 ", {"worker-0": [0, 1], "worker-1": None}),
+            # Named twice: merged, as DeepSpeed's parse_node_config_list does.
+            ("a:0,1,0", {"a": [0, 1]}),
+            ("a:2@b@a:0,2", {"a": [0, 2], "b": None}),
+            ("A@a", {"A": None}),
+            ("[fe80::1]@fe80:0::1", {"fe80::1": None}),
         ],
     )
     def test_valid(self, expr, expected):
@@ -328,10 +333,8 @@ class TestParseSelector:
             ("a:x", "slot 'x' in 'a:x' is not a number"),
             ("a:1.5", "is not a number"),
             ("a:-1", "cannot be negative"),
-            ("a:0,1,0", "slot 0 is listed twice"),
-            ("a@b:1@a:2", "host 'a' is listed twice"),
-            ("A@a", "listed twice"),
-            ("[fe80::1]@fe80:0::1", "listed twice"),
+            ("a@b:1@a:2", "host 'a' is named both whole and with slots"),
+            ("a:2@A", "named both whole and with slots"),
             ("[fe80::1:0", "missing ']'"),
             ("[worker-0]:1", "not an IPv6 address"),
             ("[fe80::1]0", "unexpected '0' after ']'"),
