@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 
-class UserError(Exception):
-    """Bad input. ``where`` names the file:line, the option or the host; ``hint`` says what to do."""
+class UserError(ValueError):
+    """Bad input. ``where`` names the file:line, the option or the host; ``hint`` says what to do.
+
+    A ValueError, as optimum-habana's DistributedRunner raises for bad arguments: Python callers'
+    ``except ValueError`` keeps working.
+    """
 
     exit_code = 2
 

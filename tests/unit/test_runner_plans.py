@@ -152,6 +152,19 @@ def test_use_mpi_with_use_deepspeed_is_user_error():
     assert info.value.where == "--use_mpi"
 
 
+def test_bad_input_from_python_is_a_value_error_as_upstream(tmp_path):
+    # optimum-habana raises ValueError for these: `except ValueError` in callers must keep working.
+    cases = [lambda: runner(["train.py"], use_mpi=True, use_deepspeed=True),
+             lambda: runner(["train.py"], world_size=0),
+             lambda: runner(["t.py"], master_port=70000).plans(),
+             lambda: runner(["t.py"], hostfile=str(tmp_path / "missing")).plans(),
+             lambda: runner([""]).plans()]
+    for case in cases:
+        with pytest.raises(ValueError) as info:
+            case()
+        assert isinstance(info.value, UserError) and info.value.where
+
+
 def test_world_size_zero_is_user_error():
     with pytest.raises(UserError):
         runner(["train.py"], world_size=0)
