@@ -215,16 +215,18 @@ def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
                     "check the key's fingerprint with the host's admin, then add it: "
                     f"ssh-keyscan{port_opt} {shlex.quote(name)} >> {file}; "
                     "or run without --strict-host-keys to accept new keys")
-        if "no authentication methods available" in low or "no existing session" in low:
+        if "protocol banner" in low or "no existing session" in low:
+            # paramiko says "No existing session" when the handshake never finished (its connect
+            # wait ran out just before the banner timeout): not a key problem.
+            return (f"{name}:{port} did not answer the SSH handshake (no SSH banner within {opts.timeout:g} s)",
+                    f"check that sshd (not another service) listens on port {port} and is not overloaded "
+                    "(MaxStartups); raise --ssh-timeout if the host is slow")
+        if "no authentication methods available" in low:
             what = (f"none of {key_tried} could be used" if key_tried else
                     "no identity file, no default key in ~/.ssh, no ssh-agent")
             return (f"no SSH key to offer ({what})",
                     "create a key (ssh-keygen -t ed25519) and install it: "
                     f"ssh-copy-id -i ~/.ssh/id_ed25519.pub{port_opt} {target}; or give one with --ssh-identity")
-        if "protocol banner" in low:
-            return (f"no SSH banner from {name}:{port} within {opts.timeout:g} s ({text})",
-                    f"check that sshd (not another service) listens on port {port} and is not overloaded "
-                    "(MaxStartups); raise --ssh-timeout if the host is slow")
         return (f"ssh failed: {text}", f"try it by hand: ssh -v{port_opt} {target} true")
 
     if isinstance(exc, socket.gaierror):

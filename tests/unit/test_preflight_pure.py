@@ -335,3 +335,9 @@ def test_report_ok_failures_and_table():
     assert lines[4] == "warning: OpenMPI version differs"
     assert CheckReport(facts={"gl-n0": ok}, warnings=[]).ok
     assert CheckReport(facts={}, warnings=[]).ok
+
+
+def test_a_handshake_that_never_finished_is_not_called_a_key_problem():
+    # paramiko's connect wait can run out just before its banner timeout: auth then says this.
+    reason, fix = classify_ssh_error(paramiko.SSHException("No existing session"), "h", OPTS, KEY)
+    assert "did not answer the SSH handshake" in reason and "no SSH key" not in reason
