@@ -9,6 +9,7 @@ a record (``JobResult``) with one failure summary, root cause first.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import queue
@@ -21,10 +22,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, List, Optional, TextIO, Tuple
 
+from gaudi_launch.logfiles import open_log, prepare_log_dir
 from gaudi_launch.worker import ERROR_MARKER
 
 EXIT_HOST_LOST = 4       # a host stopped answering mid-run
 TAIL_KEEP = 200          # lines of output remembered per process for the summary
+TAIL_LINE_CHARS = 2000   # each remembered line is cut to this: tails stay bounded in bytes too
+LINE_READ_MAX = 1 << 20  # bytes read as one line at most (a line without newline never ends)
 SUMMARY_LINES = 25       # lines shown when there is no traceback
 TRACEBACK_LINES = 60     # at most this much of a traceback
 _COLORS = ["36", "33", "35", "32", "34", "31", "96", "93"]
@@ -254,7 +258,7 @@ class Supervisor:
         self._events: "queue.Queue[tuple]" = queue.Queue()
         self._write_lock = threading.Lock()
         self._stop_signal = 0
-        self._logs: Dict[str, TextIO] = {}
+        self._logs: Dict[str, Optional[TextIO]] = {}  # None: could not be written (reported once)
         self.watch = watch
         self.watch_interval = watch_interval
         self._done = threading.Event()
@@ -274,7 +278,7 @@ class Supervisor:
         # called with None at the end of the stream to flush what it holds.
         own = spec.rank if spec.ranks is None else None  # a multi-rank process without a demuxer
         demux = spec.demux() if spec.demux else (lambda t: [] if t is None else [(own, t)])
-        for raw in iter(pipe.readline, b""):
+        for raw in iter(lambda: pipe.readline(LINE_READ_MAX), b""):
             for rank, text in demux(raw.decode("utf-8", errors="replace").rstrip("\r\n")):
                 self._emit(proc, rank, text, sink)
         for rank, text in demux(None):
@@ -282,12 +286,40 @@ class Supervisor:
         pipe.close()
 
     def _log(self, name: str, line: str) -> None:
-        """Append to LOG_DIR/NAME.log (one file per rank); called with the write lock held."""
-        f = self._logs.get(name)
+        """Append to LOG_DIR/NAME.log (one file per rank); called with the write lock held.
+
+        A log that cannot be written (disk full, a planted link) is reported once and dropped:
+        the output goes on to the terminal and the job's exit status does not change."""
+        path = os.path.join(self.log_dir, f"{name}.log")
+        if name not in self._logs:
+            try:
+                self._logs[name] = open_log(path)
+            except OSError as exc:
+                self._log_failed(name, path, exc)
+        f = self._logs[name]
         if f is None:
-            f = self._logs[name] = open(os.path.join(self.log_dir, f"{name}.log"), "w", encoding="utf-8")
-        f.write(line + "\n")
-        f.flush()
+            return
+        try:
+            f.write(line + "\n")
+            f.flush()
+        except (OSError, ValueError) as exc:
+            self._log_failed(name, path, exc)
+
+    def _log_failed(self, name: str, path: str, exc: Exception) -> None:
+        old = self._logs.get(name)
+        self._logs[name] = None
+        if old is not None:
+            try:
+                old.close()
+            except OSError:
+                pass  # the unflushed rest fails again: already reported
+        why = "it is a symbolic link (not followed)" if getattr(exc, "errno", None) == errno.ELOOP else \
+            (getattr(exc, "strerror", None) or str(exc))
+        try:
+            self.err.write(f"gaudi-launch: cannot write {path}: {why}; its output goes on to the terminal only\n")
+            self.err.flush()
+        except (OSError, ValueError):
+            pass
 
     def _emit(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
         if text.startswith(ERROR_MARKER):
@@ -301,10 +333,11 @@ class Supervisor:
         if proc.spec.alarm is not None and proc.spec.alarm(text):
             self._events.put(("rank failed", proc.index))
         line = self.mask(text)
+        kept = _clip(line)
         with self._write_lock:
-            proc.tail.append(line)
+            proc.tail.append(kept)
             if rank is not None:
-                proc.rank_tails.setdefault(rank, deque(maxlen=TAIL_KEEP)).append(line)
+                proc.rank_tails.setdefault(rank, deque(maxlen=TAIL_KEEP)).append(kept)
             if self.log_dir:
                 self._log(f"rank-{rank}" if rank is not None else proc.spec.name.replace(" ", "-"), line)
             try:
@@ -372,7 +405,7 @@ class Supervisor:
 
     def run(self) -> JobResult:
         if self.log_dir:
-            os.makedirs(self.log_dir, exist_ok=True)
+            prepare_log_dir(self.log_dir)
         old_handlers = {}
         if self.handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -386,7 +419,11 @@ class Supervisor:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
             for f in self._logs.values():
-                f.close()
+                if f is not None:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass  # reported when the write failed
 
     def _run(self) -> JobResult:
         first: Optional[_Proc] = None
@@ -490,6 +527,12 @@ class Supervisor:
                 pass
         return JobResult(exit_code=code, procs=results, first_failure=first_result, culprit=culprit,
                          interrupted_by=interrupted, summary=summary)
+
+
+def _clip(line: str) -> str:
+    if len(line) <= TAIL_LINE_CHARS:
+        return line
+    return line[:TAIL_LINE_CHARS] + f" ... [{len(line) - TAIL_LINE_CHARS} more characters]"
 
 
 def _parse_record(text: str) -> Optional[dict]:

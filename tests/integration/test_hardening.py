@@ -4,6 +4,7 @@ runs for the local backend too."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -41,7 +42,7 @@ def assert_refused(res, tmp_path, *expected):
     ("grace: null\n", "job.yaml:1: grace has no value"),
     ("num_devices: 1\nssh_timeout: null\n", "job.yaml:2: ssh_timeout has no value"),
     ("env: [null]\n", "job.yaml:1: env has no value"),
-    ("num_devices: 1\nenv:\n  - A=1\n  - NOEQUALS\n", "job.yaml:2: expected KEY=VALUE, got 'NOEQUALS'"),
+    ("num_devices: 1\nenv:\n  - A=1\n  - 1BAD=x\n", "job.yaml:2: invalid variable name '1BAD'"),
     ("env: [[1, 2]]\n", "job.yaml:1: env items are NAME=VALUE text"),
 ])
 def test_bad_job_file_values_are_exit_2_naming_the_line(tmp_path, yaml_text, expected):
@@ -102,3 +103,100 @@ def test_ipv6_zone_id_naming_an_interface_is_accepted(tmp_path):
     assert res.returncode == 0, res.stderr
     import json
     assert [n["host"] for n in json.loads(res.stdout)["nodes"]] == ["fe80::1%eth0", "fe80::2%3"]
+
+
+# ---- item 5: --log-dir cannot be turned against the user ---------------------------------------------
+
+def printer(tmp_path, lines=3, width=20, code=0):
+    script = tmp_path / "printer.py"
+    script.write_text("import os, sys\n"
+                      f"for i in range({lines}):\n"
+                      f"    print('rank %s line %d ' % (os.environ['RANK'], i) + 'x' * {width})\n"
+                      f"sys.exit({code})\n")
+    return str(script)
+
+
+def planted(tmp_path, mode):
+    """A log directory with mode `mode` holding rank-0.log -> a victim file."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    os.chmod(logs, mode)
+    os.symlink(victim, logs / "rank-0.log")
+    return logs, victim
+
+
+def test_log_dir_writable_by_others_is_refused_and_nothing_starts(tmp_path):
+    logs, victim = planted(tmp_path, 0o777)
+    res = gaudi_launch("--num_devices", "1", "--log-dir", str(logs), marker_script(tmp_path))
+    assert_refused(res, tmp_path, f"--log-dir {logs}: the log directory can be written by other users")
+    assert victim.read_text() == "precious\n"
+
+
+def test_log_dir_of_another_user_is_refused(tmp_path):
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("needs root to create a directory of another user")
+        pytest.skip("needs root to create a directory of another user")
+    logs, victim = planted(tmp_path, 0o755)
+    os.chown(logs, 65534, 65534)
+    res = gaudi_launch("--num_devices", "1", "--log-dir", str(logs), marker_script(tmp_path))
+    assert_refused(res, tmp_path, "the log directory belongs to another user (uid 65534)")
+    assert victim.read_text() == "precious\n"
+
+
+def test_planted_link_in_a_sticky_dir_of_ours_is_not_followed(tmp_path):
+    logs, victim = planted(tmp_path, 0o1777)
+    res = gaudi_launch("--num_devices", "2", "--log-dir", str(logs), printer(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert victim.read_text() == "precious\n"
+    assert os.path.islink(logs / "rank-0.log")
+    assert res.stderr.count(f"cannot write {logs}/rank-0.log: it is a symbolic link (not followed)") == 1
+    assert "[rank 0] rank 0 line 2 " in res.stdout  # still on the terminal
+    assert (logs / "rank-1.log").read_text().splitlines()[2].startswith("rank 1 line 2 ")
+
+
+# ---- item 6: a log that cannot be written ------------------------------------------------------------
+
+def _limit_file_size():
+    import resource
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))  # writes past 16 KiB fail with EFBIG
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_failed_log_write_is_reported_once_and_output_and_exit_status_go_on(tmp_path, code):
+    logs = tmp_path / "logs"
+    res = gaudi_launch("--num_devices", "1", "--log-dir", str(logs), printer(tmp_path, lines=3000, width=100, code=code),
+                       preexec_fn=_limit_file_size, timeout=120)
+    assert res.returncode == code, res.stderr[-2000:]
+    out = [line for line in res.stdout.splitlines() if line.startswith("[rank 0] rank 0 line ")]
+    assert len(out) == 3000 and out[-1].startswith("[rank 0] rank 0 line 2999 ")
+    assert res.stderr.count("cannot write") == 1, res.stderr[-2000:]
+    assert f"cannot write {logs}/rank-0.log: File too large; its output goes on to the terminal only" in res.stderr
+    assert 0 < os.path.getsize(logs / "rank-0.log") <= 16384
+
+
+# ---- item 15: output tails are bounded in bytes ------------------------------------------------------
+
+def test_a_huge_line_is_shown_whole_but_kept_cut_in_the_summary(tmp_path):
+    script = tmp_path / "huge.py"
+    script.write_text("import sys\nprint('start')\nprint('y' * 3000000)\nsys.exit(7)\n")
+    res = gaudi_launch("--num_devices", "1", str(script), timeout=120)
+    assert res.returncode == 7
+    assert sum(line.count("y") for line in res.stdout.splitlines()) == 3000000  # nothing lost on the terminal
+    summary = res.stderr[res.stderr.index("gaudi-launch: job failed"):]
+    cut = [line for line in summary.splitlines() if "yyy" in line]
+    assert cut and all(len(line) < 2100 and re.search(r" \.\.\. \[\d+ more characters\]$", line) for line in cut)
+
+
+def test_supervisor_tails_hold_at_most_200_cut_lines(tmp_path):
+    import io
+
+    from gaudi_launch.supervise import TAIL_KEEP, TAIL_LINE_CHARS, ProcSpec, Supervisor
+    code = "for i in range(400): print(str(i) * 50000)"
+    spec = ProcSpec(rank=0, host="localhost", argv=[sys.executable, "-c", code], env=dict(os.environ))
+    result = Supervisor([spec], stdout=io.StringIO(), stderr=io.StringIO(), handle_signals=False).run()
+    tail = result.procs[0].tail
+    assert len(tail) == TAIL_KEEP and tail[-1].startswith("399399")
+    assert max(len(line) for line in tail) <= TAIL_LINE_CHARS + 40
