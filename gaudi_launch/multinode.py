@@ -28,10 +28,20 @@ class PreflightFailed(UserError):
         self.report = report
 
 
-def ssh_args(spec: JobSpec) -> List[str]:
-    """Options for every `ssh` a backend runs (mpirun's plm_rsh_args, pdsh, teardown). Pure."""
+def ssh_args(spec: JobSpec, configured_host_keys: Optional[str] = None) -> List[str]:
+    """Options for every `ssh` a backend runs (mpirun's plm_rsh_args, pdsh, teardown). Pure.
+
+    An -o option beats ssh_config, so StrictHostKeyChecking is given only where the user's
+    config does not decide (``configured_host_keys``: its value for the job's hosts, if any):
+    --strict-host-keys means yes for every ssh; otherwise the default is accept-new. Agent
+    forwarding is always off: a user's ForwardAgent yes would hand the agent to every host.
+    """
     args = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(spec.ssh_timeout))}",
-            "-o", "StrictHostKeyChecking=" + ("yes" if spec.strict_host_keys else "accept-new")]
+            "-o", "ForwardAgent=no"]
+    if spec.strict_host_keys:
+        args += ["-o", "StrictHostKeyChecking=yes"]
+    elif not configured_host_keys:
+        args += ["-o", "StrictHostKeyChecking=accept-new"]
     if spec.ssh_port:
         args += ["-p", str(spec.ssh_port)]
     if spec.ssh_identity:
@@ -39,6 +49,29 @@ def ssh_args(spec: JobSpec) -> List[str]:
     if spec.ssh_config:
         args += ["-F", spec.ssh_config]
     return args
+
+
+def configured_host_keys(hosts: List[str], config_path: Optional[str]) -> Optional[str]:
+    """StrictHostKeyChecking as the ssh config files that ssh reads set it for any of ``hosts``."""
+    if config_path:
+        paths = [os.path.expanduser(config_path)]  # ssh -F reads that file only
+    else:
+        paths = [os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config"]
+    import paramiko  # multi-host plans only
+
+    for path in paths:
+        try:
+            config = paramiko.SSHConfig.from_path(path)
+        except Exception:  # missing or unreadable: ssh itself reports a bad -F file
+            continue
+        for host in hosts:
+            try:
+                value = config.lookup(host.rsplit("@", 1)[-1].strip("[]")).get("stricthostkeychecking")
+            except Exception:  # Match exec and other lookups paramiko cannot evaluate
+                continue
+            if value:
+                return str(value)
+    return None
 
 
 def master_host(plan: LaunchPlan) -> str:
@@ -107,7 +140,7 @@ def finish_plan(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, 
     (the one other look at the world: whether this host has EFA devices, unless --efa/--no-efa)."""
     if plan.backend != "local":
         plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
-        plan.ssh_args = ssh_args(spec)
+        plan.ssh_args = ssh_args(spec, configured_host_keys([n.host for n in plan.nodes], spec.ssh_config))
         if report is not None:
             apply_facts(plan, report.facts, environ)
         else:
