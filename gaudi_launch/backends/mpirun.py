@@ -64,11 +64,34 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, *, version: int, root: bool, exp
     if tcp_cidr:
         argv += ["--mca", "btl_tcp_if_include", tcp_cidr, "--mca", "oob_tcp_if_include", tcp_cidr]
     if rsh_args:
-        argv += ["--mca", "plm_rsh_args", " ".join(rsh_args)]
+        argv += ["--mca", "plm_rsh_args", rsh_args_value(rsh_args)]
     for name in exported:
         argv += ["-x", name]
     argv += worker_argv(spec)
     return argv
+
+
+# OpenMPI splits plm_rsh_args on spaces and knows no quoting: a space in a path would start a
+# new ssh option (-oProxyCommand=... runs a command). Quotes and backslashes are refused as well.
+_RSH_UNSAFE = re.compile(r"[\s'\"\\]")
+
+
+def check_rsh_paths(spec: JobSpec) -> None:
+    """--ssh-identity and --ssh-config travel in plm_rsh_args: refuse what would split them. Pure."""
+    for option, value in (("--ssh-identity", spec.ssh_identity), ("--ssh-config", spec.ssh_config)):
+        if value and _RSH_UNSAFE.search(value):
+            raise UserError(f"the path {value!r} contains a space, quote or backslash, which mpirun would "
+                            "split into separate ssh options", where=option,
+                            hint="use a path without them (a symbolic link to the file will do)")
+
+
+def rsh_args_value(rsh_args: List[str]) -> str:
+    """plm_rsh_args as the one space-separated string mpirun takes. Pure."""
+    bad = [a for a in rsh_args if not a or _RSH_UNSAFE.search(a)]
+    if bad:
+        raise UserError(f"ssh option {bad[0]!r} cannot be passed through mpirun's plm_rsh_args",
+                        where="--backend mpirun", hint="use paths and values without spaces or quotes")
+    return " ".join(rsh_args)
 
 
 def _mpi_host(host: str) -> str:
@@ -84,6 +107,7 @@ def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Lis
     if spec.append_local_rank:
         raise UserError("--append-local-rank is not available with mpirun: ranks read LOCAL_RANK",
                         where="--append-local-rank")
+    check_rsh_paths(spec)
     version = openmpi_major()
     if version is None:
         plan.notes.append("mpirun (OpenMPI) not found on this host: showing OpenMPI 4 flags")
