@@ -1,0 +1,158 @@
+"""Issue 12 on real hosts: the job's ssh honours the user's host-key policy, never forwards the agent,
+and cannot be handed extra options through a path; a silent sshd is named as such."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.cluster.test_multinode import BACKENDS, ROOT, launch_argv
+from tests.helpers import wait_for
+
+PROBE = ("import json, os, socket\n"
+         "print(json.dumps({'rank': os.environ['RANK'], 'host': socket.gethostname(),"
+         " 'agent': os.environ.get('SSH_AUTH_SOCK')}))\n")
+
+
+def user_config(cluster, tmp_path, *, strict: str, known_hosts: str, extra=()) -> str:
+    """The cluster's ssh config with the user's own StrictHostKeyChecking and known_hosts."""
+    text = open(cluster.ssh_config).read()
+    text = text.replace("StrictHostKeyChecking accept-new", f"StrictHostKeyChecking {strict}")
+    text = re.sub(r"UserKnownHostsFile \S+", f"UserKnownHostsFile {known_hosts}", text)
+    text = text.replace("    BatchMode yes", "\n".join(["    BatchMode yes", *extra]))
+    path = tmp_path / "user_ssh_config"
+    path.write_text(text)
+    return str(path)
+
+
+def job(cluster, backend, tmp_path, config, *args, extra=(), timeout=180):
+    hostfile = cluster.hostfile(slots=1, hosts=[0, 1])
+    argv = launch_argv(cluster, backend, hostfile, *args, extra=["--ssh-config", config, *extra])
+    return cluster.run_on(0, argv, env=cluster.env(), cwd=str(tmp_path), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def probe_script(tmp_path) -> str:
+    path = tmp_path / "probe.py"
+    path.write_text(PROBE)
+    return str(path)
+
+
+def ranks(stdout: str) -> list:
+    return [json.loads(line[line.index("{"):]) for line in stdout.splitlines() if '"rank"' in line]
+
+
+# ---- item 8: the user's ssh_config decides host-key checking ------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_users_strict_host_key_checking_wins_without_preflight(cluster, backend, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    config = user_config(cluster, tmp_path, strict="yes", known_hosts=str(known))
+    res = job(cluster, backend, tmp_path, config, probe_script(tmp_path), extra=["--no-ssh-check"])
+    assert res.returncode != 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "Host key verification failed" in res.stdout + res.stderr
+    assert not any(r["host"] == "gl-n1" for r in ranks(res.stdout))
+    assert known.read_text() == ""  # nothing was trusted behind the user's back
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strict_host_keys_applies_to_the_jobs_own_ssh(cluster, backend, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    config = user_config(cluster, tmp_path, strict="accept-new", known_hosts=str(known))
+    res = job(cluster, backend, tmp_path, config, probe_script(tmp_path),
+              extra=["--no-ssh-check", "--strict-host-keys"])
+    assert res.returncode != 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert not any(r["host"] == "gl-n1" for r in ranks(res.stdout))
+    assert known.read_text() == ""
+
+
+def test_default_accepts_a_new_key_and_remembers_it(cluster, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    config = user_config(cluster, tmp_path, strict="accept-new", known_hosts=str(known))
+    config_text = open(config).read().replace("    StrictHostKeyChecking accept-new\n", "")
+    open(config, "w").write(config_text)  # the user's config says nothing: our default, accept-new
+    res = job(cluster, "mpirun", tmp_path, config, probe_script(tmp_path), extra=["--no-ssh-check"])
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert {r["host"] for r in ranks(res.stdout)} == {"gl-n0", "gl-n1"}
+    assert known.read_text().strip()
+
+
+# ---- item 10: no agent forwarding -------------------------------------------------------------------
+
+@pytest.fixture
+def agent(tmp_path):
+    sock = str(tmp_path / "agent.sock")
+    proc = subprocess.Popen(["ssh-agent", "-D", "-a", sock], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: os.path.exists(sock), timeout=10)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_agent_is_not_forwarded_even_when_the_user_config_asks(cluster, backend, tmp_path, agent):
+    config = user_config(cluster, tmp_path, strict="accept-new", known_hosts=cluster.known_hosts,
+                         extra=["    ForwardAgent yes"])
+    env = {**cluster.env(), "SSH_AUTH_SOCK": agent}
+    # The config as given does forward the agent to a plain ssh: the job's ssh must not.
+    plain = cluster.run_on(0, ["/usr/bin/ssh", "-F", config, "gl-n1", "printenv", "SSH_AUTH_SOCK"], env=env,
+                           capture_output=True, text=True, timeout=30)
+    assert plain.stdout.strip(), plain.stderr
+    hostfile = cluster.hostfile(slots=1, hosts=[0, 1])
+    argv = launch_argv(cluster, backend, hostfile, probe_script(tmp_path), extra=["--ssh-config", config])
+    res = cluster.run_on(0, argv, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    remote = [r for r in ranks(res.stdout) if r["host"] == "gl-n1"]
+    assert remote and all(r["agent"] is None for r in remote), remote
+
+
+# ---- item 9: nothing reaches mpirun's space-split plm_rsh_args ------------------------------------------
+
+@pytest.mark.parametrize("option", ["--ssh-identity", "--ssh-config"])
+def test_a_space_in_an_ssh_path_cannot_inject_ssh_options(cluster, option, tmp_path):
+    marker = tmp_path / "injected"
+    value = f"{cluster.key if option == '--ssh-identity' else cluster.ssh_config} -oProxyCommand=touch {marker}"
+    hostfile = cluster.hostfile(slots=1, hosts=[0, 1])
+    argv = launch_argv(cluster, "mpirun", hostfile, probe_script(tmp_path), extra=["--no-ssh-check", option, value])
+    res = cluster.run_on(0, argv, env=cluster.env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert f"gaudi-launch: error: {option}: the path " in res.stderr
+    assert "gaudi-launch: job" not in res.stderr  # nothing was started
+    assert not marker.exists()
+
+
+# ---- item 17: an sshd that never says hello ----------------------------------------------------------
+
+SILENT = ("import socket, sys, time\n"
+          "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+          "s.bind((sys.argv[1], 2222)); s.listen(8); print('ready', flush=True)\n"
+          "held = []\n"
+          "while True:\n"
+          "    held.append(s.accept()[0])\n")
+
+
+def test_a_host_that_never_sends_the_ssh_banner_is_named_as_such(cluster, tmp_path):
+    silent = cluster.popen_on(2, [sys.executable, "-c", SILENT, cluster.hosts[2].addr], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert silent.stdout.readline().strip() == "ready"
+        hostfile = cluster.hostfile(slots=1, hosts=[2])
+        argv = launch_argv(cluster, "mpirun", hostfile, "--check-only", "--ssh-port", "2222",
+                           "--ssh-timeout", "2")
+        res = cluster.run_on(0, argv, env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        silent.kill()
+        silent.wait()
+    assert res.returncode == 3, res.stdout + res.stderr
+    text = res.stdout + res.stderr
+    assert "gl-n2" in text and "did not answer the SSH handshake" in text, text
+    assert "no SSH key to offer" not in text
