@@ -6,6 +6,7 @@ import secrets
 import socket
 from typing import Callable, List, Mapping, Optional, Tuple
 
+from gaudi_launch.contract import VISIBILITY, elastic_env, node_device_env, visible_subset
 from gaudi_launch.devices import DeviceCount, detect_local_devices
 from gaudi_launch.envfile import load_env_files
 from gaudi_launch.errors import UserError
@@ -116,18 +117,29 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
         plan.notes.extend(report.warnings)
     finish_plan(plan, spec, environ, report=report)
     if backend != "local" and any(n.devices != list(range(len(n.devices))) for n in nodes):
-        # One command starts every node, so each node's device subset travels in one variable.
-        plan.env["GAUDI_LAUNCH_NODE_DEVICES"] = ";".join(",".join(map(str, n.devices)) for n in nodes)
+        # One command starts every node: each node's device subset travels in job variables,
+        # mapped onto the visibility its ranks inherit (a selected index is the same device
+        # whatever the backend).
+        plan.env.update(node_device_env([n.devices for n in nodes],
+                                        [inherited_env(plan, n.host, environ) for n in nodes]))
     plan.commands = get_backend(backend).commands(plan, spec, environ)
     return plan
+
+
+def inherited_env(plan: LaunchPlan, host: str, environ: Mapping[str, str]) -> dict:
+    """What a rank on ``host`` inherits: the job's variables, and the launcher's own here or, on
+    another host, the part of it that is exported there. Pure."""
+    if is_local_host(host):
+        return {**environ, **plan.env}
+    return {**{k: environ[k] for k in plan.exported if k in environ}, **plan.env}
 
 
 def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
                   inherited: Optional[Mapping[str, str]] = None) -> dict:
     """torchrun's worker environment (with DeepSpeed's aliases) for one rank. Pure.
 
-    ``inherited`` is the launcher's environment when the rank runs on this host: device ids then
-    index the devices the launcher itself was restricted to.
+    ``inherited`` is what the rank would see otherwise (the launcher's environment and the job's):
+    device ids then index the devices that restricts it to.
     """
     contract = {
         "RANK": node.ranks[local_rank],
@@ -145,10 +157,10 @@ def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
     }
     if node.devices != list(range(len(node.devices))):
         # The user picked devices (--include host:1,3): show only those, LOCAL_RANK indexes them.
-        for name in ("HABANA_VISIBLE_MODULES", "CUDA_VISIBLE_DEVICES"):
-            parent = [d.strip() for d in (inherited or {}).get(name, "").split(",") if d.strip()]
-            contract[name] = ",".join(parent[d] if d < len(parent) else str(d) for d in node.devices)
-    return {k: str(v) for k, v in contract.items()}
+        for name in VISIBILITY:
+            contract[name] = visible_subset((inherited or {}).get(name), node.devices)
+    contract = {k: str(v) for k, v in contract.items()}
+    return {**contract, **elastic_env(contract, {**(inherited or {}), **contract})}
 
 
 def worker_argv(spec: JobSpec, python: Optional[str] = None) -> List[str]:

@@ -13,10 +13,13 @@ from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
 def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
     out = []
     base = worker_argv(spec)
+    # Device ids index what the ranks would inherit: the launcher's environment, then the job's.
+    inherited = {**environ, **plan.env}
     for node in plan.nodes:
         for local_rank, rank in enumerate(node.ranks):
             argv = base + ([f"--local_rank={local_rank}"] if spec.append_local_rank else [])
-            out.append(Command(host=node.host, argv=argv, env=rank_contract(plan, node, local_rank, environ), rank=rank))
+            env = rank_contract(plan, node, local_rank, inherited)
+            out.append(Command(host=node.host, argv=argv, env=env, rank=rank))
     return out
 
 

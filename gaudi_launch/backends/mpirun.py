@@ -19,7 +19,7 @@ from gaudi_launch.planner import bare_host, worker_argv
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import Culprit, JobResult, ProcSpec, Supervisor, signal_name
 
-CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "GAUDI_LAUNCH_JOB_ID")
+CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", "GAUDI_LAUNCH_JOB_ID")
 # The tag before each piece of a rank's output: OpenMPI 4 (ORTE) writes "[1,0]<stdout>:text";
 # OpenMPI 5 (PMIx's iof) writes "[1,0]<stdout>: text" (one space, part of the tag), and its job
 # part is a namespace's suffix, a number unless the namespace has no '@'.
@@ -46,8 +46,7 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, *, version: int, root: bool, exp
     """The whole mpirun command line. Pure."""
     per_node = {len(n.ranks) for n in plan.nodes}
     if len(per_node) != 1:
-        raise UserError("the mpirun backend needs the same number of devices on every node",
-                        where="--hostfile", hint="use --num_devices N to take N devices on each node")
+        raise uneven_error(plan, spec)
     k = per_node.pop()
     argv = ["mpirun"]
     if root:
@@ -94,6 +93,18 @@ def rsh_args_value(rsh_args: List[str]) -> str:
     return " ".join(rsh_args)
 
 
+def uneven_error(plan: LaunchPlan, spec: JobSpec) -> UserError:
+    """mpirun's ppr:K:node mapping starts K ranks on every node: say what would run instead."""
+    counts = ", ".join(f"{n.host}: {len(n.ranks)}" for n in plan.nodes)
+    where = "--include" if spec.include else "--exclude" if spec.exclude else "--hostfile"
+    fewest = min(len(n.ranks) for n in plan.nodes)
+    default = " (the default backend for several hosts)" if spec.backend == "auto" else ""
+    return UserError(f"the mpirun backend{default} starts the same number of ranks on every node, "
+                     f"but this selection is uneven ({counts})", where=where,
+                     hint=f"use --use_deepspeed (--backend deepspeed) for uneven selections, as DeepSpeed "
+                          f"runs them; or --num_devices {fewest} to take {fewest} on each node")
+
+
 def _mpi_host(host: str) -> str:
     # OpenMPI takes the user from the ssh config, not from --host: strip it (preflight checked it).
     return bare_host(host)
@@ -115,7 +126,7 @@ def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Lis
                       exported=exported_names(plan, plan.exported), cores_per_host=plan.cores_per_host,
                       tcp_cidr=plan.tcp_cidr, rsh_args=plan.ssh_args)
     env = {"MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port),
-           "GAUDI_LAUNCH_JOB_ID": plan.job_id}
+           "CROSS_SIZE": str(len(plan.nodes)), "GAUDI_LAUNCH_JOB_ID": plan.job_id}
     return [Command(host=plan.nodes[0].host, argv=argv, env=env)]
 
 

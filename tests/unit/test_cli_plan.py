@@ -23,7 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = [sys.executable, "-u", "-m", "gaudi_launch.worker"]
 CONTRACT_KEYS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "NODE_RANK",
                  "GROUP_RANK", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "GAUDI_LAUNCH_JOB_ID"}
+                 "GAUDI_LAUNCH_JOB_ID",
+                 # torchrun's other worker variables (issue 10 item 7)
+                 "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
 TOP_KEYS = {"backend", "world_size", "master_addr", "master_port", "nodes", "env", "commands",
             "program", "notes", "job_id"}
 
@@ -127,12 +130,12 @@ def test_two_host_hostfile_is_mpirun(capsys, two_hosts):
     assert argv[argv.index("--host") + 1] == "worker-0:4,worker-1:4"
     assert argv[argv.index("--map-by") + 1] == "ppr:4:node"
     exported = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
-    assert {"MASTER_ADDR", "MASTER_PORT", "GAUDI_LAUNCH_JOB_ID"} <= set(exported)
+    assert {"MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", "GAUDI_LAUNCH_JOB_ID"} <= set(exported)
     assert all("=" not in name for name in exported)  # values never on the command line
     assert "gaudi_launch.worker" in argv
     assert argv[-3:] == ["train.py", "--lr", "1"]
     assert cmd["env"] == {"MASTER_ADDR": "worker-0", "MASTER_PORT": str(plan["master_port"]),
-                          "GAUDI_LAUNCH_JOB_ID": plan["job_id"]}
+                          "CROSS_SIZE": "2", "GAUDI_LAUNCH_JOB_ID": plan["job_id"]}
 
 
 def test_mpirun_exports_env_file_and_x_names(capsys, two_hosts):

@@ -1,0 +1,98 @@
+"""What a rank sees beyond RANK/WORLD_SIZE: torchrun's elastic variables and device visibility.
+
+Shared by the planner (the local backend sets each rank's environment itself) and the rank
+bootstrap (gaudi_launch.worker, for ranks that mpirun or DeepSpeed start). Pure, stdlib only:
+the worker imports this before the user's script.
+"""
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Mapping, Optional
+
+VISIBILITY = ("HABANA_VISIBLE_MODULES", "CUDA_VISIBLE_DEVICES")
+# Selected slots of every node, '0,1;1,3' (node 0 takes slots 0,1, node 1 slots 1,3): one command
+# (mpirun, deepspeed) starts every node, so each node's part travels in one variable.
+NODE_DEVICES = "GAUDI_LAUNCH_NODE_DEVICES"
+
+
+def node_var(name: str) -> str:
+    """Per-node physical ids for one visibility variable, when the ranks inherit a restriction."""
+    return f"GAUDI_LAUNCH_NODE_{name}"
+
+
+def visible_subset(parent: Optional[str], slots: List[int]) -> str:
+    """Slots index what the rank would otherwise see: '4,5,6,7' and [1, 3] -> '5,7'.
+
+    Without a restriction (or past its end) a slot is the device of that number. Pure.
+    """
+    ids = [d.strip() for d in (parent or "").split(",") if d.strip()]
+    return ",".join(ids[s] if s < len(ids) else str(s) for s in slots)
+
+
+def node_device_env(node_slots: List[List[int]], parents: List[Mapping[str, str]]) -> Dict[str, str]:
+    """The variables that carry each node's device subset to ranks a single command starts.
+
+    ``parents[i]`` is the environment node i's ranks would inherit (the launcher's own on this
+    host, the exported part of it elsewhere): the worker sets exactly these ids, whatever the
+    backend in between did to the visibility variables (DeepSpeed's launch.py rewrites them).
+    """
+    env = {NODE_DEVICES: ";".join(",".join(map(str, s)) for s in node_slots)}
+    for name in VISIBILITY:
+        if any(p.get(name, "").strip() for p in parents):
+            env[node_var(name)] = ";".join(visible_subset(p.get(name), s) for s, p in zip(node_slots, parents))
+    return env
+
+
+def _node_part(value: str, node_rank: Optional[str]) -> Optional[str]:
+    """'0,1;1,3' and node 1 -> '1,3' (None when nothing applies)."""
+    parts = value.split(";") if value else []
+    if node_rank is None or not node_rank.isdigit() or int(node_rank) >= len(parts):
+        return None
+    return parts[int(node_rank)] or None
+
+
+def node_visibility(env: Mapping[str, str], node_rank: Optional[str]) -> Dict[str, str]:
+    """HABANA_VISIBLE_MODULES and CUDA_VISIBLE_DEVICES for this node's selected devices."""
+    slots = _node_part(env.get(NODE_DEVICES, ""), node_rank)
+    if slots is None:
+        return {}
+    return {name: _node_part(env.get(node_var(name), ""), node_rank) or slots for name in VISIBILITY}
+
+
+def elastic_env(layout: Mapping[str, str], environ: Mapping[str, str]) -> Dict[str, str]:
+    """torchrun's other worker variables (one role, no restarts), from the rank's layout.
+
+    ``layout`` has RANK, WORLD_SIZE and CROSS_SIZE (nodes); TORCHELASTIC_RUN_ID is the job id, so
+    torch.distributed.is_torchelastic_launched() is true as under torchrun. Not
+    TORCHELASTIC_USE_AGENT_STORE: there is no agent store, init_process_group makes its own.
+    """
+    if not environ.get("GAUDI_LAUNCH_JOB_ID") or "RANK" not in layout or "WORLD_SIZE" not in layout:
+        return {}
+    env = {
+        "ROLE_RANK": layout["RANK"],
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": layout["WORLD_SIZE"],
+        "TORCHELASTIC_RUN_ID": environ["GAUDI_LAUNCH_JOB_ID"],
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
+    if layout.get("CROSS_SIZE"):
+        env["GROUP_WORLD_SIZE"] = layout["CROSS_SIZE"]
+    return env
+
+
+def read_error_file(path: Optional[str]) -> Optional[dict]:
+    """The message and traceback torch's @record wrote (torchrun's error file), if it did."""
+    try:
+        with open(path or "", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, str):
+        return {"message": message, "traceback": None}
+    if not isinstance(message, dict):
+        return None
+    extra = message.get("extraInfo") if isinstance(message.get("extraInfo"), dict) else {}
+    return {"message": str(message.get("message", "")), "traceback": extra.get("py_callstack")}
