@@ -64,7 +64,7 @@ def launch(
     master_addr: Optional[str] = typer.Option(None, "--master_addr", "--master-addr", help="Rendezvous address. Default: 127.0.0.1 locally, else the first host."),
     master_port: Optional[int] = typer.Option(None, "--master_port", "--master-port", help="Rendezvous port. Default: a free port picked on the master host."),
     env_file: Optional[str] = typer.Option(None, "--env-file", "--env_file", help="Read only this env file instead of ~/.deepspeed_env and ./.deepspeed_env."),
-    env: Optional[List[str]] = typer.Option(None, "-x", "--env", help="KEY=VALUE for every rank (repeatable); wins over env files."),
+    env: Optional[List[str]] = typer.Option(None, "-x", "--env", help="KEY=VALUE for every rank, or KEY to pass this shell's value without putting it on a command line (repeatable); wins over env files."),
     module: bool = typer.Option(False, "--module", "-m", help="Run SCRIPT as a Python module (python -m)."),
     no_python: bool = typer.Option(False, "--no_python", "--no-python", help="SCRIPT is an executable, not a Python file."),
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter for the ranks. Default: this one."),
@@ -151,7 +151,7 @@ def _check_env_items(items: list, where: str) -> None:
     if not all(isinstance(v, str) for v in items):
         raise UserError("env items are NAME=VALUE text", where=where, hint=hint)
     try:
-        parse_assignments(items, "env")
+        parse_assignments(items, "env", environ=os.environ)
     except UserError as exc:
         raise UserError(exc.message, where=where, hint=hint) from None
 
@@ -173,7 +173,7 @@ def _launch(v: dict) -> int:
         hostfile=v["hostfile"], include=v["include"], exclude=v["exclude"], num_nodes=v["num_nodes"],
         num_devices=num_devices, backend=backend, master_addr=v["master_addr"],
         master_port=v["master_port"], env_file=v["env_file"],
-        env={**parse_assignments(v["env"] or [], "-x"), **_device_env(v["device"])},
+        env={**parse_assignments(v["env"] or [], "-x", environ=os.environ), **_device_env(v["device"])},
         append_local_rank=v["append_local_rank"], log_dir=v["log_dir"], grace=v["grace"],
         ssh_port=v["ssh_port"], ssh_identity=v["ssh_identity"], ssh_config=v["ssh_config"],
         ssh_timeout=v["ssh_timeout"], strict_host_keys=v["strict_host_keys"], ssh_check=not v["no_ssh_check"],

@@ -248,17 +248,26 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def parse_assignments(items: Iterable[str], option: str = "-x") -> dict[str, str]:
-    """Parse ``KEY=VALUE`` items from the command line (values byte-exact, later wins)."""
+def parse_assignments(items: Iterable[str], option: str = "-x",
+                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Parse ``KEY=VALUE`` items from the command line (values byte-exact, later wins).
+
+    With ``environ``, a bare ``KEY`` passes that variable's value from it, as mpirun's ``-x KEY``
+    does: ``-x KEY="$KEY"`` would put the value in gaudi-launch's own argv, which ``ps`` shows.
+    """
     env: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep:
+        if not sep and environ is not None and _check_name(name):
+            if name not in environ:
+                raise UserError(f"{name} is not set in this environment", where=option,
+                                hint=f"export {name} first, or write {option} {name}=VALUE")
+            value = environ[name]
+        elif not sep:
             raise UserError(
                 f"expected KEY=VALUE, got {item!r}",
                 where=option,
-                hint=f"write {option} NAME=VALUE; to pass on a local variable write "
-                     f"{option} NAME=\"$NAME\"",
+                hint=f"write {option} NAME=VALUE",
             )
         if not _check_name(name):
             shown = f"{name}=..." if value else f"{name}="
@@ -292,21 +301,33 @@ def mask_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (MASK if v and is_secret(k) else v) for k, v in env.items()}
 
 
-def mask_text(text: str, env: Mapping[str, str]) -> str:
-    """Replace every occurrence of a secret value (4+ characters) in ``text`` with ``***``.
+_SHORT = 4  # values shorter than this are masked only where they stand as a whole word
 
-    A value containing ``'`` is also masked in its shell-quoted form, since that is how it
-    appears in a printed command line.
+
+def _forms(value: str) -> set[str]:
+    """How a value may show up in text: as is, shell-quoted, and line by line (output is masked a
+    line at a time, so a multi-line secret arrives in pieces)."""
+    forms = {value, shlex.quote(value)}
+    if "\n" in value or "\r" in value:
+        forms.update(re.split(r"\r?\n|\r", value))
+    return {f for f in forms if f.strip()}
+
+
+def mask_text(text: str, env: Mapping[str, str]) -> str:
+    """Replace every occurrence of a secret value in ``text`` with ``***``.
+
+    Also its shell-quoted form and, for a multi-line value, each of its lines. A value (or line)
+    shorter than 4 characters is masked where it stands as a whole word, not inside other words.
     """
-    needles: set[str] = set()
+    long_forms: set[str] = set()
+    short_forms: set[str] = set()
     for name, value in env.items():
-        if len(value) >= 4 and is_secret(name):
-            needles.add(value)
-            quoted = shlex.quote(value)
-            if value not in quoted:
-                needles.add(quoted)
-    if not needles or not text:
+        if value and is_secret(name):
+            for form in _forms(value):
+                (long_forms if len(form) >= _SHORT else short_forms).add(form)
+    if not text or not (long_forms or short_forms):
         return text
     # one pass, longest first, so a secret that contains another is masked as a whole
-    pattern = re.compile("|".join(re.escape(s) for s in sorted(needles, key=len, reverse=True)))
-    return pattern.sub(MASK, text)
+    parts = [re.escape(s) for s in sorted(long_forms, key=len, reverse=True)]
+    parts += [rf"(?<!\w){re.escape(s)}(?!\w)" for s in sorted(short_forms, key=len, reverse=True)]
+    return re.sub("|".join(parts), MASK, text)

@@ -12,6 +12,7 @@ import sys
 from typing import List, Mapping, Optional
 
 from gaudi_launch import fabric
+from gaudi_launch.envfile import is_secret
 from gaudi_launch.errors import UserError
 from gaudi_launch.plan import LaunchPlan
 from gaudi_launch.spec import JobSpec
@@ -140,6 +141,7 @@ def finish_plan(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, 
     (the one other look at the world: whether this host has EFA devices, unless --efa/--no-efa)."""
     if plan.backend != "local":
         plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
+        plan.exported_secrets = {n: environ[n] for n in plan.exported if is_secret(n) and environ[n]}
         plan.ssh_args = ssh_args(spec, configured_host_keys([n.host for n in plan.nodes], spec.ssh_config))
         if report is not None:
             apply_facts(plan, report.facts, environ)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import asdict, dataclass, field
+from secrets import token_hex
 from typing import Dict, List, Optional
 
 from gaudi_launch.envfile import is_secret, mask_env, mask_text
@@ -49,9 +50,13 @@ class LaunchPlan:
     ifname: Optional[str] = None                        # interface carrying the master's subnet
     tcp_cidr: Optional[str] = None                      # its network, for mpirun's tcp_if_include
     cores_per_host: Optional[int] = None                # fewest cores of any host, for CPU binding
+    # Never shown (to_dict drops them): a random key that makes a job file's digest on argv say
+    # nothing about short values, and the values of secret-looking exported variables, to mask.
+    job_key: str = field(default_factory=lambda: token_hex(16), repr=False)
+    exported_secrets: Dict[str, str] = field(default_factory=dict, repr=False)
 
     def secret_values(self) -> Dict[str, str]:
-        return {k: v for k, v in self.env.items() if is_secret(k)}
+        return {**self.exported_secrets, **{k: v for k, v in self.env.items() if is_secret(k)}}
 
     def mask(self, text: str) -> str:
         return mask_text(text, self.secret_values())
@@ -60,6 +65,7 @@ class LaunchPlan:
         """The JSON form (secrets masked): stable keys that tests and tools may rely on."""
         secrets = self.secret_values()
         data = asdict(self)
+        del data["job_key"], data["exported_secrets"]
         data["env"] = mask_env(self.env)
         data["commands"] = [
             {"host": c.host, "rank": c.rank, "argv": [mask_text(a, secrets) for a in c.argv],

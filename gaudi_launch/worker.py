@@ -14,12 +14,10 @@ device's backend (hccl, nccl, gloo) and --ddp_timeout.
 """
 from __future__ import annotations
 
-import base64
 import importlib.util
 import json
 import os
 import runpy
-import shutil
 import signal
 import socket
 import sys
@@ -27,8 +25,6 @@ import tempfile
 import time
 import traceback
 from typing import Dict, List, Mapping, MutableMapping, Optional
-
-from gaudi_launch.contract import elastic_env, node_visibility, read_error_file
 
 # Where other launchers put the rank layout, in order of preference for each torchrun name.
 _SOURCES = {
@@ -57,12 +53,11 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Di
         out.setdefault("CROSS_RANK", out["NODE_RANK"])
     if "LOCAL_WORLD_SIZE" in out:
         out.setdefault("LOCAL_SIZE", out["LOCAL_WORLD_SIZE"])
-    if "CROSS_SIZE" not in env and "WORLD_SIZE" in out and "LOCAL_WORLD_SIZE" in out:
-        out["CROSS_SIZE"] = str(int(out["WORLD_SIZE"]) // max(1, int(out["LOCAL_WORLD_SIZE"])))
-    # A backend that starts every node alike (mpirun, deepspeed) passes each node's device subset,
-    # already mapped onto the visibility the ranks inherit: set exactly that.
-    out.update(node_visibility(env, out.get("NODE_RANK")))
-    out.update(elastic_env({**env, **out}, env))
+    devices = _node_devices(env.get("GAUDI_LAUNCH_NODE_DEVICES", ""), out.get("NODE_RANK"))
+    if devices is not None and not env.get("HABANA_VISIBLE_MODULES"):
+        # A backend that starts every node alike (mpirun) passes each node's device subset.
+        out["HABANA_VISIBLE_MODULES"] = devices
+        out.setdefault("CUDA_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES") or devices)
     if cpu_count and not env.get("OMP_NUM_THREADS"):
         # Ranks sharing a host share its cores: without this each one starts a thread per core and
         # they slow each other down several times over (torchrun sets it too).
@@ -76,24 +71,33 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Di
 ERROR_MARKER = "@@gaudi-launch-error-record@@ "
 
 
-JOB_FLAG = "--job-b64="
+# A job file (see jobdir.py) instead of values on argv: `ps` shows argv to every user of a host.
+JOB_FILE_FLAG = "--job-file="
+JOB_DIGEST_FLAG = "--job-sha256="
 # Read by the dynamic loader or the interpreter at start-up: changing them needs a fresh process.
 _STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")
 
 
-def encode_job(env: Mapping[str, str], argv: List[str], module: bool = False) -> str:
-    """The rank's environment and argv as one token that no shell or launcher can alter.
-
-    DeepSpeed's runners strip values and wrap them in double quotes for a remote shell, and pdsh
-    joins arguments into one shell line; URL-safe base64 has no character either will touch.
-    """
-    raw = json.dumps({"env": dict(env), "argv": list(argv), "module": module}).encode()
-    return JOB_FLAG + base64.urlsafe_b64encode(raw).decode()
+def job_argv(path: str, digest: str) -> List[str]:
+    """What a backend puts on argv for the job file: its path and digest, no value."""
+    return [JOB_FILE_FLAG + path, JOB_DIGEST_FLAG + digest]
 
 
-def decode_job(token: str) -> tuple:
-    data = json.loads(base64.urlsafe_b64decode(token[len(JOB_FLAG):].encode()))
-    return data["env"], data["argv"], bool(data.get("module"))
+def read_job_argv(argv: List[str]) -> dict:
+    """The job file named by argv[0:2] (``job_argv``), checked: ours, private, the right digest."""
+    from gaudi_launch.jobdir import JobDirError, read_job
+
+    if len(argv) < 2 or not argv[1].startswith(JOB_DIGEST_FLAG):
+        raise JobDirError(f"{JOB_FILE_FLAG}PATH must be followed by {JOB_DIGEST_FLAG}DIGEST")
+    return read_job(argv[0][len(JOB_FILE_FLAG):], argv[1][len(JOB_DIGEST_FLAG):])
+
+
+def _node_devices(spec: str, node_rank: Optional[str]) -> Optional[str]:
+    """'0,1;1,3' and node 1 -> '1,3' (None when nothing applies)."""
+    parts = spec.split(";") if spec else []
+    if node_rank is None or not node_rank.isdigit() or int(node_rank) >= len(parts):
+        return None
+    return parts[int(node_rank)] or None
 
 
 def uses_hpu(environ: Mapping[str, str]) -> bool:
@@ -102,13 +106,31 @@ def uses_hpu(environ: Mapping[str, str]) -> bool:
             and importlib.util.find_spec("habana_frameworks") is not None)
 
 
+def _private_job_dir(job: str) -> Optional[str]:
+    """The per-job directory, made 0700 if absent; one that is not ours and private is not used."""
+    from gaudi_launch.jobdir import JobDirError, check_private_dir, path_for
+
+    path = path_for(job)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        try:
+            check_private_dir(path)
+        except (OSError, JobDirError) as exc:
+            print(f"gaudi-launch worker: not using {path}: {exc}", file=sys.stderr)
+            return None
+    except OSError:
+        return None
+    return path
+
+
 def _hpu_env(script_args: List[str], environ: Mapping[str, str]) -> Dict[str, str]:
     # The bridge reads lazy mode and the autocast op lists once, at import, and `import torch`
     # imports it (SynapseAI >= 1.18): they must be in place before the script's first line.
     from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
 
     job = environ.get("GAUDI_LAUNCH_JOB_ID", "")
-    job_dir = os.path.join(tempfile.gettempdir(), f"gaudi-launch-{job}") if job else None
+    job_dir = _private_job_dir(job) if job else None
     try:
         return hpu_env_for_script(script_args, environ, job_dir)
     except OSError as exc:  # e.g. an unwritable TMPDIR: the runtime tries again, later
@@ -138,14 +160,6 @@ def error_record(environ: Mapping[str, str], exc: Optional[BaseException] = None
     }
     if exc is not None:
         record.update(exc_type=type(exc).__name__, message=str(exc), traceback=format_user_traceback(exc))
-    elastic = read_error_file(environ.get("TORCHELASTIC_ERROR_FILE"))
-    if elastic:  # torch's @record wrote it: report what torchrun would, its traceback verbatim
-        record["error_file"] = environ["TORCHELASTIC_ERROR_FILE"]
-        if elastic["traceback"]:
-            record["traceback"] = elastic["traceback"]
-        if "exc_type" not in record:
-            kind, _, message = elastic["message"].partition(": ")
-            record.update(exc_type=kind, message=message)
     return record
 
 
@@ -170,8 +184,6 @@ def _term_whole_group(signum, _frame) -> None:
     # We lead our own process group: take the rank's children (data loader workers, helpers) with
     # us, whoever sent the SIGTERM (our supervisor, mpirun's orted, DeepSpeed's launch.py).
     signal.signal(signum, signal.SIG_DFL)
-    if _ERROR_DIR:
-        shutil.rmtree(_ERROR_DIR, ignore_errors=True)
     os.killpg(0, signum)
 
 
@@ -201,25 +213,55 @@ def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
         return _run(argv, environ)
     finally:
         _close_process_group()
-        if _ERROR_DIR:
-            shutil.rmtree(_ERROR_DIR, ignore_errors=True)
         _end_group()
 
 
-_ERROR_DIR: Optional[str] = None
-
-
-def _error_file(environ: Mapping[str, str]) -> Dict[str, str]:
-    """A private TORCHELASTIC_ERROR_FILE per rank, as torchrun gives, for torch's @record."""
-    global _ERROR_DIR
-    if not environ.get("GAUDI_LAUNCH_JOB_ID"):
-        return {}
+def _grace(environ: Mapping[str, str]) -> float:
     try:
-        _ERROR_DIR = tempfile.mkdtemp(prefix=f"gaudi-launch-{environ['GAUDI_LAUNCH_JOB_ID']}-"
-                                             f"rank{environ.get('RANK', '')}-")
-    except OSError:
-        return {}
-    return {"TORCHELASTIC_ERROR_FILE": os.path.join(_ERROR_DIR, "error.json")}
+        grace = float(environ.get("GAUDI_LAUNCH_GRACE", "10"))
+    except ValueError:
+        return 10.0
+    return grace if 0 <= grace < 3600 else 10.0
+
+
+def watch_launcher(grace: float) -> bool:
+    """End this rank's group when whatever reads its output is gone (the launcher, or the ssh session
+    and pdsh that carried it, were killed): SIGTERM, then SIGKILL after ``grace`` seconds.
+
+    Nothing signals a remote rank when the launcher is SIGKILLed, but its stdout/stderr pipe (or
+    socket) then loses its reader, which poll() reports as POLLERR/POLLHUP without polling for
+    anything. A terminal or a file has no such reader: no watch then. True when watching.
+    """
+    import select
+    import stat
+    import threading
+
+    fds = []
+    for fd in (1, 2):
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+                fds.append(os.dup(fd))  # the script may close or redirect its own stdout
+        except OSError:
+            pass
+    if not fds:
+        return False
+
+    def watch() -> None:
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, 0)  # POLLERR and POLLHUP are reported whatever is asked for
+        while not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll()):
+            pass
+        try:
+            os.killpg(0, signal.SIGTERM)
+            time.sleep(grace)
+            os.killpg(0, signal.SIGKILL)
+        except OSError:
+            pass
+
+    threading.Thread(target=watch, name="gaudi-launch-watchdog", daemon=True).start()
+    return True
 
 
 def _whole_lines() -> None:
@@ -233,9 +275,15 @@ def _whole_lines() -> None:
 
 
 def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
-    if argv and argv[0].startswith(JOB_FLAG):
-        env, argv, module = decode_job(argv[0])
-        argv = (["-m"] if module else []) + argv
+    if argv and argv[0].startswith(JOB_FILE_FLAG):
+        try:
+            job = read_job_argv(argv)
+            os.chdir(job["cwd"])  # the launcher's; never pasted into a remote shell line
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"gaudi-launch worker on {socket.gethostname()}: cannot start from the job file: {exc}",
+                  file=sys.stderr)
+            return 2
+        env, argv = job["env"], (["-m"] if job["module"] else []) + job["argv"]
         if any(env.get(k, environ.get(k)) != environ.get(k) for k in _STARTUP_VARS):
             os.execve(sys.executable, [sys.executable, "-u", "-m", "gaudi_launch.worker", *argv],
                       {**environ, **env})
@@ -245,13 +293,14 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
         print("usage: python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     environ.update(normalize_env(environ, os.cpu_count()))
-    environ.update(_error_file(environ))
     try:
         os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
     except OSError:
         pass  # already a session leader (our local backend): nothing to do
     if os.getpgrp() == os.getpid():
         signal.signal(signal.SIGTERM, _term_whole_group)
+        if environ.get("GAUDI_LAUNCH_JOB_ID"):
+            watch_launcher(_grace(environ))
     as_module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
     if uses_hpu(environ):
@@ -266,7 +315,7 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
         else:
             sys.argv = [target, *args]
             sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py` does
-            runpy.run_path(os.path.abspath(target), run_name="__main__")  # __file__ absolute, as python does
+            runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         code = exc.code
         if code is None or isinstance(code, int):

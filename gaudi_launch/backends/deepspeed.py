@@ -1,9 +1,12 @@
 """Backend ``deepspeed``: DeepSpeed's launcher (pdsh or openmpi runner) starts gaudi_launch.worker.
 
-What DeepSpeed would mangle travels in one base64 token (worker.encode_job): the job's
-environment and the script's argv, so both arrive byte-exact through its quoting and pdsh's
-shell line. Teardown is ours and job-scoped (teardown.signal_job): DeepSpeed's own SIGTERM
-handler pkills by command-line pattern on every host, so its process group only ever gets SIGKILL.
+No value reaches DeepSpeed's command lines: the job's environment, the script's argv and the working
+directory travel in a private job file (jobdir.py) on every host, and argv names only its path and
+digest, so `ps` on any host shows no secret and nothing is left for DeepSpeed's re-quoting or pdsh's
+shell line to mangle or run. The runner itself gets a scrubbed environment (it re-exports PYTHON*,
+MLFLOW*, MV2*, UCX* inside "..." on the remote shell line), runs in the job directory (it writes its
+working directory unquoted into that line) and never installs its SIGTERM handler, which pkills by
+pattern on every host (ds_runner.py). Teardown is ours and job-scoped (teardown.signal_job).
 """
 from __future__ import annotations
 
@@ -11,9 +14,11 @@ import os
 import re
 import shlex
 import shutil
-import tempfile
-from typing import List, Mapping, Optional
+import subprocess
+import threading
+from typing import Dict, List, Mapping, Optional
 
+from gaudi_launch import jobdir
 from gaudi_launch.errors import UserError
 from gaudi_launch.multinode import host_watch
 from gaudi_launch.plan import Command, LaunchPlan
@@ -21,11 +26,18 @@ from gaudi_launch.planner import is_local_host
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.teardown import signal_job
-from gaudi_launch.worker import ERROR_MARKER, encode_job
+from gaudi_launch.worker import ERROR_MARKER, job_argv
+
+# The runner's whole environment comes from these names (plus what commands() sets): none starts
+# with a prefix DeepSpeed re-exports to the remote shell line (PYTHON, MLFLOW, MV2, UCX, NCCL).
+RUNNER_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+              "LD_LIBRARY_PATH", "SSH_AUTH_SOCK", "DS_ACCELERATOR")
+# Host names, IPv4, IPv6 (with a zone id): what may stand after --master_addr= on pdsh's shell line.
+_ADDR = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:-]*(%[A-Za-z0-9_.-]+)?")
 
 
 def job_dir(plan: LaunchPlan) -> str:
-    return os.path.join(tempfile.gettempdir(), f"gaudi-launch-{plan.job_id}")
+    return jobdir.path_for(plan.job_id)
 
 
 def deepspeed_exe(python: str) -> str:
@@ -42,30 +54,47 @@ def hostfile_text(plan: LaunchPlan, slots: Mapping[str, int]) -> str:
     return "".join(f"{n.host} slots={slots.get(n.host, len(n.devices))}\n" for n in plan.nodes)
 
 
-def rank_env(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
+def rank_env(plan: LaunchPlan, environ: Mapping[str, str], grace: Optional[float] = None) -> dict:
     """What every rank gets on top of DeepSpeed's own contract (RANK, LOCAL_RANK, ...)."""
     env = {name: environ[name] for name in plan.exported if name in environ}
     env.update(plan.env)
     env["GAUDI_LAUNCH_JOB_ID"] = plan.job_id
+    if grace is not None:
+        env["GAUDI_LAUNCH_GRACE"] = str(grace)  # for the ranks' watchdog (worker.watch_launcher)
     return env
+
+
+def job_payload(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> bytes:
+    """The job file's content; the same bytes every time for one plan (its digest is on argv). Pure."""
+    return jobdir.payload(rank_env(plan, environ, spec.grace), list(spec.program), spec.module,
+                          os.getcwd(), plan.job_key)
 
 
 def single_local(plan: LaunchPlan) -> bool:
     return len(plan.nodes) == 1 and is_local_host(plan.nodes[0].host)
 
 
+def check_safe(value: str, pattern: "re.Pattern", where: str, what: str) -> str:
+    if not pattern.fullmatch(value):
+        raise UserError(f"{value!r} is not a valid {what}: DeepSpeed pastes it into a remote shell line",
+                        where=where, hint=f"give a plain {what} (letters, digits and . - _ : only)")
+    return value
+
+
 def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], directory: str) -> List[str]:
-    """Pure: DeepSpeed's command line for this plan."""
+    """Pure: DeepSpeed's command line for this plan (run by ds_runner in the ranks' interpreter)."""
     if spec.no_python:
         raise UserError("the deepspeed backend runs Python programs only", where="--no_python")
     full = all(n.devices == list(range(len(n.devices))) for n in plan.nodes)
     if spec.launcher == "openmpi" and not full:
         raise UserError("DeepSpeed's openmpi runner cannot select devices", where="--include",
                         hint="use --backend mpirun (it honours --include/--exclude), or the pdsh runner")
-    argv = [deepspeed_exe(spec.python)]
+    check_safe(plan.master_addr, _ADDR, "--master_addr", "host name or address")
+    check_safe(directory, jobdir.SAFE_PATH, "TMPDIR", "directory path")
+    argv = [spec.python, "-m", "gaudi_launch.ds_runner"]
     if single_local(plan):
         # One local node: DeepSpeed's single-node mode (given a hostfile it insists on ssh to
-        # localhost). A device subset then travels in the job token (GAUDI_LAUNCH_NODE_DEVICES).
+        # localhost). A device subset then travels in the job file (GAUDI_LAUNCH_NODE_DEVICES).
         argv += ["--num_gpus", str(len(plan.nodes[0].devices))]
     else:
         argv += ["--hostfile", os.path.join(directory, "hostfile")]
@@ -79,8 +108,8 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
         argv += ["--ssh_port", str(spec.ssh_port)]
     if not spec.append_local_rank:
         argv.append("--no_local_rank")
-    token = encode_job(rank_env(plan, environ), list(spec.program), spec.module)
-    return argv + ["--module", "gaudi_launch.worker", token]
+    job = jobdir.digest(job_payload(plan, spec, environ))
+    return argv + ["--module", "gaudi_launch.worker", *job_argv(os.path.join(directory, jobdir.JOB_FILE), job)]
 
 
 def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
@@ -91,39 +120,103 @@ def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Lis
     if single_local(plan):
         # No remote shell exports it here: the runner carries the id itself, so launch.py and the
         # ranks inherit it and job-scoped teardown finds them. (Multi-node, the runner must not
-        # carry it: its own SIGTERM handler pkills by pattern on every host.)
+        # carry it: teardown would find the runner and pdsh, whose group is ours to SIGKILL.)
         env["GAUDI_LAUNCH_JOB_ID"] = plan.job_id
     return [Command(host=plan.nodes[0].host, argv=build_argv(plan, spec, environ, directory), env=env)]
 
 
-def write_job_dir(plan: LaunchPlan, directory: str) -> None:
-    """The hostfile, an env file that shadows the user's .deepspeed_env (its values are already in
-    the job token), and an `ssh` wrapper carrying our SSH options for pdsh and DeepSpeed's check."""
-    os.makedirs(os.path.join(directory, "bin"), exist_ok=True)
-    with open(os.path.join(directory, "hostfile"), "w") as f:
-        f.write(hostfile_text(plan, {n.host: max(n.devices) + 1 for n in plan.nodes}))
-    with open(os.path.join(directory, "job.env"), "w") as f:
-        f.write(f"GAUDI_LAUNCH_JOB_ID={plan.job_id}\n")
+def runner_env(environ: Mapping[str, str], extra: Mapping[str, str]) -> Dict[str, str]:
+    """The runner's whole environment: a few plain variables of the launcher's, then ours. Pure."""
+    env = {k: environ[k] for k in RUNNER_ENV if k in environ}
+    env.update(extra)
+    return env
+
+
+def write_job_dir(plan: LaunchPlan, directory: str, job: bytes) -> None:
+    """Fresh and private: the hostfile, an env file that shadows the user's .deepspeed_env (its values
+    are in the job file), the job file, and an `ssh` wrapper carrying our SSH options for pdsh."""
+    try:
+        jobdir.create(directory)
+    except FileExistsError:
+        raise UserError(f"{directory} exists already; a job directory is never reused", where="TMPDIR",
+                        hint="remove it if no job of yours is running, or set TMPDIR elsewhere") from None
+    os.mkdir(os.path.join(directory, "bin"), 0o700)
+    jobdir.write_private(os.path.join(directory, "hostfile"),
+                         hostfile_text(plan, {n.host: max(n.devices) + 1 for n in plan.nodes}).encode())
+    jobdir.write_private(os.path.join(directory, "job.env"), f"GAUDI_LAUNCH_JOB_ID={plan.job_id}\n".encode())
+    jobdir.write_private(os.path.join(directory, jobdir.JOB_FILE), job)
     if plan.ssh_args:
         real = shutil.which("ssh") or "/usr/bin/ssh"
         wrapper = os.path.join(directory, "bin", "ssh")
-        with open(wrapper, "w") as f:
-            f.write("#!/bin/sh\nexec " + shlex.join([real, *plan.ssh_args]) + ' "$@"\n')
-        os.chmod(wrapper, 0o755)
+        jobdir.write_private(wrapper, ("#!/bin/sh\nexec " + shlex.join([real, *plan.ssh_args]) + ' "$@"\n').encode())
+        os.chmod(wrapper, 0o700)
+
+
+def on_hosts(hosts: List[str], remote_argv: List[str], ssh_args: List[str], data: bytes = b"",
+             timeout: float = 60.0) -> Dict[str, str]:
+    """Run one command on every host at once over ssh (the one remote line quoted from a list),
+    ``data`` on its stdin; {host: what went wrong} for the hosts where it failed."""
+    failed: Dict[str, str] = {}
+
+    def one(host: str) -> None:
+        try:
+            out = subprocess.run(["ssh", *ssh_args, host, shlex.join(remote_argv)], input=data,
+                                 capture_output=True, timeout=timeout)
+        except (OSError, subprocess.SubprocessError) as exc:
+            failed[host] = str(exc)
+            return
+        if out.returncode != 0:
+            failed[host] = out.stderr.decode(errors="replace").strip() or f"exit code {out.returncode}"
+
+    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in dict.fromkeys(hosts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    return failed
+
+
+def ship_job(plan: LaunchPlan, spec: JobSpec, directory: str, job: bytes) -> List[str]:
+    """The job file to the same path on every other host, over ssh's stdin; the hosts it reached."""
+    remote = [n.host for n in plan.nodes if not is_local_host(n.host)]
+    if not remote:
+        return []
+    receive = [spec.python, "-m", "gaudi_launch.jobdir", "receive", directory, jobdir.digest(job)]
+    failed = on_hosts(remote, receive, plan.ssh_args, job)
+    if failed:
+        host, why = next(iter(failed.items()))
+        raise UserError(f"could not put the job file on {host}: {why}", where=host,
+                        hint="check that gaudi-launch is installed there and that its temporary directory "
+                             "is writable; nothing was started")
+    return remote
 
 
 def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = None,
         **supervisor_options) -> JobResult:
     environ = os.environ if environ is None else environ
-    exe = plan.commands[0].argv[0]
-    if not (os.path.exists(exe) or shutil.which(exe)):
+    if not (os.path.exists(deepspeed_exe(spec.python)) or shutil.which("deepspeed")):
         raise UserError("DeepSpeed is not installed beside the ranks' Python", where="--backend deepspeed",
                         hint="pip install deepspeed (DS_BUILD_OPS=0 on machines without CUDA), or use --backend mpirun")
     if spec.launcher == "pdsh" and not shutil.which("pdsh"):
         raise UserError("pdsh is not installed on this host", where="--launcher pdsh",
                         hint="install it (Debian: apt-get install pdsh), or use --launcher openmpi or --backend mpirun")
     directory = job_dir(plan)
-    write_job_dir(plan, directory)
+    job = job_payload(plan, spec, environ)
+    jobdir.clean_stale(os.path.dirname(directory))
+    write_job_dir(plan, directory, job)
+    remote: List[str] = []
+    try:
+        remote = ship_job(plan, spec, directory, job)
+        return _supervise(plan, spec, environ, directory, **supervisor_options)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        if remote:
+            on_hosts(remote, [spec.python, "-m", "gaudi_launch.jobdir", "remove", directory], plan.ssh_args,
+                     timeout=max(5.0, spec.ssh_timeout))
+
+
+def _supervise(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], directory: str,
+               **supervisor_options) -> JobResult:
     hosts = [n.host for n in plan.nodes]
     watch = host_watch(plan, spec, is_local_host)
 
@@ -133,14 +226,12 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
 
     rank_hosts = {r: n.host for n in plan.nodes for r in n.ranks}
     cmd = plan.commands[0]
-    proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env={**environ, **cmd.env}, label="deepspeed",
-                    ranks=rank_hosts, stop=stop, demux=lambda: PdshDemux(hosts), alarm=node_failed)
-    try:
-        return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
-                          watch=watch.probe if watch else None, **supervisor_options).run()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-
+    # cwd: DeepSpeed writes its working directory unquoted into pdsh's shell line; ours is safe.
+    proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env=runner_env(environ, cmd.env), cwd=directory,
+                    label="deepspeed", ranks=rank_hosts, stop=stop, demux=lambda: PdshDemux(hosts),
+                    alarm=node_failed)
+    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
+                      watch=watch.probe if watch else None, **supervisor_options).run()
 
 
 _NODE_FAILED = re.compile(r"^pdsh@\S+: (\S+): ssh exited with exit code [1-9]")

@@ -1,5 +1,5 @@
 """Pure parts of the multi-host backends: mpirun flags per OpenMPI version, output reassembly,
-failure reports, the job token, job-scoped teardown, the host watch."""
+failure reports, the job file, job-scoped teardown, the host watch."""
 from __future__ import annotations
 
 import os
@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
+from gaudi_launch import jobdir
 from gaudi_launch.backends import deepspeed, mpirun
 from gaudi_launch.plan import LaunchPlan, NodePlan
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.teardown import signal_job
 from gaudi_launch.watch import HostWatch, reachable
-from gaudi_launch.worker import decode_job, encode_job, normalize_env
+from gaudi_launch.worker import normalize_env, read_job_argv
 
 
 def two_node_plan(**kw) -> LaunchPlan:
@@ -90,17 +93,22 @@ def test_mpirun_explains_its_own_failure_reports():
     assert (c.rank, c.host, c.status) == (2, "b", "exit code 7")
 
 
-def test_deepspeed_argv_uses_a_job_token_and_include_for_device_subsets():
+def test_deepspeed_argv_names_a_job_file_and_include_for_device_subsets(tmp_path):
     plan = two_node_plan(exported=["HCCL_X"])
     plan.nodes[1].devices = [1, 3]
-    spec = JobSpec(program=["t.py", "a b", "$(x)"], python="/nowhere/py", launcher_args="-l root")
-    argv = deepspeed.build_argv(plan, spec, {"HCCL_X": "v w", "OTHER": "no"}, "/jobdir")
-    assert argv[:3] == ["deepspeed", "--hostfile", "/jobdir/hostfile"]
+    spec = JobSpec(program=["t.py", "a b", "$(x)"], python="/nowhere/py", launcher_args="-l root", grace=3)
+    environ = {"HCCL_X": "v w", "OTHER": "no"}
+    argv = deepspeed.build_argv(plan, spec, environ, str(tmp_path))
+    assert argv[:5] == ["/nowhere/py", "-m", "gaudi_launch.ds_runner", "--hostfile", f"{tmp_path}/hostfile"]
     assert argv[argv.index("--include") + 1] == "gl-n0:0,1@gl-n1:1,3"
     assert "--launcher_args=-l root" in argv and "--no_local_rank" in argv
-    env, program, module = decode_job(argv[-1])
-    assert program == ["t.py", "a b", "$(x)"] and module is False
-    assert env == {"HCCL_X": "v w", "A": "1", "GAUDI_LAUNCH_JOB_ID": "j1"}
+    assert not any(v in " ".join(argv) for v in ("v w", "a b", "$(x)", "t.py"))
+    # What the worker reads back from the file argv names, checked against the digest on argv.
+    os.chmod(tmp_path, 0o700)
+    jobdir.write_private(str(tmp_path / "job.json"), deepspeed.job_payload(plan, spec, environ))
+    job = read_job_argv(argv[-2:])
+    assert job["argv"] == ["t.py", "a b", "$(x)"] and job["module"] is False and job["cwd"] == os.getcwd()
+    assert job["env"] == {"HCCL_X": "v w", "A": "1", "GAUDI_LAUNCH_JOB_ID": "j1", "GAUDI_LAUNCH_GRACE": "3"}
     assert deepspeed.hostfile_text(plan, {"gl-n1": 4}) == "gl-n0 slots=2\ngl-n1 slots=4\n"
 
 
@@ -112,11 +120,23 @@ def test_pdsh_output_keeps_hosts_but_recognises_records_and_node_failures():
     assert not deepspeed.node_failed("pdsh@gl-n0: gl-n1: ssh exited with exit code 0")
 
 
-def test_job_token_round_trips_anything():
+def test_job_file_round_trips_anything_and_refuses_another_file(tmp_path):
     env = {"A": 'x "y" $(z) `w` ; \\ \n', "J": '{"k": [1]}'}
-    token = encode_job(env, ["s.py", "--", "ünï", ""], module=True)
-    assert set(token[len("--job-b64="):]) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=")
-    assert decode_job(token) == (env, ["s.py", "--", "ünï", ""], True)
+    data = jobdir.payload(env, ["s.py", "--", "ünï", ""], True, "/w d", key="k1")
+    path = str(tmp_path / "job.json")
+    jobdir.write_private(path, data)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    job = jobdir.read_job(path, jobdir.digest(data))
+    assert (job["env"], job["argv"], job["module"], job["cwd"]) == (env, ["s.py", "--", "ünï", ""], True, "/w d")
+    with pytest.raises(jobdir.JobDirError):
+        jobdir.read_job(path, jobdir.digest(data + b" "))
+    with pytest.raises(FileExistsError):  # never overwritten
+        jobdir.write_private(path, b"{}")
+    os.chmod(path, 0o644)
+    with pytest.raises(jobdir.JobDirError):  # readable by others: not ours to trust
+        jobdir.read_job(path, jobdir.digest(data))
+    # The digest says nothing about a short value: a random key is part of what it covers.
+    assert jobdir.digest(data) != jobdir.digest(jobdir.payload(env, ["s.py", "--", "ünï", ""], True, "/w d", "k2"))
 
 
 def test_worker_maps_openmpi_and_deepspeed_layouts():

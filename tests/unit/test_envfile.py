@@ -475,6 +475,20 @@ def test_assignments_missing_equals():
     assert info.value.hint
 
 
+def test_assignments_bare_name_passes_the_launchers_value():
+    # `-x NAME` instead of `-x NAME="$NAME"`: the value never stands on gaudi-launch's own argv.
+    assert parse_assignments(["HF_TOKEN", "A=1"], environ={"HF_TOKEN": "hf_x y"}) == {"HF_TOKEN": "hf_x y", "A": "1"}
+    with pytest.raises(UserError) as info:
+        parse_assignments(["HF_TOKEN"], environ={})
+    assert "HF_TOKEN is not set" in info.value.message and "export HF_TOKEN" in info.value.hint
+
+
+def test_assignments_hint_never_suggests_a_value_on_the_command_line():
+    with pytest.raises(UserError) as info:
+        parse_assignments(["HF_HOME"])
+    assert "$" not in info.value.hint
+
+
 @pytest.mark.parametrize("item", ["1A=x", "A-B=x", " A=x", "=x", "A B=x"])
 def test_assignments_bad_name(item):
     with pytest.raises(UserError) as info:
@@ -520,7 +534,7 @@ def test_mask_env():
 def test_mask_text():
     env = {"HF_TOKEN": "hf_abcdef", "PATH": "/usr/bin", "DB_PASS": "abc", "EMPTY_TOKEN": ""}
     text = "ssh n1 env HF_TOKEN=hf_abcdef PATH=/usr/bin DB_PASS=abc x; echo hf_abcdef"
-    assert mask_text(text, env) == "ssh n1 env HF_TOKEN=*** PATH=/usr/bin DB_PASS=abc x; echo ***"
+    assert mask_text(text, env) == "ssh n1 env HF_TOKEN=*** PATH=/usr/bin DB_PASS=*** x; echo ***"
 
 
 def test_mask_text_overlapping_secrets_longest_first():
@@ -540,6 +554,20 @@ def test_mask_text_shell_quoted_form():
     line = f"export DB_PASSWORD={shlex.quote(secret)}"
     assert secret not in mask_text(line, {"DB_PASSWORD": secret})
     assert "s-secret" not in mask_text(line, {"DB_PASSWORD": secret})
+
+
+def test_mask_text_multi_line_secret_line_by_line():
+    key = "-----BEGIN KEY-----\nMIIEv9Qabc\nxy\n-----END KEY-----\n"
+    env = {"SSH_PRIVATE_KEY": key}
+    for line in key.splitlines():
+        assert mask_text(f"[rank 0] {line}", env) == "[rank 0] ***"
+    assert mask_text(key, env) == "***"
+    assert mask_text("xyz oxy", env) == "xyz oxy"  # a short line only as a whole word
+
+
+def test_mask_text_short_secrets_as_whole_words():
+    env = {"PIN_PASSWORD": "42", "X_TOKEN": "ab"}
+    assert mask_text("pin 42, code 420, ab abc", env) == "pin ***, code 420, *** abc"
 
 
 def test_mask_text_no_secrets():

@@ -13,7 +13,6 @@ import sys
 import pytest
 
 from gaudi_launch.cli import main
-from gaudi_launch.worker import decode_job
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden")
 HOSTS = "gaudi-a slots=4\ngaudi-b slots=4\n"
@@ -47,12 +46,10 @@ def normalized(plan: dict) -> dict:
     plan = json.loads(text)
     for cmd in plan["commands"]:
         argv = cmd["argv"]
-        if argv[0].endswith("deepspeed"):
-            argv[0] = "deepspeed"
-            env, program, module = decode_job(argv[-1])
-            env["GAUDI_LAUNCH_JOB_ID"] = "JOB"
-            argv[-1] = {"job-token": {"env": env, "argv": program, "module": module}}
-            argv[2] = "TMP/" + os.path.basename(argv[2])
+        if argv[1:3] == ["-m", "gaudi_launch.ds_runner"]:
+            argv[4] = "TMP/" + os.path.basename(argv[4])
+            argv[-2] = "--job-file=TMP/" + os.path.basename(argv[-2])
+            argv[-1] = "--job-sha256=DIGEST"  # covers a random key
         cmd["env"] = {k: ("TMP/" + os.path.basename(v) if k == "DS_ENV_FILE" else v)
                       for k, v in cmd["env"].items() if k != "PATH"}
     return plan

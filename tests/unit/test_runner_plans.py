@@ -140,10 +140,8 @@ def test_use_mpi_single_host():
 def test_use_deepspeed_is_deepspeed():
     (plan,) = runner(["train.py --z"], world_size=2, use_deepspeed=True).plans()
     assert plan.backend == "deepspeed"
-    from gaudi_launch.worker import decode_job
-
-    assert plan.commands[0].argv[0].endswith("deepspeed")
-    assert decode_job(plan.commands[0].argv[-1])[1] == ["train.py", "--z"]
+    assert plan.commands[0].argv[1:3] == ["-m", "gaudi_launch.ds_runner"]
+    assert plan.program == ["train.py", "--z"]
 
 
 def test_use_mpi_with_use_deepspeed_is_user_error():

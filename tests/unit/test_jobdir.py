@@ -1,0 +1,158 @@
+"""Issue 12 (items 1, 4, 13, 19), the pure and file-level parts: the per-job directory and job file,
+the DeepSpeed runner's scrubbed environment and validated values, masking of exported secrets."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gaudi_launch import jobdir
+from gaudi_launch.backends import deepspeed
+from gaudi_launch.errors import UserError
+from gaudi_launch.plan import LaunchPlan, NodePlan
+from gaudi_launch.spec import JobSpec
+
+
+def plan_of(**kw) -> LaunchPlan:
+    nodes = [NodePlan("gl-n0", 0, [0, 1], [0, 1]), NodePlan("gl-n1", 1, [0, 1], [2, 3])]
+    base = dict(backend="deepspeed", world_size=4, master_addr="gl-n0", master_port=29600, nodes=nodes,
+                env={}, commands=[], program=["t.py"], job_id="0123abcd")
+    base.update(kw)
+    return LaunchPlan(**base)
+
+
+def test_job_dir_is_created_fresh_and_private(tmp_path):
+    path = str(tmp_path / "gaudi-launch-0123abcd")
+    old = os.umask(0)
+    try:
+        jobdir.create(path)
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o700
+    assert open(os.path.join(path, "owner")).read().split()[1] == str(os.getpid())
+    with pytest.raises(FileExistsError):  # never reused, whoever made it
+        jobdir.create(path)
+
+
+def test_an_existing_job_dir_is_refused_by_the_deepspeed_backend(tmp_path):
+    path = str(tmp_path / "gaudi-launch-0123abcd")
+    os.mkdir(path, 0o700)
+    with pytest.raises(UserError) as info:
+        deepspeed.write_job_dir(plan_of(), path, b"{}")
+    assert "never reused" in info.value.message
+
+
+def test_a_dir_of_another_mode_or_a_link_is_not_private(tmp_path):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    os.chmod(open_dir, 0o755)
+    with pytest.raises(jobdir.JobDirError):
+        jobdir.check_private_dir(str(open_dir))
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    with pytest.raises(jobdir.JobDirError):
+        jobdir.check_private_dir(str(link))
+
+
+def test_is_stale_decisions():
+    host = "me"
+    dead_owner = "me 999999999 1"   # no such pid
+    assert jobdir.is_stale(dead_owner, "aa", 500, set(), host)
+    assert not jobdir.is_stale(dead_owner, "aa", 500, {"aa"}, host)           # a process still carries the id
+    assert not jobdir.is_stale(dead_owner, "aa", 5, set(), host)              # too young: ranks may be starting
+    assert not jobdir.is_stale("other 999999999 1", "aa", 500, set(), host)   # another host's launcher
+    assert not jobdir.is_stale(jobdir.owner_record(), "aa", 500, set(), jobdir.owner_record().split()[0])
+    assert jobdir.is_stale(None, "aa", 500, set(), host)                      # made by ranks, none left
+
+
+def test_clean_stale_removes_only_dead_jobs_of_ours(tmp_path):
+    dead = tmp_path / "gaudi-launch-00000001"
+    jobdir.create(str(dead))
+    (dead / "owner").unlink()
+    jobdir.write_private(str(dead / "owner"), f"{jobdir.owner_record().split()[0]} 999999999 1\n".encode())
+    mine = tmp_path / "gaudi-launch-00000002"
+    jobdir.create(str(mine))            # this live process's
+    other = tmp_path / "gaudi-launch-00000003"
+    other.mkdir(mode=0o755)             # not private: not ours to judge
+    os.chmod(other, 0o755)
+    unrelated = tmp_path / "gaudi-launch-notajob"
+    unrelated.mkdir(mode=0o700)
+    later = time.time() + 3600
+    assert jobdir.clean_stale(str(tmp_path), now=later) == [str(dead)]
+    assert mine.exists() and other.exists() and unrelated.exists()
+
+
+def test_receive_accepts_the_same_file_on_a_shared_filesystem_and_refuses_another(tmp_path):
+    path = str(tmp_path / "gaudi-launch-0123abcd")
+    data = b'{"env": {}}'
+    jobdir.receive(path, jobdir.digest(data), data)
+    assert os.stat(os.path.join(path, "job.json")).st_mode & 0o777 == 0o600
+    jobdir.receive(path, jobdir.digest(data), data)  # already there (same file): fine
+    with pytest.raises(jobdir.JobDirError):
+        jobdir.receive(path, jobdir.digest(b"{}"), b"{}")
+    with pytest.raises(jobdir.JobDirError):
+        jobdir.receive(path, jobdir.digest(b"{}"), b"{ }")  # damaged in transit
+
+
+def test_receive_over_stdin_as_ssh_runs_it(tmp_path):
+    path = str(tmp_path / "gaudi-launch-0123abcd")
+    data = b'{"secret": "s3cr3t"}'
+    res = subprocess.run([sys.executable, "-m", "gaudi_launch.jobdir", "receive", path, jobdir.digest(data)],
+                         input=data, capture_output=True)
+    assert res.returncode == 0, res.stderr
+    assert open(os.path.join(path, "job.json"), "rb").read() == data
+    res = subprocess.run([sys.executable, "-m", "gaudi_launch.jobdir", "remove", path], capture_output=True)
+    assert res.returncode == 0 and not os.path.exists(path)
+
+
+@pytest.mark.parametrize("addr", ["x;id", "$(id)", "a b", "-oProxyCommand=x", "h`id`", ""])
+def test_master_addr_is_validated_for_deepspeed(addr, tmp_path):
+    with pytest.raises(UserError) as info:
+        deepspeed.build_argv(plan_of(master_addr=addr), JobSpec(program=["t.py"]), {}, str(tmp_path))
+    assert info.value.where == "--master_addr"
+
+
+@pytest.mark.parametrize("addr", ["gl-n0", "10.0.0.1", "fe80::1%eth0", "node_1.cluster.local", "::1"])
+def test_plain_master_addresses_pass(addr, tmp_path):
+    argv = deepspeed.build_argv(plan_of(master_addr=addr), JobSpec(program=["t.py"]), {}, str(tmp_path))
+    assert argv[argv.index("--master_addr") + 1] == addr
+
+
+def test_a_job_dir_path_a_shell_would_split_is_refused():
+    with pytest.raises(UserError) as info:
+        deepspeed.build_argv(plan_of(), JobSpec(program=["t.py"]), {}, "/tmp/a b;c/gaudi-launch-0123abcd")
+    assert info.value.where == "TMPDIR"
+
+
+def test_runner_environment_is_scrubbed():
+    environ = {"PATH": "/bin", "HOME": "/root", "PYTHONPATH": "$(touch x)", "MLFLOW_TRACKING_TOKEN": "tok",
+               "UCX_TLS": "x", "MV2_X": "y", "NCCL_DEBUG": "INFO", "HF_TOKEN": "hf", "SSH_AUTH_SOCK": "/s"}
+    env = deepspeed.runner_env(environ, {"DS_ENV_FILE": "/j/job.env"})
+    assert env == {"PATH": "/bin", "HOME": "/root", "SSH_AUTH_SOCK": "/s", "DS_ENV_FILE": "/j/job.env"}
+    assert not any(k.startswith(("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")) for k in deepspeed.RUNNER_ENV)
+
+
+def test_exported_secrets_are_masked_and_never_shown(monkeypatch):
+    from gaudi_launch.multinode import finish_plan
+
+    plan = plan_of()
+    environ = {"MYAPP_API_TOKEN": "tok-1234567", "MYAPP_MODE": "fast", "PATH": "/bin"}
+    finish_plan(plan, JobSpec(program=["t.py"], export_prefixes=["MYAPP_"], efa=False), environ)
+    assert "MYAPP_API_TOKEN" in plan.exported
+    assert plan.mask("got tok-1234567") == "got ***"
+    shown = plan.to_json() + plan.render_text()
+    assert "tok-1234567" not in shown and plan.job_key not in shown
+
+
+def test_ds_runner_never_installs_deepspeeds_handler():
+    code = ("import signal, types, sys\n"
+            "from gaudi_launch import ds_runner\n"
+            "s = ds_runner._without_handlers(signal)\n"
+            "s.signal(signal.SIGTERM, lambda *a: print('pkill'))\n"
+            "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+            "assert s.SIGTERM == signal.SIGTERM\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
