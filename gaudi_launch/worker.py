@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import runpy
+import shutil
 import signal
 import socket
 import sys
@@ -25,6 +26,8 @@ import tempfile
 import time
 import traceback
 from typing import Dict, List, Mapping, MutableMapping, Optional
+
+from gaudi_launch.contract import elastic_env, node_visibility, read_error_file
 
 # Where other launchers put the rank layout, in order of preference for each torchrun name.
 _SOURCES = {
@@ -53,11 +56,12 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Di
         out.setdefault("CROSS_RANK", out["NODE_RANK"])
     if "LOCAL_WORLD_SIZE" in out:
         out.setdefault("LOCAL_SIZE", out["LOCAL_WORLD_SIZE"])
-    devices = _node_devices(env.get("GAUDI_LAUNCH_NODE_DEVICES", ""), out.get("NODE_RANK"))
-    if devices is not None and not env.get("HABANA_VISIBLE_MODULES"):
-        # A backend that starts every node alike (mpirun) passes each node's device subset.
-        out["HABANA_VISIBLE_MODULES"] = devices
-        out.setdefault("CUDA_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES") or devices)
+    if "CROSS_SIZE" not in env and "WORLD_SIZE" in out and "LOCAL_WORLD_SIZE" in out:
+        out["CROSS_SIZE"] = str(int(out["WORLD_SIZE"]) // max(1, int(out["LOCAL_WORLD_SIZE"])))
+    # A backend that starts every node alike (mpirun, deepspeed) passes each node's device subset,
+    # already mapped onto the visibility the ranks inherit: set exactly that.
+    out.update(node_visibility(env, out.get("NODE_RANK")))
+    out.update(elastic_env({**env, **out}, env))
     if cpu_count and not env.get("OMP_NUM_THREADS"):
         # Ranks sharing a host share its cores: without this each one starts a thread per core and
         # they slow each other down several times over (torchrun sets it too).
@@ -90,14 +94,6 @@ def read_job_argv(argv: List[str]) -> dict:
     if len(argv) < 2 or not argv[1].startswith(JOB_DIGEST_FLAG):
         raise JobDirError(f"{JOB_FILE_FLAG}PATH must be followed by {JOB_DIGEST_FLAG}DIGEST")
     return read_job(argv[0][len(JOB_FILE_FLAG):], argv[1][len(JOB_DIGEST_FLAG):])
-
-
-def _node_devices(spec: str, node_rank: Optional[str]) -> Optional[str]:
-    """'0,1;1,3' and node 1 -> '1,3' (None when nothing applies)."""
-    parts = spec.split(";") if spec else []
-    if node_rank is None or not node_rank.isdigit() or int(node_rank) >= len(parts):
-        return None
-    return parts[int(node_rank)] or None
 
 
 def uses_hpu(environ: Mapping[str, str]) -> bool:
@@ -160,6 +156,14 @@ def error_record(environ: Mapping[str, str], exc: Optional[BaseException] = None
     }
     if exc is not None:
         record.update(exc_type=type(exc).__name__, message=str(exc), traceback=format_user_traceback(exc))
+    elastic = read_error_file(environ.get("TORCHELASTIC_ERROR_FILE"))
+    if elastic:  # torch's @record wrote it: report what torchrun would, its traceback verbatim
+        record["error_file"] = environ["TORCHELASTIC_ERROR_FILE"]
+        if elastic["traceback"]:
+            record["traceback"] = elastic["traceback"]
+        if "exc_type" not in record:
+            kind, _, message = elastic["message"].partition(": ")
+            record.update(exc_type=kind, message=message)
     return record
 
 
@@ -184,6 +188,8 @@ def _term_whole_group(signum, _frame) -> None:
     # We lead our own process group: take the rank's children (data loader workers, helpers) with
     # us, whoever sent the SIGTERM (our supervisor, mpirun's orted, DeepSpeed's launch.py).
     signal.signal(signum, signal.SIG_DFL)
+    if _ERROR_DIR:
+        shutil.rmtree(_ERROR_DIR, ignore_errors=True)
     os.killpg(0, signum)
 
 
@@ -213,7 +219,25 @@ def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
         return _run(argv, environ)
     finally:
         _close_process_group()
+        if _ERROR_DIR:
+            shutil.rmtree(_ERROR_DIR, ignore_errors=True)
         _end_group()
+
+
+_ERROR_DIR: Optional[str] = None
+
+
+def _error_file(environ: Mapping[str, str]) -> Dict[str, str]:
+    """A private TORCHELASTIC_ERROR_FILE per rank, as torchrun gives, for torch's @record."""
+    global _ERROR_DIR
+    if not environ.get("GAUDI_LAUNCH_JOB_ID"):
+        return {}
+    try:
+        _ERROR_DIR = tempfile.mkdtemp(prefix=f"gaudi-launch-{environ['GAUDI_LAUNCH_JOB_ID']}-"
+                                             f"rank{environ.get('RANK', '')}-")
+    except OSError:
+        return {}
+    return {"TORCHELASTIC_ERROR_FILE": os.path.join(_ERROR_DIR, "error.json")}
 
 
 def _grace(environ: Mapping[str, str]) -> float:
@@ -293,6 +317,7 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
         print("usage: python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     environ.update(normalize_env(environ, os.cpu_count()))
+    environ.update(_error_file(environ))
     try:
         os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
     except OSError:
@@ -315,7 +340,7 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
         else:
             sys.argv = [target, *args]
             sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py` does
-            runpy.run_path(target, run_name="__main__")
+            runpy.run_path(os.path.abspath(target), run_name="__main__")  # __file__ absolute, as python does
     except SystemExit as exc:
         code = exc.code
         if code is None or isinstance(code, int):
