@@ -244,7 +244,7 @@ class Supervisor:
                  stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
                  color: Optional[bool] = None, mask: Callable[[str], str] = lambda s: s,
                  handle_signals: bool = True, watch: Optional[Callable[[], Optional[str]]] = None,
-                 watch_interval: float = 3.0):
+                 watch_interval: float = 3.0, sweep: Optional[Callable[[int], dict]] = None):
         self.procs = [_Proc(i, s) for i, s in enumerate(specs)]
         self.grace = grace
         self.log_dir = log_dir
@@ -263,6 +263,11 @@ class Supervisor:
         self.watch_interval = watch_interval
         self._done = threading.Event()
         self.lost: Optional[str] = None
+        # The job-id sweep (teardown.job_sweeper): signals every process that carries the job's id on
+        # every host, which reaches what left its process group (a rank's setsid/double-fork daemon).
+        self.sweep = sweep
+        self._swept_kill = False
+        self._unseen_reported: set = set()
 
     # ---- output -------------------------------------------------------------------------------
     def _prefix(self, proc: _Proc, rank: Optional[int]) -> str:
@@ -398,6 +403,38 @@ class Supervisor:
             if proc.popen is not None and proc.returncode is None:
                 proc.killed = True
         self._signal_groups(signal.SIGKILL)
+        if not self._swept_kill:
+            self._swept_kill = True
+            self._sweep(signal.SIGKILL)
+
+    def _sweep(self, sig: int) -> int:
+        """Run the job-id sweep; say once per process what it could not inspect. Processes hit."""
+        if self.sweep is None:
+            return 0
+        from gaudi_launch.teardown import describe_unseen
+
+        hits = 0
+        for host, found in sorted(self.sweep(sig).items()):
+            hits += max(found.hit, 0)
+            new = [u for u in found.unseen if (host, u.split(" (")[0]) not in self._unseen_reported]
+            self._unseen_reported.update((host, u.split(" (")[0]) for u in new)
+            if new:
+                try:
+                    self.err.write(describe_unseen(host, new) + "\n")
+                    self.err.flush()
+                except (OSError, ValueError):
+                    pass
+        return hits
+
+    def _final_sweep(self) -> None:
+        """After every process we started is reaped: whatever still carries the job's id goes too,
+        SIGTERM first, SIGKILL once the grace period is over."""
+        if self.sweep is None or not self._sweep(signal.SIGTERM):
+            return
+        deadline = time.monotonic() + self.grace
+        while time.monotonic() < deadline and self._sweep(0):
+            time.sleep(0.2)
+        self._sweep(signal.SIGKILL)
 
     def _on_signal(self, signum, _frame) -> None:
         self._stop_signal = signum
@@ -438,6 +475,7 @@ class Supervisor:
                     if p.state == "running" and p.returncode is None:
                         p.state = "torn down"
                 self._signal_groups(signal.SIGTERM)
+                self._sweep(signal.SIGTERM)
 
         for proc in self.procs:
             # A signal or a failure while spawning: start nothing more (the main loop tears down).
@@ -488,6 +526,7 @@ class Supervisor:
             interrupted = signal_name(self._stop_signal)  # arrived before anything was running
         # Every direct child is reaped; kill whatever their process groups left behind.
         self._signal_groups(signal.SIGKILL, only_running=False)
+        self._final_sweep()
         for proc in self.procs:
             for t in proc.readers:
                 t.join(timeout=5)

@@ -8,55 +8,116 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 import threading
-from typing import Callable, Dict, List, Sequence
+import time
+from typing import Callable, Collection, Dict, List, NamedTuple, Optional, Sequence
 
-# Run by the remote interpreter; argv: JOB_ID SIGNAL. Prints how many processes it signalled.
+# Run by the remote interpreter; argv: JOB_ID SIGNAL [SINCE]. Prints how many processes it
+# signalled, then one line "pid<TAB>name<TAB>uid<TAB>why" per process it could not inspect or signal
+# that may be the job's: one of ours whose environment is closed to us (not dumpable: setuid,
+# prctl) and that started after SINCE (epoch seconds), or a match it was not allowed to signal.
+# Signal 0 only counts.
 KILL_CODE = r"""
 import os, sys
 needle = b"\0GAUDI_LAUNCH_JOB_ID=" + sys.argv[1].encode() + b"\0"
-sig, me, hit = int(sys.argv[2]), os.getpid(), 0
+sig, me, uid, hit, unseen = int(sys.argv[2]), os.getpid(), os.getuid(), 0, []
+since = float(sys.argv[3]) if len(sys.argv) > 3 else None
+def facts(pid):
+    with open("/proc/%s/stat" % pid) as f:
+        stat = f.read()
+    name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+    with open("/proc/stat") as f:
+        btime = next(int(l.split()[1]) for l in f if l.startswith("btime "))
+    with open("/proc/%s/status" % pid) as f:
+        ruid = next(int(l.split()[1]) for l in f if l.startswith("Uid:"))
+    return name, ruid, btime + int(rest[19]) / os.sysconf("SC_CLK_TCK"), rest[0]
 for pid in filter(str.isdigit, os.listdir("/proc")):
     if int(pid) == me:
         continue
     try:
         with open("/proc/%s/environ" % pid, "rb") as f:
             env = b"\0" + f.read()
+    except PermissionError:
+        try:
+            name, ruid, started, state = facts(pid)
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+        if since is not None and ruid == uid and started >= since and state != "Z":  # a zombie is gone
+            unseen.append("%s\t%s\t%d\tits environment cannot be read" % (pid, name, ruid))
+        continue
     except OSError:
         continue
     if needle in env or env.endswith(needle[:-1]):
         try:
             os.kill(int(pid), sig)
             hit += 1
+        except PermissionError:
+            try:
+                name, ruid = facts(pid)[:2]
+            except (OSError, StopIteration, ValueError, IndexError):
+                name, ruid = "?", -1
+            unseen.append("%s\t%s\t%d\tnot allowed to signal it" % (pid, name, ruid))
         except OSError:
             pass
 print(hit)
+for line in unseen:
+    print(line)
 """
 
 
-def kill_argv(python: str, job_id: str, sig: int) -> List[str]:
-    return [python, "-c", KILL_CODE, job_id, str(int(sig))]
+class Sweep(NamedTuple):
+    """One host's answer: processes signalled (-1 when unknown) and those it could not inspect or
+    signal that may be the job's, as "pid N (name, uid U): why"."""
+
+    hit: int
+    unseen: List[str]
 
 
-def remote_argv(host: str, ssh_args: Sequence[str], python: str, job_id: str, sig: int) -> List[str]:
+def parse_sweep(text: str) -> Sweep:
+    """KILL_CODE's output. Pure."""
+    lines = text.strip().splitlines()
+    hit = int(lines[0]) if lines and lines[0].strip().lstrip("-").isdigit() else -1
+    unseen = []
+    for line in lines[1:]:
+        parts = line.split("\t")
+        if len(parts) == 4:
+            unseen.append(f"pid {parts[0]} ({parts[1]}, uid {parts[2]}): {parts[3]}")
+    return Sweep(hit, unseen)
+
+
+def describe_unseen(host: str, unseen: List[str]) -> str:
+    """The warning for processes the teardown could not inspect or signal. Pure."""
+    return (f"gaudi-launch: on {host}, {len(unseen)} process(es) that may belong to this job could not be "
+            f"inspected or signalled and may still run: " + "; ".join(unseen))
+
+
+def kill_argv(python: str, job_id: str, sig: int, since: Optional[float] = None) -> List[str]:
+    return [python, "-c", KILL_CODE, job_id, str(int(sig))] + ([repr(float(since))] if since is not None else [])
+
+
+def remote_argv(host: str, ssh_args: Sequence[str], python: str, job_id: str, sig: int,
+                since: Optional[float] = None) -> List[str]:
     """ssh's argv; the one remote command line is built with shlex.quote from a list."""
-    return ["ssh", *ssh_args, host, shlex.join(kill_argv(python, job_id, sig))]
+    return ["ssh", *ssh_args, host, shlex.join(kill_argv(python, job_id, sig, since))]
 
 
-def signal_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence[str], python: str,
-               is_local: Callable[[str], bool], timeout: float = 15.0) -> Dict[str, int]:
-    """Signal the job's processes on every host at once; {host: processes signalled, -1 if unknown}."""
+def sweep_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence[str], python: str,
+              is_local: Callable[[str], bool], timeout: float = 15.0,
+              since: Optional[float] = None) -> Dict[str, Sweep]:
+    """Signal the job's processes on every host at once (this host with our own interpreter)."""
     if not job_id:
         raise ValueError("a job id is required: without one every process would match")
-    result: Dict[str, int] = {}
+    result: Dict[str, Sweep] = {}
 
     def one(host: str) -> None:
-        argv = kill_argv(python, job_id, sig) if is_local(host) else remote_argv(host, ssh_args, python, job_id, sig)
+        argv = kill_argv(sys.executable, job_id, sig, since) if is_local(host) else \
+            remote_argv(host, ssh_args, python, job_id, sig, since)
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-            result[host] = int(out.stdout.strip() or -1) if out.returncode == 0 else -1
+            result[host] = parse_sweep(out.stdout) if out.returncode == 0 else Sweep(-1, [])
         except (OSError, subprocess.SubprocessError, ValueError):
-            result[host] = -1
+            result[host] = Sweep(-1, [])
 
     threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in dict.fromkeys(hosts)]
     for t in threads:
@@ -64,3 +125,24 @@ def signal_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequenc
     for t in threads:
         t.join(timeout + 5)
     return result
+
+
+def signal_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence[str], python: str,
+               is_local: Callable[[str], bool], timeout: float = 15.0) -> Dict[str, int]:
+    """Signal the job's processes on every host at once; {host: processes signalled, -1 if unknown}."""
+    swept = sweep_job(hosts, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, timeout=timeout)
+    return {host: s.hit for host, s in swept.items()}
+
+
+def job_sweeper(hosts: Sequence[str], job_id: str, *, ssh_args: Sequence[str], python: str,
+                is_local: Callable[[str], bool], lost: Callable[[], Collection[str]] = frozenset
+                ) -> Callable[[int], Dict[str, Sweep]]:
+    """The sweep a Supervisor runs at teardown and at the end of every job, for every backend.
+    Processes of ours that are closed to inspection are reported when they started at most a
+    minute before now (clock skew between hosts): older ones cannot be this job's."""
+    since = time.time() - 60
+
+    def sweep(sig: int) -> Dict[str, Sweep]:
+        alive = [h for h in hosts if h not in lost()]
+        return sweep_job(alive, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, since=since)
+    return sweep

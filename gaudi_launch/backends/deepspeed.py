@@ -25,7 +25,7 @@ from gaudi_launch.plan import Command, LaunchPlan
 from gaudi_launch.planner import is_local_host
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
-from gaudi_launch.teardown import signal_job
+from gaudi_launch.teardown import job_sweeper, signal_job
 from gaudi_launch.worker import ERROR_MARKER, job_argv
 
 # The runner's whole environment comes from these names (plus what commands() sets): none starts
@@ -230,8 +230,10 @@ def _supervise(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
     proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env=runner_env(environ, cmd.env), cwd=directory,
                     label="deepspeed", ranks=rank_hosts, stop=stop, demux=lambda: PdshDemux(hosts),
                     alarm=node_failed)
+    sweep = job_sweeper(hosts, plan.job_id, ssh_args=plan.ssh_args, python=spec.python, is_local=is_local_host,
+                        lost=lambda: watch.lost if watch else ())  # also after a success: a rank's daemon
     return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
-                      watch=watch.probe if watch else None, **supervisor_options).run()
+                      watch=watch.probe if watch else None, sweep=sweep, **supervisor_options).run()
 
 
 _NODE_FAILED = re.compile(r"^pdsh@\S+: (\S+): ssh exited with exit code [1-9]")

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import List, Mapping, Optional
 
 from gaudi_launch.plan import Command, LaunchPlan
 from gaudi_launch.planner import rank_contract, worker_argv
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
+from gaudi_launch.teardown import job_sweeper
 
 
 def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
@@ -32,5 +34,7 @@ def proc_specs(plan: LaunchPlan, environ: Mapping[str, str]) -> List[ProcSpec]:
 def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = None,
         **supervisor_options) -> JobResult:
     environ = os.environ if environ is None else environ
+    # A rank's daemon (setsid, double fork) leaves its process group but keeps the job id.
+    sweep = job_sweeper(["localhost"], plan.job_id, ssh_args=[], python=sys.executable, is_local=lambda _: True)
     return Supervisor(proc_specs(plan, environ), grace=spec.grace, log_dir=spec.log_dir,
-                      mask=plan.mask, **supervisor_options).run()
+                      mask=plan.mask, sweep=sweep, **supervisor_options).run()

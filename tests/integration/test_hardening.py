@@ -200,3 +200,128 @@ def test_supervisor_tails_hold_at_most_200_cut_lines(tmp_path):
     tail = result.procs[0].tail
     assert len(tail) == TAIL_KEEP and tail[-1].startswith("399399")
     assert max(len(line) for line in tail) <= TAIL_LINE_CHARS + 40
+
+
+# ---- item 7: the job-id sweep reaches a rank's daemon (local backend) -----------------------------------
+
+DAEMON_RANK = """\
+import ctypes, os, signal, sys, time
+pid_file, code, ignore_term, hide = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4] == "1"
+if os.fork() == 0:                       # double fork + setsid: out of the rank's process group
+    os.setsid()
+    if os.fork() == 0:
+        if ignore_term:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if hide:                         # not dumpable: its /proc environ is closed to its own user
+            ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(pid_file + ".tmp", pid_file)
+        time.sleep(900)
+    os._exit(0)
+while not os.path.exists(pid_file):
+    time.sleep(0.02)
+print("daemon", open(pid_file).read(), flush=True)
+sys.exit(code)
+"""
+
+
+def daemon_job(tmp_path, *, code=0, ignore_term=False, hide=False, extra=(), **kwargs):
+    script = tmp_path / "daemon_rank.py"
+    script.write_text(DAEMON_RANK)
+    pid_file = tmp_path / "daemon.pid"
+    res = gaudi_launch("--num_devices", "1", "--grace", "1", *extra, str(script), str(pid_file), str(code),
+                       "1" if ignore_term else "0", "1" if hide else "0", cwd=str(tmp_path), **kwargs)
+    return res, int(pid_file.read_text())
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_ranks_daemon_does_not_outlive_the_job(tmp_path, code):
+    res, daemon = daemon_job(tmp_path, code=code)
+    try:
+        assert res.returncode == code, res.stderr
+        assert not alive(daemon), "the rank's setsid daemon survived the job"
+    finally:
+        if alive(daemon):
+            os.kill(daemon, 9)
+
+
+def test_a_daemon_that_ignores_sigterm_gets_sigkill_after_the_grace_period(tmp_path):
+    res, daemon = daemon_job(tmp_path, code=0, ignore_term=True)
+    try:
+        assert res.returncode == 0, res.stderr
+        assert not alive(daemon)
+    finally:
+        if alive(daemon):
+            os.kill(daemon, 9)
+
+
+def test_a_daemon_goes_when_the_launcher_is_signalled(tmp_path):
+    script = tmp_path / "daemon_rank.py"
+    script.write_text(DAEMON_RANK.replace("sys.exit(code)", "time.sleep(900)"))
+    pid_file = tmp_path / "daemon.pid"
+    job = subprocess.Popen([sys.executable, "-m", "gaudi_launch", "--num_devices", "1", "--grace", "1", str(script),
+                            str(pid_file), "0", "0", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    daemon = None
+    try:
+        assert wait_for(pid_file.exists, timeout=60)
+        daemon = int(pid_file.read_text())
+        job.send_signal(15)
+        _, err = job.communicate(timeout=60)
+        assert job.returncode == 128 + 15, err
+        assert wait_for(lambda: not alive(daemon), timeout=10)
+    finally:
+        job.kill()
+        if daemon and alive(daemon):
+            os.kill(daemon, 9)
+
+
+# ---- item 18: what the teardown cannot inspect is said, not counted as nothing ---------------------------
+
+def unprivileged_python(workdir):
+    """An interpreter uid 65534 can run, with this checkout and the venv's packages importable."""
+    import site
+    path = os.pathsep.join([ROOT, *site.getsitepackages()])
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "PYTHONPATH": path}
+    for python in (os.path.realpath(sys.executable), "/usr/bin/python3"):
+        try:
+            ok = subprocess.run([python, "-c", "import gaudi_launch.cli, yaml, typer, paramiko"], user=65534,
+                                group=65534, extra_groups=[], env=env, cwd=workdir, capture_output=True,
+                                timeout=60).returncode == 0
+        except OSError:
+            ok = False
+        if ok:
+            return python, env
+    reason = "no Python interpreter that uid 65534 can run with gaudi-launch's packages"
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def test_a_job_process_closed_to_inspection_is_reported_not_counted_as_nothing(request):
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("needs root to run the job as another user")
+        pytest.skip("needs root to run the job as another user")
+    import shutil
+    import tempfile
+    tmp_path = __import__("pathlib").Path(tempfile.mkdtemp(prefix="gl-uid65534-"))  # pytest's is 0700
+    os.chmod(tmp_path, 0o777)
+    request.addfinalizer(lambda: shutil.rmtree(tmp_path, ignore_errors=True))
+    python, env = unprivileged_python(tmp_path)
+    script = tmp_path / "daemon_rank.py"
+    script.write_text(DAEMON_RANK)
+    pid_file = tmp_path / "daemon.pid"
+    res = subprocess.run([python, "-m", "gaudi_launch", "--num_devices", "1", "--grace", "1", str(script),
+                          str(pid_file), "0", "0", "1"], user=65534, group=65534, extra_groups=[], env=env,
+                         cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    daemon = int(pid_file.read_text())
+    try:
+        assert res.returncode == 0, res.stderr
+        assert alive(daemon)  # closed to its own user: the sweep cannot tell it is the job's
+        assert "gaudi-launch: on localhost, 1 process(es) that may belong to this job could not be inspected" \
+            in res.stderr, res.stderr
+        assert f"pid {daemon} (" in res.stderr and "uid 65534): its environment cannot be read" in res.stderr
+    finally:
+        if alive(daemon):
+            os.kill(daemon, 9)
