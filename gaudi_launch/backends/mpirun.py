@@ -190,6 +190,7 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
                         hint="install OpenMPI (Debian: apt-get install openmpi-bin), or use --backend deepspeed")
     from gaudi_launch.multinode import host_watch
     from gaudi_launch.planner import is_local_host
+    from gaudi_launch.teardown import job_sweeper
 
     cmd = plan.commands[0]
     hosts = rank_hosts(plan)
@@ -197,5 +198,8 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env={**environ, **plan.env, **cmd.env},
                     label="mpirun", ranks=hosts, demux=functools.partial(OmpiDemux, openmpi_major()),
                     explain=lambda lines: explain(lines, hosts))
+    # mpirun's own teardown misses what left a rank's process group (a setsid daemon): sweep by job id.
+    sweep = job_sweeper(list(dict.fromkeys(hosts.values())), plan.job_id, ssh_args=plan.ssh_args,
+                        python=spec.python, is_local=is_local_host, lost=lambda: watch.lost if watch else ())
     return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
-                      watch=watch.probe if watch else None, **supervisor_options).run()
+                      watch=watch.probe if watch else None, sweep=sweep, **supervisor_options).run()
