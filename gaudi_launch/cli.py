@@ -204,9 +204,13 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
         table = report.render_table()
         sys.stdout.write(table if table.endswith("\n") else table + "\n")
         return 0 if report.ok else EXIT_PREFLIGHT
-    plan = build_plan(spec, preflight=preflight)
-    if dry_run:
+    plan = build_plan(spec, preflight=preflight, keep_failed_preflight=dry_run)
+    if dry_run:  # the plan whatever the pre-flight said, its findings with it; exit 3 if it failed
         sys.stdout.write(plan.to_json() + "\n" if json_out else plan.render_text())
+        if plan.preflight is not None and not plan.preflight["ok"]:
+            print("gaudi-launch: pre-flight failed: a real run would start nothing (findings in the plan)",
+                  file=sys.stderr)
+            return EXIT_PREFLIGHT
         return 0
     hosts = len(plan.nodes)
     print(f"gaudi-launch: job {plan.job_id}: {plan.world_size} rank(s) on {hosts} host(s), backend "

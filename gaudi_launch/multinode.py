@@ -29,6 +29,13 @@ class PreflightFailed(UserError):
         self.report = report
 
 
+def findings(report) -> dict:
+    """The pre-flight's report as plain data for the plan (JSON and the dry run's text). Pure."""
+    return {"ok": report.ok,
+            "hosts": [{"host": f.host, "ok": f.ok, "reason": f.reason, "fix": f.fix} for f in report.facts.values()],
+            "warnings": list(report.warnings), "table": report.render_table()}
+
+
 def ssh_args(spec: JobSpec, configured_host_keys: Optional[str] = None) -> List[str]:
     """Options for every `ssh` a backend runs (mpirun's plm_rsh_args, pdsh, teardown). Pure.
 

@@ -50,6 +50,9 @@ class LaunchPlan:
     ifname: Optional[str] = None                        # interface carrying the master's subnet
     tcp_cidr: Optional[str] = None                      # its network, for mpirun's tcp_if_include
     cores_per_host: Optional[int] = None                # fewest cores of any host, for CPU binding
+    # What the pre-flight found (multinode.findings), when one ran: a dry run shows it even when
+    # it failed, so the plan of a job whose hosts cannot be reached is still visible.
+    preflight: Optional[dict] = None
     # Never shown (to_dict drops them): a random key that makes a job file's digest on argv say
     # nothing about short values, and the values of secret-looking exported variables, to mask.
     job_key: str = field(default_factory=lambda: token_hex(16), repr=False)
@@ -71,6 +74,8 @@ class LaunchPlan:
             {"host": c.host, "rank": c.rank, "argv": [mask_text(a, secrets) for a in c.argv],
              "env": mask_env(c.env)} for c in self.commands]
         data["program"] = [mask_text(a, secrets) for a in self.program]
+        if self.preflight is None:
+            del data["preflight"]  # no pre-flight ran (one host, --no-ssh-check): no key
         return data
 
     def to_json(self) -> str:
@@ -104,6 +109,10 @@ class LaunchPlan:
                 out.append("  and from this shell: " + ", ".join(self.exported))
         for note in self.notes:
             out.append(f"note: {note}")
+        if self.preflight is not None:
+            verdict = "OK" if self.preflight["ok"] else "FAILED: a real run would start nothing (exit 3)"
+            out.append(f"pre-flight: {verdict}")
+            out.extend("  " + line for line in self.preflight["table"].splitlines())
         return "\n".join(out) + "\n"
 
 

@@ -75,9 +75,13 @@ def choose_backend(spec: JobSpec, selected, hosts: List[Host]) -> str:
 
 def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices,
                environ: Optional[Mapping[str, str]] = None, preflight: Optional[Callable] = None,
-               require_program: bool = True) -> LaunchPlan:
-    """``preflight(plan, spec) -> CheckReport`` runs for multi-host backends unless --no-ssh-check."""
-    from gaudi_launch.multinode import PreflightFailed, finish_plan, pick_remote_port
+               require_program: bool = True, keep_failed_preflight: bool = False) -> LaunchPlan:
+    """``preflight(plan, spec) -> CheckReport`` runs for multi-host backends unless --no-ssh-check.
+
+    A failed pre-flight raises PreflightFailed, unless ``keep_failed_preflight`` (a dry run): the
+    plan is then completed with what the hosts that answered told, and carries the findings.
+    """
+    from gaudi_launch.multinode import PreflightFailed, findings, finish_plan, pick_remote_port
 
     environ = os.environ if environ is None else environ
     spec.validate(require_program)
@@ -112,8 +116,9 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
     report = None
     if backend != "local" and spec.ssh_check and preflight is not None:
         report = preflight(plan, spec)
-        if not report.ok:
+        if not report.ok and not keep_failed_preflight:
             raise PreflightFailed(report)
+        plan.preflight = findings(report)
         plan.notes.extend(report.warnings)
     finish_plan(plan, spec, environ, report=report)
     if backend != "local" and any(n.devices != list(range(len(n.devices))) for n in nodes):
