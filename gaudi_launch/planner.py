@@ -121,12 +121,15 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
         plan.preflight = findings(report)
         plan.notes.extend(report.warnings)
     finish_plan(plan, spec, environ, report=report)
-    if backend != "local" and any(n.devices != list(range(len(n.devices))) for n in nodes):
+    parents = [inherited_env(plan, n.host, environ) for n in nodes]
+    subset = any(n.devices != list(range(len(n.devices))) for n in nodes)
+    # DeepSpeed's launch.py sets CUDA_VISIBLE_DEVICES to slot numbers even for whole hosts.
+    rewritten = backend == "deepspeed" and any(p.get("CUDA_VISIBLE_DEVICES", "").strip() for p in parents)
+    if backend != "local" and (subset or rewritten):
         # One command starts every node: each node's device subset travels in job variables,
         # mapped onto the visibility its ranks inherit (a selected index is the same device
         # whatever the backend).
-        plan.env.update(node_device_env([n.devices for n in nodes],
-                                        [inherited_env(plan, n.host, environ) for n in nodes]))
+        plan.env.update(node_device_env([n.devices for n in nodes], parents))
     plan.commands = get_backend(backend).commands(plan, spec, environ)
     return plan
 

@@ -152,22 +152,33 @@ def test_record_decorated_failure_is_reported_as_torchrun_reports_it(tmp_path, a
     assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith(f"gaudi-launch-{job}-rank")]
 
 
-@pytest.mark.parametrize("args", BACKENDS, ids=IDS)
-def test_device_subset_means_the_same_devices_under_an_inherited_restriction(tmp_path, args):
+def visible(tmp_path, args, env) -> list:
     (tmp_path / "hostfile").write_text("localhost slots=4\n")
     (tmp_path / "vis.py").write_text(
         "import json, os\n"
         "print('VIS ' + json.dumps({k: os.environ.get(k) for k in "
         "('RANK', 'LOCAL_RANK', 'HABANA_VISIBLE_MODULES', 'CUDA_VISIBLE_DEVICES')}), flush=True)\n")
-    env = {**clean_env(), "HABANA_VISIBLE_MODULES": "4,5,6,7", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-    argv = [sys.executable, "-m", "gaudi_launch", "--hostfile", "hostfile", "--include", "localhost:1,3",
-            *args, "vis.py"]
-    res = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    argv = [sys.executable, "-m", "gaudi_launch", "--hostfile", "hostfile", *args, "vis.py"]
+    res = subprocess.run(argv, cwd=tmp_path, env={**clean_env(), **env}, capture_output=True, text=True,
+                         timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    seen = sorted((json.loads(line[line.find("VIS ") + 4:]) for line in res.stdout.splitlines() if "VIS {" in line),
+    return sorted((json.loads(line[line.find("VIS ") + 4:]) for line in res.stdout.splitlines() if "VIS {" in line),
                   key=lambda r: r["RANK"])
+
+
+@pytest.mark.parametrize("args", [*BACKENDS, ["--backend", "deepspeed"]], ids=[*IDS, "deepspeed"])
+def test_device_subset_means_the_same_devices_under_an_inherited_restriction(tmp_path, args):
+    seen = visible(tmp_path, ["--include", "localhost:1,3", *args],
+                   {"HABANA_VISIBLE_MODULES": "4,5,6,7", "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     assert seen == [{"RANK": str(r), "LOCAL_RANK": str(r), "HABANA_VISIBLE_MODULES": "5,7",
                      "CUDA_VISIBLE_DEVICES": "1,3"} for r in (0, 1)]
+
+
+def test_deepspeed_keeps_an_inherited_cuda_restriction_for_whole_hosts(tmp_path):
+    # DeepSpeed's runner drops CUDA_VISIBLE_DEVICES and launch.py sets 0..N-1: the ranks must still
+    # get the devices this shell was restricted to, as with the other backends.
+    seen = visible(tmp_path, ["--backend", "deepspeed", "--num_devices", "2"], {"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    assert [(r["LOCAL_RANK"], r["CUDA_VISIBLE_DEVICES"]) for r in seen] == [("0", "4,5"), ("1", "4,5")]
 
 
 def test_uneven_selection_on_the_default_backend_says_what_works(tmp_path):
