@@ -104,11 +104,12 @@ def uses_hpu(environ: Mapping[str, str]) -> bool:
 
 def _private_job_dir(job: str) -> Optional[str]:
     """The per-job directory, made 0700 if absent; one that is not ours and private is not used."""
-    from gaudi_launch.jobdir import JobDirError, check_private_dir, path_for
+    from gaudi_launch.jobdir import JobDirError, check_private_dir, clean_stale, path_for
 
     path = path_for(job)
     try:
         os.mkdir(path, 0o700)
+        clean_stale(os.path.dirname(path))  # the first rank of a job here: dead jobs' dirs go
     except FileExistsError:
         try:
             check_private_dir(path)

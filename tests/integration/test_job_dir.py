@@ -1,0 +1,79 @@
+"""Issue 12 items 2 and 19 on real processes, on this host: a rank whose launcher is gone ends
+itself (the worker's watchdog), and the per-job directory is private, never reused, and removed at
+the next start when a SIGKILLed launcher left it behind."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.helpers import all_gone, alive, read_pids, wait_for
+
+# Records its pid and a child's, then sleeps; ignores SIGTERM when told to.
+SLEEPER = """\
+import os, signal, subprocess, sys, time
+if "--ignore-term" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])
+d = sys.argv[1]
+with open(os.path.join(d, "r.tmp"), "w") as f:
+    f.write(f"{os.getpid()}\\n{child.pid}\\n")
+with open(os.path.join(d, "job"), "w") as f:
+    f.write(os.environ.get("GAUDI_LAUNCH_JOB_ID", ""))
+os.replace(os.path.join(d, "r.tmp"), os.path.join(d, "r.pid"))
+time.sleep(900)
+"""
+
+
+def test_a_rank_whose_output_reader_is_gone_ends_its_group_even_ignoring_sigterm(tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    read_end, write_end = os.pipe()
+    env = {**os.environ, "GAUDI_LAUNCH_JOB_ID": "feedbeef", "GAUDI_LAUNCH_GRACE": "1", "RANK": "0",
+           "WORLD_SIZE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gaudi_launch.worker", str(script), str(tmp_path), "--ignore-term"],
+                            stdout=write_end, stderr=write_end, env=env, start_new_session=True)
+    os.close(write_end)
+    try:
+        assert wait_for(lambda: os.path.exists(tmp_path / "r.pid"), timeout=60)
+        pids = read_pids(str(tmp_path))
+        time.sleep(0.5)
+        assert all(alive(p) for p in pids)  # a living reader: nothing happens
+        os.close(read_end)                  # the launcher (or its ssh session) is gone
+        assert all_gone(pids, timeout=1 + 10), [p for p in pids if alive(p)]
+        assert proc.wait(timeout=10) == -signal.SIGKILL  # SIGTERM was ignored: SIGKILL after the grace
+    finally:
+        proc.kill()
+
+
+def test_job_dir_is_private_left_by_sigkill_and_removed_at_the_next_start(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    argv = [sys.executable, "-m", "gaudi_launch", "--num_devices", "1", "--backend", "deepspeed", "--grace", "2"]
+    job = subprocess.Popen([*argv, str(script), str(tmp_path)], env=env, cwd=str(tmp_path),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: os.path.exists(tmp_path / "r.pid") or job.poll() is not None, timeout=120)
+        pids = read_pids(str(tmp_path))
+        job_dir = tmp / f"gaudi-launch-{(tmp_path / 'job').read_text()}"
+        assert os.stat(job_dir).st_mode & 0o777 == 0o700
+        assert os.stat(job_dir / "job.json").st_mode & 0o777 == 0o600
+        job.kill()
+        job.wait()
+        assert all_gone(pids, timeout=2 + 10), [p for p in pids if alive(p)]
+    finally:
+        job.kill()
+    assert job_dir.is_dir()  # nobody was left to remove it
+    old = time.time() - 3600
+    os.utime(job_dir, (old, old))
+    done = tmp_path / "done.py"
+    done.write_text("print('ok')\n")
+    res = subprocess.run([*argv, str(done)], env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert not job_dir.exists()  # the next start removed the dead job's directory
+    assert not [n for n in os.listdir(tmp) if n.startswith("gaudi-launch-") and len(n) == 21]  # nor kept its own
