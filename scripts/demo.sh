@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
-exec .venv/bin/gaudi-launch --num_devices "${NUM_DEVICES:-2}" --log-dir runs/demo/logs \
+exec .venv/bin/gaudi-launch --num_devices "${NUM_DEVICES:-2}" --device "${DEVICE:-cpu}" --log-dir runs/demo/logs \
   scripts/run_clm.py --model_name_or_path gpt2-xl --gaudi_config_name Habana/gpt2 \
   --do_train --do_eval --output_dir runs/demo --overwrite_output_dir \
   --learning_rate 4e-03 --per_device_train_batch_size 8 --gradient_checkpointing \

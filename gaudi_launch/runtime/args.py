@@ -34,8 +34,11 @@ class TrainingArguments:
     overwrite_output_dir: bool = _opt(False)
     do_train: bool = _opt(False)
     do_eval: bool = _opt(False)
-    use_habana: bool = _opt(False, "accepted for optimum-habana compatibility; the device is chosen by --device")
-    use_lazy_mode: bool = _opt(True, "HPU lazy mode (PT_HPU_LAZY_MODE=1); off with --torch_compile")
+    use_habana: bool = _opt(False, "run on a Gaudi: an error, before training, when none is usable here "
+                                   "(--device cpu, or gaudi-launch --device cpu, overrides it)")
+    use_lazy_mode: Optional[bool] = _opt(
+        None, "HPU lazy mode (PT_HPU_LAZY_MODE=1); false or --torch_compile: eager. Default: the user's "
+              "PT_HPU_LAZY_MODE, else the Gaudi software's own default")
     use_hpu_graphs_for_training: bool = _opt(False, "HPU graphs (CUDA graphs via torch.compile on CUDA)")
     distribution_strategy: str = _opt("ddp", choices=("ddp", "fast_ddp"))
     bf16: bool = _opt(False, "bfloat16 autocast")

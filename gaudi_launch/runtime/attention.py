@@ -33,14 +33,6 @@ def resolve_attn_implementation(requested: Optional[str], device_kind: str) -> O
     return requested
 
 
-def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """(B, KV, S, D) -> (B, KV * n_rep, S, D): grouped-query keys/values for every query head."""
-    if n_rep <= 1:
-        return x
-    b, kv, s, d = x.shape
-    return x[:, :, None].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
-
-
 def fused_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
                        scaling: Optional[float] = None, is_causal: Optional[bool] = None,
@@ -52,8 +44,7 @@ def fused_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.
         raise ValueError(f"{type(module).__name__}: {FUSED_SDPA} supports neither position biases nor "
                          "soft-capping; use --attn_implementation eager for this model")
     kernels = importlib.import_module("habana_frameworks.torch.hpex.kernels")
-    n_rep = getattr(module, "num_key_value_groups", 1) or 1
-    key, value = _repeat_kv(key, n_rep), _repeat_kv(value, n_rep)
+    # Grouped-query K/V (fewer heads than Q) go in as they are: the kernel handles them itself.
     q_len = query.shape[2]
     causal_layer = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if options.causal_mask and causal_layer and q_len > 1:

@@ -54,24 +54,16 @@ def _auto_kind() -> str:
 
 def select_device(args: Any = None, force: Optional[str] = None) -> DeviceInfo:
     # --device on gaudi-launch reaches every rank as GAUDI_LAUNCH_DEVICE; the script's own wins.
+    # --use_habana asks for a Gaudi: no silent fall-back to the CPU when there is none.
     kind = (force or (getattr(args, "device", None) if args is not None else None)
-            or os.environ.get("GAUDI_LAUNCH_DEVICE") or _auto_kind())
+            or os.environ.get("GAUDI_LAUNCH_DEVICE")
+            or ("hpu" if getattr(args, "use_habana", False) else None) or _auto_kind())
     if kind not in _BACKENDS:
         raise ValueError(f"unknown device {kind!r}: expected hpu, cuda or cpu")
     local_rank = _local_rank(args)
     if kind == "hpu":
-        if importlib.util.find_spec("habana_frameworks") is None:
-            raise RuntimeError("device 'hpu' requested but habana_frameworks is not importable "
-                               "(it comes with Habana's software stack, not PyPI)")
-        if args is not None and "habana_frameworks.torch.core" not in sys.modules:
-            prepare_hpu_env(args)  # lazy mode must be in the env before the import below
-        importlib.import_module("habana_frameworks.torch.core")
-        hpu = importlib.import_module("habana_frameworks.torch.hpu")
-        # One device per process (HABANA_VISIBLE_MODULES): plain "hpu". A recording stand-in used
-        # by the tests names a device its tensors can really live on.
-        device = torch.device(getattr(hpu, "_STAND_IN_TORCH_DEVICE", "hpu"))
-        lazy = os.environ.get(LAZY_VAR, "1") == "1"
-        return DeviceInfo("hpu", device, "hccl", lazy, local_rank)
+        _load_bridge(args)
+        return DeviceInfo("hpu", torch.device("hpu"), "hccl", bridge_is_lazy(), local_rank)
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
@@ -81,6 +73,42 @@ def select_device(args: Any = None, force: Optional[str] = None) -> DeviceInfo:
         torch.cuda.set_device(device)
         return DeviceInfo("cuda", device, "nccl", False, local_rank)
     return DeviceInfo("cpu", torch.device("cpu"), "gloo", False, local_rank)
+
+
+def _load_bridge(args: Any) -> None:
+    """Import the Gaudi bridge, with a clear error when it cannot load here."""
+    if importlib.util.find_spec("habana_frameworks") is None:
+        raise RuntimeError("device 'hpu' requested but habana_frameworks is not importable here: it comes with "
+                           "Intel Gaudi's software stack (its containers), not PyPI. Run on a Gaudi host, or "
+                           "pass --device cpu")
+    if args is not None and "habana_frameworks.torch.core" not in sys.modules:
+        prepare_hpu_env(args)  # lazy mode must be in the env before the import below
+    try:
+        importlib.import_module("habana_frameworks.torch.core")
+        hpu = importlib.import_module("habana_frameworks.torch.hpu")
+    except (ImportError, OSError, AssertionError, RuntimeError) as exc:
+        # e.g. a torch the bridge was not built for, or no Gaudi driver on this host
+        raise RuntimeError(f"device 'hpu' requested but the Gaudi bridge did not load: "
+                           f"{type(exc).__name__}: {exc}") from exc
+    if not hpu.is_available():
+        raise RuntimeError("device 'hpu' requested but habana_frameworks.torch.hpu.is_available() is False: "
+                           "no Gaudi device is usable by this process (driver, HABANA_VISIBLE_MODULES)")
+
+
+def bridge_is_lazy() -> bool:
+    """Whether the loaded bridge runs in lazy mode: its own answer, which PT_HPU_LAZY_MODE decided
+    when it loaded (the variable may have changed since)."""
+    try:
+        return bool(importlib.import_module("habana_frameworks.torch.utils.internal").is_lazy())
+    except (ImportError, AttributeError):
+        return os.environ.get(LAZY_VAR, "1") != "0"
+
+
+def set_dynamic_shapes(info: DeviceInfo, enabled: bool) -> None:
+    """The gaudi config's use_dynamic_shapes, as optimum-habana applies it (lazy mode)."""
+    if info.kind == "hpu" and info.lazy:
+        hpu = importlib.import_module("habana_frameworks.torch.hpu")
+        (hpu.enable_dynamic_shape if enabled else hpu.disable_dynamic_shape)()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import shutil
 import sys
 import tempfile
 import warnings
-from typing import Any, Dict, List, MutableMapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence
 
 from .args import GaudiConfig, build_parser
 
@@ -50,14 +50,6 @@ def _ops_text(ops: Sequence[str]) -> str:
     return "".join(f"{op}\n" for op in ops)  # the bridge reads one op name per line
 
 
-def _holds(path: Optional[str], text: str) -> bool:
-    try:
-        with open(path or "") as f:
-            return f.read() == text
-    except OSError:
-        return False
-
-
 def _write_ops(ops: Sequence[str], kind: str, job_dir: Optional[str]) -> str:
     # mkstemp: a file of this rank's own even when the ranks of one job share job_dir.
     fd, path = tempfile.mkstemp(prefix=f"autocast_{kind}_ops-", suffix=".txt", dir=_op_list_dir(job_dir))
@@ -67,39 +59,78 @@ def _write_ops(ops: Sequence[str], kind: str, job_dir: Optional[str]) -> str:
     return path
 
 
+def lazy_mode_setting(use_lazy_mode: Optional[bool], torch_compile: bool,
+                      environ: Mapping[str, str]) -> Optional[str]:
+    """The PT_HPU_LAZY_MODE value to put in the environment, or None to leave it as it is. Pure.
+
+    The user's own value always stands. Otherwise the flags decide: --torch_compile needs eager
+    mode, --use_lazy_mode false asks for it, --use_lazy_mode asks for lazy mode; with neither
+    flag the Gaudi software's own default applies (lazy up to 1.20, eager in newer releases).
+    """
+    if environ.get(LAZY_VAR):
+        return None
+    if torch_compile or use_lazy_mode is False:
+        return "0"
+    return "1" if use_lazy_mode else None
+
+
+def autocast_enabled(args: Any, gaudi_config: Optional[GaudiConfig]) -> bool:
+    """Whether the forward runs under bf16 autocast on HPU, as optimum-habana decides it: --bf16 or
+    the gaudi config's use_torch_autocast, never under DeepSpeed (it manages precision). Pure."""
+    if getattr(args, "deepspeed", None):
+        return False
+    return bool(getattr(args, "bf16", False) or (gaudi_config is not None and gaudi_config.use_torch_autocast))
+
+
 def prepare_hpu_env(args: Any, gaudi_config: Optional[GaudiConfig] = None,
                     environ: MutableMapping[str, str] = os.environ,
                     job_dir: Optional[str] = None) -> Dict[str, str]:
     """Put lazy mode and the op lists for these arguments in the environment; return what changed.
 
-    Idempotent: settings already in place (the worker's, before the script imported torch) are
-    kept, so calling it again from the runtime writes nothing and does not warn.
+    Idempotent: settings already in place (the user's, or the worker's before the script imported
+    torch) are kept, so calling it again from the runtime writes nothing and does not warn. Once
+    the bridge is loaded nothing is changed: it would not take effect, and would make the
+    environment disagree with the bridge.
     """
-    # torch.compile on HPU needs eager mode: lazy graphs and dynamo do not mix.
-    lazy = bool(getattr(args, "use_lazy_mode", True)) and not getattr(args, "torch_compile", False)
-    out = {LAZY_VAR: "1" if lazy else "0"}
-    if getattr(args, "bf16", False) and gaudi_config is not None and gaudi_config.use_torch_autocast:
+    out: Dict[str, str] = {}
+    lazy = lazy_mode_setting(getattr(args, "use_lazy_mode", None), bool(getattr(args, "torch_compile", False)),
+                             environ)
+    if lazy is not None:
+        out[LAZY_VAR] = lazy
+    # optimum-habana writes op lists only for its hpu_amp backend (not cpu_amp) and not under DeepSpeed.
+    if (autocast_enabled(args, gaudi_config) and gaudi_config is not None
+            and getattr(args, "half_precision_backend", "hpu_amp") != "cpu_amp"):
         for var, ops, kind in ((BF16_OPS_VAR, gaudi_config.autocast_bf16_ops, "bf16"),
                                (FP32_OPS_VAR, gaudi_config.autocast_fp32_ops, "fp32")):
-            if ops and not _holds(environ.get(var), _ops_text(ops)):
+            if ops and not environ.get(var):
                 out[var] = _write_ops(ops, kind, job_dir)
     changed = {k: v for k, v in out.items() if environ.get(k) != v}
-    if changed and "habana_frameworks.torch.core" in sys.modules:
-        warnings.warn(f"habana_frameworks is already imported: {', '.join(sorted(changed))} set now may not take "
-                      "effect; start the script with gaudi-launch, which sets them from the script's flags "
-                      "before it runs", stacklevel=2)
+    if changed and environ is os.environ and _bridge_loaded():
+        for path in (v for k, v in changed.items() if k != LAZY_VAR):
+            _remove_file(path)
+        warnings.warn(f"habana_frameworks is already imported: {', '.join(sorted(changed))} cannot take effect "
+                      "now and is left unset; start the script with gaudi-launch, which sets them from the "
+                      "script's flags before it runs", stacklevel=2)
+        return {}
     environ.update(changed)
     return changed
+
+
+def _bridge_loaded() -> bool:
+    return any(name == "habana_frameworks.torch" or name.startswith("habana_frameworks.torch.")
+               for name in sys.modules)
 
 
 @dataclasses.dataclass
 class _HpuFlags:
     """The script flags that decide the bridge's import-time settings (TrainingArguments' names)."""
 
-    use_lazy_mode: bool = True
+    use_lazy_mode: Optional[bool] = None  # None: not given, the Gaudi software's default applies
     torch_compile: bool = False
     bf16: bool = False
     gaudi_config_name: Optional[str] = None
+    deepspeed: Optional[str] = None
+    half_precision_backend: str = "hpu_amp"
 
 
 def script_hpu_flags(script_argv: List[str]) -> Optional[_HpuFlags]:
@@ -119,14 +150,9 @@ def hpu_env_for_script(script_argv: List[str], environ: MutableMapping[str, str]
     PT_HPU_LAZY_MODE wins. A gaudi config that does not load is left for the script to report."""
     flags = script_hpu_flags(script_argv) or _HpuFlags()
     config = None
-    if flags.bf16 and flags.gaudi_config_name:
+    if flags.gaudi_config_name:
         try:
             config = GaudiConfig.from_pretrained(flags.gaudi_config_name)
         except (OSError, ValueError):
             pass
-    scratch = dict(environ)
-    user_lazy = environ.get(LAZY_VAR)
-    out = prepare_hpu_env(flags, config, environ=scratch, job_dir=job_dir)
-    if user_lazy:
-        out.pop(LAZY_VAR, None)
-    return out
+    return prepare_hpu_env(flags, config, environ=dict(environ), job_dir=job_dir)

@@ -62,7 +62,10 @@ def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, info: Device
             module = importlib.import_module("habana_frameworks.torch.hpex.normalization")
             fused_clip = module.FusedClipNorm(params, max_norm)
         return fused_clip.clip_norm(params), fused_clip
-    return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True), fused_clip
+    # foreach kernels only where torch has them: the bridge lists _foreach_norm as unsupported on
+    # HPU, and optimum-habana passes foreach=None there.
+    foreach = True if info.kind in ("cpu", "cuda") else None
+    return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=foreach), fused_clip
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, args: Any,

@@ -6,7 +6,6 @@ CPU (gloo): everything that means something there, for real. Throughput excludes
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import random
@@ -22,9 +21,9 @@ from gaudi_launch.runtime import checkpoint as ckpt
 from gaudi_launch.runtime.attention import apply_attention
 from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
 from gaudi_launch.runtime.device import (DeviceInfo, init_distributed, mark_step, memory_stats, prepare_hpu_env,
-                                         select_device)
+                                         select_device, set_dynamic_shapes)
 from gaudi_launch.runtime.fast_ddp import FastDDP
-from gaudi_launch.runtime.graphs import wrap_for_graphs
+from gaudi_launch.runtime.graphs import apply_hpu_graphs, compile_model
 from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
 from gaudi_launch.runtime.optim import clip_grad_norm, make_optimizer, make_scheduler
 from gaudi_launch.runtime.precision import autocast
@@ -35,6 +34,9 @@ class TrainOutput:
     global_step: int
     train_loss: float
     metrics: Dict[str, float] = field(default_factory=dict)
+
+
+_BUFFER_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # --fast_ddp_buffer_dtype
 
 
 class PadToWholeBatches(Sampler):
@@ -57,20 +59,11 @@ class PadToWholeBatches(Sampler):
             self.sampler.set_epoch(epoch)
 
 
-def enable_checkpointing(model: torch.nn.Module, info: Optional[DeviceInfo] = None) -> None:
-    """Recompute activations in backward (non-reentrant). In HPU lazy mode each recomputation
-    starts with a mark_step, so the recomputed graph is not fused with the pending backward one
-    (optimum-habana does the same). transformers 5 renamed the method; the old name still works
-    there but warns."""
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in backward, non-reentrant (optimum-habana forces it too; its
+    recomputation needs no mark_step of its own in lazy mode). transformers 5 renamed the method;
+    the old name still works there but warns."""
     kwargs: Dict[str, object] = {"use_reentrant": False}
-    if info is not None and info.kind == "hpu" and info.lazy:
-
-        @contextlib.contextmanager
-        def recompute():
-            mark_step(info)
-            yield
-
-        kwargs["context_fn"] = lambda: (contextlib.nullcontext(), recompute())
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     elif hasattr(model, "gradient_checkpointing_enable"):
@@ -88,6 +81,14 @@ def _seed_everything(seed: int) -> None:
         np.random.seed(seed)
     except ImportError:
         pass
+
+
+def grads_to_none(args: TrainingArguments, world: int) -> bool:
+    """zero_grad(set_to_none=...) as optimum-habana decides it. Pure. Gradients are kept (zeroed)
+    with fast_ddp, whose fused buffer views them, and with HPU graphs, which replay into fixed
+    tensors; otherwise freeing them saves memory."""
+    fast_ddp = world > 1 and args.distribution_strategy == "fast_ddp"
+    return not fast_ddp and not args.use_hpu_graphs_for_training
 
 
 def evaluation_due(args: TrainingArguments, step: int, epoch_end: bool) -> bool:
@@ -118,6 +119,10 @@ class Trainer:
         prepare_hpu_env(args, gaudi_config)  # before anything imports habana_frameworks
         self.info: DeviceInfo = select_device(args)
         self.rank, self.world = init_distributed(self.info, args.ddp_timeout)
+        if args.torch_compile and self.info.kind == "hpu" and self.info.lazy:
+            raise ValueError("--torch_compile needs HPU eager mode but the bridge loaded in lazy mode "
+                             "(PT_HPU_LAZY_MODE=1): unset PT_HPU_LAZY_MODE (or set it to 0) and start again")
+        set_dynamic_shapes(self.info, self.gaudi_config.use_dynamic_shapes)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.collator = data_collator
         self.tokens_per_sample = tokens_per_sample
@@ -127,7 +132,7 @@ class Trainer:
         _seed_everything(args.seed)
         apply_attention(model, args, self.info)
         if args.gradient_checkpointing:
-            enable_checkpointing(model, self.info)
+            enable_checkpointing(model)
         self.model = model.to(self.info.device)
         self.fast_ddp: Optional[FastDDP] = None
         self.engine = None
@@ -145,18 +150,23 @@ class Trainer:
     # ---- set-up --------------------------------------------------------------------------------
     def _init_plain(self) -> None:
         args, info = self.args, self.info
+        # HPU graphs wrap the model itself, in place, before DDP (the bridge refuses a DDP module).
+        apply_hpu_graphs(self.model, info, args)
         if self.world > 1 and args.distribution_strategy == "fast_ddp":
-            dtype = args.fast_ddp_buffer_dtype or ("bfloat16" if info.kind == "hpu" else None)
-            self.fast_ddp = FastDDP(self.model, buffer_dtype=getattr(torch, dtype) if isinstance(dtype, str) else dtype,
-                                    wait=info.kind != "hpu")
+            dtype = args.fast_ddp_buffer_dtype or ("bf16" if info.kind == "hpu" else "fp32")
+            self.fast_ddp = FastDDP(self.model, buffer_dtype=_BUFFER_DTYPES[dtype], wait=info.kind != "hpu")
             self.fast_ddp.broadcast_parameters()
             self.train_model = self.model
         elif self.world > 1:
-            device_ids = [info.device.index] if info.kind == "cuda" else None
-            self.train_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=device_ids)
+            kwargs: Dict[str, object] = {}
+            if info.kind == "cuda":
+                kwargs["device_ids"] = [info.device.index]
+            if info.kind == "hpu":
+                kwargs["gradient_as_bucket_view"] = True  # as optimum-habana: no copy between grads and buckets
+            self.train_model = torch.nn.parallel.DistributedDataParallel(self.model, **kwargs)
         else:
             self.train_model = self.model
-        self.train_model = wrap_for_graphs(self.train_model, info, args)
+        self.train_model = compile_model(self.train_model, info, args)
         self.optimizer = make_optimizer(self.model, args, info, self.gaudi_config)
         self._fused_clip = None
 
@@ -195,12 +205,14 @@ class Trainer:
         return {k: v.to(self.info.device, non_blocking=nb) if torch.is_tensor(v) else v for k, v in batch.items()}
 
     # ---- training ------------------------------------------------------------------------------
-    def _mean_across_ranks(self, value: float) -> float:
-        if self.world == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.info.device if self.info.kind != "hpu" else "cpu")
-        dist.all_reduce(t)
-        return t.item() / self.world
+    def _mean_across_ranks(self, value: torch.Tensor) -> float:
+        """A loss kept on the device, averaged over ranks; the one host sync of a logging point.
+        Reduced on the rank's device in float32: hccl serves hpu tensors only."""
+        t = value.detach().float().reshape(1).clone()
+        if self.world > 1:
+            dist.all_reduce(t)
+            t /= self.world
+        return t.item()
 
     def train(self, resume_from_checkpoint: Optional[str] = None) -> TrainOutput:
         args = self.args
@@ -224,8 +236,11 @@ class Trainer:
         throughput = Throughput(warmup_steps=args.throughput_warmup_steps)
         samples_per_step = args.per_device_train_batch_size * accum * self.world
         tokens_per_step = samples_per_step * (self.tokens_per_sample or 0)
-        losses: List[float] = []
-        window: List[float] = []
+        # Losses stay on the device (no host sync per step, which would stall lazy mode's pipeline):
+        # the sum over optimizer steps, and the current step's micro-batch losses.
+        loss_sum: Optional[torch.Tensor] = None
+        n_losses = 0
+        window: List[torch.Tensor] = []
         self.train_model.train()
         done = step >= max_steps
         while not done:
@@ -243,11 +258,12 @@ class Trainer:
                 self._optimizer_step(scheduler)
                 step += 1
                 throughput.step(samples_per_step, tokens_per_step)
-                step_loss = self._mean_across_ranks(sum(window) / len(window))
+                step_loss = torch.stack(window).mean()
                 window.clear()
-                losses.append(step_loss)
+                loss_sum = step_loss if loss_sum is None else loss_sum + step_loss
+                n_losses += 1
                 if step % args.logging_steps == 0 or (args.logging_first_step and step == 1):
-                    self._log_step(step, step_loss, scheduler, throughput)
+                    self._log_step(step, self._mean_across_ranks(step_loss), scheduler, throughput)
                 self._evaluate_if_due(step, False, throughput)
                 if args.save_steps and step % args.save_steps == 0:
                     self._save(step, epoch, batch_index + 1)
@@ -260,7 +276,8 @@ class Trainer:
                 self._evaluate_if_due(step, True, throughput)
             skip = 0
             epoch += 1
-        metrics = {**throughput.metrics(), "train_loss": sum(losses) / max(1, len(losses)), "global_step": step}
+        train_loss = self._mean_across_ranks(loss_sum / n_losses) if loss_sum is not None else 0.0
+        metrics = {**throughput.metrics(), "train_loss": train_loss, "global_step": step}
         if self.rank == 0:
             self.writer.log(step, metrics)
         return TrainOutput(step, metrics["train_loss"], metrics)
@@ -270,7 +287,7 @@ class Trainer:
             with throughput.pause():  # evaluation time is not training throughput
                 self.evaluate(step)
 
-    def _micro_step(self, batch: Dict[str, torch.Tensor], accum: int) -> float:
+    def _micro_step(self, batch: Dict[str, torch.Tensor], accum: int) -> torch.Tensor:
         args, info = self.args, self.info
         with autocast(info, args, self.gaudi_config):
             out = self.train_model(**batch)
@@ -282,13 +299,14 @@ class Trainer:
                 mark_step(info)  # let the device run the forward graph while the host builds backward
             loss.backward()
         mark_step(info)
-        return loss.detach().float().item() * accum
+        return loss.detach().float() * accum  # stays on the device
 
     def _optimizer_step(self, scheduler) -> None:
         args, info = self.args, self.info
         if self.engine is not None:
             self.engine.step()
             scheduler.step()
+            mark_step(info)
             return
         if self.fast_ddp is not None:
             self.fast_ddp.all_reduce_gradients()
@@ -298,8 +316,7 @@ class Trainer:
             _, self._fused_clip = clip_grad_norm(params, args.max_grad_norm, info, self.gaudi_config, self._fused_clip)
         self.optimizer.step()
         scheduler.step()
-        # fast_ddp keeps grad tensors (its buffer views must stay valid); otherwise free them.
-        self.optimizer.zero_grad(set_to_none=self.fast_ddp is None)
+        self.optimizer.zero_grad(set_to_none=grads_to_none(args, self.world))
         mark_step(info)
 
     def _log_step(self, step: int, loss: float, scheduler, throughput: Throughput) -> None:
@@ -346,17 +363,19 @@ class Trainer:
         loader = DataLoader(self.eval_dataset, batch_size=args.per_device_eval_batch_size, sampler=sampler,
                             collate_fn=self.collator, generator=torch.Generator())
         self.train_model.eval()
-        total, count = 0.0, 0
+        total: Optional[torch.Tensor] = None
+        count = 0
         with torch.no_grad():
             for batch in loader:
                 with autocast(info, args, self.gaudi_config):
                     out = self.train_model(**self._to_device(batch))
                 mark_step(info)
-                loss = out["loss"] if isinstance(out, dict) else out.loss
-                total += loss.float().item()
+                loss = (out["loss"] if isinstance(out, dict) else out.loss).detach().float()
+                total = loss if total is None else total + loss  # on the device: no sync per batch
                 count += 1
         self.train_model.train()
-        loss = self._mean_across_ranks(total / max(1, count))
+        loss = self._mean_across_ranks(total / count) if total is not None else \
+            self._mean_across_ranks(torch.zeros((), device=info.device))
         metrics = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
         if self.rank == 0:
             self.writer.log(-1 if step is None else step, metrics)

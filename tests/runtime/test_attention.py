@@ -88,17 +88,18 @@ def test_a_model_outside_transformers_keeps_its_attention_with_a_warning():
 
 
 def test_stand_in_fused_sdpa_gives_eager_logits_and_gradients_on_gpt2(hpu_stand_in):
-    info = select_device(TrainingArguments())
+    info = select_device(TrainingArguments(device="hpu"))
     ids = torch.randint(0, 1000, (2, 16))
-    reference, fused = gpt2(), gpt2()
+    reference, fused = gpt2(), gpt2().to(info.device)
     assert apply_attention(fused, TrainingArguments(attn_implementation=FUSED_SDPA), info) == FUSED_SDPA
     start = len(hpu_stand_in)
-    out_ref, out = reference(ids, labels=ids), fused(ids, labels=ids)
-    torch.testing.assert_close(out.logits, out_ref.logits, atol=1e-5, rtol=1e-5)
+    hids = ids.to(info.device)
+    out_ref, out = reference(ids, labels=ids), fused(hids, labels=hids)
+    torch.testing.assert_close(out.logits.cpu(), out_ref.logits, atol=1e-5, rtol=1e-5)
     out_ref.loss.backward()
     out.loss.backward()
     for (name, p_ref), p in zip(reference.named_parameters(), fused.parameters()):
-        torch.testing.assert_close(p.grad, p_ref.grad, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(p.grad.cpu(), p_ref.grad, atol=1e-5, rtol=1e-4, msg=name)
     calls = fused_calls(hpu_stand_in, start)
     assert len(calls) == reference.config.n_layer  # every block's attention went through the kernel
     # No padding: no mask is read, the kernel applies causality itself.
@@ -107,26 +108,27 @@ def test_stand_in_fused_sdpa_gives_eager_logits_and_gradients_on_gpt2(hpu_stand_
 
 
 def test_stand_in_fused_sdpa_honours_a_padding_mask(hpu_stand_in):
-    info = select_device(TrainingArguments())
+    info = select_device(TrainingArguments(device="hpu"))
     ids = torch.randint(0, 1000, (2, 12))
     mask = torch.ones_like(ids)
     mask[1, 8:] = 0  # right padding on the second sample
-    reference, fused = gpt2(), gpt2()
+    reference, fused = gpt2(), gpt2().to(info.device)
     apply_attention(fused, TrainingArguments(attn_implementation=FUSED_SDPA), info)
     start = len(hpu_stand_in)
-    got, want = fused(ids, attention_mask=mask).logits, reference(ids, attention_mask=mask).logits
+    got = fused(ids.to(info.device), attention_mask=mask.to(info.device)).logits.cpu()
+    want = reference(ids, attention_mask=mask).logits
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)
     calls = fused_calls(hpu_stand_in, start)
     assert calls and all(c["mask"] == "torch.bool" and c["is_causal"] is False for c in calls)
 
 
 def test_stand_in_fused_sdpa_options_reach_the_kernel(hpu_stand_in):
-    info = select_device(TrainingArguments())
-    model = gpt2()
+    info = select_device(TrainingArguments(device="hpu"))
+    model = gpt2().to(info.device)
     apply_attention(model, TrainingArguments(attn_implementation=FUSED_SDPA, flash_attention_recompute=True,
                                              flash_attention_causal_mask=True, flash_attention_fast_softmax=True),
                     info)
-    ids = torch.randint(0, 1000, (2, 8))
+    ids = torch.randint(0, 1000, (2, 8)).to(info.device)
     start = len(hpu_stand_in)
     model(ids, attention_mask=torch.ones_like(ids))
     calls = fused_calls(hpu_stand_in, start)
@@ -134,21 +136,22 @@ def test_stand_in_fused_sdpa_options_reach_the_kernel(hpu_stand_in):
                          == (None, True, "fast", True) for c in calls)
 
 
-def test_stand_in_fused_sdpa_expands_grouped_key_value_heads(hpu_stand_in):
-    info = select_device(TrainingArguments())
+def test_stand_in_fused_sdpa_takes_grouped_key_value_heads_as_they_are(hpu_stand_in):
+    # The kernel handles grouped-query attention itself (FusedSDPA.py: is_gqa): K/V are not repeated.
+    info = select_device(TrainingArguments(device="hpu"))
     ids = torch.randint(0, 64, (2, 10))
-    reference, fused = llama_gqa(), llama_gqa()
+    reference, fused = llama_gqa(), llama_gqa().to(info.device)
     apply_attention(fused, TrainingArguments(attn_implementation=FUSED_SDPA), info)
     start = len(hpu_stand_in)
-    torch.testing.assert_close(fused(ids).logits, reference(ids).logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused(ids.to(info.device)).logits.cpu(), reference(ids).logits, atol=1e-5, rtol=1e-5)
     calls = fused_calls(hpu_stand_in, start)
-    assert calls and all(c["shape"][1] == c["kv_shape"][1] == 4 for c in calls)
+    assert calls and all(c["shape"][1] == 4 and c["kv_shape"][1] < 4 and c["gqa"] for c in calls)
 
 
 def test_stand_in_trainer_trains_through_the_fused_kernel(hpu_stand_in, tmp_path):
     config = transformers.AutoConfig.from_pretrained(os.path.join(ASSETS, "tiny-gpt2"))
     data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, config.vocab_size, (8, 16))]
-    a = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, save_steps=0,
+    a = TrainingArguments(device="hpu", output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, save_steps=0,
                           attn_implementation=FUSED_SDPA, flash_attention_recompute=True)
     trainer = Trainer(gpt2().train(), a, train_dataset=data, log=lambda s: None)
     start = len(hpu_stand_in)

@@ -136,7 +136,7 @@ def test_gaudi_config_errors_and_unknown_keys(tmp_path):
 
 
 def test_prepare_hpu_env_writes_per_job_op_lists(tmp_path):
-    args = TrainingArguments(bf16=True)
+    args = TrainingArguments(bf16=True, use_lazy_mode=True)
     cfg = GaudiConfig(use_torch_autocast=True, autocast_bf16_ops=["addmm", "bmm"], autocast_fp32_ops=["softmax"])
     env1, env2 = {}, {}
     out1 = prepare_hpu_env(args, cfg, environ=env1, job_dir=str(tmp_path))
@@ -153,11 +153,13 @@ def test_prepare_hpu_env_writes_per_job_op_lists(tmp_path):
     assert again["PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"] != low1
 
 
-def test_prepare_hpu_env_lazy_mode_and_no_lists_without_bf16():
-    cfg = GaudiConfig(use_torch_autocast=True, autocast_bf16_ops=["addmm"])
-    assert prepare_hpu_env(TrainingArguments(), cfg, environ={}) == {"PT_HPU_LAZY_MODE": "1"}
+def test_prepare_hpu_env_lazy_mode_follows_the_flags_and_lists_need_autocast():
+    cfg = GaudiConfig(autocast_bf16_ops=["addmm"])  # lists, but use_torch_autocast off and no --bf16
+    assert prepare_hpu_env(TrainingArguments(), cfg, environ={}) == {}  # the software's own default mode
+    assert prepare_hpu_env(TrainingArguments(use_lazy_mode=True), cfg, environ={}) == {"PT_HPU_LAZY_MODE": "1"}
     assert prepare_hpu_env(TrainingArguments(torch_compile=True), cfg, environ={}) == {"PT_HPU_LAZY_MODE": "0"}
     assert prepare_hpu_env(TrainingArguments(use_lazy_mode=False), None, environ={}) == {"PT_HPU_LAZY_MODE": "0"}
+    assert prepare_hpu_env(TrainingArguments(use_lazy_mode=True), None, environ={"PT_HPU_LAZY_MODE": "0"}) == {}
 
 
 # ------------------------------------------------------------------------------------ device
@@ -263,15 +265,17 @@ def test_scheduler_values():
     assert opt2.param_groups[0]["lr"] == 2.0
 
 
-def test_wrap_for_graphs_on_cpu_warns_once_and_keeps_the_model(monkeypatch):
+def test_graphs_on_cpu_warn_once_and_keep_the_model(monkeypatch):
     monkeypatch.setattr(graphs, "_warned", set())
     model = Tiny()
+    graphs_on = TrainingArguments(use_hpu_graphs_for_training=True)
     with pytest.warns(RuntimeWarning, match="do not apply on CPU"):
-        assert graphs.wrap_for_graphs(model, cpu_info(), TrainingArguments(use_hpu_graphs_for_training=True)) is model
+        assert graphs.compile_model(model, cpu_info(), graphs_on) is model
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert graphs.wrap_for_graphs(model, cpu_info(), TrainingArguments(use_hpu_graphs_for_training=True)) is model
-        assert graphs.wrap_for_graphs(model, cpu_info(), TrainingArguments()) is model
+        assert graphs.apply_hpu_graphs(model, cpu_info(), graphs_on) is False
+        assert graphs.compile_model(model, cpu_info(), graphs_on) is model
+        assert graphs.compile_model(model, cpu_info(), TrainingArguments()) is model
 
 
 def test_args_module_does_not_import_torch():

@@ -31,16 +31,16 @@ def config_dir(tmp_path):
 
 
 @pytest.mark.parametrize("argv, lazy", [
-    ([], "1"),
+    ([], None),  # no flag: the Gaudi software's own default (eager in current releases)
     (["--do_train", "--use_lazy_mode"], "1"),
     (["--use_lazy_mode", "false"], "0"),
     (["--no_use_lazy_mode"], "0"),
     (["--torch_compile", "--output_dir", "x"], "0"),
-    (["-h"], "1"),  # the script's own help: not ours to print
-    (["--bf16", "not-a-bool"], "1"),  # unreadable: defaults, the script reports its own errors
+    (["-h"], None),  # the script's own help: not ours to print
+    (["--bf16", "not-a-bool"], None),  # unreadable: defaults, the script reports its own errors
 ])
 def test_lazy_mode_follows_the_scripts_flags(argv, lazy, capsys):
-    assert hpu_env_for_script(argv, {}, None) == {LAZY_VAR: lazy}
+    assert hpu_env_for_script(argv, {}, None) == ({LAZY_VAR: lazy} if lazy else {})
     assert capsys.readouterr() == ("", "")
 
 
@@ -52,38 +52,46 @@ def test_op_lists_from_the_scripts_gaudi_config_go_to_the_job_dir(config_dir, tm
     job_dir = tmp_path / "job"
     env = hpu_env_for_script(["--bf16", "--gaudi_config_name", config_dir, "--learning_rate", "1e-3"], {},
                              str(job_dir))
-    assert env[LAZY_VAR] == "1"
+    assert LAZY_VAR not in env
     assert Path(env[BF16_OPS_VAR]).parent == job_dir and Path(env[FP32_OPS_VAR]).parent == job_dir
     assert Path(env[BF16_OPS_VAR]).read_text() == "addmm\nbmm\n"
     assert Path(env[FP32_OPS_VAR]).read_text() == "softmax\n"
 
 
-def test_no_op_lists_without_bf16_or_with_a_config_that_does_not_load(config_dir):
-    assert set(hpu_env_for_script(["--gaudi_config_name", config_dir], {}, None)) == {LAZY_VAR}
-    assert set(hpu_env_for_script(["--bf16", "--gaudi_config_name", "/nonexistent"], {}, None)) == {LAZY_VAR}
+def test_op_lists_as_optimum_habana_writes_them(config_dir):
+    # use_torch_autocast turns autocast on without --bf16; DeepSpeed and cpu_amp get no lists.
+    assert set(hpu_env_for_script(["--gaudi_config_name", config_dir], {}, None)) == {BF16_OPS_VAR, FP32_OPS_VAR}
+    assert hpu_env_for_script(["--gaudi_config_name", config_dir, "--deepspeed", "ds.json"], {}, None) == {}
+    assert hpu_env_for_script(["--bf16", "--gaudi_config_name", config_dir, "--half_precision_backend",
+                               "cpu_amp"], {}, None) == {}
+    assert hpu_env_for_script(["--bf16", "--gaudi_config_name", "/nonexistent"], {}, None) == {}
     # A shipped name resolves without the Hub; Habana/gpt2 lists no ops.
-    assert set(hpu_env_for_script(["--bf16", "--gaudi_config_name", "Habana/gpt2"], {}, None)) == {LAZY_VAR}
+    assert hpu_env_for_script(["--bf16", "--gaudi_config_name", "Habana/gpt2"], {}, None) == {}
+    # Lists the user already set stand.
+    assert hpu_env_for_script(["--bf16", "--gaudi_config_name", config_dir], {BF16_OPS_VAR: "/mine"}, None).keys() \
+        == {FP32_OPS_VAR}
 
 
 def test_script_flags_are_read_like_the_scripts_own_parser():
     flags = script_hpu_flags(["--bf16=true", "--gaudi_config_name=Habana/gpt2", "--other", "1"])
     assert (flags.bf16, flags.gaudi_config_name, flags.use_lazy_mode, flags.torch_compile) == \
-        (True, "Habana/gpt2", True, False)
+        (True, "Habana/gpt2", None, False)
     assert script_hpu_flags(["--gaudi_config_name"]) is None  # missing value
 
 
 def test_prepare_hpu_env_keeps_settings_already_in_place(hpu_stand_in, config_dir):
-    args, cfg = TrainingArguments(bf16=True), GaudiConfig.from_pretrained(config_dir)
-    env = {}
-    first = prepare_hpu_env(args, cfg, environ=env)
+    args, cfg = TrainingArguments(bf16=True, use_lazy_mode=True), GaudiConfig.from_pretrained(config_dir)
+    first = prepare_hpu_env(args, cfg)
     assert set(first) == {LAZY_VAR, BF16_OPS_VAR, FP32_OPS_VAR}
     import habana_frameworks.torch.core  # noqa: F401  the bridge is loaded now, as after `import torch`
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert prepare_hpu_env(args, cfg, environ=env) == {}  # the runtime's second call: nothing to redo
-    with pytest.warns(UserWarning, match="already imported: PT_HPU_LAZY_MODE set now may not take effect"):
-        prepare_hpu_env(TrainingArguments(bf16=True, torch_compile=True), cfg, environ=env)
+        assert prepare_hpu_env(args, cfg) == {}  # the runtime's second call: nothing to redo
+    os.environ.pop(LAZY_VAR)
+    with pytest.warns(UserWarning, match="already imported: PT_HPU_LAZY_MODE cannot take effect now"):
+        assert prepare_hpu_env(TrainingArguments(bf16=True, torch_compile=True), cfg) == {}
+    assert LAZY_VAR not in os.environ  # left as the bridge found it
 
 
 def test_uses_hpu_only_where_the_stack_is_found(monkeypatch):
@@ -125,7 +133,7 @@ PLAIN_TORCH_SCRIPT = textwrap.dedent("""
     import json
     import torch, torch.distributed as dist
     dist.init_process_group("hccl")  # no habana import: a script written for torchrun
-    t = torch.tensor([dist.get_rank() + 1.0])
+    t = torch.tensor([dist.get_rank() + 1.0]).to("hpu")  # hccl serves hpu tensors only
     dist.all_reduce(t)
     from habana_frameworks import _calls
     print(json.dumps({"sum": t.item(), "calls": [n for n, _ in _calls]}))
@@ -158,7 +166,8 @@ def test_stand_in_worker_registers_hccl_for_a_plain_torch_script(tmp_path):
         got = json.loads(out.strip().splitlines()[-1])
         assert got["sum"] == 3.0
         # Registered by the worker before the script ran, then used by its init_process_group.
-        assert got["calls"] == ["hccl.import", "hccl.create"]
+        calls = [c for c in got["calls"] if c in ("bridge.load", "hccl.import", "hccl.create")]
+        assert calls == ["bridge.load", "hccl.import", "hccl.create"]
 
 
 def test_worker_imports_no_torch_off_gaudi(tmp_path):

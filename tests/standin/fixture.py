@@ -14,8 +14,18 @@ STAND_IN_DIR = str(Path(__file__).resolve().parent)
 
 
 def _purge() -> None:
+    """Forget the stand-in bridge, as a new process would: the next import loads it afresh. The
+    device itself (hpu_stand_in_device) stays registered with torch, which cannot undo that."""
     for name in [m for m in sys.modules if m == "habana_frameworks" or m.startswith("habana_frameworks.")]:
         del sys.modules[name]
+    import torch
+
+    if "hpu" in vars(torch):  # habana_frameworks.torch.core registers itself as torch.hpu
+        delattr(torch, "hpu")
+    sys.modules.pop("torch.hpu", None)
+    device = sys.modules.get("hpu_stand_in_device")
+    if device is not None:
+        device.activate(False)
 
 
 @pytest.fixture

@@ -1,7 +1,11 @@
 """Recording stand-in for Habana's ``habana_frameworks`` package (tests only).
 
-Every function the runtime calls appends ``(name, details)`` to ``_calls`` and behaves plausibly
-on CPU, so the HPU code path runs for real against CPU tensors.
+Every function the runtime calls appends ``(name, details)`` to ``_calls``. The stand-in is as
+strict as the bridge where the bridge is strict: its tensors report device "hpu" and refuse to mix
+with CPU tensors, hccl serves hpu tensors only, lazy-only APIs do nothing (or do not exist) in
+eager mode, and import-time settings are frozen when habana_frameworks.torch first loads. Each
+module names the bridge source (HabanaAI/gaudi-pytorch-bridge 1.19) it follows. The arithmetic
+runs on the CPU underneath (tests/standin/hpu_stand_in_device.py).
 """
 from __future__ import annotations
 

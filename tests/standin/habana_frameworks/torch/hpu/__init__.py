@@ -1,26 +1,45 @@
-"""Stand-in for habana_frameworks.torch.hpu."""
+"""Stand-in for habana_frameworks.torch.hpu.
+
+As python_packages/habana_frameworks/torch/hpu/__init__.py (bridge 1.19): the HPU graph API
+(``ModuleCacher``, ``wrap_in_hpu_graph``) is exported only in lazy mode (``if is_lazy(): from
+.graphs import *``); memory_stats reports InUse/MaxInUse/Limit in bytes.
+"""
 from __future__ import annotations
 
-from habana_frameworks import record
+import torch
 
-# Read by gaudi_launch.runtime.device: tensors of the stand-in "HPU" live on the CPU.
-_STAND_IN_TORCH_DEVICE = "cpu"
+from habana_frameworks import record
+from habana_frameworks.torch.utils.internal import is_lazy
 
 GB = 1024 ** 3
 # Plausible Gaudi2 figures, in bytes, as the real memory_stats() reports them.
 MEMORY = {"InUse": int(1.234 * GB), "MaxInUse": int(2.5 * GB), "Limit": int(94.62 * GB)}
+
+_rng = torch.Generator()
 
 
 def is_available() -> bool:
     return True
 
 
+def _lazy_init() -> None:
+    pass
+
+
 def device_count() -> int:
-    return 8
+    return 1  # one device per process (HABANA_VISIBLE_MODULES)
 
 
 def current_device() -> int:
     return 0
+
+
+def is_bf16_supported() -> bool:
+    return True
+
+
+def get_amp_supported_dtype():
+    return [torch.bfloat16, torch.float32]
 
 
 def synchronize() -> None:
@@ -32,12 +51,21 @@ def memory_stats(device=None) -> dict:
     return dict(MEMORY, NumAllocs=1, NumFrees=0)
 
 
-class ModuleCacher:
-    """HPU graphs: the real one records and replays the module's graph; this one records the wrap."""
+def enable_dynamic_shape() -> None:
+    record("enable_dynamic_shape")
 
-    def __init__(self, max_graphs: int = 10) -> None:
-        self.max_graphs = max_graphs
 
-    def __call__(self, model=None, inplace: bool = True, **kwargs):
-        record("ModuleCacher", model=type(model).__name__, inplace=inplace, **kwargs)
-        return model
+def disable_dynamic_shape() -> None:
+    record("disable_dynamic_shape")
+
+
+def get_rng_state_all():
+    return [_rng.get_state()]
+
+
+def set_rng_state_all(states) -> None:
+    _rng.set_state(states[0])
+
+
+if is_lazy():
+    from .graphs import ModuleCacher, wrap_in_hpu_graph  # noqa: F401
