@@ -73,7 +73,14 @@ def main(argv=None) -> int:
     import transformers
 
     from gaudi_launch.runtime import data
+    from gaudi_launch.runtime.device import DeviceUnavailable, select_device
     from gaudi_launch.runtime.trainer import Trainer
+
+    try:
+        select_device(targs)  # before any data or model work: --use_habana without a Gaudi stops here
+    except DeviceUnavailable as exc:
+        print(f"run_clm.py: error: {exc}", file=sys.stderr)
+        return 2
 
     if dargs.dataset_name:
         texts = data.load_dataset_by_name(dargs.dataset_name, dargs.dataset_config_name)

@@ -37,6 +37,19 @@ def _save(obj: Any, path: str) -> None:
         os.fsync(f.fileno())
 
 
+def to_host(obj: Any) -> Any:
+    """A copy of a state dict (nested dicts/lists/tuples) with every tensor on the CPU: checkpoints
+    and saved models hold host tensors whatever device trained them (optimum-habana saves HPU
+    state the same way; safetensors needs host storage)."""
+    if torch.is_tensor(obj):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return type(obj)((k, to_host(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_host(v) for v in obj)
+    return obj
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -167,9 +180,9 @@ def save_checkpoint(
     try:
         _save(_rng_state(), os.path.join(tmp, _rng_file(rank)))
         if rank == 0:
-            _save(model.state_dict(), os.path.join(tmp, MODEL))
+            _save(to_host(model.state_dict()), os.path.join(tmp, MODEL))
             if optimizer is not None:
-                _save(optimizer.state_dict(), os.path.join(tmp, OPTIMIZER))
+                _save(to_host(optimizer.state_dict()), os.path.join(tmp, OPTIMIZER))
             if scheduler is not None:
                 _save(scheduler.state_dict(), os.path.join(tmp, SCHEDULER))
             state = {"step": step, "sampler_state": sampler_state, "extra": extra or {}}

@@ -21,6 +21,10 @@ from .hpu_env import LAZY_VAR, prepare_hpu_env  # noqa: F401  (prepare_hpu_env: 
 _BACKENDS = {"hpu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 
 
+class DeviceUnavailable(RuntimeError):
+    """The device asked for cannot be used here; the message says why and what to do."""
+
+
 @dataclass
 class DeviceInfo:
     kind: str  # "hpu" | "cuda" | "cpu"
@@ -66,7 +70,7 @@ def select_device(args: Any = None, force: Optional[str] = None) -> DeviceInfo:
         return DeviceInfo("hpu", torch.device("hpu"), "hccl", bridge_is_lazy(), local_rank)
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
+            raise DeviceUnavailable("device 'cuda' requested but torch.cuda.is_available() is False")
         # CUDA_VISIBLE_DEVICES may already narrow the view to one device per rank.
         index = local_rank % max(1, torch.cuda.device_count())
         device = torch.device("cuda", index)
@@ -78,7 +82,7 @@ def select_device(args: Any = None, force: Optional[str] = None) -> DeviceInfo:
 def _load_bridge(args: Any) -> None:
     """Import the Gaudi bridge, with a clear error when it cannot load here."""
     if importlib.util.find_spec("habana_frameworks") is None:
-        raise RuntimeError("device 'hpu' requested but habana_frameworks is not importable here: it comes with "
+        raise DeviceUnavailable("device 'hpu' requested but habana_frameworks is not importable here: it comes with "
                            "Intel Gaudi's software stack (its containers), not PyPI. Run on a Gaudi host, or "
                            "pass --device cpu")
     if args is not None and "habana_frameworks.torch.core" not in sys.modules:
@@ -88,10 +92,10 @@ def _load_bridge(args: Any) -> None:
         hpu = importlib.import_module("habana_frameworks.torch.hpu")
     except (ImportError, OSError, AssertionError, RuntimeError) as exc:
         # e.g. a torch the bridge was not built for, or no Gaudi driver on this host
-        raise RuntimeError(f"device 'hpu' requested but the Gaudi bridge did not load: "
+        raise DeviceUnavailable(f"device 'hpu' requested but the Gaudi bridge did not load: "
                            f"{type(exc).__name__}: {exc}") from exc
     if not hpu.is_available():
-        raise RuntimeError("device 'hpu' requested but habana_frameworks.torch.hpu.is_available() is False: "
+        raise DeviceUnavailable("device 'hpu' requested but habana_frameworks.torch.hpu.is_available() is False: "
                            "no Gaudi device is usable by this process (driver, HABANA_VISIBLE_MODULES)")
 
 

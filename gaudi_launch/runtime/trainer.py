@@ -342,10 +342,11 @@ class Trainer:
         out = output_dir or self.args.output_dir
         if self.rank == 0:
             os.makedirs(out, exist_ok=True)
+            state = ckpt.to_host(self.model.state_dict())
             if hasattr(self.model, "save_pretrained"):
-                self.model.save_pretrained(out)
+                self.model.save_pretrained(out, state_dict=state)
             else:
-                torch.save(self.model.state_dict(), os.path.join(out, "pytorch_model.bin"))
+                torch.save(state, os.path.join(out, "pytorch_model.bin"))
         if self.world > 1:
             dist.barrier()  # nobody reads the directory before it is complete
         return out

@@ -6,13 +6,17 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_run_clm_two_ranks_lowers_eval_perplexity(tmp_path):
     out = tmp_path / "clm"
-    cmd = [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", os.path.join(ROOT, "scripts", "run_clm.py"),
-           # the seed's flags, with a model name the offline machine cannot fetch
+    cmd = [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", "--device", "cpu",
+           os.path.join(ROOT, "scripts", "run_clm.py"),
+           # the seed's flags (--use_habana: CPU only because --device cpu asks), with a model name
+           # the offline machine cannot fetch
            "--model_name_or_path", "gpt2-xl", "--gaudi_config_name", "Habana/gpt2", "--do_train", "--do_eval",
            "--output_dir", str(out), "--learning_rate", "4e-03", "--per_device_train_batch_size", "8",
            "--gradient_checkpointing", "--num_train_epochs", "1", "--use_habana", "--use_lazy_mode",
@@ -38,6 +42,15 @@ def test_run_clm_two_ranks_lowers_eval_perplexity(tmp_path):
     assert abs(again["eval_before"]["perplexity"] / results["eval"]["perplexity"] - 1) < 0.02
 
 
+def test_use_habana_without_a_gaudi_is_a_clear_error_before_training(tmp_path):
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "run_clm.py"), "--use_habana", "--do_train",
+                          "--output_dir", str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    assert "run_clm.py: error: device 'hpu' requested but habana_frameworks is not importable here" in res.stderr
+    assert "--device cpu" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "o").exists()  # nothing trained, nothing written
+
+
 def test_run_clm_with_deepspeed_zero_on_cpu(tmp_path):
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
@@ -57,7 +70,8 @@ def test_run_clm_with_deepspeed_zero_on_cpu(tmp_path):
     assert lrs == sorted(lrs, reverse=True) and lrs[-1] == 0  # our schedule drives DeepSpeed's optimizer
 
 
-def test_stand_in_hpu_run_clm_through_gaudi_launch_takes_every_gaudi_path(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fast_ddp"])
+def test_stand_in_hpu_run_clm_through_gaudi_launch_takes_every_gaudi_path(tmp_path, strategy):
     """The whole HPU path, launcher to kernel, against the recording habana_frameworks stand-in."""
     from tests.standin.fixture import STAND_IN_DIR
 
@@ -72,8 +86,9 @@ def test_stand_in_hpu_run_clm_through_gaudi_launch_takes_every_gaudi_path(tmp_pa
     cmd = [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", os.path.join(ROOT, "scripts", "run_clm.py"),
            "--gaudi_config_name", str(tmp_path), "--bf16", "--do_train", "--do_eval", "--output_dir",
            str(tmp_path / "out"), "--max_steps", "3", "--logging_steps", "1", "--per_device_train_batch_size", "4",
-           "--max_train_samples", "32", "--max_eval_samples", "8", "--distribution_strategy", "fast_ddp",
-           "--attn_implementation", "gaudi_fused_sdpa", "--use_hpu_graphs_for_training", "--pipelining_fwd_bwd"]
+           "--max_train_samples", "32", "--max_eval_samples", "8", "--distribution_strategy", strategy,
+           "--attn_implementation", "gaudi_fused_sdpa", "--use_hpu_graphs_for_training", "--pipelining_fwd_bwd",
+           "--use_habana", "--use_lazy_mode"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     n_layer = json.loads(open(os.path.join(ROOT, "gaudi_launch", "runtime", "assets", "tiny-gpt2",
@@ -88,10 +103,14 @@ def test_stand_in_hpu_run_clm_through_gaudi_launch_takes_every_gaudi_path(tmp_pa
         assert names.index("hccl.import") < names.index("hccl.create")  # registered by the worker
         assert "ModuleCacher" in names and "FusedAdamW" in names
         assert names.count("FusedClipNorm.clip_norm") == 3 and names.count("FusedAdamW.step") == 3
-        # Between two optimizer steps: one after the optimizer step + zero_grad, then the next
-        # step's marks between loss and backward (pipelining), after backward, after the all-reduce.
+        # Between two optimizer steps: FusedAdamW's own (before each of its 2 groups, after the
+        # update), one after the optimizer step + zero_grad; then the next step's marks between
+        # loss and backward (pipelining), after backward, after fast_ddp's all-reduce, and
+        # FusedClipNorm's own before and after it.
         steps = [i for i, name in enumerate(names) if name == "FusedAdamW.step"]
-        assert names[steps[0]:steps[1]].count("mark_step") == 4
+        assert names[steps[0]:steps[1]].count("mark_step") == 8 + (strategy == "fast_ddp")
+        # The host waits only at logging points (every step here) and the model's own mask checks.
+        assert names[steps[0]:steps[1]].count("host_sync") <= 3
         assert names.count("FusedSDPA.apply") >= 3 * n_layer  # every training forward, every block
         assert ("memory_stats" in names) == (rank == 0)  # logged by the main process only
     assert "multi-node" not in res.stdout + res.stderr  # one host: no multi-node advice
