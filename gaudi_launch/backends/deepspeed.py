@@ -32,6 +32,8 @@ from gaudi_launch.worker import ERROR_MARKER, job_argv
 # with a prefix DeepSpeed re-exports to the remote shell line (PYTHON, MLFLOW, MV2, UCX, NCCL).
 RUNNER_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
               "LD_LIBRARY_PATH", "SSH_AUTH_SOCK", "DS_ACCELERATOR")
+# OpenMPI's own settings, for DeepSpeed's openmpi runner (mpirun reads them; DeepSpeed exports none).
+RUNNER_PREFIXES = ("OMPI_", "PRTE_", "PMIX_")
 # Host names, IPv4, IPv6 (with a zone id): what may stand after --master_addr= on pdsh's shell line.
 _ADDR = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:-]*(%[A-Za-z0-9_.-]+)?")
 
@@ -122,12 +124,15 @@ def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Lis
         # ranks inherit it and job-scoped teardown finds them. (Multi-node, the runner must not
         # carry it: teardown would find the runner and pdsh, whose group is ours to SIGKILL.)
         env["GAUDI_LAUNCH_JOB_ID"] = plan.job_id
+    if spec.launcher == "openmpi" and os.geteuid() == 0:
+        # As the mpirun backend passes --allow-run-as-root only as root.
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return [Command(host=plan.nodes[0].host, argv=build_argv(plan, spec, environ, directory), env=env)]
 
 
 def runner_env(environ: Mapping[str, str], extra: Mapping[str, str]) -> Dict[str, str]:
     """The runner's whole environment: a few plain variables of the launcher's, then ours. Pure."""
-    env = {k: environ[k] for k in RUNNER_ENV if k in environ}
+    env = {k: v for k, v in environ.items() if k in RUNNER_ENV or k.startswith(RUNNER_PREFIXES)}
     env.update(extra)
     return env
 

@@ -74,8 +74,9 @@ def all_argv() -> dict:
     return out
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_no_value_of_the_jobs_environment_on_any_argv_on_any_host(cluster, backend, tmp_path):
+@pytest.mark.parametrize("backend,launcher", [("local", None), ("mpirun", None), ("deepspeed", "pdsh"),
+                                              ("deepspeed", "openmpi")])
+def test_no_value_of_the_jobs_environment_on_any_argv_on_any_host(cluster, backend, launcher, tmp_path):
     tag = uuid.uuid4().hex[:10]
     secrets = {
         "FROM_FILE_TOKEN": f"envfile-{tag}",         # .deepspeed_env
@@ -89,7 +90,8 @@ def test_no_value_of_the_jobs_environment_on_any_argv_on_any_host(cluster, backe
                        "MYSEC_API_KEY": secrets["MYSEC_API_KEY"], "HCCL_PRIVATE_NOTE": secrets["HCCL_PRIVATE_NOTE"],
                        **launcher_only})
     job, pid_dir, world = start(cluster, backend, tmp_path, env=env, cwd=str(tmp_path), names=list(secrets),
-                                   extra=["-x", "FROM_X_PASSWORD", "--export-prefix", "MYSEC_"])
+                                   extra=["-x", "FROM_X_PASSWORD", "--export-prefix", "MYSEC_",
+                                          *(["--launcher", launcher] if launcher else [])])
     try:
         wait_started(job, pid_dir, world)
         leaks = {pid: argv for pid, argv in all_argv().items()

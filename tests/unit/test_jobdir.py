@@ -129,9 +129,11 @@ def test_a_job_dir_path_a_shell_would_split_is_refused():
 
 def test_runner_environment_is_scrubbed():
     environ = {"PATH": "/bin", "HOME": "/root", "PYTHONPATH": "$(touch x)", "MLFLOW_TRACKING_TOKEN": "tok",
-               "UCX_TLS": "x", "MV2_X": "y", "NCCL_DEBUG": "INFO", "HF_TOKEN": "hf", "SSH_AUTH_SOCK": "/s"}
+               "UCX_TLS": "x", "MV2_X": "y", "NCCL_DEBUG": "INFO", "HF_TOKEN": "hf", "SSH_AUTH_SOCK": "/s",
+               "OMPI_MCA_btl": "tcp,self"}
     env = deepspeed.runner_env(environ, {"DS_ENV_FILE": "/j/job.env"})
-    assert env == {"PATH": "/bin", "HOME": "/root", "SSH_AUTH_SOCK": "/s", "DS_ENV_FILE": "/j/job.env"}
+    assert env == {"PATH": "/bin", "HOME": "/root", "SSH_AUTH_SOCK": "/s", "OMPI_MCA_btl": "tcp,self",
+                   "DS_ENV_FILE": "/j/job.env"}
     assert not any(k.startswith(("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")) for k in deepspeed.RUNNER_ENV)
 
 
