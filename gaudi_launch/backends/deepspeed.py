@@ -67,7 +67,8 @@ def rank_env(plan: LaunchPlan, environ: Mapping[str, str], grace: Optional[float
 
 
 def job_payload(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> bytes:
-    """The job file's content; the same bytes every time for one plan (its digest is on argv). Pure."""
+    """The job file's content: the same bytes every time for one plan and working directory (its
+    digest is on argv)."""
     return jobdir.payload(rank_env(plan, environ, spec.grace), list(spec.program), spec.module,
                           os.getcwd(), plan.job_key)
 
@@ -79,7 +80,7 @@ def single_local(plan: LaunchPlan) -> bool:
 def check_safe(value: str, pattern: "re.Pattern", where: str, what: str) -> str:
     if not pattern.fullmatch(value):
         raise UserError(f"{value!r} is not a valid {what}: DeepSpeed pastes it into a remote shell line",
-                        where=where, hint=f"give a plain {what} (letters, digits and . - _ : only)")
+                        where=where, hint=f"give a plain {what}, without spaces or shell characters")
     return value
 
 
