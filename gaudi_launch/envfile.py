@@ -302,6 +302,9 @@ def mask_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 _SHORT = 4  # values shorter than this are masked only where they stand as a whole word
+# A one-character value is never masked: hiding every standalone "1" would garble rank numbers and
+# exit codes in every summary, and hides nothing a guess would not find.
+_TOO_SHORT = 1
 
 
 def _forms(value: str) -> set[str]:
@@ -310,14 +313,15 @@ def _forms(value: str) -> set[str]:
     forms = {value, shlex.quote(value)}
     if "\n" in value or "\r" in value:
         forms.update(re.split(r"\r?\n|\r", value))
-    return {f for f in forms if f.strip()}
+    return {f for f in forms if len(f.strip()) > _TOO_SHORT}
 
 
 def mask_text(text: str, env: Mapping[str, str]) -> str:
     """Replace every occurrence of a secret value in ``text`` with ``***``.
 
     Also its shell-quoted form and, for a multi-line value, each of its lines. A value (or line)
-    shorter than 4 characters is masked where it stands as a whole word, not inside other words.
+    shorter than 4 characters is masked where it stands as a whole word, not inside other words;
+    one of a single character is not masked.
     """
     long_forms: set[str] = set()
     short_forms: set[str] = set()

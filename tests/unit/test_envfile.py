@@ -566,8 +566,8 @@ def test_mask_text_multi_line_secret_line_by_line():
 
 
 def test_mask_text_short_secrets_as_whole_words():
-    env = {"PIN_PASSWORD": "42", "X_TOKEN": "ab"}
-    assert mask_text("pin 42, code 420, ab abc", env) == "pin ***, code 420, *** abc"
+    env = {"PIN_PASSWORD": "42", "X_TOKEN": "ab", "ONE_KEY": "1"}
+    assert mask_text("pin 42, code 420, ab abc, rank 1", env) == "pin ***, code 420, *** abc, rank 1"
 
 
 def test_mask_text_no_secrets():
