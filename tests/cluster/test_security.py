@@ -156,3 +156,48 @@ def test_a_host_that_never_sends_the_ssh_banner_is_named_as_such(cluster, tmp_pa
     text = res.stdout + res.stderr
     assert "gl-n2" in text and "did not answer the SSH handshake" in text, text
     assert "no SSH key to offer" not in text
+
+
+# ---- item 7: a remote rank's daemon does not outlive the job -----------------------------------------
+
+DAEMON = ("import os, socket, sys, time\n"
+          "if os.environ['RANK'] == '1':\n"
+          "    if os.fork() == 0:\n"
+          "        os.setsid()\n"
+          "        if os.fork() == 0:\n"
+          "            null = os.open(os.devnull, os.O_RDWR)\n"  # a daemon lets go of the job's output
+          "            for fd in (0, 1, 2):\n"
+          "                os.dup2(null, fd)\n"
+          "            os.closerange(3, 4096)\n"  # mpirun waits for EOF on its stddiag pipe (fd 3)
+          "            open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid()))\n"
+          "            os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+          "            time.sleep(900)\n"
+          "        os._exit(0)\n"
+          "while not os.path.exists(sys.argv[1]):\n"  # every rank: rank 0's exit 3 must not come first
+          "    time.sleep(0.02)\n"
+          "if os.environ['RANK'] == '1':\n"
+          "    print('daemon on', socket.gethostname(), flush=True)\n"
+          "else:\n"
+          "    time.sleep(1)\n"
+          "sys.exit(int(sys.argv[2]))\n")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_remote_ranks_daemon_does_not_outlive_the_job(cluster, backend, code, tmp_path):
+    from tests.helpers import alive
+
+    script = tmp_path / "daemon.py"
+    script.write_text(DAEMON)
+    pid_file = tmp_path / "daemon.pid"
+    hostfile = cluster.hostfile(slots=1, hosts=[0, 1])
+    argv = launch_argv(cluster, backend, hostfile, str(script), str(pid_file), str(code))
+    res = cluster.run_on(0, argv, env=cluster.env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=180)
+    daemon = int(pid_file.read_text())
+    try:
+        assert res.returncode == code, res.stdout[-2000:] + res.stderr[-2000:]
+        assert "daemon on gl-n1" in res.stdout
+        assert wait_for(lambda: not alive(daemon), timeout=10), "the remote rank's daemon survived the job"
+    finally:
+        if alive(daemon):
+            os.kill(daemon, 9)
