@@ -26,6 +26,8 @@ class ModelArguments:
     config_name: Optional[str] = None          # a local config directory (trained from scratch)
     tokenizer_name: Optional[str] = None       # a local tokenizer directory; default: the shipped one
     use_cache: bool = False
+    model_type: Optional[str] = None           # from scratch: gpt2 (the shipped tiny config) is the one here
+    config_overrides: Optional[str] = None     # "n_embd=10,n_layer=2": applied to the config from scratch
 
 
 @dataclass
@@ -38,6 +40,7 @@ class DataArguments:
     block_size: int = 64
     max_train_samples: Optional[int] = None
     max_eval_samples: Optional[int] = None
+    streaming: bool = False                    # accepted: the offline corpus is read into memory anyway
 
 
 def saved_tokenizer(model_dir: Optional[str]) -> Optional[str]:
@@ -63,6 +66,11 @@ def build_model(margs: ModelArguments, vocab_size: int):
                   "--model_name_or_path DIR for another model)", file=sys.stderr)
         config_dir = os.path.join(ASSETS, "tiny-gpt2")
     config = AutoConfig.from_pretrained(config_dir)
+    if margs.model_type and margs.model_type != config.model_type:
+        raise SystemExit(f"run_clm.py: error: --model_type {margs.model_type}: only {config.model_type} "
+                         "(the shipped tiny config) can be built offline here; pass --config_name DIR")
+    if margs.config_overrides:
+        config.update_from_string(margs.config_overrides)  # as transformers' run_clm
     if config.vocab_size != vocab_size:
         config.vocab_size = vocab_size
     return AutoModelForCausalLM.from_config(config)

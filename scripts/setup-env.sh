@@ -23,3 +23,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     || { echo "setup-env: the install is incomplete (see pip's output above)" >&2; exit 1; }
   touch "$stamp"
 fi
+# optimum-habana's own source, read (never imported) by the tests that check flag compatibility;
+# its dependencies would pin another transformers, so only the wheel is fetched.
+peer=.venv/peers/optimum_habana-1.21.2-py3-none-any.whl
+if [ ! -f "$peer" ]; then
+  .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps optimum-habana==1.21.2 \
+    -d .venv/peers 2>&1 | grep -v "is ignored" || true
+fi

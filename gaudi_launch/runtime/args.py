@@ -26,6 +26,19 @@ def _opt(default: Any, help: str = "", choices: Optional[Sequence[Any]] = None) 
     return field(default=default, metadata=meta)
 
 
+NOT_IMPLEMENTED = "optimum-habana's flag: accepted, no effect in this runtime (a note says so when set)"
+
+
+def not_implemented_notes(args: Any) -> Dict[str, str]:
+    """One line per accepted-but-unimplemented flag set away from its default. Pure."""
+    notes = {}
+    for f in dataclasses.fields(args):
+        if f.metadata.get("help") == NOT_IMPLEMENTED and getattr(args, f.name) != f.default:
+            notes[f.name] = (f"--{f.name} is accepted for optimum-habana compatibility but has no effect in "
+                             "gaudi-launch's runtime")
+    return notes
+
+
 @dataclass
 class TrainingArguments:
     """GaudiTrainingArguments' names and defaults (the subset this runtime implements)."""
@@ -90,6 +103,39 @@ class TrainingArguments:
                                               choices=("no", "steps", "epoch"))
     eval_steps: Optional[int] = _opt(None, "with --eval_strategy steps; default: logging_steps")
     logging_first_step: bool = _opt(False)
+    # ---- the rest of optimum-habana 1.21.2's GaudiTrainingArguments (same names and defaults) ----
+    use_hpu_graphs_for_inference: bool = _opt(False, "HPU graphs for evaluation (lazy mode)")
+    use_hpu_graphs: bool = _opt(False, "older name of --use_hpu_graphs_for_inference")
+    disable_tensor_cache_hpu_graphs: bool = _opt(False, "HPU graphs for inference keep no tensor cache")
+    max_hpu_graphs: Optional[int] = _opt(None, "most HPU graphs kept for inference")
+    adjust_throughput: bool = _opt(False, "leave logging and saving time out of the throughput too "
+                                          "(evaluation time is always left out)")
+    logging_nan_inf_filter: bool = _opt(False, "a nan/inf step loss is logged as the mean so far (training "
+                                               "is unchanged)")
+    ddp_bucket_cap_mb: Optional[int] = _opt(230, "DDP bucket size (distribution_strategy ddp)")
+    ddp_find_unused_parameters: Optional[bool] = _opt(False, "DDP find_unused_parameters")
+    compile_dynamic: Optional[bool] = _opt(None, "torch.compile dynamic= (None: torch decides)")
+    cache_size_limit: Optional[int] = _opt(None, "torch._dynamo cache_size_limit with --torch_compile")
+    sdp_on_bf16: bool = _opt(False, "allow bf16 reductions in torch's math SDPA")
+    optim: str = _opt("adamw_torch", "AdamW (fused on HPU when the gaudi config asks); other optimizers: "
+                                     "accepted, AdamW is used")
+    use_compiled_autograd: bool = _opt(False, NOT_IMPLEMENTED)
+    compile_from_sec_iteration: bool = _opt(False, NOT_IMPLEMENTED)
+    use_zero3_leaf_promotion: bool = _opt(False, NOT_IMPLEMENTED)
+    use_regional_compilation: bool = _opt(False, NOT_IMPLEMENTED)
+    inline_inbuilt_nn_modules: Optional[bool] = _opt(None, NOT_IMPLEMENTED)
+    allow_unspec_int_on_nn_module: Optional[bool] = _opt(None, NOT_IMPLEMENTED)
+    context_parallel_size: int = _opt(1, NOT_IMPLEMENTED)
+    minimize_memory: bool = _opt(False, NOT_IMPLEMENTED)
+    ignore_eos: bool = _opt(True, NOT_IMPLEMENTED)
+    profiling_warmup_steps: int = _opt(0, NOT_IMPLEMENTED)
+    profiling_steps: int = _opt(0, NOT_IMPLEMENTED)
+    profiling_warmup_steps_eval: int = _opt(0, NOT_IMPLEMENTED)
+    profiling_steps_eval: int = _opt(0, NOT_IMPLEMENTED)
+    profiling_record_shapes: bool = _opt(True, NOT_IMPLEMENTED)
+    profiling_with_stack: bool = _opt(False, NOT_IMPLEMENTED)
+    flash_attention_fp8: bool = _opt(False, NOT_IMPLEMENTED)
+    fp8: bool = _opt(False, NOT_IMPLEMENTED)
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as the command line.
@@ -107,6 +153,13 @@ class TrainingArguments:
         elif self.eval_steps and self.eval_strategy != "steps":
             warnings.warn(f"--eval_steps {self.eval_steps} has no effect with --eval_strategy {self.eval_strategy} "
                           "(add --eval_strategy steps)", stacklevel=3)
+        if self.use_hpu_graphs:
+            self.use_hpu_graphs_for_inference = True
+        if os.environ.get("RANK", "0") == "0":  # one note per job, not one per rank
+            for note in not_implemented_notes(self).values():
+                warnings.warn(note, stacklevel=3)
+            if self.optim not in ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw"):
+                warnings.warn(f"--optim {self.optim}: gaudi-launch's runtime trains with AdamW", stacklevel=3)
         if self.use_flash_attention:
             if self.attn_implementation not in (None, "gaudi_fused_sdpa"):
                 raise ValueError(f"--use_flash_attention asks for gaudi_fused_sdpa but --attn_implementation is "

@@ -50,5 +50,39 @@ def compile_model(model: Any, info: DeviceInfo, args: Any) -> Any:
     if use_graphs and info.kind == "cpu":
         _warn_once("cpu", "use_hpu_graphs_for_training: HPU graphs do not apply on CPU; model left as is")
     if getattr(args, "torch_compile", False):
-        return torch.compile(model, backend="hpu_backend" if info.kind == "hpu" else "inductor")
+        if getattr(args, "cache_size_limit", None):
+            torch._dynamo.config.cache_size_limit = args.cache_size_limit
+        return torch.compile(model, backend="hpu_backend" if info.kind == "hpu" else "inductor",
+                             dynamic=getattr(args, "compile_dynamic", None))
     return model
+
+
+class InferenceGraphs:
+    """HPU graphs for evaluation outside training (--use_hpu_graphs_for_inference), as optimum-habana
+    uses them: wrap_in_hpu_graph replaces the model's forward in place, and its replay keeps no
+    autograd graph, so training takes the forward back first."""
+
+    def __init__(self, model: torch.nn.Module, info: DeviceInfo, args: Any) -> None:
+        self.model, self.info, self.args = model, info, args
+        self.wrapped = False
+        self._before: Any = None
+
+    def on(self) -> None:
+        if self.wrapped or self.info.kind != "hpu" or not self.info.lazy:
+            return
+        if not (getattr(self.args, "use_hpu_graphs_for_inference", False)):
+            return
+        self._before = self.model.__dict__.get("forward")  # an instance forward (HPU graphs for training)
+        hpu = importlib.import_module("habana_frameworks.torch.hpu")
+        hpu.wrap_in_hpu_graph(self.model, disable_tensor_cache=self.args.disable_tensor_cache_hpu_graphs,
+                              max_graphs=self.args.max_hpu_graphs)
+        self.wrapped = True
+
+    def off(self) -> None:
+        if not self.wrapped:
+            return
+        if self._before is None:
+            del self.model.forward  # back to the class's own
+        else:
+            self.model.forward = self._before
+        self.wrapped = False

@@ -6,6 +6,7 @@ CPU (gloo): everything that means something there, for real. Throughput excludes
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -23,7 +24,7 @@ from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
 from gaudi_launch.runtime.device import (DeviceInfo, init_distributed, mark_step, memory_stats, prepare_hpu_env,
                                          select_device, set_dynamic_shapes)
 from gaudi_launch.runtime.fast_ddp import FastDDP
-from gaudi_launch.runtime.graphs import apply_hpu_graphs, compile_model
+from gaudi_launch.runtime.graphs import InferenceGraphs, apply_hpu_graphs, compile_model
 from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
 from gaudi_launch.runtime.optim import clip_grad_norm, make_optimizer, make_scheduler
 from gaudi_launch.runtime.precision import autocast
@@ -123,6 +124,8 @@ class Trainer:
             raise ValueError("--torch_compile needs HPU eager mode but the bridge loaded in lazy mode "
                              "(PT_HPU_LAZY_MODE=1): unset PT_HPU_LAZY_MODE (or set it to 0) and start again")
         set_dynamic_shapes(self.info, self.gaudi_config.use_dynamic_shapes)
+        if args.sdp_on_bf16:
+            torch._C._set_math_sdp_allow_fp16_bf16_reduction(True)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.collator = data_collator
         self.tokens_per_sample = tokens_per_sample
@@ -146,6 +149,8 @@ class Trainer:
             if os.path.exists(path):
                 os.remove(path)
         self.writer = MetricsWriter(args.output_dir, rank=self.rank)
+        self.inference_graphs = InferenceGraphs(self.model, self.info, args)
+        self._in_train = False
 
     # ---- set-up --------------------------------------------------------------------------------
     def _init_plain(self) -> None:
@@ -158,7 +163,8 @@ class Trainer:
             self.fast_ddp.broadcast_parameters()
             self.train_model = self.model
         elif self.world > 1:
-            kwargs: Dict[str, object] = {}
+            kwargs: Dict[str, object] = {"bucket_cap_mb": args.ddp_bucket_cap_mb,
+                                         "find_unused_parameters": bool(args.ddp_find_unused_parameters)}
             if info.kind == "cuda":
                 kwargs["device_ids"] = [info.device.index]
             if info.kind == "hpu":
@@ -234,6 +240,8 @@ class Trainer:
             skip = int(state["sampler_state"]["batches"])
             self._say(f"resumed from {resume} at step {step} (epoch {epoch}, batch {skip})")
         throughput = Throughput(warmup_steps=args.throughput_warmup_steps)
+        self.inference_graphs.off()  # replayed graphs keep no autograd graph
+        self._in_train = True
         samples_per_step = args.per_device_train_batch_size * accum * self.world
         tokens_per_step = samples_per_step * (self.tokens_per_sample or 0)
         # Losses stay on the device (no host sync per step, which would stall lazy mode's pipeline):
@@ -260,13 +268,20 @@ class Trainer:
                 throughput.step(samples_per_step, tokens_per_step)
                 step_loss = torch.stack(window).mean()
                 window.clear()
+                if args.logging_nan_inf_filter and loss_sum is not None:
+                    # As HF: a nan/inf loss counts as the mean so far; decided on the device, no sync.
+                    step_loss = torch.where(torch.isfinite(step_loss), step_loss, loss_sum / n_losses)
                 loss_sum = step_loss if loss_sum is None else loss_sum + step_loss
                 n_losses += 1
+                # --adjust_throughput: logging and saving time are not training throughput either.
+                paused = throughput.pause if args.adjust_throughput else contextlib.nullcontext
                 if step % args.logging_steps == 0 or (args.logging_first_step and step == 1):
-                    self._log_step(step, self._mean_across_ranks(step_loss), scheduler, throughput)
+                    with paused():
+                        self._log_step(step, self._mean_across_ranks(step_loss), scheduler, throughput)
                 self._evaluate_if_due(step, False, throughput)
                 if args.save_steps and step % args.save_steps == 0:
-                    self._save(step, epoch, batch_index + 1)
+                    with paused():
+                        self._save(step, epoch, batch_index + 1)
                 if self.on_step_end is not None:
                     self.on_step_end(step)
                 if step >= max_steps:
@@ -278,6 +293,7 @@ class Trainer:
             epoch += 1
         train_loss = self._mean_across_ranks(loss_sum / n_losses) if loss_sum is not None else 0.0
         metrics = {**throughput.metrics(), "train_loss": train_loss, "global_step": step}
+        self._in_train = False
         if self.rank == 0:
             self.writer.log(step, metrics)
         return TrainOutput(step, metrics["train_loss"], metrics)
@@ -363,6 +379,8 @@ class Trainer:
         # Its own generator: an evaluation must not draw from the global RNG the training uses.
         loader = DataLoader(self.eval_dataset, batch_size=args.per_device_eval_batch_size, sampler=sampler,
                             collate_fn=self.collator, generator=torch.Generator())
+        if not self._in_train:
+            self.inference_graphs.on()  # outside training only: replays keep no autograd graph
         self.train_model.eval()
         total: Optional[torch.Tensor] = None
         count = 0

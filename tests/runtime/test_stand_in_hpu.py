@@ -400,3 +400,22 @@ def test_stand_in_bug1_2_5_two_rank_trainer_on_hccl(tmp_path, strategy, buffer):
             assert res["ddp"] == "DistributedDataParallel" and res["bucket_view"] is True
         else:
             assert res["ddp"] == "GPT2LMHeadModel"
+
+
+def test_stand_in_hpu_graphs_for_inference_only_outside_training(hpu_stand_in, tmp_path):
+    # optimum-habana: "Do not use HPU graphs if the training is ongoing because it detaches gradients".
+    from gaudi_launch.runtime.trainer import Trainer
+
+    args = TrainingArguments(device="hpu", use_lazy_mode=True, output_dir=str(tmp_path), max_steps=2,
+                             per_device_train_batch_size=4, per_device_eval_batch_size=4, save_steps=0,
+                             use_hpu_graphs_for_inference=True, max_hpu_graphs=3, eval_strategy="steps",
+                             eval_steps=1)
+    trainer = Trainer(_tiny_lm(), args, train_dataset=_Tokens(), eval_dataset=_Tokens(), log=lambda s: None)
+    trainer.evaluate()  # before training: wrapped
+    start = len(hpu_stand_in)
+    trainer.train()  # evaluates during training too: not through the graphs, and backward works
+    assert "wrap_in_hpu_graph.replay" not in names(hpu_stand_in[start:])
+    trainer.evaluate()
+    wraps = [d for n, d in hpu_stand_in if n == "wrap_in_hpu_graph"]
+    assert len(wraps) == 2 and wraps[0]["max_graphs"] == 3
+    assert names(hpu_stand_in).count("wrap_in_hpu_graph.replay") == 2 * 8  # two evaluations, 8 batches each

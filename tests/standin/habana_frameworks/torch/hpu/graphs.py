@@ -47,5 +47,17 @@ class ModuleCacher(torch.nn.Module):
 
 
 def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs=None):
-    record("wrap_in_hpu_graph", model=type(module).__name__)
+    """As the bridge's: replaces ``module.forward`` in place and returns the module. A replayed
+    graph carries no autograd history, so the stand-in runs the forward without one: training
+    through it fails at backward, as it would on a Gaudi."""
+    record("wrap_in_hpu_graph", model=type(module).__name__, disable_tensor_cache=disable_tensor_cache,
+           max_graphs=max_graphs)
+    orig = module.forward
+
+    def forward(*args, **kwargs):
+        record("wrap_in_hpu_graph.replay")
+        with torch.no_grad():
+            return orig(*args, **kwargs)
+
+    module.forward = forward
     return module
