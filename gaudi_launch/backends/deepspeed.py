@@ -94,6 +94,7 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
                         hint="use --backend mpirun (it honours --include/--exclude), or the pdsh runner")
     check_safe(plan.master_addr, _ADDR, "--master_addr", "host name or address")
     check_safe(directory, jobdir.SAFE_PATH, "TMPDIR", "directory path")
+    check_safe(spec.python, jobdir.SAFE_PATH, "--python", "interpreter path")  # pdsh's line runs it
     argv = [spec.python, "-m", "gaudi_launch.ds_runner"]
     if single_local(plan):
         # One local node: DeepSpeed's single-node mode (given a hostfile it insists on ssh to

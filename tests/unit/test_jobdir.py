@@ -127,6 +127,12 @@ def test_a_job_dir_path_a_shell_would_split_is_refused():
     assert info.value.where == "TMPDIR"
 
 
+def test_an_interpreter_path_a_shell_would_split_is_refused(tmp_path):
+    with pytest.raises(UserError) as info:
+        deepspeed.build_argv(plan_of(), JobSpec(program=["t.py"], python="/opt/my env/bin/python"), {}, str(tmp_path))
+    assert info.value.where == "--python"
+
+
 def test_runner_environment_is_scrubbed():
     environ = {"PATH": "/bin", "HOME": "/root", "PYTHONPATH": "$(touch x)", "MLFLOW_TRACKING_TOKEN": "tok",
                "UCX_TLS": "x", "MV2_X": "y", "NCCL_DEBUG": "INFO", "HF_TOKEN": "hf", "SSH_AUTH_SOCK": "/s",
