@@ -30,7 +30,7 @@ SAFE_PATH = re.compile(r"[A-Za-z0-9_./-]+")
 _JOB_ID = re.compile(r"[0-9a-f]{8,64}")
 
 
-class JobDirError(Exception):
+class JobDirError(ValueError):
     """The per-job directory or file is not what this job created: refuse to use it."""
 
 

@@ -289,6 +289,17 @@ def watch_launcher(grace: float) -> bool:
     return True
 
 
+def cwd_on_path(env: Mapping[str, str], environ: Mapping[str, str], job_dir: str, cwd: str) -> Dict[str, str]:
+    """DeepSpeed's multi-node runners put their working directory first on the ranks' PYTHONPATH;
+    ours is the job directory, so put the launcher's directory there instead, as `deepspeed` would. Pure."""
+    if job_dir not in environ.get("PYTHONPATH", "").split(os.pathsep):
+        return dict(env)
+    rest = env.get("PYTHONPATH")
+    if rest is None:
+        rest = os.pathsep.join(p for p in environ["PYTHONPATH"].split(os.pathsep) if p != job_dir)
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (cwd, rest) if p)}
+
+
 def _whole_lines() -> None:
     # One write per line: ranks sharing a pipe (pdsh, mpirun, our supervisor) must not interleave
     # inside a line, as they do when print() writes its pieces separately (python -u).
@@ -308,7 +319,9 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
             print(f"gaudi-launch worker on {socket.gethostname()}: cannot start from the job file: {exc}",
                   file=sys.stderr)
             return 2
+        job_dir = os.path.dirname(argv[0][len(JOB_FILE_FLAG):])
         env, argv = job["env"], (["-m"] if job["module"] else []) + job["argv"]
+        env = cwd_on_path(env, environ, job_dir, job["cwd"])
         if any(env.get(k, environ.get(k)) != environ.get(k) for k in _STARTUP_VARS):
             os.execve(sys.executable, [sys.executable, "-u", "-m", "gaudi_launch.worker", *argv],
                       {**environ, **env})

@@ -144,7 +144,7 @@ def test_shell_syntax_in_the_working_directory_or_launcher_env_runs_nothing(clus
     probe = cwd / "probe.py"
     probe.write_text("import json, os, socket\n"
                      "print(json.dumps({'rank': os.environ['RANK'], 'host': socket.gethostname(),"
-                     " 'cwd': os.getcwd()}))\n")
+                     " 'cwd': os.getcwd(), 'path0': os.environ.get('PYTHONPATH', '').split(':')[0]}))\n")
     hostfile = cluster.hostfile(slots=2, hosts=[0, 1])
     res = cluster.run_on(0, launch_argv(cluster, "deepspeed", hostfile, "probe.py"), env=env, cwd=str(cwd),
                          capture_output=True, text=True, timeout=240)
@@ -153,3 +153,4 @@ def test_shell_syntax_in_the_working_directory_or_launcher_env_runs_nothing(clus
     seen = rank_lines(res.stdout)
     assert sorted(int(r["rank"]) for r in seen) == [0, 1, 2, 3]
     assert {r["cwd"] for r in seen} == {str(cwd)}  # the ranks still run where the launcher was
+    assert {r["path0"] for r in seen} == {str(cwd)}  # and find its modules first, as with `deepspeed`

@@ -164,3 +164,24 @@ def test_ds_runner_never_installs_deepspeeds_handler():
             "assert s.SIGTERM == signal.SIGTERM\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_the_launchers_directory_replaces_the_job_dir_on_pythonpath():
+    from gaudi_launch.worker import cwd_on_path
+
+    ds = {"PYTHONPATH": "/tmp/gaudi-launch-0123abcd"}  # what DeepSpeed's runner exported
+    assert cwd_on_path({}, ds, "/tmp/gaudi-launch-0123abcd", "/work") == {"PYTHONPATH": "/work"}
+    assert cwd_on_path({"PYTHONPATH": "/mine"}, ds, "/tmp/gaudi-launch-0123abcd", "/work") == \
+        {"PYTHONPATH": "/work:/mine"}
+    assert cwd_on_path({"A": "1"}, {"PYTHONPATH": "/x"}, "/tmp/gaudi-launch-0123abcd", "/work") == {"A": "1"}
+
+
+def test_a_worker_given_another_job_file_refuses_to_start(tmp_path):
+    os.chmod(tmp_path, 0o700)
+    data = jobdir.payload({}, ["t.py"], False, str(tmp_path), "k")
+    jobdir.write_private(str(tmp_path / "job.json"), data)
+    res = subprocess.run([sys.executable, "-m", "gaudi_launch.worker", f"--job-file={tmp_path}/job.json",
+                          "--job-sha256=" + "0" * 64], capture_output=True, text=True)
+    assert res.returncode == 2
+    assert "cannot start from the job file" in res.stderr and "digest" in res.stderr
+    assert "Traceback" not in res.stderr
