@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from gaudi_launch.runtime import checkpoint as ckpt
 from gaudi_launch.runtime.attention import apply_attention
 from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
+from gaudi_launch.runtime.ds_config import load_ds_config, resolve_ds_config
 from gaudi_launch.runtime.device import (DeviceInfo, init_distributed, mark_step, memory_stats, prepare_hpu_env,
                                          select_device, set_dynamic_shapes)
 from gaudi_launch.runtime.fast_ddp import FastDDP
@@ -38,6 +39,25 @@ class TrainOutput:
 
 
 _BUFFER_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # --fast_ddp_buffer_dtype
+
+
+class _EngineScheduler:
+    """DeepSpeed's own LR scheduler (a "scheduler" block in its config): engine.step() steps it."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def step(self) -> None:
+        pass
+
+    def get_last_lr(self) -> List[float]:
+        return list(self.engine.get_lr())
+
+    def state_dict(self) -> dict:
+        return self.engine.lr_scheduler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.engine.lr_scheduler.load_state_dict(state)
 
 
 class PadToWholeBatches(Sampler):
@@ -179,10 +199,27 @@ class Trainer:
     def _init_deepspeed(self) -> None:
         import deepspeed
 
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+        args = self.args
+        hidden = getattr(getattr(self.model, "config", None), "hidden_size", None)
+        config = resolve_ds_config(load_ds_config(args.deepspeed), args, self.world, self._planned_steps(), hidden)
+        # Without an "optimizer" block the Trainer's own optimizer is handed over, as HF does.
+        optimizer = None if "optimizer" in config else make_optimizer(self.model, args, self.info, self.gaudi_config)
+        self.engine, self.optimizer, _, ds_scheduler = deepspeed.initialize(
             model=self.model, model_parameters=[p for p in self.model.parameters() if p.requires_grad],
-            config=self.args.deepspeed)
+            optimizer=optimizer, config=config)
+        self._ds_scheduler = ds_scheduler  # a "scheduler" block: DeepSpeed's own, stepped by the engine
         self.train_model = self.engine
+
+    def _planned_steps(self) -> int:
+        """Optimizer steps this run will take (before any data is loaded)."""
+        args = self.args
+        if args.max_steps > 0:
+            return args.max_steps
+        n = len(self.train_dataset) if self.train_dataset is not None else 0
+        per_rank = math.ceil(n / max(1, self.world))
+        batches = per_rank // args.per_device_train_batch_size if args.dataloader_drop_last else \
+            math.ceil(per_rank / args.per_device_train_batch_size)
+        return max(1, math.ceil(args.num_train_epochs * max(1, batches // max(1, args.gradient_accumulation_steps))))
 
     def _torch_optimizer(self) -> torch.optim.Optimizer:
         """The torch optimizer the schedule drives (DeepSpeed's ZeRO wraps it)."""
@@ -226,7 +263,10 @@ class Trainer:
         accum = max(1, args.gradient_accumulation_steps)
         steps_per_epoch = max(1, len(loader) // accum)
         max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
-        scheduler = make_scheduler(self._torch_optimizer(), args, max_steps)
+        if getattr(self, "_ds_scheduler", None) is not None:
+            scheduler = _EngineScheduler(self.engine)
+        else:
+            scheduler = make_scheduler(self._torch_optimizer(), args, max_steps)
         self.scheduler = scheduler
         step, epoch, skip = 0, 0, 0
         resume = resume_from_checkpoint or args.resume_from_checkpoint

@@ -70,6 +70,40 @@ def test_run_clm_with_deepspeed_zero_on_cpu(tmp_path):
     assert lrs == sorted(lrs, reverse=True) and lrs[-1] == 0  # our schedule drives DeepSpeed's optimizer
 
 
+# optimum-habana's tests/configs/deepspeed_zero_2.json, as it ships: every size "auto", no optimizer block.
+OPTIMUM_ZERO2 = {"steps_per_print": 1, "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                 "gradient_accumulation_steps": "auto", "bf16": {"enabled": True}, "gradient_clipping": 1.0,
+                 "zero_optimization": {"stage": 2, "overlap_comm": False, "reduce_scatter": False,
+                                       "contiguous_gradients": False}}
+
+
+@pytest.mark.parametrize("blocks", ["as shipped", "with auto optimizer and scheduler blocks"])
+def test_run_clm_with_optimum_habanas_zero2_config(tmp_path, blocks):
+    config = dict(OPTIMUM_ZERO2)
+    if blocks != "as shipped":
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                           "weight_decay": "auto", "torch_adam": True}}
+        config["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                                   "warmup_num_steps": "auto",
+                                                                   "total_num_steps": "auto"}}
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps(config))
+    out = tmp_path / "clm"
+    cmd = [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", os.path.join(ROOT, "scripts", "run_clm.py"),
+           "--do_train", "--do_eval", "--output_dir", str(out), "--per_device_train_batch_size", "4",
+           "--gradient_accumulation_steps", "2", "--learning_rate", "4e-3", "--warmup_steps", "2",
+           "--max_steps", "12", "--logging_steps", "2", "--bf16", "--deepspeed", str(ds), "--device", "cpu"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["train"]["global_step"] == 12
+    assert results["eval"]["perplexity"] < 0.9 * results["eval_before"]["perplexity"]
+    lrs = [json.loads(line)["learning_rate"] for line in (out / "metrics.jsonl").read_text().splitlines()
+           if "learning_rate" in line]
+    assert max(lrs) == pytest.approx(4e-3, rel=0.2)  # "auto" took --learning_rate
+    assert lrs[-1] < lrs[0]  # and a decaying schedule drove it (ours, or DeepSpeed's own block)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fast_ddp"])
 def test_stand_in_hpu_run_clm_through_gaudi_launch_takes_every_gaudi_path(tmp_path, strategy):
     """The whole HPU path, launcher to kernel, against the recording habana_frameworks stand-in."""

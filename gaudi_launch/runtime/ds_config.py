@@ -1,0 +1,89 @@
+"""DeepSpeed configs with "auto" values, filled from the training arguments as transformers does it.
+
+optimum-habana's example configs (tests/configs/deepspeed_zero_2.json and the language-modeling
+ones) leave batch sizes, accumulation, precision and optimizer/scheduler settings to "auto":
+HF's ``HfTrainerDeepSpeedConfig.trainer_config_process`` fills them from the TrainingArguments so
+the two cannot disagree. This does the same; an "auto" left that nothing here can fill is an error
+naming its key. Torch-free and pure.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Dict, List, Optional
+
+AUTO = "auto"
+
+
+def load_ds_config(config: Any) -> Dict[str, Any]:
+    """A DeepSpeed config from a path or a dict (a copy: the caller's is never changed)."""
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    try:
+        with open(config) as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"--deepspeed {config}: cannot read it ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--deepspeed {config}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--deepspeed {config}: expected a JSON object")
+    return data
+
+
+def _fill(config: Dict[str, Any], path: str, value: Any) -> None:
+    """Set the value at dotted ``path`` when it is "auto" there (a value the user wrote stands)."""
+    *parents, key = path.split(".")
+    node = config
+    for part in parents:
+        node = node.get(part)
+        if not isinstance(node, dict):
+            return
+    if node.get(key) == AUTO:
+        node[key] = value
+
+
+def _autos(node: Any, prefix: str = "") -> List[str]:
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _autos(v, f"{prefix}{k}.")]
+    return [prefix.rstrip(".")] if node == AUTO else []
+
+
+def resolve_ds_config(config: Dict[str, Any], args: Any, world: int, total_steps: int,
+                      hidden_size: Optional[int] = None) -> Dict[str, Any]:
+    """``config`` with every "auto" filled from ``args`` (TrainingArguments); a new dict.
+
+    ``total_steps`` is the run's optimizer steps (for a scheduler's total_num_steps);
+    ``hidden_size`` the model's (for ZeRO's bucket sizes), when known.
+    """
+    out = copy.deepcopy(config)
+    accum = max(1, args.gradient_accumulation_steps)
+    micro = args.per_device_train_batch_size
+    for path, value in [
+        ("train_micro_batch_size_per_gpu", micro),
+        ("gradient_accumulation_steps", accum),
+        ("train_batch_size", micro * accum * world),
+        ("gradient_clipping", args.max_grad_norm),
+        ("bf16.enabled", bool(args.bf16)),
+        ("fp16.enabled", False),
+        ("optimizer.params.lr", args.learning_rate),
+        ("optimizer.params.betas", [args.adam_beta1, args.adam_beta2]),
+        ("optimizer.params.eps", args.adam_epsilon),
+        ("optimizer.params.weight_decay", args.weight_decay),
+        ("scheduler.params.warmup_min_lr", 0),
+        ("scheduler.params.warmup_max_lr", args.learning_rate),
+        ("scheduler.params.warmup_num_steps", args.warmup_steps),
+        ("scheduler.params.total_num_steps", total_steps),
+    ]:
+        _fill(out, path, value)
+    if hidden_size:
+        _fill(out, "zero_optimization.reduce_bucket_size", hidden_size * hidden_size)
+        _fill(out, "zero_optimization.stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size))
+        _fill(out, "zero_optimization.stage3_param_persistence_threshold", 10 * hidden_size)
+    left = _autos(out)
+    if left:
+        raise ValueError(f"--deepspeed: no value to fill \"auto\" with for {', '.join(left)}: set it in the config")
+    if "optimizer" not in out:
+        # The Trainer hands its own optimizer to DeepSpeed, which ZeRO accepts only when told to.
+        out.setdefault("zero_allow_untested_optimizer", True)
+    return out

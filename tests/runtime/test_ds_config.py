@@ -1,0 +1,54 @@
+"""DeepSpeed configs with "auto" values filled from the training arguments (runtime/ds_config.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gaudi_launch.runtime.args import TrainingArguments
+from gaudi_launch.runtime.ds_config import load_ds_config, resolve_ds_config
+
+ZERO3 = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+         "bf16": {"enabled": "auto"}, "gradient_clipping": "auto",
+         "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": 0.1}},
+         "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": "auto", "total_num_steps": "auto"}},
+         "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                               "stage3_param_persistence_threshold": "auto"}}
+
+
+def test_auto_values_come_from_the_training_arguments_and_written_values_stand():
+    args = TrainingArguments(per_device_train_batch_size=4, gradient_accumulation_steps=3, bf16=True,
+                             max_grad_norm=0.5, learning_rate=2e-4, adam_epsilon=1e-8, weight_decay=0.0,
+                             warmup_steps=7)
+    out = resolve_ds_config(ZERO3, args, world=8, total_steps=100, hidden_size=16)
+    assert (out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"], out["train_batch_size"]) == \
+        (4, 3, 96)
+    assert out["bf16"]["enabled"] is True and out["gradient_clipping"] == 0.5
+    assert out["optimizer"]["params"] == {"lr": 2e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1}
+    assert out["scheduler"]["params"] == {"warmup_num_steps": 7, "total_num_steps": 100}
+    assert out["zero_optimization"]["reduce_bucket_size"] == 256
+    assert "zero_allow_untested_optimizer" not in out  # DeepSpeed builds the optimizer itself
+    assert ZERO3["train_batch_size"] == "auto"  # the caller's dict is untouched
+
+
+def test_an_auto_nothing_can_fill_is_an_error_naming_it():
+    config = dict(ZERO3)
+    with pytest.raises(ValueError, match="zero_optimization.reduce_bucket_size"):
+        resolve_ds_config(config, TrainingArguments(), world=1, total_steps=1, hidden_size=None)
+
+
+def test_without_an_optimizer_block_ours_is_handed_over():
+    out = resolve_ds_config({"zero_optimization": {"stage": 2}}, TrainingArguments(), world=1, total_steps=1)
+    assert out["zero_allow_untested_optimizer"] is True
+
+
+def test_a_config_that_does_not_load_names_the_file_and_line(tmp_path):
+    bad = tmp_path / "ds.json"
+    bad.write_text('{\n  "train_batch_size": auto\n}')
+    with pytest.raises(ValueError, match=rf"{bad}:2: not valid JSON"):
+        load_ds_config(str(bad))
+    with pytest.raises(ValueError, match="cannot read it"):
+        load_ds_config(str(tmp_path / "missing.json"))
+    good = tmp_path / "ok.json"
+    good.write_text(json.dumps({"a": 1}))
+    assert load_ds_config(str(good)) == {"a": 1}
