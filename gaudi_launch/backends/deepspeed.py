@@ -212,20 +212,21 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     jobdir.clean_stale(os.path.dirname(directory))
     write_job_dir(plan, directory, job)
     remote: List[str] = []
+    watch = host_watch(plan, spec, is_local_host)
     try:
         remote = ship_job(plan, spec, directory, job)
-        return _supervise(plan, spec, environ, directory, **supervisor_options)
+        return _supervise(plan, spec, environ, directory, watch, **supervisor_options)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+        remote = [h for h in remote if not (watch and h in watch.lost)]
         if remote:
             on_hosts(remote, [spec.python, "-m", "gaudi_launch.jobdir", "remove", directory], plan.ssh_args,
                      timeout=max(5.0, spec.ssh_timeout))
 
 
-def _supervise(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], directory: str,
+def _supervise(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], directory: str, watch,
                **supervisor_options) -> JobResult:
     hosts = [n.host for n in plan.nodes]
-    watch = host_watch(plan, spec, is_local_host)
 
     def stop(sig: int) -> None:
         alive = [h for h in hosts if not (watch and h in watch.lost)]

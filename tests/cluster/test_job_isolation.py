@@ -111,13 +111,15 @@ def test_no_value_of_the_jobs_environment_on_any_argv_on_any_host(cluster, backe
     assert job.returncode == 128 + signal.SIGTERM, err[-3000:]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_sigkill_of_a_launcher_ends_its_job_only(cluster, backend, tmp_path):
-    other, other_dir, world = start(cluster, backend, tmp_path)
+@pytest.mark.parametrize("backend,launcher", [("local", None), ("mpirun", None), ("deepspeed", "pdsh"),
+                                              ("deepspeed", "openmpi")])
+def test_sigkill_of_a_launcher_ends_its_job_only(cluster, backend, launcher, tmp_path):
+    extra = ["--launcher", launcher] if launcher else []
+    other, other_dir, world = start(cluster, backend, tmp_path, extra=extra)
     victim = None
     try:
         wait_started(other, other_dir, world)
-        victim, victim_dir, _ = start(cluster, backend, tmp_path)
+        victim, victim_dir, _ = start(cluster, backend, tmp_path, extra=extra)
         wait_started(victim, victim_dir, world)
         victims = read_pids(victim_dir)
         victim.kill()
