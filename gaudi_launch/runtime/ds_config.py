@@ -59,6 +59,12 @@ def resolve_ds_config(config: Dict[str, Any], args: Any, world: int, total_steps
     out = copy.deepcopy(config)
     accum = max(1, args.gradient_accumulation_steps)
     micro = args.per_device_train_batch_size
+    for key, flag, ours in (("train_micro_batch_size_per_gpu", "per_device_train_batch_size", micro),
+                            ("gradient_accumulation_steps", "gradient_accumulation_steps", accum)):
+        if out.get(key, AUTO) != AUTO and out[key] != ours:
+            # DeepSpeed would batch differently from the data loader: HF refuses this too.
+            raise ValueError(f"--deepspeed: {key} is {out[key]} but --{flag} is {ours}: make them agree, "
+                             f"or write \"auto\" in the config")
     for path, value in [
         ("train_micro_batch_size_per_gpu", micro),
         ("gradient_accumulation_steps", accum),

@@ -347,21 +347,26 @@ class Trainer:
         args, info = self.args, self.info
         with autocast(info, args, self.gaudi_config):
             out = self.train_model(**batch)
-        loss = (out["loss"] if isinstance(out, dict) else out.loss if hasattr(out, "loss") else out[0]) / accum
+        raw = out["loss"] if isinstance(out, dict) else out.loss if hasattr(out, "loss") else out[0]
         if self.engine is not None:
-            self.engine.backward(loss)
-        else:
-            if args.pipelining_fwd_bwd:
-                mark_step(info)  # let the device run the forward graph while the host builds backward
-            loss.backward()
+            # DeepSpeed scales the loss by its own gradient_accumulation_steps and wants step() after
+            # every micro-batch: it applies the optimizer at its accumulation boundary (as accelerate
+            # drives it for HF's Trainer).
+            self.engine.backward(raw)
+            self.engine.step()
+            mark_step(info)
+            return raw.detach().float()
+        loss = raw / accum
+        if args.pipelining_fwd_bwd:
+            mark_step(info)  # let the device run the forward graph while the host builds backward
+        loss.backward()
         mark_step(info)
         return loss.detach().float() * accum  # stays on the device
 
     def _optimizer_step(self, scheduler) -> None:
         args, info = self.args, self.info
         if self.engine is not None:
-            self.engine.step()
-            scheduler.step()
+            scheduler.step()  # the engine stepped in _micro_step
             mark_step(info)
             return
         if self.fast_ddp is not None:

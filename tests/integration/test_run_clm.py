@@ -100,8 +100,8 @@ def test_run_clm_with_optimum_habanas_zero2_config(tmp_path, blocks):
     assert results["eval"]["perplexity"] < 0.9 * results["eval_before"]["perplexity"]
     lrs = [json.loads(line)["learning_rate"] for line in (out / "metrics.jsonl").read_text().splitlines()
            if "learning_rate" in line]
-    assert max(lrs) == pytest.approx(4e-3, rel=0.2)  # "auto" took --learning_rate
-    assert lrs[-1] < lrs[0]  # and a decaying schedule drove it (ours, or DeepSpeed's own block)
+    assert max(lrs) == pytest.approx(4e-3, rel=0.05)  # "auto" took --learning_rate
+    assert lrs[-1] < 0.35 * max(lrs)  # a decaying schedule over the 12 optimizer steps drove it
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fast_ddp"])

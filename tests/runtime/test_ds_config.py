@@ -37,6 +37,11 @@ def test_an_auto_nothing_can_fill_is_an_error_naming_it():
         resolve_ds_config(config, TrainingArguments(), world=1, total_steps=1, hidden_size=None)
 
 
+def test_sizes_that_disagree_with_the_arguments_are_refused():
+    with pytest.raises(ValueError, match="gradient_accumulation_steps is 4 but --gradient_accumulation_steps is 1"):
+        resolve_ds_config({"gradient_accumulation_steps": 4}, TrainingArguments(), world=1, total_steps=1)
+
+
 def test_without_an_optimizer_block_ours_is_handed_over():
     out = resolve_ds_config({"zero_optimization": {"stage": 2}}, TrainingArguments(), world=1, total_steps=1)
     assert out["zero_allow_untested_optimizer"] is True
