@@ -27,7 +27,9 @@ OWNER_FILE = "owner"
 STALE_AFTER_S = 120.0   # a directory this young may belong to a job whose ranks are still starting
 # What a path on DeepSpeed's pdsh line may contain: it is pasted into a remote shell unquoted.
 SAFE_PATH = re.compile(r"[A-Za-z0-9_./-]+")
-_JOB_ID = re.compile(r"[0-9a-f]{8,64}")
+# What follows PREFIX in a job's directories: its id, or its id and a rank's private directory
+# (the worker's TORCHELASTIC_ERROR_FILE, from mkdtemp), left behind when that rank was SIGKILLed.
+_JOB_DIR_NAME = re.compile(r"([0-9a-f]{8,64})(-rank[0-9]*-[A-Za-z0-9_]+)?")
 
 
 class JobDirError(ValueError):
@@ -158,7 +160,7 @@ def clean_stale(tmp: Optional[str] = None, now: Optional[float] = None) -> List[
     tmp = tmp or tempfile.gettempdir()
     now = time.time() if now is None else now
     try:
-        names = [n for n in os.listdir(tmp) if n.startswith(PREFIX) and _JOB_ID.fullmatch(n[len(PREFIX):])]
+        names = [n for n in os.listdir(tmp) if n.startswith(PREFIX) and _JOB_DIR_NAME.fullmatch(n[len(PREFIX):])]
     except OSError:
         return []
     if not names:
@@ -177,7 +179,8 @@ def clean_stale(tmp: Optional[str] = None, now: Optional[float] = None) -> List[
         except OSError:
             owner = None
         try:
-            stale = is_stale(owner, name[len(PREFIX):], age, live, host)
+            job_id = _JOB_DIR_NAME.fullmatch(name[len(PREFIX):]).group(1)
+            stale = is_stale(owner, job_id, age, live, host)
         except ValueError:
             stale = False
         if stale:

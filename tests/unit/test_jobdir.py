@@ -80,8 +80,10 @@ def test_clean_stale_removes_only_dead_jobs_of_ours(tmp_path):
     os.chmod(other, 0o755)
     unrelated = tmp_path / "gaudi-launch-notajob"
     unrelated.mkdir(mode=0o700)
+    rank_dir = tmp_path / "gaudi-launch-00000004-rank3-ab_c9"  # a SIGKILLed rank's error-file dir
+    rank_dir.mkdir(mode=0o700)
     later = time.time() + 3600
-    assert jobdir.clean_stale(str(tmp_path), now=later) == [str(dead)]
+    assert sorted(jobdir.clean_stale(str(tmp_path), now=later)) == [str(dead), str(rank_dir)]
     assert mine.exists() and other.exists() and unrelated.exists()
 
 
