@@ -104,12 +104,11 @@ def uses_hpu(environ: Mapping[str, str]) -> bool:
 
 def _private_job_dir(job: str) -> Optional[str]:
     """The per-job directory, made 0700 if absent; one that is not ours and private is not used."""
-    from gaudi_launch.jobdir import JobDirError, check_private_dir, clean_stale, path_for
+    from gaudi_launch.jobdir import JobDirError, check_private_dir, path_for
 
     path = path_for(job)
     try:
         os.mkdir(path, 0o700)
-        clean_stale(os.path.dirname(path))  # the first rank of a job here: dead jobs' dirs go
     except FileExistsError:
         try:
             check_private_dir(path)
@@ -119,6 +118,16 @@ def _private_job_dir(job: str) -> Optional[str]:
     except OSError:
         return None
     return path
+
+
+def _clean_dead_jobs() -> None:
+    """One rank per host and job removes what SIGKILLed jobs left in the temporary directory."""
+    from gaudi_launch.jobdir import clean_stale
+
+    try:
+        clean_stale()
+    except OSError:
+        pass  # housekeeping only: never a reason for the rank to fail
 
 
 def _hpu_env(script_args: List[str], environ: Mapping[str, str]) -> Dict[str, str]:
@@ -331,6 +340,8 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
         print("usage: python -m gaudi_launch.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     environ.update(normalize_env(environ, os.cpu_count()))
+    if environ.get("GAUDI_LAUNCH_JOB_ID") and environ.get("LOCAL_RANK") == "0":
+        _clean_dead_jobs()
     environ.update(_error_file(environ))
     try:
         os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)

@@ -77,3 +77,27 @@ def test_job_dir_is_private_left_by_sigkill_and_removed_at_the_next_start(tmp_pa
     assert res.returncode == 0, res.stderr[-3000:]
     assert not job_dir.exists()  # the next start removed the dead job's directory
     assert not [n for n in os.listdir(tmp) if n.startswith("gaudi-launch-") and len(n) == 21]  # nor kept its own
+
+
+def test_a_local_job_removes_what_killed_jobs_left_and_nothing_of_a_live_one(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    dead = [tmp / "gaudi-launch-0000dead", tmp / "gaudi-launch-0000dead-rank1-x_y9"]
+    live = tmp / "gaudi-launch-0000beef"
+    old = time.time() - 3600
+    for d in [*dead, live]:
+        d.mkdir(mode=0o700)
+        os.utime(d, (old, old))
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                              env={**os.environ, "GAUDI_LAUNCH_JOB_ID": "0000beef"})
+    try:
+        done = tmp_path / "done.py"
+        done.write_text("print('ok')\n")
+        res = subprocess.run([sys.executable, "-m", "gaudi_launch", "--num_devices", "1", str(done)],
+                             env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert not any(d.exists() for d in dead)
+        assert live.is_dir()  # a process still carries that job's id
+    finally:
+        holder.kill()
+        holder.wait()
