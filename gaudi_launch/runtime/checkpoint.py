@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -23,6 +24,10 @@ import torch.distributed as dist
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 MODEL, OPTIMIZER, SCHEDULER, STATE = "model.pt", "optimizer.pt", "scheduler.pt", "trainer_state.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read; the message names the file."""
 
 
 def _rng_file(rank: int) -> str:
@@ -140,6 +145,17 @@ def _rotate(output_dir: str, keep_path: str, total_limit: int) -> None:
         _remove(path, output_dir)
 
 
+def _os_error(exc: BaseException) -> Optional[OSError]:
+    """The OSError behind a failed write: torch.save's zip writer reports a full disk as a
+    RuntimeError raised while handling it."""
+    seen = 0
+    while exc is not None and seen < 5:
+        if isinstance(exc, OSError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
 def save_checkpoint(
     output_dir: str,
     step: int,
@@ -177,24 +193,37 @@ def save_checkpoint(
         tmp = box[0]
     assert tmp is not None
 
+    writing = tmp
     try:
-        _save(_rng_state(), os.path.join(tmp, _rng_file(rank)))
+        writing = os.path.join(tmp, _rng_file(rank))
+        _save(_rng_state(), writing)
         if rank == 0:
-            _save(to_host(model.state_dict()), os.path.join(tmp, MODEL))
+            writing = os.path.join(tmp, MODEL)
+            _save(to_host(model.state_dict()), writing)
             if optimizer is not None:
-                _save(to_host(optimizer.state_dict()), os.path.join(tmp, OPTIMIZER))
+                writing = os.path.join(tmp, OPTIMIZER)
+                _save(to_host(optimizer.state_dict()), writing)
             if scheduler is not None:
-                _save(scheduler.state_dict(), os.path.join(tmp, SCHEDULER))
+                writing = os.path.join(tmp, SCHEDULER)
+                _save(scheduler.state_dict(), writing)
             state = {"step": step, "sampler_state": sampler_state, "extra": extra or {}}
-            with open(os.path.join(tmp, STATE), "w") as f:
+            writing = os.path.join(tmp, STATE)
+            with open(writing, "w") as f:
                 json.dump(state, f, indent=2, sort_keys=True)
                 f.flush()
                 os.fsync(f.fileno())
-    except BaseException:
+    except BaseException as exc:
         if rank == 0 and not distributed:
             # Other ranks may still be writing into it in the distributed case; the crash takes
             # the job down anyway and the leftover is ignored by latest_checkpoint.
             shutil.rmtree(tmp, ignore_errors=True)
+        os_error = _os_error(exc)
+        if os_error is not None:  # e.g. disk full: say where, and that nothing older was touched
+            kept = latest_checkpoint(output_dir)
+            raise CheckpointError(f"saving checkpoint-{step} failed writing {writing}: "
+                                  f"{os_error.strerror or os_error}; "
+                                  f"{'the previous checkpoint ' + kept + ' is kept' if kept else 'no older checkpoint exists'}"
+                                  ) from exc
         raise
 
     if distributed:
@@ -213,14 +242,18 @@ def save_checkpoint(
     return final
 
 
+def complete_checkpoints(output_dir: str) -> List[str]:
+    """Every complete ``checkpoint-N`` in ``output_dir``, newest (by N) first."""
+    # Renaming makes every checkpoint-N complete; the check guards against directories that
+    # some other tool (or a person) put there.
+    return [path for _, path in reversed(_checkpoints(output_dir))
+            if os.path.isfile(os.path.join(path, STATE)) and os.path.isfile(os.path.join(path, MODEL))]
+
+
 def latest_checkpoint(output_dir: str) -> Optional[str]:
     """The newest complete ``checkpoint-N`` (by N) in ``output_dir``, or None."""
-    for _, path in reversed(_checkpoints(output_dir)):
-        # Renaming makes every checkpoint-N complete; the check guards against directories that
-        # some other tool (or a person) put there.
-        if os.path.isfile(os.path.join(path, STATE)) and os.path.isfile(os.path.join(path, MODEL)):
-            return path
-    return None
+    found = complete_checkpoints(output_dir)
+    return found[0] if found else None
 
 
 def load_checkpoint(
@@ -235,15 +268,28 @@ def load_checkpoint(
     """Restore model, optimizer, scheduler and this rank's RNG from ``path``; return trainer_state."""
     # weights_only: a checkpoint directory should never be able to run code on load.
     def load(name: str, where: Any = map_location) -> Any:
-        return torch.load(os.path.join(path, name), map_location=where, weights_only=True)
+        file = os.path.join(path, name)
+        try:
+            return torch.load(file, map_location=where, weights_only=True)
+        except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
+            # A truncated or damaged file (a crash or a full disk outside our atomic save).
+            raise CheckpointError(f"{file} cannot be loaded: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                                  ) from exc
 
-    model.load_state_dict(load(MODEL))
+    # Everything is read before anything is applied: a bad file leaves the model as it was.
+    model_state = load(MODEL)
+    optimizer_state = load(OPTIMIZER) if optimizer is not None else None
+    scheduler_state = load(SCHEDULER) if scheduler is not None else None
+    try:
+        with open(os.path.join(path, STATE)) as f:
+            state = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{os.path.join(path, STATE)} cannot be read: {exc}") from exc
+    model.load_state_dict(model_state)
     if optimizer is not None:
-        optimizer.load_state_dict(load(OPTIMIZER))
+        optimizer.load_state_dict(optimizer_state)
     if scheduler is not None:
-        scheduler.load_state_dict(load(SCHEDULER))
-    with open(os.path.join(path, STATE)) as f:
-        state = json.load(f)
+        scheduler.load_state_dict(scheduler_state)
     rng_path = os.path.join(path, _rng_file(rank))
     if os.path.isfile(rng_path):
         # RNG states are CPU byte tensors whatever device the model lives on.

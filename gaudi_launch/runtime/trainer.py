@@ -270,11 +270,9 @@ class Trainer:
         self.scheduler = scheduler
         step, epoch, skip = 0, 0, 0
         resume = resume_from_checkpoint or args.resume_from_checkpoint
-        if resume == "latest" or resume is True:
-            resume = ckpt.latest_checkpoint(args.output_dir)
-        if resume:
-            state = ckpt.load_checkpoint(resume, model=self.model, optimizer=self.optimizer, scheduler=scheduler,
-                                         rank=self.rank)
+        state = self._resume(resume, scheduler) if resume else None
+        if state is not None:
+            resume = state.pop("_path")
             step = int(state["step"])
             epoch = int(state["sampler_state"]["epoch"])
             skip = int(state["sampler_state"]["batches"])
@@ -337,6 +335,25 @@ class Trainer:
         if self.rank == 0:
             self.writer.log(step, metrics)
         return TrainOutput(step, metrics["train_loss"], metrics)
+
+    def _resume(self, resume: Any, scheduler) -> Optional[dict]:
+        """Load the checkpoint to resume from. "latest": the newest that loads, with a warning
+        naming any newer one that does not (truncated, damaged); a path: that one or an error."""
+        latest = resume == "latest" or resume is True
+        candidates = ckpt.complete_checkpoints(self.args.output_dir) if latest else [resume]
+        for i, path in enumerate(candidates):
+            try:
+                state = ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=scheduler,
+                                             rank=self.rank)
+            except ckpt.CheckpointError as exc:
+                if not latest or i + 1 == len(candidates):
+                    raise
+                if self.rank == 0:
+                    warnings.warn(f"{exc}; resuming from the previous checkpoint {candidates[i + 1]} instead",
+                                  stacklevel=3)
+                continue
+            return {**state, "_path": path}
+        return None
 
     def _evaluate_if_due(self, step: int, epoch_end: bool, throughput: Throughput) -> None:
         if self.eval_dataset is not None and evaluation_due(self.args, step, epoch_end):

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gaudi_launch.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from gaudi_launch.runtime.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -117,7 +117,8 @@ def test_failure_mid_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
         return real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", failing_save)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=r"checkpoint-2 failed writing .*optimizer.pt: disk full; the "
+                                              r"previous checkpoint .*checkpoint-1 is kept"):
         quick_save(tmp_path, 2)
     assert os.listdir(tmp_path) == ["checkpoint-1"]  # the temp directory is cleaned up too
     assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-1")
@@ -328,3 +329,69 @@ def test_format_log():
     line = format_log(10, {"loss": 2.34567, "lr": 1e-4, "train_samples_per_second": 1234.5, "epoch": 1, "grad_norm": torch.tensor(0.5)})
     assert line == "step 10 | loss 2.346 | lr 0.0001 | train_samples_per_second 1234.5 | epoch 1 | grad_norm 0.5"
     assert format_log(3, {}) == "step 3"
+
+
+def _truncate(path, keep: int = 100) -> None:
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[:keep])
+
+
+def test_a_truncated_checkpoint_is_an_error_naming_the_file_and_nothing_is_applied(tmp_path):
+    quick_save(tmp_path, 1)
+    _truncate(tmp_path / "checkpoint-1" / "optimizer.pt")
+    model, opt, sched = make(7)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(CheckpointError, match=r"checkpoint-1/optimizer.pt cannot be loaded"):
+        load_checkpoint(str(tmp_path / "checkpoint-1"), model=model, optimizer=opt, scheduler=sched)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # model.pt was fine, yet unapplied
+
+
+def test_resuming_latest_falls_back_past_a_truncated_newest_checkpoint(tmp_path):
+    from gaudi_launch.runtime.args import TrainingArguments
+    from gaudi_launch.runtime.trainer import Trainer
+
+    data = [{"x": torch.randn(4), "y": torch.randn(2)} for _ in range(32)]
+
+    class Reg(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x, y):
+            return {"loss": torch.nn.functional.mse_loss(self.lin(x), y)}
+
+    def trainer(max_steps, resume=None):
+        args = TrainingArguments(output_dir=str(tmp_path), max_steps=max_steps, save_steps=2, logging_steps=1,
+                                 per_device_train_batch_size=4, device="cpu", resume_from_checkpoint=resume)
+        torch.manual_seed(0)
+        return Trainer(Reg(), args, train_dataset=data, log=lambda s: None)
+
+    trainer(4).train()
+    assert latest_checkpoint(str(tmp_path)).endswith("checkpoint-4")
+    _truncate(tmp_path / "checkpoint-4" / "model.pt")
+    again = trainer(6, resume="latest")
+    with pytest.warns(UserWarning, match=r"checkpoint-4/model.pt cannot be loaded.*resuming from the previous "
+                                         r"checkpoint .*checkpoint-2 instead"):
+        out = again.train()
+    assert out.global_step == 6
+    _truncate(tmp_path / "checkpoint-4" / "model.pt")  # the resumed run saved step 4 anew
+    with pytest.raises(CheckpointError, match="checkpoint-4/model.pt cannot be loaded"):
+        trainer(6, resume=str(tmp_path / "checkpoint-4")).train()  # a path given: that one, or an error
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true", reason="mounting a tmpfs needs root")
+def test_disk_full_during_save_names_the_path_and_keeps_the_previous_checkpoint(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(disk)], check=True)
+    try:
+        quick_save(disk, 1)  # small enough to fit
+        model = torch.nn.Linear(256, 256)  # 256 KiB of weights: does not
+        with pytest.raises(CheckpointError, match=r"checkpoint-2 failed writing .*model.pt: No space left on device; "
+                                                  r"the previous checkpoint .*checkpoint-1 is kept"):
+            save_checkpoint(str(disk), 2, model=model, optimizer=None, scheduler=None, sampler_state={})
+        assert sorted(os.listdir(disk)) == ["checkpoint-1"]
+        load_checkpoint(str(disk / "checkpoint-1"), model=make(0)[0])
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
