@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from collections import ChainMap
 from typing import Callable, List, Mapping, Optional, Tuple
 
 from gaudi_launch.contract import VISIBILITY, elastic_env, node_device_env, visible_subset
@@ -142,12 +143,23 @@ def inherited_env(plan: LaunchPlan, host: str, environ: Mapping[str, str]) -> di
     return {**{k: environ[k] for k in plan.exported if k in environ}, **plan.env}
 
 
+def node_visibility_env(node: NodePlan, inherited: Optional[Mapping[str, str]] = None) -> dict:
+    """HABANA_VISIBLE_MODULES/CUDA_VISIBLE_DEVICES for a node's ranks when the user picked devices
+    (--include host:1,3): only those, LOCAL_RANK indexes them. Empty for whole nodes. Pure."""
+    if node.devices == list(range(len(node.devices))):
+        return {}
+    return {name: visible_subset((inherited or {}).get(name), node.devices) for name in VISIBILITY}
+
+
 def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
-                  inherited: Optional[Mapping[str, str]] = None) -> dict:
+                  inherited: Optional[Mapping[str, str]] = None, node_env: Optional[Mapping[str, str]] = None
+                  ) -> dict:
     """torchrun's worker environment (with DeepSpeed's aliases) for one rank. Pure.
 
     ``inherited`` is what the rank would see otherwise (the launcher's environment and the job's):
-    device ids then index the devices that restricts it to.
+    device ids then index the devices that restricts it to. ``node_env``: node_visibility_env,
+    computed once per node by a caller that plans many ranks (per rank it is linear in the node's
+    devices, and planning became quadratic in ranks).
     """
     contract = {
         "RANK": node.ranks[local_rank],
@@ -163,12 +175,10 @@ def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
         "MASTER_PORT": plan.master_port,
         "GAUDI_LAUNCH_JOB_ID": plan.job_id,
     }
-    if node.devices != list(range(len(node.devices))):
-        # The user picked devices (--include host:1,3): show only those, LOCAL_RANK indexes them.
-        for name in VISIBILITY:
-            contract[name] = visible_subset((inherited or {}).get(name), node.devices)
+    contract.update(node_visibility_env(node, inherited) if node_env is None else node_env)
     contract = {k: str(v) for k, v in contract.items()}
-    return {**contract, **elastic_env(contract, {**(inherited or {}), **contract})}
+    # A ChainMap, not a merged copy of the whole environment for every rank.
+    return {**contract, **elastic_env(contract, ChainMap(contract, inherited or {}))}
 
 
 def worker_argv(spec: JobSpec, python: Optional[str] = None) -> List[str]:

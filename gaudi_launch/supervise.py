@@ -267,6 +267,7 @@ class Supervisor:
         # every host, which reaches what left its process group (a rank's setsid/double-fork daemon).
         self.sweep = sweep
         self._swept_kill = False
+        self._spawn_failed = False  # a process failed to start, or already exited non-zero
         self._unseen_reported: set = set()
 
     # ---- output -------------------------------------------------------------------------------
@@ -364,6 +365,7 @@ class Supervisor:
             proc.tail.append(f"gaudi-launch could not start {spec.argv[0]!r}: {exc.strerror or exc}")
             proc.returncode = 127
             proc.ended = proc.started
+            self._spawn_failed = True
             self._events.put(("exit", proc.index))
             return
         proc.state = "running"
@@ -375,6 +377,7 @@ class Supervisor:
 
     def _wait(self, proc: _Proc) -> None:
         proc.returncode = proc.popen.wait()
+        self._spawn_failed = self._spawn_failed or proc.returncode != 0
         proc.ended = time.monotonic()
         self._events.put(("exit", proc.index))
 
@@ -479,7 +482,7 @@ class Supervisor:
 
         for proc in self.procs:
             # A signal or a failure while spawning: start nothing more (the main loop tears down).
-            if self._stop_signal or any(p.returncode not in (None, 0) for p in self.procs):
+            if self._stop_signal or self._spawn_failed:  # (a flag: a scan per spawn is quadratic in ranks)
                 break
             self._spawn(proc)
         pending = {p.index for p in self.procs if p.popen is not None or p.returncode is not None}

@@ -6,7 +6,7 @@ import sys
 from typing import List, Mapping, Optional
 
 from gaudi_launch.plan import Command, LaunchPlan
-from gaudi_launch.planner import rank_contract, worker_argv
+from gaudi_launch.planner import node_visibility_env, rank_contract, worker_argv
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.teardown import job_sweeper
@@ -18,9 +18,10 @@ def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Lis
     # Device ids index what the ranks would inherit: the launcher's environment, then the job's.
     inherited = {**environ, **plan.env}
     for node in plan.nodes:
+        node_env = node_visibility_env(node, inherited)  # once per node: planning stays linear in ranks
         for local_rank, rank in enumerate(node.ranks):
             argv = base + ([f"--local_rank={local_rank}"] if spec.append_local_rank else [])
-            env = rank_contract(plan, node, local_rank, inherited)
+            env = rank_contract(plan, node, local_rank, inherited, node_env)
             out.append(Command(host=node.host, argv=argv, env=env, rank=rank))
     return out
 

@@ -325,3 +325,31 @@ def test_a_job_process_closed_to_inspection_is_reported_not_counted_as_nothing(r
     finally:
         if alive(daemon):
             os.kill(daemon, 9)
+
+
+# ---- item 15: local planning is linear in ranks ------------------------------------------------------
+
+def test_sixteen_thousand_local_ranks_are_planned_with_their_contract(tmp_path):
+    res = gaudi_launch("--num_devices", "16000", "--dry-run", "--json", marker_script(tmp_path), cwd=tmp_path,
+                       timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    import json
+    commands = json.loads(res.stdout)["commands"]
+    assert len(commands) == 16000
+    last = commands[-1]["env"]
+    assert (last["RANK"], last["LOCAL_RANK"], last["WORLD_SIZE"], last["CROSS_SIZE"]) == ("15999", "15999", "16000", "1")
+
+
+def test_local_planning_computes_device_visibility_once_per_node(monkeypatch, tmp_path):
+    from gaudi_launch.backends import local
+    from gaudi_launch.planner import build_plan
+    from gaudi_launch.spec import JobSpec
+
+    calls = []
+    real = local.node_visibility_env
+    monkeypatch.setattr(local, "node_visibility_env", lambda node, env: calls.append(node.host) or real(node, env))
+    (tmp_path / "hosts").write_text("localhost slots=4000\n")
+    plan = build_plan(JobSpec(program=["train.py"], hostfile=str(tmp_path / "hosts"), include="localhost:1-3999"
+                              .replace("1-3999", ",".join(map(str, range(1, 4000))))), environ={})
+    assert len(plan.commands) == 3999 and calls == ["localhost"]
+    assert plan.commands[-1].env["CUDA_VISIBLE_DEVICES"].split(",")[-1] == "3999"
