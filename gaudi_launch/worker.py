@@ -102,8 +102,8 @@ def uses_hpu(environ: Mapping[str, str]) -> bool:
             and importlib.util.find_spec("habana_frameworks") is not None)
 
 
-def _private_job_dir(job: str) -> Optional[str]:
-    """The per-job directory, made 0700 if absent; one that is not ours and private is not used."""
+def _private_job_dir(job: str) -> str:
+    """The per-job directory, made 0700 if absent; OSError for one that is not ours and private."""
     from gaudi_launch.jobdir import JobDirError, check_private_dir, path_for
 
     path = path_for(job)
@@ -112,11 +112,8 @@ def _private_job_dir(job: str) -> Optional[str]:
     except FileExistsError:
         try:
             check_private_dir(path)
-        except (OSError, JobDirError) as exc:
-            print(f"gaudi-launch worker: not using {path}: {exc}", file=sys.stderr)
-            return None
-    except OSError:
-        return None
+        except JobDirError as exc:
+            raise OSError(str(exc)) from None
     return path
 
 
@@ -136,8 +133,8 @@ def _hpu_env(script_args: List[str], environ: Mapping[str, str]) -> Dict[str, st
     from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
 
     job = environ.get("GAUDI_LAUNCH_JOB_ID", "")
-    job_dir = _private_job_dir(job) if job else None
     try:
+        job_dir = _private_job_dir(job) if job else None
         return hpu_env_for_script(script_args, environ, job_dir)
     except OSError as exc:  # e.g. an unwritable TMPDIR: the runtime tries again, later
         print(f"gaudi-launch worker: could not write the autocast op lists ({exc}); set TMPDIR to a "

@@ -187,3 +187,19 @@ def test_a_worker_given_another_job_file_refuses_to_start(tmp_path):
     assert res.returncode == 2
     assert "cannot start from the job file" in res.stderr and "digest" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_the_workers_job_dir_is_made_private_and_an_open_one_refused(tmp_path, monkeypatch):
+    import tempfile
+
+    from gaudi_launch.worker import _private_job_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = _private_job_dir("0123abcd")
+    assert os.stat(path).st_mode & 0o777 == 0o700
+    assert _private_job_dir("0123abcd") == path  # the job's other ranks share it
+    planted = tmp_path / "gaudi-launch-0000feed"
+    planted.mkdir(mode=0o777)
+    os.chmod(planted, 0o777)
+    with pytest.raises(OSError, match="mode 777"):
+        _private_job_dir("0000feed")
