@@ -154,6 +154,10 @@ def finish_plan(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, 
             apply_facts(plan, report.facts, environ)
         else:
             plan.notes.append("no pre-flight (--no-ssh-check): interface and CPU binding are left to defaults")
+            if "StrictHostKeyChecking=accept-new" in plan.ssh_args:
+                plan.notes.append("host keys: ssh accepts and remembers the key of a host it has not seen "
+                                  "(accept-new); --strict-host-keys, or StrictHostKeyChecking yes in your ssh "
+                                  "config, refuses it")
     efa = spec.efa if spec.efa is not None else fabric.efa_present()
     if efa:
         plan.notes.append("EFA: HCCL_OVER_OFI=1 and the EFA libraries on LD_LIBRARY_PATH"

@@ -353,3 +353,24 @@ def test_local_planning_computes_device_visibility_once_per_node(monkeypatch, tm
                               .replace("1-3999", ",".join(map(str, range(1, 4000))))), environ={})
     assert len(plan.commands) == 3999 and calls == ["localhost"]
     assert plan.commands[-1].env["CUDA_VISIBLE_DEVICES"].split(",")[-1] == "3999"
+
+
+# ---- item 8: whose host-key policy the job's ssh follows (the plan; tests/cluster/test_security.py runs it) --
+
+@pytest.mark.parametrize("config_line, extra, policy, noted", [
+    ("", [], "StrictHostKeyChecking=accept-new", True),
+    ("    StrictHostKeyChecking yes\n", [], None, False),
+    ("    StrictHostKeyChecking accept-new\n", ["--strict-host-keys"], "StrictHostKeyChecking=yes", False),
+])
+def test_the_users_ssh_config_decides_host_keys(tmp_path, config_line, extra, policy, noted):
+    import json
+    (tmp_path / "hosts").write_text("node-a slots=1\nnode-b slots=1\n")
+    (tmp_path / "ssh_config").write_text("Host node-*\n    ForwardAgent yes\n" + config_line)
+    res = gaudi_launch("--hostfile", "hosts", "--ssh-config", "ssh_config", "--no-ssh-check", "--backend", "mpirun",
+                       *extra, "--dry-run", "--json", marker_script(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    plan = json.loads(res.stdout)
+    keys = [a for a in plan["ssh_args"] if a.startswith("StrictHostKeyChecking=")]
+    assert keys == ([policy] if policy else [])
+    assert "ForwardAgent=no" in plan["ssh_args"]
+    assert any(n.startswith("host keys: ssh accepts") for n in plan["notes"]) == noted
