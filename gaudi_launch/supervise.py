@@ -29,6 +29,7 @@ EXIT_HOST_LOST = 4       # a host stopped answering mid-run
 TAIL_KEEP = 200          # lines of output remembered per process for the summary
 TAIL_LINE_CHARS = 2000   # each remembered line is cut to this: tails stay bounded in bytes too
 LINE_READ_MAX = 1 << 20  # bytes read as one line at most (a line without newline never ends)
+RECORDS_KEEP = 1024      # error records kept per process (one per failing rank; a loop could print more)
 SUMMARY_LINES = 25       # lines shown when there is no traceback
 TRACEBACK_LINES = 60     # at most this much of a traceback
 _COLORS = ["36", "33", "35", "32", "34", "31", "96", "93"]
@@ -332,7 +333,8 @@ class Supervisor:
             record = _parse_record(text[len(ERROR_MARKER):])
             if record is not None:
                 with self._write_lock:
-                    proc.records.append(record)
+                    if len(proc.records) < RECORDS_KEEP:
+                        proc.records.append(record)
                 if proc.spec.ranks is not None:
                     self._events.put(("rank failed", proc.index))  # don't wait for the others
                 return

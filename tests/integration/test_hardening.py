@@ -374,3 +374,17 @@ def test_the_users_ssh_config_decides_host_keys(tmp_path, config_line, extra, po
     assert keys == ([policy] if policy else [])
     assert "ForwardAgent=no" in plan["ssh_args"]
     assert any(n.startswith("host keys: ssh accepts") for n in plan["notes"]) == noted
+
+
+def test_error_records_kept_per_process_are_bounded():
+    import io
+    import json
+
+    from gaudi_launch.supervise import RECORDS_KEEP, ProcSpec, Supervisor
+    from gaudi_launch.worker import ERROR_MARKER
+    record = json.dumps({"rank": 0, "exit_code": 1, "traceback": "x" * 10000})
+    code = f"import sys\nfor i in range(3000): print({ERROR_MARKER + record!r})\nsys.exit(1)"
+    spec = ProcSpec(rank=0, host="localhost", argv=[sys.executable, "-c", code], env=dict(os.environ))
+    result = Supervisor([spec], stdout=io.StringIO(), stderr=io.StringIO(), handle_signals=False).run()
+    assert result.exit_code == 1 and len(result.procs[0].records) == RECORDS_KEEP
+    assert result.culprit.rank == 0
