@@ -385,7 +385,7 @@ print(json.dumps({{"loss": out.train_loss, "eval": ev["eval_loss"], "sum": float
 """
 
 
-@pytest.mark.parametrize("strategy,buffer", [("ddp", "-"), ("fast_ddp", "bf16"), ("fast_ddp", "fp32")])
+@pytest.mark.parametrize("strategy,buffer", [("ddp", "-"), ("fast_ddp", "-"), ("fast_ddp", "bf16"), ("fast_ddp", "fp32")])
 def test_stand_in_bug1_2_5_two_rank_trainer_on_hccl(tmp_path, strategy, buffer):
     # Before: losses all-reduced as CPU float64 on hccl (1), ModuleCacher(DDP(model)) (2), and
     # getattr(torch, "bf16") for the fast_ddp buffer (5): each crashed a 2-rank HPU run.
