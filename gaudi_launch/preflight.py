@@ -211,10 +211,11 @@ def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
             file = shlex.quote(kh) if kh and kh != default_kh else "~/.ssh/known_hosts"
             offers = text.split("it offers ", 1)[1].rstrip(")") if "it offers " in text else None
             return (f"unknown host key for {kh_name}" + (f" ({offers})" if offers else "")
-                    + f", not in {file}, and --strict-host-keys is set",
+                    + f", not in {file}, and new keys are refused "
+                    "(--strict-host-keys, or StrictHostKeyChecking yes/ask in the ssh config)",
                     "check the key's fingerprint with the host's admin, then add it: "
                     f"ssh-keyscan{port_opt} {shlex.quote(name)} >> {file}; "
-                    "or run without --strict-host-keys to accept new keys")
+                    "or let new keys in (no --strict-host-keys; StrictHostKeyChecking accept-new)")
         if "protocol banner" in low or "no existing session" in low:
             # paramiko says "No existing session" when the handshake never finished (its connect
             # wait ran out just before the banner timeout): not a key problem.
@@ -493,7 +494,8 @@ def _target(entry: str, opts: SshOptions, config) -> _Target:
         files = str(conf.get("userknownhostsfile", "")).split()
         known = files[0] if files else "~/.ssh/known_hosts"
     globals_ = str(conf.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts")).split()
-    strict = opts.strict or str(conf.get("stricthostkeychecking", "")).lower() == "yes"
+    # "ask" under BatchMode (the job's ssh always has it) refuses an unknown key, as "yes" does.
+    strict = opts.strict or str(conf.get("stricthostkeychecking", "")).lower() in ("yes", "ask")
     return _Target(entry=entry, name=name, hostname=hostname, user=user, port=port, key_files=key_files,
                    look_for_keys=look, allow_agent=not identities_only, known_hosts=_expand(known),
                    global_known_hosts=[_expand(g) for g in globals_], strict=strict,

@@ -60,6 +60,17 @@ def test_users_strict_host_key_checking_wins_without_preflight(cluster, backend,
     assert known.read_text() == ""  # nothing was trusted behind the user's back
 
 
+@pytest.mark.parametrize("strict", ["yes", "ask"])
+def test_preflight_follows_the_users_strict_host_key_checking(cluster, strict, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    config = user_config(cluster, tmp_path, strict=strict, known_hosts=str(known))
+    res = job(cluster, "mpirun", tmp_path, config, probe_script(tmp_path))
+    assert res.returncode == 3, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "unknown host key for 10.213.0.11" in res.stderr and "new keys are refused" in res.stderr, res.stderr
+    assert "gaudi-launch: job" not in res.stderr and known.read_text() == ""
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_strict_host_keys_applies_to_the_jobs_own_ssh(cluster, backend, tmp_path):
     known = tmp_path / "known_hosts"
