@@ -177,6 +177,24 @@ def test_failed_log_write_is_reported_once_and_output_and_exit_status_go_on(tmp_
     assert 0 < os.path.getsize(logs / "rank-0.log") <= 16384
 
 
+def test_read_only_log_dir_is_reported_once_and_the_job_goes_on(tmp_path):
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("needs root for a read-only bind mount")
+        pytest.skip("needs root for a read-only bind mount")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    # The launcher alone sees the directory read-only: a bind mount in its own mount namespace.
+    ro = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+    argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", ro, "ro", str(logs), sys.executable,
+            "-m", "gaudi_launch", "--num_devices", "2", "--log-dir", str(logs), printer(tmp_path, code=4)]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 4, res.stderr
+    assert res.stderr.count("cannot write") == 2  # once per rank's log
+    assert f"cannot write {logs}/rank-1.log: Read-only file system" in res.stderr
+    assert "[rank 1] rank 1 line 2 " in res.stdout and os.listdir(logs) == []
+
+
 # ---- item 15: output tails are bounded in bytes ------------------------------------------------------
 
 def test_a_huge_line_is_shown_whole_but_kept_cut_in_the_summary(tmp_path):
