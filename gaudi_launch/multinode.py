@@ -65,20 +65,37 @@ def configured_host_keys(hosts: List[str], config_path: Optional[str]) -> Option
         paths = [os.path.expanduser(config_path)]  # ssh -F reads that file only
     else:
         paths = [os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config"]
+    for path in paths:
+        value = _config_value(path, hosts, "stricthostkeychecking")
+        if value:
+            return value
+    return None
+
+
+def _config_value(path: str, hosts: List[str], key: str, depth: int = 0) -> Optional[str]:
+    """``key`` from one ssh config file for any of ``hosts``, following its Include lines (which
+    paramiko leaves to the caller; distributions keep settings in /etc/ssh/ssh_config.d)."""
+    import glob
+
     import paramiko  # multi-host plans only
 
-    for path in paths:
+    try:
+        config = paramiko.SSHConfig.from_path(path)
+    except Exception:  # missing or unreadable: ssh itself reports a bad -F file
+        return None
+    for host in hosts:
         try:
-            config = paramiko.SSHConfig.from_path(path)
-        except Exception:  # missing or unreadable: ssh itself reports a bad -F file
+            found = config.lookup(host.rsplit("@", 1)[-1].strip("[]"))
+        except Exception:  # Match exec and other lookups paramiko cannot evaluate
             continue
-        for host in hosts:
-            try:
-                value = config.lookup(host.rsplit("@", 1)[-1].strip("[]")).get("stricthostkeychecking")
-            except Exception:  # Match exec and other lookups paramiko cannot evaluate
-                continue
-            if value:
-                return str(value)
+        if found.get(key):
+            return str(found[key])
+        for pattern in str(found.get("include", "")).split() if depth < 8 else ():
+            base = os.path.dirname(path) if path.startswith("/etc/") else os.path.expanduser("~/.ssh")
+            for included in sorted(glob.glob(os.path.join(base, os.path.expanduser(pattern)))):
+                value = _config_value(included, [host], key, depth + 1)
+                if value:
+                    return value
     return None
 
 

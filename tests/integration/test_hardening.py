@@ -406,3 +406,15 @@ def test_error_records_kept_per_process_are_bounded():
     result = Supervisor([spec], stdout=io.StringIO(), stderr=io.StringIO(), handle_signals=False).run()
     assert result.exit_code == 1 and len(result.procs[0].records) == RECORDS_KEEP
     assert result.culprit.rank == 0
+
+
+def test_host_key_policy_in_an_included_ssh_config_file_counts(tmp_path):
+    import json
+    (tmp_path / "hosts").write_text("node-a slots=1\nnode-b slots=1\n")
+    (tmp_path / "conf.d").mkdir()
+    (tmp_path / "conf.d" / "50-cluster.conf").write_text("Host node-*\n    StrictHostKeyChecking yes\n")
+    (tmp_path / "ssh_config").write_text(f"Include {tmp_path}/conf.d/*.conf\nHost *\n    SendEnv LANG\n")
+    res = gaudi_launch("--hostfile", "hosts", "--ssh-config", "ssh_config", "--no-ssh-check", "--backend", "mpirun",
+                       "--dry-run", "--json", marker_script(tmp_path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert not [a for a in json.loads(res.stdout)["ssh_args"] if a.startswith("StrictHostKeyChecking=")]
