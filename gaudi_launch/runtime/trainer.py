@@ -12,7 +12,7 @@ import os
 import random
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -132,7 +132,9 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, args: TrainingArguments, train_dataset=None, eval_dataset=None,
                  data_collator: Optional[Callable] = None, gaudi_config: Optional[GaudiConfig] = None,
                  tokens_per_sample: Optional[int] = None, log: Callable[[str], None] = print,
-                 on_step_end: Optional[Callable[[int], None]] = None):
+                 on_step_end: Optional[Callable[[int], None]] = None,
+                 eval_metrics: Optional[Callable[[Any, Dict[str, torch.Tensor]], Dict[str, Tuple[torch.Tensor,
+                                                                                         torch.Tensor]]]] = None):
         self.args = args
         if gaudi_config is None:
             gaudi_config = GaudiConfig.from_pretrained(args.gaudi_config_name) if args.gaudi_config_name else GaudiConfig()
@@ -151,6 +153,9 @@ class Trainer:
         self.tokens_per_sample = tokens_per_sample
         self._log = log
         self.on_step_end = on_step_end
+        # (model output, batch) -> {name: (numerator, denominator)} device tensors, summed over
+        # batches and ranks: e.g. masked-token accuracy. No host sync per batch.
+        self.eval_metrics = eval_metrics
         self._eval_warned = False
         _seed_everything(args.seed)
         apply_attention(model, args, self.info)
@@ -446,18 +451,29 @@ class Trainer:
         self.train_model.eval()
         total: Optional[torch.Tensor] = None
         count = 0
+        sums: Dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for batch in loader:
+                batch = self._to_device(batch)
                 with autocast(info, args, self.gaudi_config):
-                    out = self.train_model(**self._to_device(batch))
+                    out = self.train_model(**batch)
                 mark_step(info)
                 loss = (out["loss"] if isinstance(out, dict) else out.loss).detach().float()
                 total = loss if total is None else total + loss  # on the device: no sync per batch
                 count += 1
+                for name, (num, den) in (self.eval_metrics(out, batch) if self.eval_metrics else {}).items():
+                    pair = torch.stack([num.detach().float(), den.detach().float()])
+                    sums[name] = pair if name not in sums else sums[name] + pair
         self.train_model.train()
         loss = self._mean_across_ranks(total / count) if total is not None else \
             self._mean_across_ranks(torch.zeros((), device=info.device))
         metrics = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+        for name in sorted(sums):
+            pair = sums[name]
+            if self.world > 1:
+                dist.all_reduce(pair)
+            num, den = pair.tolist()
+            metrics[name] = num / den if den else float("nan")
         if self.rank == 0:
             self.writer.log(-1 if step is None else step, metrics)
             if step is not None:

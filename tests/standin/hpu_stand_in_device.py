@@ -105,6 +105,10 @@ class HpuTensor(torch.Tensor):
     def __repr__(self) -> str:  # no grad_fn noise, and never a device-mixing op
         return f"HpuTensor({self.elem!r})"
 
+    def tolist(self):  # a device-to-host copy, as on Gaudi (torch refuses tolist on subclasses itself)
+        _record("host_sync", op="tolist")
+        return self.elem.tolist()
+
     def __reduce_ex__(self, protocol):
         # torch.save of hpu tensors works on Gaudi (storage copied to the host); keep that possible.
         return (_rebuild, (self.elem.detach().clone(), self.requires_grad))
