@@ -58,7 +58,7 @@ def launch(
     num_nodes: Optional[int] = typer.Option(None, "--num_nodes", "--num-nodes", help="Use the first N hosts of the hostfile."),
     num_devices: Optional[int] = typer.Option(None, "--num_devices", "--num-devices", "--num_gpus", "--num-gpus", "--nproc_per_node", help="Devices (ranks) per node. Default: every slot, or the detected device count."),
     world_size: Optional[int] = typer.Option(None, "--world_size", "--world-size", help="gaudi_spawn.py's name for --num_devices."),
-    backend: str = typer.Option("auto", "--backend", help="auto, local, mpirun or deepspeed. auto: local for this host alone, else mpirun."),
+    backend: str = typer.Option("auto", "--backend", help="auto, local, mpirun, deepspeed or slurm. auto: slurm inside a Slurm allocation without --hostfile, local for this host alone, else mpirun."),
     use_mpi: bool = typer.Option(False, "--use_mpi", "--use-mpi", help="gaudi_spawn.py: same as --backend mpirun."),
     use_deepspeed: bool = typer.Option(False, "--use_deepspeed", "--use-deepspeed", help="gaudi_spawn.py: same as --backend deepspeed."),
     master_addr: Optional[str] = typer.Option(None, "--master_addr", "--master-addr", help="Rendezvous address. Default: 127.0.0.1 locally, else the first host."),
@@ -84,6 +84,10 @@ def launch(
     hccl_ofi_wrapper: Optional[str] = typer.Option(None, "--hccl-ofi-wrapper", "--hccl_ofi_wrapper", help="Directory of hccl_ofi_wrapper. Default: $HCCL_OFI_WRAPPER, else /root/hccl_ofi_wrapper."),
     launcher: str = typer.Option("pdsh", "--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi."),
     launcher_args: Optional[str] = typer.Option(None, "--launcher-args", "--launcher_args", help="With --backend deepspeed: extra arguments for its runner (one string)."),
+    partition: Optional[str] = typer.Option(None, "--partition", help="With --backend slurm from a login node: srun's partition."),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="With --backend slurm from a login node: srun's time limit (e.g. 1:00:00)."),
+    account: Optional[str] = typer.Option(None, "--account", help="With --backend slurm from a login node: srun's account."),
+    slurm_args: Optional[str] = typer.Option(None, "--slurm-args", "--slurm_args", help="With --backend slurm: more srun options, one string (split like a shell would, never run by one)."),
     device: Optional[str] = typer.Option(None, "--device", help="hpu, cuda or cpu for the ranks' training runtime (default: what the host has)."),
     dry_run: bool = typer.Option(False, "--dry-run", "--dry_run", help="Print the plan; start nothing."),
     json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as one JSON object."),
@@ -178,7 +182,8 @@ def _launch(v: dict) -> int:
         ssh_port=v["ssh_port"], ssh_identity=v["ssh_identity"], ssh_config=v["ssh_config"],
         ssh_timeout=v["ssh_timeout"], strict_host_keys=v["strict_host_keys"], ssh_check=not v["no_ssh_check"],
         export_prefixes=list(v["export_prefix"] or []), efa=v["efa"], hccl_ofi_wrapper=v["hccl_ofi_wrapper"],
-        launcher=v["launcher"], launcher_args=v["launcher_args"])
+        launcher=v["launcher"], launcher_args=v["launcher_args"], partition=v["partition"],
+        time=v["time_limit"], account=v["account"], slurm_args=v["slurm_args"])
     if v["python"]:
         spec.python = v["python"]
     if v["check_only"] and v["no_ssh_check"]:

@@ -86,6 +86,10 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
 
     environ = os.environ if environ is None else environ
     spec.validate(require_program)
+    from gaudi_launch.backends import slurm
+
+    if slurm.wanted(spec, environ):  # the allocation (or srun's) is the hostfile: no ssh, no pre-flight
+        return slurm.build_plan(spec, environ)
     selected, hosts, notes = resolve_hosts(spec, detect)
     backend = choose_backend(spec, selected, hosts)
     if spec.master_addr:

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 from gaudi_launch.errors import UserError
 
-BACKENDS = ("auto", "local", "mpirun", "deepspeed")
+BACKENDS = ("auto", "local", "mpirun", "deepspeed", "slurm")
 MAX_DEVICES = 65536  # per node: far above any real host, low enough that a plan fits in memory
 
 
@@ -43,6 +43,11 @@ class JobSpec:
     hccl_ofi_wrapper: Optional[str] = None
     launcher: str = "pdsh"                 # DeepSpeed's multi-node runner: pdsh or openmpi
     launcher_args: Optional[str] = None
+    # Slurm (--backend slurm from a login node): srun's allocation options, and the user's own.
+    partition: Optional[str] = None
+    time: Optional[str] = None
+    account: Optional[str] = None
+    slurm_args: Optional[str] = None
 
     def validate(self, require_program: bool = True) -> "JobSpec":
         if require_program and not self.program:

@@ -76,6 +76,7 @@ class Culprit:
     host: str
     status: str
     excerpt: List[str]
+    exit_code: Optional[int] = None  # its own code, when its launcher returns another (srun: 143)
 
 
 @dataclass
@@ -554,6 +555,8 @@ class Supervisor:
             record_code = first_result.records[0].get("exit_code") if first_result.records else None
             if len(first_result.rank_hosts) > 1 and isinstance(record_code, int) and record_code:
                 code = record_code  # the failing rank's own code, not its launcher's
+            elif culprit is not None and culprit.exit_code:
+                code = culprit.exit_code
         elif self.lost:
             code = EXIT_HOST_LOST
         elif interrupted:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-NAMES = ("local", "mpirun", "deepspeed")
+NAMES = ("local", "mpirun", "deepspeed", "slurm")
 
 
 def get_backend(name: str) -> ModuleType:

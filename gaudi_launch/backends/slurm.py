@@ -1,0 +1,287 @@
+"""Backend ``slurm``: one ``srun`` starts every rank through gaudi_launch.worker.
+
+Inside an allocation (salloc, sbatch: SLURM_JOB_ID set) the allocation is the hostfile: its nodes
+come from ``scontrol show hostnames $SLURM_JOB_NODELIST`` and --include/--exclude/--num_nodes select
+among them as among a hostfile's hosts. From a login node srun allocates the nodes itself
+(--num_nodes, --partition, --time, --account, --slurm-args), so the ranks find the master (the
+step's first node) and the port (derived from the job id) themselves, in the worker.
+
+Values never reach a command line or a shell: srun gets ``--export=ALL`` and carries its own
+environment, which holds the job's values, to the ranks. Teardown: srun's SIGTERM kills the step
+with SIGKILL at once and SIGINT needs repeating within a second, so the step is signalled with
+``scancel --signal=TERM JOB.STEP`` (the grace period holds), then SIGKILLed like every backend.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+from gaudi_launch import slurm
+from gaudi_launch.contract import node_device_env
+from gaudi_launch.envfile import is_secret, load_env_files
+from gaudi_launch.errors import UserError
+from gaudi_launch.hostfile import Host
+from gaudi_launch.hostselect import select
+from gaudi_launch.plan import Command, LaunchPlan, NodePlan
+from gaudi_launch.spec import JobSpec
+
+LATER = "(allocated by srun)"   # a node's name in a plan made before srun allocated the nodes
+FIRST_NODE = "(first node of the step)"  # the master, when srun picks the nodes
+# Names the ranks get from srun (the worker maps them) or from us: the launcher's own values of
+# these must not leak into the ranks (e.g. a stale MASTER_ADDR in the login node's shell).
+CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "NODE_RANK",
+            "GROUP_RANK", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def wanted(spec: JobSpec, environ: Mapping[str, str]) -> bool:
+    """--backend slurm, or auto inside an allocation without a hostfile. Pure."""
+    return spec.backend == "slurm" or (spec.backend == "auto" and spec.hostfile is None
+                                       and slurm.in_allocation(environ))
+
+
+def step_name(plan: LaunchPlan) -> str:
+    return f"gaudi-launch-{plan.job_id}"
+
+
+# ---------------------------------------------------------------- planning (pure, given the facts)
+
+def select_nodes(spec: JobSpec, environ: Mapping[str, str],
+                 hostnames: Callable[[str, Mapping[str, str]], List[str]]) -> Tuple[List[Tuple[str, List[int]]], List[str], bool]:
+    """(selected (node, device ids), notes, inside an allocation)."""
+    notes: List[str] = []
+    if slurm.in_allocation(environ):
+        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+        nodes = hostnames(nodelist, environ)
+        if not nodes:
+            raise UserError("the allocation has no nodes", where="SLURM_JOB_NODELIST")
+        alloc = slurm.allocation_tasks(environ, len(nodes))
+        if spec.num_devices:
+            counts = [spec.num_devices] * len(nodes)
+        elif alloc:
+            counts = alloc
+            notes.append(f"ranks per node from the allocation (job {environ['SLURM_JOB_ID']}): "
+                         + ",".join(map(str, alloc)))
+        else:
+            counts = [1] * len(nodes)
+            notes.append("the allocation gives no tasks per node: 1 rank per node (give --num_devices N)")
+        hosts = [Host(name=n, slots=c, line=0) for n, c in zip(nodes, counts)]
+        selected = select(hosts, include=spec.include or None, exclude=spec.exclude or None)
+        if spec.num_nodes is not None and spec.num_nodes > len(selected):
+            raise UserError(f"asked for {spec.num_nodes} nodes but the allocation (job {environ['SLURM_JOB_ID']}) "
+                            f"has only {len(selected)} selected", where="--num_nodes",
+                            hint=f"pass --num_nodes {len(selected)} or fewer, or allocate more nodes "
+                                 "(salloc/sbatch -N)")
+        selected = selected[:spec.num_nodes]
+        notes.append(f"Slurm job {environ['SLURM_JOB_ID']}: nodes {', '.join(nodes)}")
+        return selected, notes, True
+    # From a login node: srun allocates; --include/--exclude name nodes for --nodelist/--exclude.
+    named = _node_names(spec.include, "--include")
+    _node_names(spec.exclude, "--exclude")
+    count = spec.num_nodes or (len(named) if named else 1)
+    if named and count != len(named):
+        raise UserError(f"--include names {len(named)} node(s) but --num_nodes is {count}", where="--num_nodes",
+                        hint="leave --num_nodes out, or name as many nodes")
+    k = spec.num_devices or 1
+    if not spec.num_devices:
+        notes.append("1 rank per node: give --num_devices N for N ranks (devices) per node")
+    notes.append("srun allocates the nodes; each rank sets MASTER_ADDR to the step's first node and "
+                 "MASTER_PORT from the Slurm job id")
+    return [(named[i] if named else LATER, list(range(k))) for i in range(count)], notes, False
+
+
+def _node_names(selector: Optional[str], option: str) -> List[str]:
+    """Node names of a selector; device slots cannot be chosen before srun allocates. Pure."""
+    if not selector:
+        return []
+    names = [part.strip() for part in selector.split("@") if part.strip()]
+    if any(":" in n for n in names):
+        raise UserError(f"{option} picks devices, which is possible only inside an allocation", where=option,
+                        hint="name whole nodes ('node1@node2'), or run gaudi-launch inside salloc/sbatch")
+    return names
+
+
+def build_plan(spec: JobSpec, environ: Mapping[str, str],
+               hostnames: Callable[[str, Mapping[str, str]], List[str]] = slurm.scontrol_hostnames) -> LaunchPlan:
+    """The plan of a Slurm job. Pure except ``hostnames`` and reading the env files (as every plan)."""
+    from gaudi_launch import fabric
+    from gaudi_launch.planner import layout
+
+    if spec.hostfile is not None:
+        raise UserError("--backend slurm takes its nodes from Slurm, not from a hostfile", where="--hostfile",
+                        hint="leave --hostfile out (inside salloc/sbatch the allocation is the hostfile)")
+    if spec.no_python and spec.module:
+        raise UserError("--module and --no_python cannot be used together", where="--module")
+    selected, notes, inside = select_nodes(spec, environ, hostnames)
+    nodes = layout(selected)
+    if len({len(n.ranks) for n in nodes}) != 1:
+        counts = ", ".join(f"{n.host}: {len(n.ranks)}" for n in nodes)
+        raise UserError(f"srun starts the same number of ranks on every node, but this selection is uneven "
+                        f"({counts})", where="--include" if spec.include else "--exclude",
+                        hint=f"add --num_devices {min(len(n.ranks) for n in nodes)}")
+    job_id = environ.get("SLURM_JOB_ID", "")
+    master_addr = spec.master_addr or (nodes[0].host if inside else FIRST_NODE)
+    master_port = spec.master_port or (slurm.port_for_job(job_id) if inside else 0)
+    env, sources = load_env_files(explicit=spec.env_file, environ=environ)
+    env.update(spec.env)
+    if sources:
+        notes.append("environment files read: " + ", ".join(sources))
+    import secrets
+
+    plan = LaunchPlan(backend="slurm", world_size=sum(len(n.ranks) for n in nodes), master_addr=master_addr,
+                      master_port=master_port, nodes=nodes, env=env, commands=[], program=list(spec.program),
+                      notes=notes, job_id=secrets.token_hex(4))
+    # srun --export=ALL: the ranks get the launcher's whole environment; these are named so that
+    # secret-looking ones are masked in output like the other backends' exported variables.
+    plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
+    plan.exported_secrets = {n: environ[n] for n in plan.exported if is_secret(n) and environ[n]}
+    efa = spec.efa if spec.efa is not None else fabric.efa_present()
+    plan.env.update(fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=None,
+                                      wrapper_dir=spec.hccl_ofi_wrapper))
+    if any(n.devices != list(range(len(n.devices))) for n in nodes):
+        plan.env.update(node_device_env([n.devices for n in nodes], [dict(environ)] * len(nodes)))
+    plan.commands = commands(plan, spec, environ)
+    return plan
+
+
+def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool) -> List[str]:
+    """srun's whole command line. Pure."""
+    from gaudi_launch.planner import worker_argv
+
+    if spec.append_local_rank:  # one argv for every rank: it cannot carry each one's number
+        raise UserError("--append-local-rank is not available with srun: ranks read LOCAL_RANK",
+                        where="--append-local-rank")
+    k = len(plan.nodes[0].ranks)
+    argv = ["srun", f"--job-name={step_name(plan)}", f"--nodes={len(plan.nodes)}",
+            f"--ntasks={plan.world_size}", f"--ntasks-per-node={k}"]
+    named = [n.host for n in plan.nodes if n.host != LATER]
+    if named:
+        argv.append("--nodelist=" + ",".join(named))
+    if not inside and spec.exclude:
+        argv.append("--exclude=" + ",".join(_node_names(spec.exclude, "--exclude")))
+    # A failing rank ends the step at once; --label tags each line with its rank; the values
+    # travel in srun's own environment (names and values never on argv).
+    argv += ["--kill-on-bad-exit=1", "--label", "--export=ALL"]
+    if not inside:
+        for option, value in (("--partition", spec.partition), ("--time", spec.time), ("--account", spec.account)):
+            if value:
+                argv.append(f"{option}={value}")
+    if spec.slurm_args:
+        try:
+            argv += shlex.split(spec.slurm_args)  # the user's own srun options, as a list: no shell
+        except ValueError as exc:
+            raise UserError(f"cannot split --slurm-args: {exc}", where="--slurm-args") from None
+    return argv + worker_argv(spec)
+
+
+def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
+    inside = slurm.in_allocation(environ)
+    env = {"GAUDI_LAUNCH_JOB_ID": plan.job_id, slurm.RANKS_FROM: "slurm", "GAUDI_LAUNCH_GRACE": str(spec.grace)}
+    if plan.master_addr != FIRST_NODE:
+        env["MASTER_ADDR"] = plan.master_addr
+    if plan.master_port:
+        env["MASTER_PORT"] = str(plan.master_port)
+    host = plan.nodes[0].host if inside else "localhost"
+    return [Command(host=host, argv=build_argv(plan, spec, inside=inside), env=env)]
+
+
+def srun_env(plan: LaunchPlan, environ: Mapping[str, str]) -> Dict[str, str]:
+    """srun's whole environment: the launcher's without its own rank layout, the job's, ours. Pure."""
+    base = {k: v for k, v in environ.items() if k not in CONTRACT}
+    return {**base, **plan.env, **plan.commands[0].env}
+
+
+# ---------------------------------------------------------------- srun's output
+
+_LABEL = re.compile(r"^ *(\d+): ")
+# srun's report of a task: "srun: error: gls-n1: task 3: Exited with exit code 7",
+# "srun: error: gls-n0: tasks 0-1: Terminated"
+_TASK = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.*)$")
+
+
+def srun_demux():
+    """--label prefixes each line of a rank with 'N: ' (padded to the widest rank)."""
+    def demux(line: Optional[str]):
+        if line is None:
+            return []
+        m = _LABEL.match(line)
+        if m:
+            return [(int(m.group(1)), line[m.end():])]
+        return [(None, line)]
+    return demux
+
+
+def _first_task(ids: str) -> int:
+    return int(re.split(r"[,-]", ids)[0])
+
+
+def task_failed(line: str) -> bool:
+    """srun's word that a task ended badly (it then ends the step: --kill-on-bad-exit)."""
+    return bool(_TASK.match(line))
+
+
+def explain(lines: List[str]):
+    """The first task srun reported as failed, with its own exit code (srun itself returns 143)."""
+    from gaudi_launch.supervise import Culprit
+
+    for line in lines:
+        m = _TASK.match(line)
+        if not m:
+            continue
+        what = m.group(3).strip()
+        code = re.fullmatch(r"Exited with exit code (\d+)", what)
+        if code and code.group(1) == "0":
+            continue
+        status = f"exit code {code.group(1)}" if code else what
+        culprit = Culprit(_first_task(m.group(2)), m.group(1), status, [])
+        if code:
+            culprit.exit_code = int(code.group(1))
+        return culprit
+    return None
+
+
+# ---------------------------------------------------------------- running
+
+def _slurm_cmd(argv: List[str], env: Mapping[str, str], timeout: float = 20.0) -> Optional[str]:
+    try:
+        out = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def stopper(name: str, env: Mapping[str, str]) -> Callable[[int], None]:
+    """Signal the job's step by name: SIGTERM reaches the ranks and the grace period holds."""
+    def stop(sig: int) -> None:
+        steps = (_slurm_cmd(["squeue", "--me", "-h", "-s", "-n", name, "-o", "%i"], env) or "").split()
+        if steps:
+            what = "KILL" if sig == signal.SIGKILL else "TERM"
+            _slurm_cmd(["scancel", f"--signal={what}", *steps], env)
+        else:
+            # Not started yet: a job srun is still waiting for (from a login node) is cancelled.
+            _slurm_cmd(["scancel", "--me", f"--name={name}"], env)
+    return stop
+
+
+def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = None,
+        **supervisor_options):
+    import shutil
+
+    from gaudi_launch.supervise import ProcSpec, Supervisor
+
+    environ = os.environ if environ is None else environ
+    env = srun_env(plan, environ)
+    if shutil.which("srun", path=env.get("PATH")) is None:
+        raise UserError("srun is not installed on this host", where="--backend slurm",
+                        hint="run gaudi-launch where Slurm's client commands are (a login node or inside "
+                             "an allocation), or use --hostfile with --backend mpirun")
+    cmd = plan.commands[0]
+    ranks = {r: ("" if n.host == LATER else n.host) for n in plan.nodes for r in n.ranks}
+    proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env=env, label="srun", ranks=ranks,
+                    demux=srun_demux, explain=explain, stop=stopper(step_name(plan), env), alarm=task_failed)
+    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
+                      **supervisor_options).run()

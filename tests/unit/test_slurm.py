@@ -1,0 +1,188 @@
+"""The slurm backend's decisions, from crafted Slurm variables: no Slurm needed."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+
+import pytest
+
+from gaudi_launch import slurm
+from gaudi_launch.backends import slurm as backend
+from gaudi_launch.cli import main
+from gaudi_launch.errors import UserError
+from gaudi_launch.planner import build_plan
+from gaudi_launch.spec import JobSpec
+from gaudi_launch.worker import normalize_env
+
+GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden")
+ALLOC = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gn[01-03]", "SLURM_TASKS_PER_NODE": "2(x3)",
+         "PATH": "/usr/bin:/bin"}
+
+
+def plan_for(environ=None, **spec):
+    return backend.build_plan(JobSpec(program=["train.py", "--bf16"], backend="slurm", efa=False, **spec),
+                              dict(ALLOC if environ is None else environ),
+                              hostnames=lambda text, env: slurm.expand_hostlist(text))
+
+
+@pytest.mark.parametrize("text,names", [
+    ("gls-n[0-2]", ["gls-n0", "gls-n1", "gls-n2"]),
+    ("a1,b[08-10],c", ["a1", "b08", "b09", "b10", "c"]),
+    ("r[1-2]n[1,3]", ["r1n1", "r1n3", "r2n1", "r2n3"]),
+])
+def test_host_list_expanded_as_scontrol_does(text, names):
+    assert slurm.expand_hostlist(text) == names
+
+
+def test_tasks_per_node_and_port():
+    assert slurm.parse_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert slurm.port_for_job("4242") == 24242 and slurm.port_for_job("24242") == 24242
+    with pytest.raises(UserError):
+        slurm.parse_tasks_per_node("2(y3)")
+
+
+def test_auto_is_slurm_inside_an_allocation_only():
+    spec = JobSpec(program=["t.py"], num_devices=1)
+    assert backend.wanted(spec, ALLOC)
+    assert not backend.wanted(spec, {**ALLOC, "SLURM_STEP_ID": "0"})  # gaudi-launch run by srun itself
+    assert not backend.wanted(spec, {})
+    assert not backend.wanted(JobSpec(program=["t.py"], hostfile="h"), ALLOC)
+
+
+def test_plan_inside_allocation_from_slurm_facts():
+    plan = plan_for()
+    assert [n.host for n in plan.nodes] == ["gn01", "gn02", "gn03"]
+    assert [n.ranks for n in plan.nodes] == [[0, 1], [2, 3], [4, 5]]
+    assert (plan.master_addr, plan.master_port) == ("gn01", 24242)
+    cmd = plan.commands[0]
+    assert cmd.argv[:9] == ["srun", f"--job-name=gaudi-launch-{plan.job_id}", "--nodes=3", "--ntasks=6",
+                            "--ntasks-per-node=2", "--nodelist=gn01,gn02,gn03", "--kill-on-bad-exit=1",
+                            "--label", "--export=ALL"]
+    assert cmd.argv[9:] == [sys.executable, "-u", "-m", "gaudi_launch.worker", "train.py", "--bf16"]
+    assert cmd.env["MASTER_ADDR"] == "gn01" and cmd.env["MASTER_PORT"] == "24242"
+
+
+def test_selection_as_for_hostfiles():
+    plan = plan_for(exclude="gn02", num_devices=1, master_port=29600)
+    assert [(n.host, n.ranks) for n in plan.nodes] == [("gn01", [0]), ("gn03", [1])]
+    assert "--nodelist=gn01,gn03" in plan.commands[0].argv and plan.master_port == 29600
+    plan = plan_for(num_nodes=2)
+    assert "--nodelist=gn01,gn02" in plan.commands[0].argv
+    plan = plan_for(include="gn02:1@gn03:1")  # a device subset travels as on the other backends
+    assert plan.env["GAUDI_LAUNCH_NODE_DEVICES"] == "1;1"
+    with pytest.raises(UserError, match="uneven"):
+        plan_for(include="gn02:1@gn03")
+    with pytest.raises(UserError, match="only 3"):
+        plan_for(num_nodes=4)
+
+
+def test_plan_from_login_node():
+    plan = plan_for(environ={"PATH": "/bin"}, num_nodes=2, num_devices=8, partition="gaudi", time="1:00:00",
+                    account="proj", slurm_args="--exclusive --comment 'a b'")
+    argv = plan.commands[0].argv
+    assert argv[:5] == ["srun", f"--job-name=gaudi-launch-{plan.job_id}", "--nodes=2", "--ntasks=16",
+                        "--ntasks-per-node=8"]
+    assert argv[5:14] == ["--kill-on-bad-exit=1", "--label", "--export=ALL", "--partition=gaudi",
+                          "--time=1:00:00", "--account=proj", "--exclusive", "--comment", "a b"]
+    assert "MASTER_ADDR" not in plan.commands[0].env  # the ranks take the step's first node
+    with pytest.raises(UserError, match="inside an allocation"):
+        plan_for(environ={}, include="n1:0,1")
+    assert "--exclude=n1,n2" in plan_for(environ={}, exclude="n1@n2").commands[0].argv
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(UserError, match="hostfile"):
+        plan_for(hostfile="h")
+    with pytest.raises(UserError, match="slurm-args"):
+        plan_for(slurm_args="'unclosed")
+    with pytest.raises(UserError, match="LOCAL_RANK"):
+        plan_for(append_local_rank=True)
+
+
+def test_values_travel_in_srun_environment_not_argv():
+    secret = 'x $(touch /tmp/p) "q"\n\'s'
+    plan = plan_for(env={"MY_VALUE": secret, "HF_TOKEN": "tok-123456"})
+    env = backend.srun_env(plan, {**ALLOC, "RANK": "7", "MASTER_ADDR": "stale", "HOME": "/root"})
+    assert env["MY_VALUE"] == secret and env["HOME"] == "/root" and env[slurm.RANKS_FROM] == "slurm"
+    assert env["MASTER_ADDR"] == "gn01" and "RANK" not in env
+    assert not any(secret in a or "tok-123456" in a for a in plan.commands[0].argv)
+    assert "tok-123456" not in plan.to_json()
+
+
+def test_rank_layout_from_srun_variables():
+    env = {slurm.RANKS_FROM: "slurm", "GAUDI_LAUNCH_JOB_ID": "j", "RANK": "99", "SLURM_JOB_ID": "7",
+           "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_NUM_TASKS": "4",
+           "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NODELIST": "c[5-6]"}
+    out = normalize_env(env)
+    assert {k: out[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+                                "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE")} == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1",
+        "CROSS_SIZE": "2", "MASTER_ADDR": "c5", "MASTER_PORT": "20007", "GROUP_WORLD_SIZE": "2"}
+    given = normalize_env({**env, "MASTER_ADDR": "m", "MASTER_PORT": "29600"})
+    assert "MASTER_ADDR" not in given and "MASTER_PORT" not in given  # the launcher's are kept
+
+
+def test_srun_output_read_back():
+    demux = backend.srun_demux()
+    assert demux(" 3: hello: world") == [(3, "hello: world")]
+    assert demux("srun: error: gn02: task 3: Exited with exit code 7") == [
+        (None, "srun: error: gn02: task 3: Exited with exit code 7")]
+    lines = ["srun: error: gn02: task 3: Exited with exit code 7", "srun: error: gn01: tasks 0-1: Terminated"]
+    culprit = backend.explain(lines)
+    assert (culprit.rank, culprit.host, culprit.status, culprit.exit_code) == (3, "gn02", "exit code 7", 7)
+    assert backend.task_failed(lines[1]) and not backend.task_failed(" 0: srun: error: x")
+    assert backend.explain(["srun: error: gn01: task 0: Segmentation fault"]).status == "Segmentation fault"
+
+
+def test_dry_run_needs_no_slurm(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun, no scontrol
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["--backend", "slurm", "--num_nodes", "2", "--num_devices", "2", "--dry-run", "t.py"])
+    assert rc == 0, err.getvalue()
+    assert "srun --job-name=gaudi-launch-" in out.getvalue() and "--ntasks=4" in out.getvalue()
+
+
+@pytest.mark.parametrize("name,args,environ", [
+    ("slurm-allocation", ["--exclude", "gaudi2"],
+     {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "gaudi[1-3]", "SLURM_NTASKS_PER_NODE": "8"}),
+    ("slurm-login", ["--backend", "slurm", "--num_nodes", "2", "--num_devices", "8", "--partition", "gaudi2",
+                     "--time", "2:00:00", "--account", "ml", "--slurm-args", "--exclusive --mem=0"], {}),
+])
+def test_dry_run_json_matches_golden(name, args, environ, monkeypatch, tmp_path):
+    for key in list(os.environ):
+        if key.startswith(("SLURM_", "HCCL_", "PT_HPU", "HABANA_", "GC_", "HLS_", "HBN_", "SYN", "DS_ENV")) \
+                or key in ("LD_LIBRARY_PATH", "PYTHONPATH"):
+            monkeypatch.delenv(key, raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".deepspeed_env").write_text("NCCL_DEBUG=INFO\n")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["--dry-run", "--json", "--no-efa", *args, "train.py", "--bf16"])
+    assert rc == 0, err.getvalue()
+    assert "hf_secret_value" not in out.getvalue()
+    data = json.loads(out.getvalue())
+    text = json.dumps(data).replace(data["job_id"], "JOB").replace(sys.executable, "PYTHON")
+    text = text.replace(str(tmp_path), "HOME")
+    plan = json.loads(text)
+    path = os.path.join(GOLDEN, f"{name}.json")
+    if os.environ.get("GOLDEN_UPDATE") == "1":
+        with open(path, "w") as f:
+            json.dump(plan, f, indent=2, sort_keys=True)
+            f.write("\n")
+    with open(path) as f:
+        assert plan == json.load(f)
+
+
+def test_planner_hands_slurm_plans_over(monkeypatch):
+    plan = build_plan(JobSpec(program=["t.py"], efa=False), environ={**ALLOC, "SLURM_JOB_NODELIST": "x[1-2]"})
+    assert plan.backend == "slurm" and [n.host for n in plan.nodes] == ["x1", "x2"]
