@@ -42,6 +42,15 @@ _SOURCES = {
 
 def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Dict[str, str]:
     """The torchrun names (plus DeepSpeed's aliases) filled in from whichever launcher ran us. Pure."""
+    if env.get("GAUDI_LAUNCH_RANKS_FROM") == "slurm":
+        # srun started us (the slurm backend): its task variables are the layout, whatever
+        # RANK/LOCAL_RANK/... came along in srun's environment.
+        from gaudi_launch.slurm import rank_layout
+
+        layout = rank_layout(env)
+        merged = {**env, **layout, "GAUDI_LAUNCH_RANKS_FROM": ""}
+        combined = {**layout, **normalize_env(merged, cpu_count)}
+        return {k: v for k, v in combined.items() if env.get(k) != v}
     out: Dict[str, str] = {}
     for name, sources in _SOURCES.items():
         for src in sources:
@@ -194,10 +203,14 @@ def emit_error_record(record: dict) -> None:
 def _term_whole_group(signum, _frame) -> None:
     # We lead our own process group: take the rank's children (data loader workers, helpers) with
     # us, whoever sent the SIGTERM (our supervisor, mpirun's orted, DeepSpeed's launch.py).
-    signal.signal(signum, signal.SIG_DFL)
+    # Ignored until the group has it: a second SIGTERM (the parent-death signal comes again as a
+    # killed launcher's threads exit one by one) would otherwise end us before our children.
+    signal.signal(signum, signal.SIG_IGN)
     if _ERROR_DIR:
         shutil.rmtree(_ERROR_DIR, ignore_errors=True)
     os.killpg(0, signum)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _close_process_group() -> None:
