@@ -148,10 +148,10 @@ def series(rows: List[Dict[str, Any]], key: str) -> Tuple[List[int], List[float]
 
 
 def bench_kind(data: Any) -> Optional[str]:
-    """"launch", "mfu", "train" or None, from a benchmark JSON's content."""
+    """"launch", "mfu", "train", "seed" or None, from a benchmark JSON's content."""
     if not isinstance(data, dict):
         return None
-    if data.get("bench") in ("launch", "mfu", "train"):
+    if data.get("bench") in ("launch", "mfu", "train", "seed"):
         return data["bench"]
     results = data.get("results")
     if isinstance(results, dict) and results and all(
@@ -337,6 +337,31 @@ def plot_train_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
     return written
 
 
+def plot_seed_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
+    """bench_seed.py: per workload and batch size, our runtime beside transformers' Trainer."""
+    names, vals, notes, colors = [], [], [], []
+    for row in data.get("rows", []):
+        label = f"{row['workload']} b={row['batch_per_device']}"
+        for side, key, color in (("ours", "ours_samples_per_s", "C0"),
+                                 ("transformers", "transformers_samples_per_s", "C1")):
+            value = _number(row.get(key))
+            names.append(f"{label}: {side}")
+            vals.append(value)
+            note = f"{_fmt(value)} samples/s" if value is not None else "not measured"
+            if side == "ours" and row.get("ratio"):
+                note += f" ({_ratio(row['ratio'], 'vs transformers')})"
+            notes.append(note)
+            colors.append(color)
+    if not names:
+        raise ReportError("the seed benchmark JSON has no rows to plot")
+    env = data.get("environment", {})
+    title = f"seed workloads, {data.get('config', {}).get('ranks', '?')} ranks on {env.get('device', '?')} (median)"
+    written: List[str] = []
+    _hbars(names, vals, [None] * len(vals), [None] * len(vals), notes, "samples/s (higher is better)", title,
+           os.path.join(out, f"{stem}.png"), written, colors)
+    return written
+
+
 def plot_launch_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
     baseline = data.get("baseline", "mpirun (raw)")
     names, vals, lows, highs, notes, colors = [], [], [], [], [], []
@@ -455,7 +480,7 @@ def _load(source: str) -> Tuple[str, Any]:
     kind = bench_kind(data)
     if kind is None:
         raise ReportError(f"{path}: not a benchmark result this knows (from scripts/bench/bench_train.py, "
-                          "bench_launch.py or bench_mfu.py); for a run, give its directory or metrics.jsonl")
+                          "bench_launch.py, bench_mfu.py or bench_seed.py); for a run, give its directory or metrics.jsonl")
     return kind, data
 
 
@@ -487,7 +512,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             stem = os.path.splitext(os.path.basename(args.source))[0]
             written = {"train": plot_train_bench, "launch": plot_launch_bench,
-                       "mfu": plot_mfu_bench}[kind](data, out, stem)
+                       "mfu": plot_mfu_bench, "seed": plot_seed_bench}[kind](data, out, stem)
     except MissingMatplotlib as exc:
         print(f"gaudi-launch report: error: matplotlib is not installed ({exc})\n"
               f"  hint: {INSTALL_HINT}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """Training throughput, side by side in one invocation: our Trainer (fast_ddp and DDP) against
-transformers' Trainer, same tiny GPT-2, data, batch, steps and 2 CPU ranks, warm-up excluded the
+transformers' Trainer, same tiny model (GPT-2; --workload mlm: BERT, t5: T5), data, batch, steps and 2 CPU ranks, warm-up excluded the
 same way (the clock starts after --warmup optimizer steps). Prints a table and writes JSON.
 
     .venv/bin/python scripts/bench/bench_train.py [--steps 40] [--warmup 5] [--repeats 1] [--json out.json]
@@ -26,19 +26,33 @@ RESULT = "BENCH-RESULT "
 
 
 def common(args):
+    """(model, dataset, collator) of the workload: the seed's causal LM (tiny GPT-2), BERT masked-LM
+    pre-training (tiny BERT) or T5 summarization (tiny T5), from the shipped corpus."""
     import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
-    from gaudi_launch.runtime import data
+    from gaudi_launch.runtime import data, mlm, summarization
 
     texts = data.load_text_files(None, None)
     tokenizer = data.load_tokenizer(None)
-    blocks = data.tokenize_and_group(texts["train"], tokenizer, args.block)
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(os.path.join(data.ASSETS, "tiny-gpt2"))
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    return model, data.BlockDataset(blocks), data.causal_lm_collator
+    workload = getattr(args, "workload", "clm")
+    if workload == "t5":
+        pairs = summarization.fable_pairs(texts["train"])
+        encoded = summarization.encode_pairs(pairs, tokenizer, args.block, 32)
+        config = AutoConfig.from_pretrained(os.path.join(data.ASSETS, "tiny-t5"))
+        # fixed shapes: every batch costs the same, as on a device that compiles per shape
+        return (AutoModelForSeq2SeqLM.from_config(config), summarization.ListDataset(encoded),
+                summarization.Seq2SeqCollator(tokenizer.pad_token_id, args.block, 32))
+    blocks = data.tokenize_and_group(texts["train"], tokenizer, args.block)
+    if workload == "mlm":
+        mask_id = mlm.add_mask_token(tokenizer)
+        config = AutoConfig.from_pretrained(os.path.join(data.ASSETS, "tiny-bert"))
+        config.vocab_size = len(tokenizer)
+        return (AutoModelForMaskedLM.from_config(config), data.BlockDataset(blocks),
+                mlm.MLMCollator(mask_id, len(tokenizer), 0.15, [tokenizer.pad_token_id]))
+    config = AutoConfig.from_pretrained(os.path.join(data.ASSETS, "tiny-gpt2"))
+    return AutoModelForCausalLM.from_config(config), data.BlockDataset(blocks), data.causal_lm_collator
 
 
 def role_ours(args) -> dict:
@@ -88,7 +102,7 @@ def run_config(extra, args) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "gaudi_launch", "--num_devices", str(args.ranks), os.path.abspath(__file__),
                *extra, "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
-               "--block", str(args.block), "--out", out]
+               "--block", str(args.block), "--out", out, "--workload", getattr(args, "workload", "clm")]
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800)
     for line in res.stdout.splitlines():
         if RESULT in line:
@@ -103,7 +117,7 @@ def drive(args) -> None:
         for name, extra in CONFIGS:
             runs[name].append(run_config(extra, args))
     base = statistics.median(r["samples_per_s"] for r in runs["transformers Trainer, DDP"])
-    print(f"training throughput: tiny GPT-2, {args.ranks} CPU ranks (gloo), batch {args.batch}x{args.block} tokens "
+    print(f"training throughput: tiny {args.workload}, {args.ranks} CPU ranks (gloo), batch {args.batch}x{args.block} tokens "
           f"per rank, {args.steps} steps, first {args.warmup} excluded, {args.repeats} repeat(s); "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
     print(environment_line(env))
@@ -127,6 +141,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--role", choices=["ours", "hf"])
     p.add_argument("--strategy", default="fast_ddp")
+    p.add_argument("--workload", choices=["clm", "mlm", "t5"], default="clm")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--batch", type=int, default=8)

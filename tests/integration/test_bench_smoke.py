@@ -118,3 +118,16 @@ def test_bench_train_tiny(tmp_path):
         assert entry["samples_per_s"] and all(positive(x) for x in entry["samples_per_s"]), (name, entry)
         assert positive(entry["median"]) and positive(entry["step_ms"]) and positive(entry["ratio"])
     report(out, tmp_path / "plots")
+
+
+def test_bench_seed_prints_the_guides_table_and_writes_json(tmp_path):
+    path = tmp_path / "seed.json"
+    out = run_bench("bench_seed.py", "--steps", "4", "--warmup", "1", "--batch-scale", "0.125",
+                    "--workloads", "mlm,t5", "--json", str(path), timeout=600)
+    assert "Gaudi2 1580.2, A100 981.6 (BERT-Large, 8 devices)" in out  # the guide's figures beside ours
+    data = json.loads(path.read_text())
+    assert_environment(data["environment"])
+    assert [(r["workload"], r["batch_per_device"]) for r in data["rows"]] == [("mlm", 4), ("mlm", 8), ("t5", 1)]
+    assert all(positive(r["ours_samples_per_s"]) and positive(r["transformers_samples_per_s"])
+               and positive(r["ratio"]) and r["devices"] == 2 for r in data["rows"])
+    report(path, tmp_path / "plots")

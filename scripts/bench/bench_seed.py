@@ -1,0 +1,73 @@
+"""The guide's benchmark table for the seed's workloads, on whatever this machine has: per workload and
+batch size per device, samples/s with the warm-up steps excluded, our runtime (fast_ddp) beside
+transformers' Trainer (DDP) on the same tiny model, data, batch, steps and ranks, run interleaved.
+
+    .venv/bin/python scripts/bench/bench_seed.py [--steps 30] [--warmup 5] [--repeats 1] [--json out.json]
+
+The guide's own figures (BERT-Large phase 1, 8 devices: Gaudi2 1580.2 / 1835.8 samples/s at batch
+32 / 64, A100 981.6 / 1082.6) are printed beside ours for reference: different hardware and models,
+not a comparison. It is a benchmark, not a test: it never passes or fails on time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_launch import environment, environment_line  # noqa: E402  (same directory)
+from bench_train import run_config  # noqa: E402
+
+# (workload, model, batch sizes per device, tokens per sample): the guide's BERT batches, T5 as fine-tuned.
+WORKLOADS = [("clm", "tiny GPT-2 (causal LM)", [8], 64),
+             ("mlm", "tiny BERT (masked LM, phase-1 style)", [32, 64], 64),
+             ("t5", "tiny T5 (summarization)", [8], 128)]
+GUIDE = {("mlm", 32): "Gaudi2 1580.2, A100 981.6 (BERT-Large, 8 devices)",
+         ("mlm", 64): "Gaudi2 1835.8, A100 1082.6 (BERT-Large, 8 devices)"}
+SIDES = [("ours", ["--role", "ours", "--strategy", "fast_ddp"]), ("transformers", ["--role", "hf"])]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--workloads", default="clm,mlm,t5")
+    p.add_argument("--batch-scale", type=float, default=1.0, help="scale the batch sizes (a quick run: 0.25)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    env = environment()
+    chosen = [w for w in WORKLOADS if w[0] in args.workloads.split(",")]
+    runs = {}
+    for _ in range(args.repeats):  # interleaved: machine noise hits every configuration alike
+        for workload, _, batches, block in chosen:
+            for batch in batches:
+                for side, extra in SIDES:
+                    cfg = argparse.Namespace(ranks=args.ranks, steps=args.steps, warmup=args.warmup, block=block,
+                                             batch=max(1, int(batch * args.batch_scale)), workload=workload)
+                    runs.setdefault((workload, batch, side), []).append(run_config(extra, cfg)["samples_per_s"])
+    print(f"seed workloads: {args.ranks} ranks on {env['device']}, {args.steps} steps, first {args.warmup} "
+          f"excluded, {args.repeats} repeat(s), samples/s median")
+    print(environment_line(env))
+    print(f"{'workload':38} {'batch/device':>12} {'devices':>7} {'ours':>9} {'transformers':>12} {'ratio':>6}  guide")
+    rows = []
+    for workload, name, batches, block in chosen:
+        for batch in batches:
+            ours = statistics.median(runs[(workload, batch, "ours")])
+            hf = statistics.median(runs[(workload, batch, "transformers")])
+            used = max(1, int(batch * args.batch_scale))
+            rows.append({"workload": workload, "model": name, "batch_per_device": used, "devices": args.ranks,
+                         "tokens_per_sample": block, "ours_samples_per_s": ours, "transformers_samples_per_s": hf,
+                         "ratio": ours / hf, "guide": GUIDE.get((workload, batch), "")})
+            print(f"{name:38} {used:12d} {args.ranks:7d} {ours:9.1f} {hf:12.1f} {ours / hf:5.2f}x  "
+                  f"{GUIDE.get((workload, batch), '')}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bench": "seed", "config": vars(args), "environment": env, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
