@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import zlib
 from typing import Dict, List, Mapping, Optional
 
@@ -161,3 +162,29 @@ def rank_layout(env: Mapping[str, str]) -> Dict[str, str]:
     if not env.get("MASTER_PORT") and env.get("SLURM_JOB_ID"):
         out["MASTER_PORT"] = str(port_for_job(env["SLURM_JOB_ID"]))
     return out
+
+
+def _group_of(pid: str) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[2])
+
+
+def wait_alone_in_group(timeout: float = 30.0) -> bool:
+    """srun puts all tasks of a node in the process group of the first one; each worker moves to a
+    group of its own at start. The first task leads the shared group and signals its whole group when
+    it ends (to take its own children along): it waits until its sibling tasks have left, so that a
+    quick first rank never kills a sibling that is still starting. True once alone."""
+    me, group = os.getpid(), os.getpgrp()
+    if group != me:
+        return True
+    deadline = time.monotonic() + timeout
+    while True:
+        if not any(int(p) != me and _group_of(p) == group for p in os.listdir("/proc") if p.isdigit()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)

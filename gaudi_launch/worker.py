@@ -357,6 +357,10 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
         os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
     except OSError:
         pass  # already a session leader (our local backend): nothing to do
+    if environ.get("GAUDI_LAUNCH_RANKS_FROM") == "slurm":
+        from gaudi_launch.slurm import wait_alone_in_group
+
+        wait_alone_in_group()  # the first task of a node leads the group srun put them all in
     if os.getpgrp() == os.getpid():
         signal.signal(signal.SIGTERM, _term_whole_group)
         if environ.get("GAUDI_LAUNCH_JOB_ID"):

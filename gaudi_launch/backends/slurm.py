@@ -257,7 +257,9 @@ def _slurm_cmd(argv: List[str], env: Mapping[str, str], timeout: float = 20.0) -
 def stopper(name: str, env: Mapping[str, str]) -> Callable[[int], None]:
     """Signal the job's step by name: SIGTERM reaches the ranks and the grace period holds."""
     def stop(sig: int) -> None:
-        steps = (_slurm_cmd(["squeue", "--me", "-h", "-s", "-n", name, "-o", "%i"], env) or "").split()
+        # (squeue --name does not filter steps: every step of the user's would match)
+        listed = _slurm_cmd(["squeue", "--me", "-h", "-s", "-o", "%i %j"], env) or ""
+        steps = [line.split()[0] for line in listed.splitlines() if line.split()[1:] == [name]]
         if steps:
             what = "KILL" if sig == signal.SIGKILL else "TERM"
             _slurm_cmd(["scancel", f"--signal={what}", *steps], env)

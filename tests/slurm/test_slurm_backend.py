@@ -1,0 +1,142 @@
+"""The slurm backend on a real Slurm cluster (3 nodes in network namespaces, tests/slurm/slurmcluster.py)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import wait_for
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RANK = os.path.join(REPO, "tests", "slurm", "slurm_rank.py")
+ALLREDUCE = os.path.join(REPO, "scripts", "allreduce_smoke.py")
+LAUNCH = [sys.executable, "-m", "gaudi_launch"]
+OUTSIDE = [*LAUNCH, "--backend", "slurm", "--num_nodes", "2", "--num_devices", "2", "--grace", "3"]
+
+
+def launch(cluster, argv, timeout=180, env=None):
+    return subprocess.run(argv, cwd=REPO, env=env or cluster.env(), capture_output=True, text=True, timeout=timeout)
+
+
+def layouts(stdout: str) -> dict:
+    out = {}
+    for line in stdout.splitlines():
+        if "LAYOUT " in line:
+            data = json.loads(line.split("LAYOUT ", 1)[1])
+            out[int(data["RANK"])] = data
+    return out
+
+
+def no_job_processes(cluster) -> bool:
+    return all(not cluster.job_processes(i) for i in range(cluster.n))
+
+
+def test_allreduce_inside_salloc(slurm_cluster):
+    # Inside an allocation, with no hostfile: the backend is slurm, the nodes are the allocation's.
+    r = launch(slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=2", *LAUNCH, ALLREDUCE])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "backend slurm, master gls-n0:" in r.stderr
+    ok = [line for line in r.stdout.splitlines() if line.endswith("expected 10: OK")]
+    assert len(ok) == 4, r.stdout
+    assert sorted(line.split(" on ")[1].split()[0] for line in ok) == ["gls-n0", "gls-n0", "gls-n1", "gls-n1"]
+
+
+def test_allreduce_inside_sbatch(slurm_cluster, tmp_path):
+    # The batch script runs on the allocation's first node, as on a real cluster.
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nexec " + " ".join([*LAUNCH, ALLREDUCE]) + "\n")
+    out = tmp_path / "job.out"
+    r = launch(slurm_cluster, ["sbatch", "--parsable", "-N2", "--ntasks-per-node=2", f"--chdir={REPO}",
+                               f"--output={out}", str(script)])
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+
+    def state() -> str:  # polled: sbatch --wait checks only every few seconds, then less and less often
+        shown = launch(slurm_cluster, ["scontrol", "-o", "show", "job", job]).stdout
+        return " ".join(w for w in shown.split() if w.startswith(("JobState=", "ExitCode=")))
+    wait_for(lambda: any(s in state() for s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")),
+             timeout=180, interval=0.2)
+    text = out.read_text() if out.exists() else ""
+    assert state() == "JobState=COMPLETED ExitCode=0:0", text
+    assert text.count("expected 10: OK") == 4, text
+
+
+def test_allreduce_from_login_node(slurm_cluster):
+    # srun allocates: the ranks take the step's first node as master and a port from the job id.
+    r = launch(slurm_cluster, [*OUTSIDE, ALLREDUCE])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("expected 10: OK") == 4, r.stdout
+
+
+def test_layout_and_byte_exact_values(slurm_cluster, tmp_path):
+    a = 'it $(touch /tmp/gls-pwned) `id` "dq" \'sq\' ; & |\nsecond line\ttab  '
+    b = "ünïcode\\n=not-a-newline"
+    env = slurm_cluster.env()
+    env["VALUE_B"] = b  # exported by name (-x VALUE_B): the value stays off every argv
+    r = launch(slurm_cluster, [*OUTSIDE, "-x", f"VALUE_A={a}", "-x", "VALUE_B", RANK, "ok", a], env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = layouts(r.stdout)
+    assert sorted(got) == [0, 1, 2, 3], r.stdout
+    for rank, data in got.items():
+        assert (data["VALUE_A"], data["VALUE_B"], data["argv"]) == (a, b, ["ok", a])
+        assert data["WORLD_SIZE"] == "4" and data["LOCAL_WORLD_SIZE"] == "2"
+        assert data["LOCAL_RANK"] == str(rank % 2) and data["NODE_RANK"] == str(rank // 2)
+        assert data["host"] == f"gls-n{rank // 2}" and data["MASTER_ADDR"] == "gls-n0"
+    assert len({d["MASTER_PORT"] for d in got.values()}) == 1
+    assert not os.path.exists("/tmp/gls-pwned")
+
+
+@pytest.mark.parametrize("how,code,message", [
+    ("fail:3:raise", 1, "RuntimeError: rank 3 crashed on purpose"),
+    ("fail:2:7", 7, "exit code 7"),
+])
+def test_remote_rank_failure_names_rank_host_and_code(slurm_cluster, how, code, message):
+    # srun --kill-on-bad-exit itself returns 143: the rank's own code comes from its record or srun's report.
+    r = launch(slurm_cluster, [*OUTSIDE, RANK, how])
+    rank = int(how.split(":")[1])
+    assert r.returncode == code, r.stdout + r.stderr
+    summary = r.stderr[r.stderr.index("gaudi-launch: job failed"):]
+    assert f"first failure: rank {rank} on gls-n1" in summary and message in summary, summary
+    if how.endswith("raise"):
+        assert 'in <module>\n  |     raise RuntimeError' in summary  # its traceback
+    assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=30)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_leaves_no_process_on_any_node(slurm_cluster, sig):
+    env = slurm_cluster.env()
+    # Another Slurm job on the same nodes must survive.
+    other = subprocess.Popen(["srun", "-N2", "--ntasks-per-node=1", "--job-name=other-job", "sleep", "300"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen([*OUTSIDE, RANK, "wait"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in launcher.stdout:
+            seen += [line] if "waiting" in line else []
+            if len(seen) == 4:
+                break
+        assert len(seen) == 4, launcher.stderr.read()
+        launcher.send_signal(sig)
+        out, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 128 + sig, err
+        assert f"the launcher received {signal.Signals(sig).name}" in err
+        def ours():  # per node, what runs besides Slurm's daemons and the other job's sleeps
+            return [p for i in range(3) for p in slurm_cluster.job_processes(i) if not p.endswith(" sleep")]
+        wait_for(lambda: not ours(), timeout=30)
+        assert not ours(), ours()
+        # The other job's tasks are still there, and it is still running.
+        assert other.poll() is None
+        assert sum(p.endswith(" sleep") for i in range(3) for p in slurm_cluster.job_processes(i)) == 2
+    finally:
+        for p in (launcher, other):
+            if p.poll() is None:
+                p.kill()
+        subprocess.run(["scancel", "--name=other-job"], env=env, capture_output=True)
+        other.wait(timeout=60)
+    assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=30)
