@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the system tools the multi-host test cluster needs (sshd, ssh, OpenMPI, pdsh, ip, nsenter).
+# Install the system tools the multi-host test clusters need (sshd, ssh, OpenMPI, pdsh, ip, nsenter;
+# Slurm and munge for the Slurm cluster).
 # Idempotent: does nothing when everything is already present.
 set -euo pipefail
 
@@ -12,8 +13,16 @@ for tool in ssh ssh-keygen mpirun pdsh ip nsenter unshare; do
     have "$tool" || missing+=("$tool")
 done
 
+# The Slurm test cluster (tests/slurm): Debian's Slurm 22.05 and munge. Their daemons do not start
+# on install (policy-rc.d); the tests start their own, with their own configuration and key.
+SLURM_PKGS=(slurm-wlm munge)
+for tool in srun salloc sbatch scontrol squeue scancel sinfo munged mungekey; do
+    have "$tool" || missing+=("$tool")
+done
+[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] || missing+=("slurmctld/slurmd")
+
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "install-system-deps: all present (sshd, ssh, mpirun, pdsh, ip, nsenter, unshare)"
+    echo "install-system-deps: all present (sshd, ssh, mpirun, pdsh, ip, nsenter, unshare, slurm, munge)"
     exit 0
 fi
 
@@ -21,10 +30,12 @@ echo "install-system-deps: missing: ${missing[*]}"
 if [ "$(id -u)" -ne 0 ]; then
     echo "install-system-deps: not root; install as root with:" >&2
     echo "  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${PKGS[*]}" >&2
+    echo "  apt-get install -y ${SLURM_PKGS[*]}" >&2
     exit 1
 fi
 
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${PKGS[@]}" >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${SLURM_PKGS[@]}" >/dev/null
 mkdir -p /run/sshd
-echo "install-system-deps: installed ${PKGS[*]}"
+echo "install-system-deps: installed ${PKGS[*]} ${SLURM_PKGS[*]}"
