@@ -140,3 +140,16 @@ def test_signal_leaves_no_process_on_any_node(slurm_cluster, sig):
         subprocess.run(["scancel", "--name=other-job"], env=env, capture_output=True)
         other.wait(timeout=60)
     assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=30)
+
+
+def test_main_job_across_two_slurm_nodes(slurm_cluster, tmp_path):
+    out = tmp_path / "clm"
+    r = launch(slurm_cluster, [*LAUNCH, "--backend", "slurm", "--num_nodes", "2", "--num_devices", "1",
+                               os.path.join(REPO, "scripts", "run_clm.py"), "--do_train", "--do_eval",
+                               "--output_dir", str(out), "--max_steps", "4", "--logging_steps", "2",
+                               "--per_device_train_batch_size", "4", "--max_train_samples", "64",
+                               "--max_eval_samples", "16", "--distribution_strategy", "fast_ddp"], timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (r.stdout + r.stderr).count("multi-node evaluation is not recommended") == 1  # rank 0, once
+    results = json.loads((out / "results.json").read_text())
+    assert results["train"]["global_step"] == 4 and results["eval"]["perplexity"] > 0
