@@ -56,8 +56,12 @@ def launch(
     include: Optional[str] = typer.Option(None, "--include", "-i", help="Use only these hosts/devices: 'host1:0,2@host2'."),
     exclude: Optional[str] = typer.Option(None, "--exclude", "-e", help="Leave out these hosts/devices: 'host1:3@host2'."),
     num_nodes: Optional[int] = typer.Option(None, "--num_nodes", "--num-nodes", help="Use the first N hosts of the hostfile."),
-    num_devices: Optional[int] = typer.Option(None, "--num_devices", "--num-devices", "--num_gpus", "--num-gpus", "--nproc_per_node", help="Devices (ranks) per node. Default: every slot, or the detected device count."),
+    num_devices: Optional[int] = typer.Option(None, "--num_devices", "--num-devices", "--num_gpus", "--num-gpus", help="Devices (ranks) per node. Default: every slot, or the detected device count."),
     world_size: Optional[int] = typer.Option(None, "--world_size", "--world-size", help="gaudi_spawn.py's name for --num_devices."),
+    nproc_per_node: Optional[str] = typer.Option(None, "--nproc-per-node", "--nproc_per_node", help="torchrun's name for --num_devices; also auto or gpu (the devices found) and cpu (this machine's CPUs)."),
+    nnodes: Optional[str] = typer.Option(None, "--nnodes", help="torchrun's name for --num_nodes."),
+    standalone: bool = typer.Option(False, "--standalone", help="torchrun's: accepted (one host needs no rendezvous service)."),
+    ranks_filter: Optional[str] = typer.Option(None, "--local-ranks-filter", "--local_ranks_filter", "--ranks", help="Show only these ranks on the console, e.g. 0 or 0,3 (every rank still goes to --log-dir and to the failure summary)."),
     backend: str = typer.Option("auto", "--backend", help="auto, local, mpirun, deepspeed or slurm. auto: slurm inside a Slurm allocation without --hostfile, local for this host alone, else mpirun."),
     use_mpi: bool = typer.Option(False, "--use_mpi", "--use-mpi", help="gaudi_spawn.py: same as --backend mpirun."),
     use_deepspeed: bool = typer.Option(False, "--use_deepspeed", "--use-deepspeed", help="gaudi_spawn.py: same as --backend deepspeed."),
@@ -92,7 +96,7 @@ def launch(
     dry_run: bool = typer.Option(False, "--dry-run", "--dry_run", help="Print the plan; start nothing."),
     json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as one JSON object."),
     config: Optional[str] = typer.Option(None, "--config", help="YAML job file holding any of these options; the command line wins."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> int:
     values = dict(ctx.params)
     if config:
@@ -167,14 +171,34 @@ def _launch(v: dict) -> int:
     if not v["script"] and not v["check_only"]:
         raise UserError("no training script given", where="SCRIPT",
                         hint="gaudi-launch [OPTIONS] train.py [SCRIPT_ARGS]...  (see --help)")
+    from gaudi_launch import habits
+
+    num_devices, num_nodes = v["num_devices"], v["num_nodes"]
+    if v["nproc_per_node"] is not None:
+        if num_devices is not None:
+            raise UserError("--nproc-per-node and --num_devices say the same thing: give one", where="--nproc-per-node")
+        num_devices = habits.nproc_per_node(v["nproc_per_node"])
+    if v["nnodes"] is not None:
+        if num_nodes is not None:
+            raise UserError("--nnodes and --num_nodes say the same thing: give one", where="--nnodes")
+        num_nodes = habits.nnodes(v["nnodes"])
     backend, num_devices = resolve_compat(backend=v["backend"], use_mpi=v["use_mpi"],
                                           use_deepspeed=v["use_deepspeed"], world_size=v["world_size"],
-                                          num_devices=v["num_devices"])
+                                          num_devices=num_devices)
     if v["json_out"] and not v["dry_run"]:
         raise UserError("--json only applies to --dry-run", where="--json")
+    program = [v["script"], *(v["script_args"] or [])] if v["script"] else []
+    if (program and not v["dry_run"] and not v["hostfile"] and backend in ("auto", "local")
+            and not os.environ.get("SLURM_JOB_ID")):
+        # this machine runs the ranks: a script that is not here fails now, not once per rank
+        habits.check_program(program, module=v["module"], no_python=v["no_python"], cwd=os.getcwd())
+    if program and not v["dry_run"]:
+        for note in habits.notes(program, module=v["module"], no_python=v["no_python"], cwd=os.getcwd(),
+                                 append_local_rank=v["append_local_rank"], launcher_options=_OPTION_NAMES):
+            print(f"gaudi-launch: note: {note}", file=sys.stderr)
     spec = JobSpec(
-        program=[v["script"], *(v["script_args"] or [])] if v["script"] else [], module=v["module"], no_python=v["no_python"],
-        hostfile=v["hostfile"], include=v["include"], exclude=v["exclude"], num_nodes=v["num_nodes"],
+        program=program, module=v["module"], no_python=v["no_python"],
+        hostfile=v["hostfile"], include=v["include"], exclude=v["exclude"], num_nodes=num_nodes,
         num_devices=num_devices, backend=backend, master_addr=v["master_addr"],
         master_port=v["master_port"], env_file=v["env_file"],
         env={**parse_assignments(v["env"] or [], "-x", environ=os.environ), **_device_env(v["device"])},
@@ -183,12 +207,22 @@ def _launch(v: dict) -> int:
         ssh_timeout=v["ssh_timeout"], strict_host_keys=v["strict_host_keys"], ssh_check=not v["no_ssh_check"],
         export_prefixes=list(v["export_prefix"] or []), efa=v["efa"], hccl_ofi_wrapper=v["hccl_ofi_wrapper"],
         launcher=v["launcher"], launcher_args=v["launcher_args"], partition=v["partition"],
-        time=v["time_limit"], account=v["account"], slurm_args=v["slurm_args"])
+        time=v["time_limit"], account=v["account"], slurm_args=v["slurm_args"],
+        console_ranks=_ranks(v["ranks_filter"]))
     if v["python"]:
         spec.python = v["python"]
     if v["check_only"] and v["no_ssh_check"]:
         raise UserError("--check-only and --no-ssh-check contradict each other", where="--check-only")
     return run_spec(spec, dry_run=v["dry_run"], json_out=v["json_out"], check_only=v["check_only"])
+
+
+def _ranks(text: Optional[str]) -> Optional[List[int]]:
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise UserError(f"--ranks {text!r}: rank numbers separated by commas, e.g. 0 or 0,3", where="--ranks")
+    return sorted({int(p) for p in parts})
 
 
 def _device_env(device: Optional[str]) -> dict:
@@ -223,6 +257,20 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
     return get_backend(plan.backend).run(plan, spec).exit_code
 
 
+def _option_names() -> List[str]:
+    """Every long option of the launch command (for the 'option after the script' note)."""
+    command = typer.main.get_command(_app)
+    return [name for p in command.params for name in getattr(p, "opts", []) if name.startswith("--")]
+
+
+class _Names:  # computed on first use: building typer's command costs a few ms
+    def __iter__(self):
+        return iter(_option_names())
+
+
+_OPTION_NAMES = _Names()
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check"]:  # `gaudi-launch check [OPTIONS] [SCRIPT]` = --check-only
@@ -239,6 +287,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except click.NoSuchOption as exc:
+        from gaudi_launch.habits import torchrun_option_error
+
+        known = torchrun_option_error(exc.option_name)
+        if known is None:
+            exc.show()
+            return exc.exit_code
+        print(f"gaudi-launch: error: {known}", file=sys.stderr)
+        return known.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code

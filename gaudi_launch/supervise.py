@@ -20,8 +20,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional, TextIO, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Sequence, TextIO, Tuple
 
+from gaudi_launch.progress import LineSplitter
 from gaudi_launch.logfiles import open_log, prepare_log_dir
 from gaudi_launch.worker import ERROR_MARKER
 
@@ -246,7 +247,8 @@ class Supervisor:
                  stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
                  color: Optional[bool] = None, mask: Callable[[str], str] = lambda s: s,
                  handle_signals: bool = True, watch: Optional[Callable[[], Optional[str]]] = None,
-                 watch_interval: float = 3.0, sweep: Optional[Callable[[int], dict]] = None):
+                 watch_interval: float = 3.0, sweep: Optional[Callable[[int], dict]] = None,
+                 console_ranks: Optional[Sequence[int]] = None):
         self.procs = [_Proc(i, s) for i, s in enumerate(specs)]
         self.grace = grace
         self.log_dir = log_dir
@@ -271,6 +273,9 @@ class Supervisor:
         self._swept_kill = False
         self._spawn_failed = False  # a process failed to start, or already exited non-zero
         self._unseen_reported: set = set()
+        # --ranks / --local-ranks-filter: the console shows these ranks only; logs and tails keep all.
+        self.console_ranks = None if console_ranks is None else frozenset(console_ranks)
+        self._rewriting: set = set()  # ids of terminals whose current line holds a progress state
 
     # ---- output -------------------------------------------------------------------------------
     def _prefix(self, proc: _Proc, rank: Optional[int]) -> str:
@@ -285,13 +290,46 @@ class Supervisor:
         # A demuxer turns physical lines of a multi-rank process into (rank, line) pairs; it is
         # called with None at the end of the stream to flush what it holds.
         own = spec.rank if spec.ranks is None else None  # a multi-rank process without a demuxer
-        demux = spec.demux() if spec.demux else (lambda t: [] if t is None else [(own, t)])
+        if not spec.demux:
+            self._pump_live(proc, own, pipe, sink)
+            return
+        demux = spec.demux()
         for raw in iter(lambda: pipe.readline(LINE_READ_MAX), b""):
             for rank, text in demux(raw.decode("utf-8", errors="replace").rstrip("\r\n")):
                 self._emit(proc, rank, text, sink)
         for rank, text in demux(None):
             self._emit(proc, rank, text, sink)
         pipe.close()
+
+    def _pump_live(self, proc: _Proc, rank: Optional[int], pipe, sink: TextIO) -> None:
+        """One rank's own pipe: lines as they end, and progress states (\r) as they come."""
+        splitter = LineSplitter(LINE_READ_MAX)
+        fd = pipe.fileno()
+        while True:
+            try:
+                data = os.read(fd, 65536)  # whatever has arrived: no waiting for a newline
+            except OSError:
+                break
+            if not data:
+                break
+            for text, final in splitter.feed(data):
+                (self._emit if final else self._progress)(proc, rank, text, sink)
+        for text, _ in splitter.close():
+            self._emit(proc, rank, text, sink)
+        pipe.close()
+
+    def _progress(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
+        """A progress state: rewrites its line on a terminal; elsewhere only the finished line is kept."""
+        if not _isatty(sink) or (self.console_ranks is not None and rank is not None
+                                 and rank not in self.console_ranks):
+            return
+        with self._write_lock:
+            try:
+                sink.write("\r" + self._prefix(proc, rank) + self.mask(text)[:4000] + "\x1b[K")
+                sink.flush()
+                self._rewriting.add(id(sink))
+            except (OSError, ValueError):
+                pass
 
     def _log(self, name: str, line: str) -> None:
         """Append to LOG_DIR/NAME.log (one file per rank); called with the write lock held.
@@ -349,7 +387,12 @@ class Supervisor:
                 proc.rank_tails.setdefault(rank, deque(maxlen=TAIL_KEEP)).append(kept)
             if self.log_dir:
                 self._log(f"rank-{rank}" if rank is not None else proc.spec.name.replace(" ", "-"), line)
+            if self.console_ranks is not None and rank is not None and rank not in self.console_ranks:
+                return
             try:
+                if id(sink) in self._rewriting:  # a progress state is on this line: replace it
+                    self._rewriting.discard(id(sink))
+                    sink.write("\r\x1b[K")
                 sink.write(self._prefix(proc, rank) + line + "\n")
                 sink.flush()
             except (OSError, ValueError):

@@ -240,7 +240,7 @@ def _supervise(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
                     alarm=node_failed)
     sweep = job_sweeper(hosts, plan.job_id, ssh_args=plan.ssh_args, python=spec.python, is_local=is_local_host,
                         lost=lambda: watch.lost if watch else ())  # also after a success: a rank's daemon
-    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
+    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks, mask=plan.mask,
                       watch=watch.probe if watch else None, sweep=sweep, **supervisor_options).run()
 
 

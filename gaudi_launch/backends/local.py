@@ -37,5 +37,5 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     environ = os.environ if environ is None else environ
     # A rank's daemon (setsid, double fork) leaves its process group but keeps the job id.
     sweep = job_sweeper(["localhost"], plan.job_id, ssh_args=[], python=sys.executable, is_local=lambda _: True)
-    return Supervisor(proc_specs(plan, environ), grace=spec.grace, log_dir=spec.log_dir,
+    return Supervisor(proc_specs(plan, environ), grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks,
                       mask=plan.mask, sweep=sweep, **supervisor_options).run()

@@ -201,5 +201,5 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     # mpirun's own teardown misses what left a rank's process group (a setsid daemon): sweep by job id.
     sweep = job_sweeper(list(dict.fromkeys(hosts.values())), plan.job_id, ssh_args=plan.ssh_args,
                         python=spec.python, is_local=is_local_host, lost=lambda: watch.lost if watch else ())
-    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
+    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks, mask=plan.mask,
                       watch=watch.probe if watch else None, sweep=sweep, **supervisor_options).run()

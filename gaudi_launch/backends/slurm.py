@@ -285,5 +285,5 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     ranks = {r: ("" if n.host == LATER else n.host) for n in plan.nodes for r in n.ranks}
     proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env=env, label="srun", ranks=ranks,
                     demux=srun_demux, explain=explain, stop=stopper(step_name(plan), env), alarm=task_failed)
-    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, mask=plan.mask,
+    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks, mask=plan.mask,
                       **supervisor_options).run()

@@ -1,0 +1,124 @@
+"""What users of torchrun, DeepSpeed and gaudi_spawn type, caught before anything starts. Pure.
+
+torchrun's spellings paste in (or are refused with a one-line pointer), a command that cannot be
+what was meant (``gaudi-launch python train.py``, ``gaudi-launch version``, a script that is not
+there) stops with a hint, and two slips that silently change a run get a note: a launcher option
+written after the script (it goes to the script), and a script that reads ``--local_rank`` while
+the launcher does not append it.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Iterable, List, Optional, Sequence
+
+from gaudi_launch.errors import UserError
+
+# torchrun options that have no meaning for a launcher that starts every node itself.
+_RDZV = ("--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id",
+         "--rdzv-conf", "--rdzv_conf", "--max-restarts", "--max_restarts")
+_NODE_RANK = ("--node-rank", "--node_rank")
+_PYTHONS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*)$")
+
+
+def torchrun_option_error(name: str) -> Optional[UserError]:
+    """For an option the command line does not know: a pointer when it is one of torchrun's."""
+    if name in _NODE_RANK:
+        return UserError(f"{name}: gaudi-launch starts every node itself", where=name,
+                         hint="run it once, on one machine, with --hostfile listing the nodes (or inside a "
+                              "Slurm allocation); it gives each node its rank")
+    if name in _RDZV:
+        what = "restarts are not supported yet" if "restarts" in name else \
+            "there is no rendezvous: the master is the first host (--master_addr/--master_port)"
+        return UserError(f"{name}: {what}", where=name)
+    return None
+
+
+def nproc_per_node(value: Optional[str], detected: Optional[int] = None) -> Optional[int]:
+    """torchrun's --nproc-per-node: a number, or auto/gpu (the devices found: None here, so each
+    host's device count is used), or cpu (this machine's CPU count)."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if text in ("auto", "gpu", "hpu"):
+        return detected
+    if text == "cpu":
+        return os.cpu_count() or 1
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise UserError(f"--nproc-per-node {value!r}: a positive number, auto, gpu or cpu", where="--nproc-per-node")
+
+
+def nnodes(value: Optional[str]) -> Optional[int]:
+    """torchrun's --nnodes: N (MIN:MAX is elastic, which gaudi-launch does not do)."""
+    if value is None:
+        return None
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    raise UserError(f"--nnodes {value!r}: a number of nodes", where="--nnodes",
+                    hint="elastic MIN:MAX ranges are not supported: give the number of hosts to use")
+
+
+def check_program(program: Sequence[str], *, module: bool, no_python: bool, cwd: str) -> None:
+    """A SCRIPT that cannot be what was meant: stop before any rank starts."""
+    if not program or module:
+        return
+    script = program[0]
+    if no_python:
+        return
+    if _PYTHONS.match(os.path.basename(script)):
+        raise UserError(f"SCRIPT is {script!r}: gaudi-launch runs the script with Python itself", where="SCRIPT",
+                        hint=f"drop '{script}': gaudi-launch {' '.join(program[1:2]) or 'train.py'} ...  "
+                             "(--python chooses the interpreter)")
+    path = script if os.path.isabs(script) else os.path.join(cwd, script)
+    if os.path.exists(path):
+        return
+    if script in ("version", "help", "env"):
+        raise UserError(f"no script named {script!r} here", where="SCRIPT",
+                        hint=f"did you mean gaudi-launch --{script}?" if script != "env" else
+                        "gaudi-launch env is not a command yet; --version prints the version")
+    raise UserError(f"{script}: no such file (looked in {cwd})", where="SCRIPT",
+                    hint="give the script's path; -m runs a module, --no_python an executable")
+
+
+def _script_source(program: Sequence[str], module: bool, no_python: bool, cwd: str) -> Optional[str]:
+    if not program or module or no_python:
+        return None
+    path = program[0] if os.path.isabs(program[0]) else os.path.join(cwd, program[0])
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(1 << 20)
+    except OSError:
+        return None
+
+
+def misplaced_options(script_args: Sequence[str], launcher_options: Iterable[str],
+                      script_source: Optional[str]) -> List[str]:
+    """Launcher options written after SCRIPT that the script itself does not mention."""
+    known = set(launcher_options)
+    found = []
+    for arg in script_args:
+        name = arg.split("=", 1)[0]
+        if name in known and name not in found:
+            bare = name.lstrip("-")
+            if script_source is not None and (bare in script_source or bare.replace("-", "_") in script_source):
+                continue  # the script defines it too: it is the script's
+            found.append(name)
+    return found
+
+
+def reads_local_rank(script_source: Optional[str]) -> bool:
+    """Whether the script parses --local_rank itself (DeepSpeed-era scripts do)."""
+    return bool(script_source) and bool(re.search(r"""add_argument\(\s*['"]--local[_-]rank['"]""", script_source))
+
+
+def notes(program: Sequence[str], *, module: bool, no_python: bool, cwd: str, append_local_rank: bool,
+          launcher_options: Iterable[str]) -> List[str]:
+    """One-line notes for slips that would silently change the run."""
+    source = _script_source(program, module, no_python, cwd)
+    out = [f"{name} after the script goes to the script; put launcher options before SCRIPT"
+           for name in misplaced_options(program[1:], launcher_options, source)]
+    if not append_local_rank and reads_local_rank(source):
+        out.append(f"{program[0]} parses --local_rank but it is not appended (the rank is in LOCAL_RANK): it will "
+                   "see its default; add --append-local-rank to pass --local_rank=N")
+    return out

@@ -1,0 +1,67 @@
+"""Splitting a rank's output into lines and carriage-return progress states (tqdm bars). Pure.
+
+A progress bar rewrites its line with ``\\r`` and ends it with ``\\n`` only when done, so reading
+whole lines would show nothing until the loop ends. The splitter hands out each state as it comes
+(``final=False``) and each finished line (``final=True``); a finished line is its last state, which
+is what logs and failure summaries keep. ``\\r\\n`` is a line end.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+Piece = Tuple[str, bool]  # (text, final)
+
+
+class LineSplitter:
+    def __init__(self, max_line: int = 1 << 20):
+        self.max_line = max_line
+        self._buf = b""
+        self._state: Optional[str] = None  # the last progress state of the unfinished line
+        self._rewriting = False  # the unfinished line has been rewound with "\r" (a progress bar)
+
+    def feed(self, data: bytes) -> List[Piece]:
+        self._buf += data
+        out: List[Piece] = []
+        while True:
+            cut = [i for i in (self._buf.find(b"\n"), self._buf.find(b"\r")) if i >= 0]
+            if not cut:
+                if len(self._buf) >= self.max_line:  # a line without an end: hand it out in pieces
+                    out.append(self._final(self._take(len(self._buf))))
+                elif self._rewriting and self._buf:
+                    # a bar writes "\r" first, then its state: show the state now, not at the next "\r"
+                    text = self._buf.decode("utf-8", errors="replace")
+                    if text != self._state:
+                        self._state = text
+                        out.append((text, False))
+                return out
+            i = min(cut)
+            if self._buf[i:i + 1] == b"\r":
+                if i + 1 == len(self._buf):
+                    return out  # "\r" last: wait to see whether "\n" follows
+                if self._buf[i + 1:i + 2] == b"\n":
+                    out.append(self._final(self._take(i, skip=2)))
+                    continue
+                text = self._take(i, skip=1)
+                self._rewriting = True
+                if text and text != self._state:
+                    self._state = text
+                    out.append((text, False))
+                continue
+            out.append(self._final(self._take(i, skip=1)))
+
+    def close(self) -> List[Piece]:
+        rest = self._buf.rstrip(b"\r")
+        self._buf = b""
+        if rest or self._state is not None:
+            return [self._final(rest.decode("utf-8", errors="replace"))]
+        return []
+
+    def _take(self, n: int, skip: int = 0) -> str:
+        text, self._buf = self._buf[:n], self._buf[n + skip:]
+        return text.decode("utf-8", errors="replace")
+
+    def _final(self, text: str) -> Piece:
+        if not text and self._state is not None:
+            text = self._state  # "...\rlast state\r\n": the line is its last state
+        self._state, self._rewriting = None, False
+        return text, True
