@@ -31,6 +31,8 @@ Examples:
 
   gaudi-launch report RUN_DIR                   (plots of a run's metrics.jsonl or a bench JSON)
 
+  gaudi-launch env [--json]                     (versions, devices, network: paste it into bug reports)
+
 Exit status: 0 on success; the first failing rank's exit code (128+N for signal N);
 2 for bad input or options; 3 when the pre-flight failed (nothing started);
 4 when a host stopped answering mid-run; 128+N when the launcher itself got signal N.
@@ -275,6 +277,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check"]:  # `gaudi-launch check [OPTIONS] [SCRIPT]` = --check-only
         argv = ["--check-only", *argv[1:]]
+    if argv[:1] == ["env"]:  # `gaudi-launch env [--json]`: versions and devices, for bug reports
+        from gaudi_launch.envreport import main as env_main
+
+        return env_main(argv[1:])
     if argv[:1] == ["report"]:  # `gaudi-launch report RUN_DIR [--out DIR]`: plots (matplotlib, imported there)
         from gaudi_launch.report import main as report_main
 

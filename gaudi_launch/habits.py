@@ -73,10 +73,8 @@ def check_program(program: Sequence[str], *, module: bool, no_python: bool, cwd:
     path = script if os.path.isabs(script) else os.path.join(cwd, script)
     if os.path.exists(path):
         return
-    if script in ("version", "help", "env"):
-        raise UserError(f"no script named {script!r} here", where="SCRIPT",
-                        hint=f"did you mean gaudi-launch --{script}?" if script != "env" else
-                        "gaudi-launch env is not a command yet; --version prints the version")
+    if script in ("version", "help"):
+        raise UserError(f"no script named {script!r} here", where="SCRIPT", hint=f"did you mean gaudi-launch --{script}?")
     raise UserError(f"{script}: no such file (looked in {cwd})", where="SCRIPT",
                     hint="give the script's path; -m runs a module, --no_python an executable")
 

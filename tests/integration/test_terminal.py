@@ -113,3 +113,20 @@ def test_slips_that_change_a_run_get_one_note(tmp_path):
     assert "own.py parses --local_rank but it is not appended" in res.stderr and "[rank 0] None" in res.stdout
     res = gl("--num_devices", "1", "--append-local-rank", "own.py", cwd=tmp_path)
     assert "parses --local_rank" not in res.stderr and "[rank 0] 0" in res.stdout
+
+
+def test_env_reports_versions_devices_and_tools_without_torch(tmp_path):
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "gaudi_launch", "env", "--json"],
+                         capture_output=True, text=True, cwd=str(tmp_path), timeout=60)
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    import torch
+
+    assert info["packages"]["torch"] == torch.__version__ and info["packages"]["habana-torch-plugin"] is None
+    assert info["packages"]["gaudi-launch"] == __version__
+    assert info["tools"]["OpenMPI"].startswith("mpirun (Open MPI)") and "pdsh" in info["tools"]["pdsh"]
+    assert info["devices"]["count"] >= 1 and info["cpus"] == os.cpu_count()
+    assert any(n["name"] == "lo" for n in info["nics"])
+    assert not any(line.rstrip().endswith("| torch") for line in res.stderr.splitlines())  # torch never imported
+    text = gl("env", cwd=tmp_path).stdout
+    assert "packages:" in text and f"gaudi-launch           {__version__}" in text
