@@ -4,7 +4,7 @@
 # drops, throughput (warm-up excluded) and memory are logged. Extra arguments go to run_clm.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup-env.sh
+SKIP_SYSTEM_DEPS="${SKIP_SYSTEM_DEPS:-1}" bash scripts/setup-env.sh  # the demo needs no cluster tools
 exec .venv/bin/gaudi-launch --num_devices "${NUM_DEVICES:-2}" --device "${DEVICE:-cpu}" --log-dir runs/demo/logs \
   scripts/run_clm.py --model_name_or_path gpt2-xl --gaudi_config_name Habana/gpt2 \
   --do_train --do_eval --output_dir runs/demo --overwrite_output_dir \

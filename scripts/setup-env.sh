@@ -1,32 +1,43 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything the demo and the tests need on a fresh Debian machine:
-# the system tools of the multi-host test cluster (as root: sshd, OpenMPI, pdsh) and the virtual
-# environment in .venv with gaudi-launch (editable) and its [dev] extra.
+# the system tools of the multi-host and Slurm test clusters (as root: sshd, OpenMPI, pdsh, Slurm)
+# and the virtual environment in .venv with gaudi-launch (editable) and its [dev] extra.
+# SKIP_SYSTEM_DEPS=1 leaves the system tools out (the demo runs on this host alone and needs none).
+# Each step says what it does; the first run takes a few minutes, later runs a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" -eq 0 ]; then
-  bash scripts/install-system-deps.sh >/dev/null
+say() { echo "setup-env: $*" >&2; }
+if [ "${SKIP_SYSTEM_DEPS:-0}" = 1 ]; then
+  say "system tools of the test clusters: skipped (SKIP_SYSTEM_DEPS=1)"
+elif [ "$(id -u)" -eq 0 ]; then
+  say "system tools of the test clusters (sshd, OpenMPI, pdsh, Slurm; only the tests use them)..."
+  bash scripts/install-system-deps.sh 2>&1 | sed 's/^/  /' >&2
 else
-  bash scripts/install-system-deps.sh >/dev/null 2>&1 || echo "setup-env: not root: the multi-host tests will be skipped" >&2
+  bash scripts/install-system-deps.sh >/dev/null 2>&1 \
+    || say "not root: the system tools are not installed, so the multi-host tests will be skipped"
 fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $("$PY" --version 2>&1)"
   "$PY" -m venv .venv
 fi
 # torch is pinned (the CPU wheel this project is tested with); a loose pin would pull CUDA builds.
 # DS_BUILD_OPS=0: DeepSpeed installs as pure Python, no CUDA toolchain needed.
 stamp=.venv/.gaudi-launch-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 \
-    | grep -v "is ignored" || true
+  say "installing gaudi-launch and its [dev] extra into .venv (torch 2.13.0 CPU, transformers, DeepSpeed, pytest; about 1 GB the first time)..."
+  DS_BUILD_OPS=0 .venv/bin/python -m pip install --progress-bar on --disable-pip-version-check -e '.[dev]' 2>&1 \
+    | grep -v "is ignored\|^Requirement already satisfied" >&2 || true
   .venv/bin/python -c "import gaudi_launch, torch, pytest, hypothesis, deepspeed" >/dev/null 2>&1 \
-    || { echo "setup-env: the install is incomplete (see pip's output above)" >&2; exit 1; }
+    || { say "the install is incomplete (see pip's output above)"; exit 1; }
   touch "$stamp"
 fi
 # optimum-habana's own source, read (never imported) by the tests that check flag compatibility;
 # its dependencies would pin another transformers, so only the wheel is fetched.
 peer=.venv/peers/optimum_habana-1.21.2-py3-none-any.whl
 if [ ! -f "$peer" ]; then
+  say "fetching optimum-habana 1.21.2's wheel (read by the flag-compatibility tests, not installed)"
   .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps optimum-habana==1.21.2 \
-    -d .venv/peers 2>&1 | grep -v "is ignored" || true
+    -d .venv/peers 2>&1 | grep -v "is ignored" >&2 || true
 fi
+say "ready (.venv/bin/gaudi-launch)"
