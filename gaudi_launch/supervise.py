@@ -180,7 +180,10 @@ def format_summary(first: Optional[ProcResult], culprit: Optional[Culprit], proc
                    interrupted_by: Optional[str], exit_code: int, log_dir: Optional[str],
                    lost: Optional[str] = None) -> str:
     """One failure summary, root cause first. Pure: built from results only."""
-    lines = ["", "=" * 24 + " gaudi-launch: job failed " + "=" * 24]
+    # Ctrl-C or a scheduler's SIGTERM with every rank still healthy: the job was stopped, not broken.
+    title = " gaudi-launch: job interrupted " if interrupted_by and first is None and not lost else \
+        " gaudi-launch: job failed "
+    lines = ["", title.center(74, "=")]
     if lost and first is None:
         lines.append(f"first failure: {lost}")
     if first is not None and culprit is not None:

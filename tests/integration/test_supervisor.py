@@ -96,6 +96,7 @@ def test_signal_to_the_launcher_tears_down_the_job_and_nothing_else(tmp_path, si
         assert launcher.returncode == 128 + sig
         assert all_gone(pids), [p for p in pids if alive(p)]
         assert f"the launcher received {signal.Signals(sig).name}" in err
+        assert "gaudi-launch: job interrupted" in err and "job failed" not in err  # stopped, not broken
         assert alive(bystander.pid)  # nothing outside the job is touched
     finally:
         launcher.kill()
