@@ -163,8 +163,9 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool) -> List[str]:
     if not inside and spec.exclude:
         argv.append("--exclude=" + ",".join(_node_names(spec.exclude, "--exclude")))
     # A failing rank ends the step at once; --label tags each line with its rank; the values
-    # travel in srun's own environment (names and values never on argv).
-    argv += ["--kill-on-bad-exit=1", "--label", "--export=ALL"]
+    # travel in srun's own environment (never on argv). Only the job id (random, no secret) is
+    # given on argv, so that srun itself does not carry it: the job-id sweep must not hit srun.
+    argv += ["--kill-on-bad-exit=1", "--label", f"--export=ALL,GAUDI_LAUNCH_JOB_ID={plan.job_id}"]
     if not inside:
         for option, value in (("--partition", spec.partition), ("--time", spec.time), ("--account", spec.account)):
             if value:
@@ -179,7 +180,7 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool) -> List[str]:
 
 def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
     inside = slurm.in_allocation(environ)
-    env = {"GAUDI_LAUNCH_JOB_ID": plan.job_id, slurm.RANKS_FROM: "slurm", "GAUDI_LAUNCH_GRACE": str(spec.grace)}
+    env = {slurm.RANKS_FROM: "slurm", "GAUDI_LAUNCH_GRACE": str(spec.grace)}
     if plan.master_addr != FIRST_NODE:
         env["MASTER_ADDR"] = plan.master_addr
     if plan.master_port:
@@ -190,8 +191,49 @@ def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Lis
 
 def srun_env(plan: LaunchPlan, environ: Mapping[str, str]) -> Dict[str, str]:
     """srun's whole environment: the launcher's without its own rank layout, the job's, ours. Pure."""
-    base = {k: v for k, v in environ.items() if k not in CONTRACT}
+    base = {k: v for k, v in environ.items() if k not in CONTRACT and k != "GAUDI_LAUNCH_JOB_ID"}
     return {**base, **plan.env, **plan.commands[0].env}
+
+
+def sweep_argv(plan: LaunchPlan, spec: JobSpec, job: str, sig: int, since: float) -> List[str]:
+    """One task per node of the job, beside its step (--overlap), signalling the processes that
+    carry the job's id there: what left the step's process tracking (a rank's setsid daemon). Pure."""
+    from gaudi_launch.teardown import kill_argv
+
+    nodes = [n.host for n in plan.nodes]
+    return ["srun", "--overlap", f"--jobid={job}", f"--job-name={step_name(plan)}-sweep", f"--nodes={len(nodes)}",
+            f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "--nodelist=" + ",".join(nodes), "--label",
+            "--export=ALL", *kill_argv(spec.python, plan.job_id, sig, since)]
+
+
+def parse_sweep_output(text: str, nodes: List[str]) -> Dict[str, object]:
+    """srun --label's output of the sweep, per node (task i runs on the i-th node). Pure."""
+    from gaudi_launch.teardown import parse_sweep
+
+    per_task: Dict[int, List[str]] = {}
+    for rank, line in map(lambda t: srun_demux()(t)[0], text.splitlines()):
+        if rank is not None:
+            per_task.setdefault(rank, []).append(line)
+    return {node: parse_sweep("\n".join(per_task.get(i, []))) for i, node in enumerate(nodes)}
+
+
+def sweeper(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]):
+    """The job-id sweep inside an allocation (from a login node the allocation ends with srun)."""
+    import time
+
+    job = environ.get("SLURM_JOB_ID", "")
+    env = srun_env(plan, environ)
+    since = time.time() - 60
+    nodes = [n.host for n in plan.nodes]
+
+    def sweep(sig: int):
+        try:
+            out = subprocess.run(sweep_argv(plan, spec, job, sig, since), env=env, capture_output=True, text=True,
+                                 timeout=60, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            return {}
+        return parse_sweep_output(out.stdout, nodes)
+    return sweep
 
 
 # ---------------------------------------------------------------- srun's output
@@ -285,5 +327,6 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     ranks = {r: ("" if n.host == LATER else n.host) for n in plan.nodes for r in n.ranks}
     proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env=env, label="srun", ranks=ranks,
                     demux=srun_demux, explain=explain, stop=stopper(step_name(plan), env), alarm=task_failed)
-    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks, mask=plan.mask,
+    sweep = sweeper(plan, spec, environ) if slurm.in_allocation(environ) else None
+    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks, mask=plan.mask, sweep=sweep,
                       **supervisor_options).run()

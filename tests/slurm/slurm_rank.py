@@ -20,6 +20,21 @@ if how.startswith("fail:"):
             raise RuntimeError(f"rank {rank} crashed on purpose")
         os._exit(int(code))  # no error record: the code must come from srun's report
     time.sleep(120)
+elif how.startswith("daemon:"):
+    # A daemon (setsid, double fork) with the job's id: it leaves Slurm's process tracking.
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            null = os.open(os.devnull, os.O_RDWR)  # as daemons do (srun waits for open output)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            with open(os.path.join(how.split(":", 1)[1], f"{rank}.pid"), "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(300)
+        os._exit(0)
+    os.wait()
+    print("waiting", flush=True)
+    time.sleep(300)
 elif how == "wait":
     # A child in the rank's group: it must go with the rank.
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])

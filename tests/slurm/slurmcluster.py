@@ -200,6 +200,8 @@ class SlurmCluster:
 
     def _write_files(self) -> None:
         base = self.workdir
+        for d in ("state", "spool", "log"):  # an earlier cluster's jobs and node states: start afresh
+            shutil.rmtree(os.path.join(base, d), ignore_errors=True)
         for d in ("etc", "run", "log", "state", "munge", *(f"spool/{n}" for n in self.names)):
             os.makedirs(os.path.join(base, d), exist_ok=True)
         os.chmod(os.path.join(base, "munge"), 0o700)

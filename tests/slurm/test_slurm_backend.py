@@ -153,3 +153,37 @@ def test_main_job_across_two_slurm_nodes(slurm_cluster, tmp_path):
     assert (r.stdout + r.stderr).count("multi-node evaluation is not recommended") == 1  # rank 0, once
     results = json.loads((out / "results.json").read_text())
     assert results["train"]["global_step"] == 4 and results["eval"]["perplexity"] > 0
+
+
+def test_a_ranks_daemon_does_not_outlive_the_job_inside_an_allocation(slurm_cluster, tmp_path):
+    # Slurm's linuxproc tracking loses a double-forked daemon: the job-id sweep (an srun --overlap
+    # task per node) ends it on every node when the launcher is stopped.
+    pidfile = tmp_path / "launcher.pid"
+    launcher = subprocess.Popen(
+        ["salloc", "-N2", "--ntasks-per-node=1", "sh", "-c", 'echo $$ > "$0" && exec "$@"', str(pidfile), *LAUNCH,
+         "--grace", "2", RANK, f"daemon:{tmp_path}"], cwd=REPO, env=slurm_cluster.env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        seen = 0
+        for line in launcher.stdout:
+            seen += "waiting" in line
+            if seen == 2:
+                break
+        assert seen == 2, launcher.stderr.read()
+        pids = [int((tmp_path / f"{rank}.pid").read_text()) for rank in (0, 1)]
+        os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        out, err = launcher.communicate(timeout=120)
+        assert launcher.returncode == 143, err
+
+        def running(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+            except OSError:
+                return False
+        assert wait_for(lambda: not any(running(p) for p in pids), timeout=30), pids
+        assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()

@@ -60,7 +60,7 @@ def test_plan_inside_allocation_from_slurm_facts():
     cmd = plan.commands[0]
     assert cmd.argv[:9] == ["srun", f"--job-name=gaudi-launch-{plan.job_id}", "--nodes=3", "--ntasks=6",
                             "--ntasks-per-node=2", "--nodelist=gn01,gn02,gn03", "--kill-on-bad-exit=1",
-                            "--label", "--export=ALL"]
+                            "--label", f"--export=ALL,GAUDI_LAUNCH_JOB_ID={plan.job_id}"]
     assert cmd.argv[9:] == [sys.executable, "-u", "-m", "gaudi_launch.worker", "train.py", "--bf16"]
     assert cmd.env["MASTER_ADDR"] == "gn01" and cmd.env["MASTER_PORT"] == "24242"
 
@@ -85,7 +85,8 @@ def test_plan_from_login_node():
     argv = plan.commands[0].argv
     assert argv[:5] == ["srun", f"--job-name=gaudi-launch-{plan.job_id}", "--nodes=2", "--ntasks=16",
                         "--ntasks-per-node=8"]
-    assert argv[5:14] == ["--kill-on-bad-exit=1", "--label", "--export=ALL", "--partition=gaudi",
+    assert argv[5:14] == ["--kill-on-bad-exit=1", "--label", f"--export=ALL,GAUDI_LAUNCH_JOB_ID={plan.job_id}",
+                          "--partition=gaudi",
                           "--time=1:00:00", "--account=proj", "--exclusive", "--comment", "a b"]
     assert "MASTER_ADDR" not in plan.commands[0].env  # the ranks take the step's first node
     with pytest.raises(UserError, match="inside an allocation"):
@@ -108,6 +109,7 @@ def test_values_travel_in_srun_environment_not_argv():
     env = backend.srun_env(plan, {**ALLOC, "RANK": "7", "MASTER_ADDR": "stale", "HOME": "/root"})
     assert env["MY_VALUE"] == secret and env["HOME"] == "/root" and env[slurm.RANKS_FROM] == "slurm"
     assert env["MASTER_ADDR"] == "gn01" and "RANK" not in env
+    assert "GAUDI_LAUNCH_JOB_ID" not in env  # on srun's argv only: the job-id sweep must not hit srun
     assert not any(secret in a or "tok-123456" in a for a in plan.commands[0].argv)
     assert "tok-123456" not in plan.to_json()
 
@@ -186,3 +188,14 @@ def test_dry_run_json_matches_golden(name, args, environ, monkeypatch, tmp_path)
 def test_planner_hands_slurm_plans_over(monkeypatch):
     plan = build_plan(JobSpec(program=["t.py"], efa=False), environ={**ALLOC, "SLURM_JOB_NODELIST": "x[1-2]"})
     assert plan.backend == "slurm" and [n.host for n in plan.nodes] == ["x1", "x2"]
+
+
+def test_job_id_sweep_runs_beside_the_step_on_every_node():
+    plan = plan_for(num_nodes=2)
+    argv = backend.sweep_argv(plan, JobSpec(program=["t.py"]), "4242", 15, 100.0)
+    assert argv[:9] == ["srun", "--overlap", "--jobid=4242", f"--job-name=gaudi-launch-{plan.job_id}-sweep",
+                        "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=gn01,gn02", "--label"]
+    assert argv[-3:] == [plan.job_id, "15", "100.0"]
+    found = backend.parse_sweep_output("0: 2\n1: 0\n1: 77\tpython\t0\tnot allowed to signal it\n", ["gn01", "gn02"])
+    assert found["gn01"].hit == 2 and found["gn02"].hit == 0
+    assert found["gn02"].unseen == ["pid 77 (python, uid 0): not allowed to signal it"]
