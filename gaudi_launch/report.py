@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -68,6 +69,44 @@ def read_metrics(path: str) -> Tuple[List[Dict[str, Any]], int]:
             else:
                 bad += 1
     return rows, bad
+
+
+def hf_trainer_state(directory: str) -> Optional[str]:
+    """transformers' trainer_state.json in a run directory (or its newest checkpoint), if any."""
+    direct = os.path.join(directory, "trainer_state.json")
+    if os.path.isfile(direct):
+        return direct
+    found = []
+    for name in os.listdir(directory):
+        m = re.match(r"^checkpoint-(\d+)$", name)
+        if m and os.path.isfile(os.path.join(directory, name, "trainer_state.json")):
+            found.append((int(m.group(1)), os.path.join(directory, name, "trainer_state.json")))
+    return max(found)[1] if found else None
+
+
+def read_trainer_state(path: str) -> List[Dict[str, Any]]:
+    """transformers Trainer's log_history as this report's rows: training logs by step, evaluations
+    as eval rows where they happened, the final summary as a summary row."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            history = json.load(f).get("log_history", [])
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ReportError(f"{path}: not a trainer_state.json ({exc})")
+    keyed = []
+    for entry in history:
+        if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
+            continue
+        if "eval_loss" in entry:
+            loss = _number(entry["eval_loss"])
+            row = {**entry, "step": -1}  # an evaluation, placed after the training step it followed
+            if loss is not None:
+                row["perplexity"] = math.exp(min(loss, 50.0))
+            keyed.append(((entry["step"], 1), row))
+        elif "train_runtime" in entry or "train_loss" in entry:
+            keyed.append(((entry["step"], 2), {**entry, "global_step": entry["step"]}))
+        else:
+            keyed.append(((entry["step"], 0), dict(entry)))
+    return [row for _, row in sorted(keyed, key=lambda item: item[0])]
 
 
 def _segments(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -204,6 +243,31 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _memory_label(key: str, rows: List[Dict[str, Any]]) -> str:
+    """On CPU the Trainer's memory figures are the process's resident set (RSS), not a device's."""
+    cpu = any(r.get("device") == "cpu" for r in rows)
+    if cpu:
+        return "RSS (process, peak)" if key.startswith("max_") else "RSS (process)"
+    return key.replace(" (GB)", "")
+
+
+def write_html(paths: List[str], out: str, title: str) -> str:
+    """One HTML file with every plot inline (base64), to mail or attach as it is."""
+    import base64
+    import html
+
+    parts = [f"<!doctype html><meta charset=utf-8><title>{html.escape(title)}</title>",
+             f"<h1 style='font-family:sans-serif'>{html.escape(title)}</h1>"]
+    for path in paths:
+        with open(path, "rb") as f:
+            data = base64.b64encode(f.read()).decode("ascii")
+        parts.append(f"<p><img alt='{html.escape(os.path.basename(path))}' src='data:image/png;base64,{data}'></p>")
+    target = os.path.join(out, "report.html")
+    with open(target, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts) + "\n")
+    return target
+
+
 def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
     parts = split_rows(rows)
     train, evals, summaries = parts["train"], parts["evals"], parts["summaries"]
@@ -224,8 +288,11 @@ def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
             for x, r in evals:
                 ppl = _number(r.get("perplexity"))
                 if ppl is not None and _number(r.get("eval_loss")) is not None:
+                    # right of a point, except in the right half, where the label would leave the frame
+                    right_half = x > (max(xs + [e[0] for e in ev]) + min(xs + [e[0] for e in ev])) / 2
                     ax.annotate(f"ppl {_fmt(ppl)}", (x, _number(r["eval_loss"])), textcoords="offset points",
-                                xytext=(6, 6), fontsize=8, color="C3")
+                                xytext=(-6 if right_half else 6, 6), ha="right" if right_half else "left",
+                                fontsize=8, color="C3")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("loss")
         ax.set_title(f"{title}: loss")
@@ -245,7 +312,8 @@ def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("samples/s")
         tokens = series(train, "train_tokens_per_second")[1]
-        ax.set_title(f"{title}: throughput" + (f" (last: {_fmt(tokens[-1])} tokens/s)" if tokens else ""))
+        ax.set_title(f"{title}: throughput in samples/s" + (f" (= {_fmt(tokens[-1])} tokens/s at the last step)"
+                                                             if tokens else ""), fontsize=10)
         ax.legend()
         _save(fig, os.path.join(out, "throughput.png"), written)
 
@@ -254,7 +322,7 @@ def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
         fig, ax = _figure()
         for key in mem_keys:
             x, y = series(train, key)
-            ax.plot(x, y, marker="." if len(x) < 40 else None, label=key.replace(" (GB)", ""))
+            ax.plot(x, y, marker="." if len(x) < 40 else None, label=_memory_label(key, train))
         total = series(train, "total_memory_available (GB)")[1]
         _headroom(ax, [v for key in mem_keys for v in series(train, key)[1]])
         ax.set_xlabel("optimizer step")
@@ -461,7 +529,16 @@ def _load(source: str) -> Tuple[str, Any]:
         raise ReportError(f"{source}: no such file or directory")
     path = os.path.join(source, "metrics.jsonl") if os.path.isdir(source) else source
     if os.path.isdir(source) and not os.path.exists(path):
-        raise ReportError(f"{source}: no metrics.jsonl here (the Trainer writes it into its --output_dir)")
+        state = hf_trainer_state(source)
+        if state is None:
+            raise ReportError(f"{source}: no metrics.jsonl here (the Trainer writes it into its --output_dir), nor "
+                              "transformers' trainer_state.json")
+        path = state
+    if os.path.basename(path) == "trainer_state.json":
+        rows = read_trainer_state(path)
+        if not rows:
+            raise ReportError(f"{path}: its log_history holds nothing to plot")
+        return "run", rows
     if path.endswith(".jsonl"):
         rows, bad = read_metrics(path)
         if not rows:
@@ -520,6 +597,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ReportError as exc:
         print(f"gaudi-launch report: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    written.append(write_html(written, out, f"gaudi-launch report: {os.path.basename(os.path.abspath(args.source))}"))
     for path in written:
         print(path)
     return 0

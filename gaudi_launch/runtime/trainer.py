@@ -408,7 +408,8 @@ class Trainer:
         values = {"loss": round(loss, 4), "learning_rate": scheduler.get_last_lr()[0]}
         values.update(throughput.metrics())
         values.update(memory_stats(self.info))
-        self.writer.log(step, values)
+        # the device goes to the file only: `gaudi-launch report` names CPU memory as the process's RSS
+        self.writer.log(step, {**values, "device": self.info.kind})
         self._say(format_log(step, values))
 
     def _save(self, step: int, epoch: int, batches: int) -> None:

@@ -55,8 +55,10 @@ def report(path, out):
     res = subprocess.run([sys.executable, "-m", "gaudi_launch", "report", str(path), "--out", str(out)],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.returncode == 0, res.stderr
-    pngs = res.stdout.split()
+    paths = res.stdout.split()
+    pngs, html = paths[:-1], paths[-1]
     assert pngs and all(p.endswith(".png") and os.path.getsize(p) > 1000 for p in pngs)
+    assert html.endswith("report.html") and open(html).read().count("data:image/png;base64,") == len(pngs)
 
 
 def test_bench_launch_tiny(tmp_path):

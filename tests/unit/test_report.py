@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -102,7 +103,8 @@ def test_metrics_file_and_out_dir_through_the_cli(tmp_path, capsys):
     path = write_metrics(tmp_path / "run", RUN)
     out = tmp_path / "figs" / "nested"
     assert cli.main(["report", path, "--out", str(out)]) == 0
-    assert sorted(os.listdir(out)) == ["learning_rate.png", "loss.png", "memory.png", "throughput.png"]
+    assert sorted(os.listdir(out)) == ["learning_rate.png", "loss.png", "memory.png", "report.html", "throughput.png"]
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 4  # one file, plots inline
     assert str(out / "loss.png") in capsys.readouterr().out
 
 
@@ -216,3 +218,33 @@ def test_the_launcher_imports_neither_matplotlib_nor_torch():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "LOADED []" in res.stdout
+
+
+# transformers' Trainer writes trainer_state.json; its log_history is what a run of it looked like.
+HF_STATE = {"log_history": [
+    {"epoch": 0.5, "learning_rate": 4e-05, "loss": 6.9, "step": 10},
+    {"epoch": 1.0, "eval_loss": 6.2, "eval_runtime": 1.0, "step": 20},
+    {"epoch": 1.0, "learning_rate": 3e-05, "loss": 6.1, "step": 20},
+    {"epoch": 1.0, "step": 20, "total_flos": 1.0, "train_loss": 6.5, "train_runtime": 9.0,
+     "train_samples_per_second": 35.5, "train_steps_per_second": 2.2}]}
+
+
+def test_transformers_trainer_state_is_plotted_too(tmp_path, capsys):
+    needs_matplotlib()
+    ckpt = tmp_path / "run" / "checkpoint-20"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps(HF_STATE))
+    rows = report.read_trainer_state(str(ckpt / "trainer_state.json"))
+    parts = report.split_rows(rows)
+    assert [r["step"] for r in parts["train"]] == [10, 20]
+    assert parts["evals"][0][0] == 20 and parts["evals"][0][1]["perplexity"] == pytest.approx(math.exp(6.2))
+    assert parts["summaries"][-1]["train_samples_per_second"] == 35.5
+    assert report.main([str(tmp_path / "run")]) == 0  # the newest checkpoint's state, found by itself
+    assert_png(str(tmp_path / "run" / "plots" / "loss.png"))
+
+
+def test_cpu_memory_is_named_as_the_process_rss():
+    cpu = [{"step": 1, "device": "cpu", "memory_allocated (GB)": 0.4}]
+    assert report._memory_label("memory_allocated (GB)", cpu) == "RSS (process)"
+    assert report._memory_label("max_memory_allocated (GB)", cpu) == "RSS (process, peak)"
+    assert report._memory_label("memory_allocated (GB)", [{"step": 1, "device": "hpu"}]) == "memory_allocated"
