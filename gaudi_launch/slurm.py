@@ -93,6 +93,11 @@ def port_for_job(job_id: str) -> int:
     return PORT_BASE + n % PORT_SPAN
 
 
+def has_config(environ: Mapping[str, str]) -> bool:
+    """Without one, every Slurm command looks the controller up in DNS (configless Slurm)."""
+    return bool(environ.get("SLURM_CONF")) or os.path.exists("/etc/slurm/slurm.conf")
+
+
 def scontrol_hostnames(nodelist: str, environ: Optional[Mapping[str, str]] = None) -> List[str]:
     """``scontrol show hostnames`` (Slurm's own expansion); the pure parser where Slurm is absent.
 
@@ -100,7 +105,7 @@ def scontrol_hostnames(nodelist: str, environ: Optional[Mapping[str, str]] = Non
     a query off the machine, for an expansion that needs none."""
     environ = os.environ if environ is None else environ
     scontrol = shutil.which("scontrol", path=environ.get("PATH"))
-    if scontrol is None or not (environ.get("SLURM_CONF") or os.path.exists("/etc/slurm/slurm.conf")):
+    if scontrol is None or not has_config(environ):
         return expand_hostlist(nodelist)
     try:
         out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True,

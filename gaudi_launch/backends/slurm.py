@@ -104,9 +104,80 @@ def _node_names(selector: Optional[str], option: str) -> List[str]:
     return names
 
 
+# Run once per node through srun (no ssh on Slurm clusters): the node's addresses, and the master's
+# address as the node resolves it (a login node may not know the compute nodes' names).
+PROBE = r"""
+import json, socket, subprocess, sys
+try:
+    ip = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+except Exception:
+    ip = ""
+try:
+    master = socket.getaddrinfo(sys.argv[1], None, type=socket.SOCK_STREAM)[0][4][0]
+except Exception:
+    master = None
+print(json.dumps({"ip_addr": ip, "master_ip": master}))
+"""
+
+
+def probe_argv(nodes: List[str], job: str, master: str, python: str) -> List[str]:
+    """One task per node beside any running step (--overlap). Pure."""
+    return ["srun", "--overlap", f"--jobid={job}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            "--ntasks-per-node=1", "--nodelist=" + ",".join(nodes), "--label", "--export=ALL",
+            python, "-c", PROBE, master]
+
+
+def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str, str]) -> Optional[Dict[str, dict]]:
+    """{node: {"ip_addr", "master_ip"}} from the allocation's nodes, or None when srun cannot tell."""
+    import json
+    import shutil
+
+    if shutil.which("srun", path=environ.get("PATH")) is None or not slurm.has_config(environ):
+        return None
+    env = {k: v for k, v in environ.items() if k not in CONTRACT and k != "GAUDI_LAUNCH_JOB_ID"}
+    try:
+        out = subprocess.run(probe_argv(nodes, environ.get("SLURM_JOB_ID", ""), master, python), env=env,
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    facts: Dict[str, dict] = {}
+    for rank, line in (srun_demux()(t)[0] for t in out.stdout.splitlines()):
+        if rank is not None and rank < len(nodes):
+            try:
+                facts[nodes[rank]] = json.loads(line)
+            except ValueError:
+                pass
+    return facts if len(facts) == len(nodes) else None
+
+
+def apply_node_facts(plan: LaunchPlan, facts: Optional[Dict[str, dict]], environ: Mapping[str, str]) -> None:
+    """The interface for HCCL/GLOO/NCCL_SOCKET_IFNAME, as for mpirun: the one carrying the master's
+    subnet on every node. Pure."""
+    from gaudi_launch import fabric
+
+    if {**environ, **plan.env}.get("HCCL_SOCKET_IFNAME"):
+        plan.ifname = {**environ, **plan.env}["HCCL_SOCKET_IFNAME"]
+        plan.notes.append(f"interface {plan.ifname}: HCCL_SOCKET_IFNAME as you set it")
+        return
+    if not facts:
+        plan.notes.append("interface: not probed (srun could not run on the nodes): left to defaults")
+        return
+    master_ip = facts.get(plan.nodes[0].host, {}).get("master_ip")
+    interfaces = {h: fabric.parse_ip_addr(f.get("ip_addr") or "") for h, f in facts.items()}
+    if not master_ip:
+        plan.notes.append(f"interface: {plan.master_addr} does not resolve on {plan.nodes[0].host}: left to defaults")
+        return
+    plan.ifname, how = fabric.choose_interface(master_ip, interfaces)
+    plan.notes.append(f"interface {plan.ifname}: " + (
+        f"carries the master's subnet ({master_ip}) on every node" if how == "subnet"
+        else "no node has an address on the master's subnet: first common interface (fallback)"))
+
+
 def build_plan(spec: JobSpec, environ: Mapping[str, str],
-               hostnames: Callable[[str, Mapping[str, str]], List[str]] = slurm.scontrol_hostnames) -> LaunchPlan:
-    """The plan of a Slurm job. Pure except ``hostnames`` and reading the env files (as every plan)."""
+               hostnames: Callable[[str, Mapping[str, str]], List[str]] = slurm.scontrol_hostnames,
+               probe: Callable[..., Optional[Dict[str, dict]]] = probe_nodes) -> LaunchPlan:
+    """The plan of a Slurm job. Pure except ``hostnames``, ``probe`` (inside an allocation, unless
+    --no-ssh-check) and reading the env files (as every plan)."""
     from gaudi_launch import fabric
     from gaudi_launch.planner import layout
 
@@ -138,8 +209,10 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
     # secret-looking ones are masked in output like the other backends' exported variables.
     plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
     plan.exported_secrets = {n: environ[n] for n in plan.exported if is_secret(n) and environ[n]}
+    if inside and spec.ssh_check:
+        apply_node_facts(plan, probe([n.host for n in nodes], master_addr, spec.python, environ), environ)
     efa = spec.efa if spec.efa is not None else fabric.efa_present()
-    plan.env.update(fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=None,
+    plan.env.update(fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname,
                                       wrapper_dir=spec.hccl_ofi_wrapper))
     if any(n.devices != list(range(len(n.devices))) for n in nodes):
         plan.env.update(node_device_env([n.devices for n in nodes], [dict(environ)] * len(nodes)))

@@ -44,6 +44,14 @@ def test_allreduce_inside_salloc(slurm_cluster):
     ok = [line for line in r.stdout.splitlines() if line.endswith("expected 10: OK")]
     assert len(ok) == 4, r.stdout
     assert sorted(line.split(" on ")[1].split()[0] for line in ok) == ["gls-n0", "gls-n0", "gls-n1", "gls-n1"]
+    # The interface comes from the nodes themselves, probed through srun (no ssh on Slurm clusters).
+    dry = launch(slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=2", *LAUNCH, "--dry-run", "--json", ALLREDUCE])
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    assert (plan["backend"], plan["master_addr"], plan["ifname"]) == ("slurm", "gls-n0", "eth0")
+    assert plan["env"]["GLOO_SOCKET_IFNAME"] == "eth0" and plan["env"]["HCCL_SOCKET_IFNAME"] == "eth0"
+    assert plan["commands"][0]["argv"][:6] == ["srun", f"--job-name=gaudi-launch-{plan['job_id']}", "--nodes=2",
+                                               "--ntasks=4", "--ntasks-per-node=2", "--nodelist=gls-n0,gls-n1"]
 
 
 def test_allreduce_inside_sbatch(slurm_cluster, tmp_path):

@@ -22,10 +22,11 @@ ALLOC = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gn[01-03]", "SLURM_TASKS
          "PATH": "/usr/bin:/bin"}
 
 
-def plan_for(environ=None, **spec):
+def plan_for(environ=None, facts=None, **spec):
     return backend.build_plan(JobSpec(program=["train.py", "--bf16"], backend="slurm", efa=False, **spec),
                               dict(ALLOC if environ is None else environ),
-                              hostnames=lambda text, env: slurm.expand_hostlist(text))
+                              hostnames=lambda text, env: slurm.expand_hostlist(text),
+                              probe=lambda nodes, master, python, env: facts)
 
 
 @pytest.mark.parametrize("text,names", [
@@ -151,7 +152,7 @@ def test_dry_run_needs_no_slurm(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("name,args,environ", [
-    ("slurm-allocation", ["--exclude", "gaudi2"],
+    ("slurm-allocation", ["--exclude", "gaudi2", "--no-ssh-check"],
      {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "gaudi[1-3]", "SLURM_NTASKS_PER_NODE": "8"}),
     ("slurm-login", ["--backend", "slurm", "--num_nodes", "2", "--num_devices", "8", "--partition", "gaudi2",
                      "--time", "2:00:00", "--account", "ml", "--slurm-args", "--exclusive --mem=0"], {}),
@@ -199,3 +200,22 @@ def test_job_id_sweep_runs_beside_the_step_on_every_node():
     found = backend.parse_sweep_output("0: 2\n1: 0\n1: 77\tpython\t0\tnot allowed to signal it\n", ["gn01", "gn02"])
     assert found["gn01"].hit == 2 and found["gn02"].hit == 0
     assert found["gn02"].unseen == ["pid 77 (python, uid 0): not allowed to signal it"]
+
+
+def test_interface_from_what_srun_found_on_the_nodes():
+    def ip(addr, other="10.9.0.5/16"):
+        return (f"1: lo    inet 127.0.0.1/8 scope host lo\n2: eth0    inet {other} brd x scope global eth0\n"
+                f"3: ens5    inet {addr}/24 brd x scope global ens5\n")
+    facts = {"gn01": {"ip_addr": ip("10.1.0.11"), "master_ip": "10.1.0.11"},
+             "gn02": {"ip_addr": ip("10.1.0.12"), "master_ip": "10.1.0.11"},
+             "gn03": {"ip_addr": ip("10.1.0.13"), "master_ip": "10.1.0.11"}}
+    plan = plan_for(facts=facts)
+    assert plan.ifname == "ens5" and plan.env["GLOO_SOCKET_IFNAME"] == "ens5" and plan.env["HCCL_SOCKET_IFNAME"] == "ens5"
+    mine = plan_for(environ={**ALLOC, "HCCL_SOCKET_IFNAME": "eth0"}, facts=facts)
+    assert mine.ifname == "eth0" and "HCCL_SOCKET_IFNAME" not in mine.env  # the user's own, inherited
+    assert plan_for(facts=None).ifname is None  # srun could not probe: defaults, with a note
+    assert plan_for(facts=facts, ssh_check=False).ifname is None  # --no-ssh-check: no probe
+    with pytest.raises(UserError, match="HCCL_SOCKET_IFNAME"):
+        plan_for(facts={**facts, "gn03": {"ip_addr": ip("10.2.0.13"), "master_ip": None}})
+    argv = backend.probe_argv(["gn01", "gn02"], "4242", "gn01", "/py")
+    assert argv[:3] == ["srun", "--overlap", "--jobid=4242"] and argv[-4:-2] == ["/py", "-c"] and argv[-1] == "gn01"
