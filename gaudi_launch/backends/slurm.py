@@ -290,23 +290,58 @@ def parse_sweep_output(text: str, nodes: List[str]) -> Dict[str, object]:
     return {node: parse_sweep("\n".join(per_task.get(i, []))) for i, node in enumerate(nodes)}
 
 
-def sweeper(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]):
-    """The job-id sweep inside an allocation (from a login node the allocation ends with srun)."""
+def sweeper(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], lost: Callable[[], object] = frozenset):
+    """The job-id sweep inside an allocation (from a login node the allocation ends with srun), on
+    the nodes that still answer."""
+    import copy
     import time
 
     job = environ.get("SLURM_JOB_ID", "")
     env = srun_env(plan, environ)
     since = time.time() - 60
-    nodes = [n.host for n in plan.nodes]
 
     def sweep(sig: int):
+        alive = copy.copy(plan)
+        alive.nodes = [n for n in plan.nodes if n.host not in lost()]
+        if not alive.nodes:
+            return {}
         try:
-            out = subprocess.run(sweep_argv(plan, spec, job, sig, since), env=env, capture_output=True, text=True,
+            out = subprocess.run(sweep_argv(alive, spec, job, sig, since), env=env, capture_output=True, text=True,
                                  timeout=60, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError):
             return {}
-        return parse_sweep_output(out.stdout, nodes)
+        return parse_sweep_output(out.stdout, [n.host for n in alive.nodes])
     return sweep
+
+
+def parse_node_addrs(text: str) -> Dict[str, str]:
+    """`scontrol -o show node` -> {NodeName: NodeAddr}. Pure."""
+    out = {}
+    for line in text.splitlines():
+        fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if fields.get("NodeName"):
+            out[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
+    return out
+
+
+def parse_slurmd_port(text: str) -> int:
+    """SlurmdPort from `scontrol show config` (6818 unless set). Pure."""
+    m = re.search(r"^SlurmdPort\s*=\s*(\d+)", text, re.M)
+    return int(m.group(1)) if m else 6818
+
+
+def node_watch(plan: LaunchPlan, environ: Mapping[str, str]):
+    """A watch over the job's nodes, as over ssh hosts elsewhere: each node's slurmd port (srun
+    itself reaches it there). None when Slurm cannot say where the nodes are."""
+    from gaudi_launch.watch import HostWatch
+
+    nodes = [n.host for n in plan.nodes]
+    shown = _slurm_cmd(["scontrol", "-o", "show", "node", ",".join(nodes)], environ)
+    config = _slurm_cmd(["scontrol", "show", "config"], environ)
+    if not shown or not config:
+        return None
+    addrs, port = parse_node_addrs(shown), parse_slurmd_port(config)
+    return HostWatch([(n, addrs.get(n, n), port) for n in nodes])
 
 
 # ---------------------------------------------------------------- srun's output
@@ -370,8 +405,16 @@ def _slurm_cmd(argv: List[str], env: Mapping[str, str], timeout: float = 20.0) -
 
 
 def stopper(name: str, env: Mapping[str, str]) -> Callable[[int], None]:
-    """Signal the job's step by name: SIGTERM reaches the ranks and the grace period holds."""
+    """Signal the job's step by name: SIGTERM reaches the ranks and the grace period holds.
+
+    In the background: scancel waits for nodes that may not answer (a lost node), and the grace
+    period and the SIGKILL of srun must not wait for it."""
+    import threading
+
     def stop(sig: int) -> None:
+        threading.Thread(target=signal_step, args=(sig,), daemon=True).start()
+
+    def signal_step(sig: int) -> None:
         # (squeue --name does not filter steps: every step of the user's would match)
         listed = _slurm_cmd(["squeue", "--me", "-h", "-s", "-o", "%i %j"], env) or ""
         steps = [line.split()[0] for line in listed.splitlines() if line.split()[1:] == [name]]
@@ -400,6 +443,12 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     ranks = {r: ("" if n.host == LATER else n.host) for n in plan.nodes for r in n.ranks}
     proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env=env, label="srun", ranks=ranks,
                     demux=srun_demux, explain=explain, stop=stopper(step_name(plan), env), alarm=task_failed)
-    sweep = sweeper(plan, spec, environ) if slurm.in_allocation(environ) else None
-    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks, mask=plan.mask, sweep=sweep,
-                      **supervisor_options).run()
+    inside = slurm.in_allocation(environ)
+    watch = node_watch(plan, env) if inside else None
+
+    def probe() -> Optional[str]:
+        message = watch.probe()
+        return message.replace("or sshd gone", "or its slurmd gone") if message else None
+    sweep = sweeper(plan, spec, environ, lost=lambda: watch.lost if watch else ()) if inside else None
+    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks,
+                      mask=plan.mask, sweep=sweep, watch=probe if watch else None, **supervisor_options).run()

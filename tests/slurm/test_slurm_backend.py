@@ -195,3 +195,28 @@ def test_a_ranks_daemon_does_not_outlive_the_job_inside_an_allocation(slurm_clus
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def test_a_node_that_vanishes_ends_the_job_with_exit_4_naming_it(slurm_cluster):
+    env = slurm_cluster.env()
+    launcher = subprocess.Popen(["salloc", "-N2", "--ntasks-per-node=1", *LAUNCH, "--grace", "2", RANK, "wait"],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = 0
+        for line in launcher.stdout:
+            seen += "waiting" in line
+            if seen == 2:
+                break
+        assert seen == 2, launcher.stderr.read()
+        subprocess.run(["ip", "link", "set", slurm_cluster.veths[1], "down"], check=True)  # gls-n1's cable
+        out, err = launcher.communicate(timeout=120)
+        assert "host gls-n1 stopped answering" in err and "slurmd gone" in err, err
+        assert "exit code: 4" in err, err
+    finally:
+        subprocess.run(["ip", "link", "set", slurm_cluster.veths[1], "up"], check=True)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    # Back on the network, the node ends what is left of the job (Slurm's own cleanup).
+    assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=90), [
+        slurm_cluster.job_processes(i) for i in range(3)]

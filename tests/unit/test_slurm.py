@@ -219,3 +219,11 @@ def test_interface_from_what_srun_found_on_the_nodes():
         plan_for(facts={**facts, "gn03": {"ip_addr": ip("10.2.0.13"), "master_ip": None}})
     argv = backend.probe_argv(["gn01", "gn02"], "4242", "gn01", "/py")
     assert argv[:3] == ["srun", "--overlap", "--jobid=4242"] and argv[-4:-2] == ["/py", "-c"] and argv[-1] == "gn01"
+
+
+def test_where_the_watch_probes_each_node():
+    shown = ("NodeName=gn01 Arch=x86_64 CoresPerSocket=2 NodeAddr=10.1.0.11 NodeHostName=gn01 State=ALLOCATED\n"
+             "NodeName=gn02 Arch=x86_64 NodeHostName=gn02 State=ALLOCATED\n")
+    assert backend.parse_node_addrs(shown) == {"gn01": "10.1.0.11", "gn02": "gn02"}
+    assert backend.parse_slurmd_port("SlurmctldPort = 6817\nSlurmdPort              = 7001\n") == 7001
+    assert backend.parse_slurmd_port("") == 6818
