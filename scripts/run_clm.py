@@ -82,7 +82,7 @@ def main(argv=None) -> int:
 
     from gaudi_launch.runtime import data
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
-    from gaudi_launch.runtime.trainer import Trainer
+    from gaudi_launch.runtime.trainer import Trainer, set_seed
 
     try:
         select_device(targs)  # before any data or model work: --use_habana without a Gaudi stops here
@@ -101,6 +101,7 @@ def main(argv=None) -> int:
         train_blocks = train_blocks[:dargs.max_train_samples]
     if dargs.max_eval_samples:
         eval_blocks = eval_blocks[:dargs.max_eval_samples]
+    set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
     model = build_model(margs, len(tokenizer))
     model.config.use_cache = margs.use_cache
     if getattr(model, "loss_type", "") is None:

@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     margs, dargs, targs = parse_args((ModelArguments, DataArguments, TrainingArguments), argv)
     from gaudi_launch.runtime import data, mlm
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
-    from gaudi_launch.runtime.trainer import Trainer
+    from gaudi_launch.runtime.trainer import Trainer, set_seed
 
     try:
         select_device(targs)
@@ -92,6 +92,7 @@ def main(argv=None) -> int:
     if dargs.max_eval_samples:
         eval_blocks = eval_blocks[:dargs.max_eval_samples]
     eval_blocks = mlm.premask(eval_blocks, mask_id, len(tokenizer), dargs.mlm_probability, specials)
+    set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
     model = build_model(margs, len(tokenizer))
     trainer = Trainer(model, targs, train_dataset=data.BlockDataset(train_blocks),
                       eval_dataset=data.BlockDataset(eval_blocks),

@@ -116,7 +116,7 @@ def main(argv=None) -> int:
                                             argv)
     from gaudi_launch.runtime import data, summarization
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
-    from gaudi_launch.runtime.trainer import Trainer
+    from gaudi_launch.runtime.trainer import Trainer, set_seed
 
     try:
         select_device(targs)
@@ -141,6 +141,7 @@ def main(argv=None) -> int:
     fixed = dargs.pad_to_max_length
     collator = summarization.Seq2SeqCollator(tokenizer.pad_token_id, dargs.max_source_length if fixed else 0,
                                              dargs.max_target_length if fixed else 0)
+    set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
     model = build_model(margs, len(tokenizer))
     model.config.use_cache = margs.use_cache
     trainer = Trainer(model, targs, train_dataset=summarization.ListDataset(train),

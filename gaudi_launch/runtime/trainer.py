@@ -93,7 +93,9 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
         raise ValueError("--gradient_checkpointing needs a model that supports it (transformers models do)")
 
 
-def _seed_everything(seed: int) -> None:
+def set_seed(seed: int) -> None:
+    """Python's, numpy's and torch's RNGs (HF's set_seed): call it before building a model, so its
+    initial weights are the same in every run."""
     random.seed(seed)
     torch.manual_seed(seed)
     try:
@@ -157,7 +159,7 @@ class Trainer:
         # batches and ranks: e.g. masked-token accuracy. No host sync per batch.
         self.eval_metrics = eval_metrics
         self._eval_warned = False
-        _seed_everything(args.seed)
+        set_seed(args.seed)
         apply_attention(model, args, self.info)
         if args.gradient_checkpointing:
             enable_checkpointing(model)
