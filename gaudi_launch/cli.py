@@ -91,7 +91,7 @@ def launch(
     launcher: str = typer.Option("pdsh", "--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi."),
     launcher_args: Optional[str] = typer.Option(None, "--launcher-args", "--launcher_args", help="With --backend deepspeed: extra arguments for its runner (one string)."),
     partition: Optional[str] = typer.Option(None, "--partition", help="With --backend slurm from a login node: srun's partition."),
-    time_limit: Optional[str] = typer.Option(None, "--time", help="With --backend slurm from a login node: srun's time limit (e.g. 1:00:00)."),
+    time: Optional[str] = typer.Option(None, "--time", help="With --backend slurm from a login node: srun's time limit (e.g. 1:00:00)."),
     account: Optional[str] = typer.Option(None, "--account", help="With --backend slurm from a login node: srun's account."),
     slurm_args: Optional[str] = typer.Option(None, "--slurm-args", "--slurm_args", help="With --backend slurm: more srun options, one string (split like a shell would, never run by one)."),
     device: Optional[str] = typer.Option(None, "--device", help="hpu, cuda or cpu for the ranks' training runtime (default: what the host has)."),
@@ -209,7 +209,7 @@ def _launch(v: dict) -> int:
         ssh_timeout=v["ssh_timeout"], strict_host_keys=v["strict_host_keys"], ssh_check=not v["no_ssh_check"],
         export_prefixes=list(v["export_prefix"] or []), efa=v["efa"], hccl_ofi_wrapper=v["hccl_ofi_wrapper"],
         launcher=v["launcher"], launcher_args=v["launcher_args"], partition=v["partition"],
-        time=v["time_limit"], account=v["account"], slurm_args=v["slurm_args"],
+        time=v["time"], account=v["account"], slurm_args=v["slurm_args"],
         console_ranks=_ranks(v["ranks_filter"]))
     if v["python"]:
         spec.python = v["python"]
@@ -241,7 +241,12 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
     from gaudi_launch.planner import build_plan
 
     if check_only:
-        report = preflight(build_plan(spec, require_program=False), spec)
+        plan = build_plan(spec, require_program=False)
+        if plan.backend == "slurm":  # no hostfile, no ssh: the nodes are probed through srun
+            raise UserError("the pre-flight checks a hostfile's hosts over ssh; a Slurm job has neither",
+                            where="--check-only", hint="inside the allocation, --dry-run shows what srun found "
+                                                       "on the nodes (interface, addresses)")
+        report = preflight(plan, spec)
         table = report.render_table()
         sys.stdout.write(table if table.endswith("\n") else table + "\n")
         return 0 if report.ok else EXIT_PREFLIGHT

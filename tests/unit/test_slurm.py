@@ -227,3 +227,18 @@ def test_where_the_watch_probes_each_node():
     assert backend.parse_node_addrs(shown) == {"gn01": "10.1.0.11", "gn02": "gn02"}
     assert backend.parse_slurmd_port("SlurmctldPort = 6817\nSlurmdPort              = 7001\n") == 7001
     assert backend.parse_slurmd_port("") == 6818
+
+
+def test_check_only_and_job_file_with_slurm(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert main(["--backend", "slurm", "--check-only"]) == 2
+    assert "--check-only" in err.getvalue() and "Traceback" not in err.getvalue()
+    (tmp_path / "job.yaml").write_text('backend: slurm\nnum_nodes: 2\ntime: "1:00:00"\naccount: ml\n')
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["--config", "job.yaml", "--dry-run", "--json", "t.py"]) == 0
+    argv = json.loads(out.getvalue())["commands"][0]["argv"]
+    assert "--time=1:00:00" in argv and "--account=ml" in argv and "--nodes=2" in argv
