@@ -48,12 +48,13 @@ def deepspeed_exe(python: str) -> str:
     return beside if os.path.exists(beside) else "deepspeed"
 
 
-def include_selector(plan: LaunchPlan) -> str:
-    return "@".join(f"{n.host}:{','.join(map(str, n.devices))}" for n in plan.nodes)
+def hostfile_text(plan: LaunchPlan) -> str:
+    """The selected hosts, each with as many slots as it runs ranks. Pure.
 
-
-def hostfile_text(plan: LaunchPlan, slots: Mapping[str, int]) -> str:
-    return "".join(f"{n.host} slots={slots.get(n.host, len(n.devices))}\n" for n in plan.nodes)
+    No --include goes to DeepSpeed: its selector splits on '@', so a `user@host` entry cannot be
+    named in one, and a device subset travels in the job file anyway (GAUDI_LAUNCH_NODE_DEVICES,
+    which the worker applies over what launch.py sets)."""
+    return "".join(f"{n.host} slots={len(n.devices)}\n" for n in plan.nodes)
 
 
 def rank_env(plan: LaunchPlan, environ: Mapping[str, str], grace: Optional[float] = None) -> dict:
@@ -101,9 +102,9 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
         # localhost). A device subset then travels in the job file (GAUDI_LAUNCH_NODE_DEVICES).
         argv += ["--num_gpus", str(len(plan.nodes[0].devices))]
     else:
-        argv += ["--hostfile", os.path.join(directory, "hostfile")]
-        if not full:
-            argv += ["--include", include_selector(plan)]
+        # --force_multi: with one selected host DeepSpeed would take its local path and run the
+        # ranks here, whatever host the hostfile names.
+        argv += ["--hostfile", os.path.join(directory, "hostfile"), "--force_multi"]
     argv += ["--master_addr", plan.master_addr, "--master_port", str(plan.master_port),
              "--launcher", spec.launcher]
     if spec.launcher_args:
@@ -148,8 +149,7 @@ def write_job_dir(plan: LaunchPlan, directory: str, job: bytes) -> None:
         raise UserError(f"{directory} exists already; a job directory is never reused", where="TMPDIR",
                         hint="remove it if no job of yours is running, or set TMPDIR elsewhere") from None
     os.mkdir(os.path.join(directory, "bin"), 0o700)
-    jobdir.write_private(os.path.join(directory, "hostfile"),
-                         hostfile_text(plan, {n.host: max(n.devices) + 1 for n in plan.nodes}).encode())
+    jobdir.write_private(os.path.join(directory, "hostfile"), hostfile_text(plan).encode())
     jobdir.write_private(os.path.join(directory, "job.env"), f"GAUDI_LAUNCH_JOB_ID={plan.job_id}\n".encode())
     jobdir.write_private(os.path.join(directory, jobdir.JOB_FILE), job)
     if plan.ssh_args:

@@ -93,14 +93,18 @@ def test_mpirun_explains_its_own_failure_reports():
     assert (c.rank, c.host, c.status) == (2, "b", "exit code 7")
 
 
-def test_deepspeed_argv_names_a_job_file_and_include_for_device_subsets(tmp_path):
+def test_deepspeed_argv_names_a_job_file_and_a_hostfile_of_the_selection(tmp_path):
     plan = two_node_plan(exported=["HCCL_X"])
+    plan.nodes[1].host = "root@gl-n1"
     plan.nodes[1].devices = [1, 3]
     spec = JobSpec(program=["t.py", "a b", "$(x)"], python="/nowhere/py", launcher_args="-l root", grace=3)
     environ = {"HCCL_X": "v w", "OTHER": "no"}
     argv = deepspeed.build_argv(plan, spec, environ, str(tmp_path))
-    assert argv[:5] == ["/nowhere/py", "-m", "gaudi_launch.ds_runner", "--hostfile", f"{tmp_path}/hostfile"]
-    assert argv[argv.index("--include") + 1] == "gl-n0:0,1@gl-n1:1,3"
+    assert argv[:6] == ["/nowhere/py", "-m", "gaudi_launch.ds_runner", "--hostfile", f"{tmp_path}/hostfile",
+                        "--force_multi"]
+    # No --include (DeepSpeed splits it on '@', user@host too): the hostfile holds the selection's
+    # rank counts, the device subset travels in the job file.
+    assert "--include" not in argv and "--exclude" not in argv
     assert "--launcher_args=-l root" in argv and "--no_local_rank" in argv
     assert not any(v in " ".join(argv) for v in ("v w", "a b", "$(x)", "t.py"))
     # What the worker reads back from the file argv names, checked against the digest on argv.
@@ -109,7 +113,7 @@ def test_deepspeed_argv_names_a_job_file_and_include_for_device_subsets(tmp_path
     job = read_job_argv(argv[-2:])
     assert job["argv"] == ["t.py", "a b", "$(x)"] and job["module"] is False and job["cwd"] == os.getcwd()
     assert job["env"] == {"HCCL_X": "v w", "A": "1", "GAUDI_LAUNCH_JOB_ID": "j1", "GAUDI_LAUNCH_GRACE": "3"}
-    assert deepspeed.hostfile_text(plan, {"gl-n1": 4}) == "gl-n0 slots=2\ngl-n1 slots=4\n"
+    assert deepspeed.hostfile_text(plan) == "gl-n0 slots=2\nroot@gl-n1 slots=2\n"
 
 
 def test_pdsh_output_keeps_hosts_but_recognises_records_and_node_failures():
