@@ -95,6 +95,7 @@ class ProcResult:
     records: List[dict] = field(default_factory=list)   # workers' error records, in arrival order
     rank_hosts: Dict[int, str] = field(default_factory=dict)
     explain: Optional[Callable[[List[str]], Optional[Culprit]]] = None
+    launcher: bool = False     # it started ranks (mpirun, deepspeed), even a single one
 
     def __post_init__(self):
         self.rank_hosts = self.rank_hosts or {self.rank: self.host}
@@ -155,8 +156,8 @@ def find_culprit(first: ProcResult) -> Culprit:
     if first.records:
         rec = first.records[0]
         rank = rec.get("rank") if isinstance(rec.get("rank"), int) else first.rank
-        status = f"exit code {rec.get('exit_code')}"
-        if len(first.rank_hosts) == 1 and first.returncode is not None:
+        status = f"killed by {rec['signal']}" if rec.get("signal") else f"exit code {rec.get('exit_code')}"
+        if len(first.rank_hosts) == 1 and not first.launcher and first.returncode is not None:
             status = first.status
         if rec.get("exc_type"):
             status += f" ({rec['exc_type']}: {rec.get('message', '')})"
@@ -592,14 +593,15 @@ class Supervisor:
             runtime_s=((p.ended or now) - p.started) if p.started else 0.0,
             tail=list(p.tail), killed=p.killed,
             rank_tails={r: list(t) for r, t in p.rank_tails.items()}, records=list(p.records),
-            rank_hosts=p.spec.rank_hosts, explain=p.spec.explain)
+            rank_hosts=p.spec.rank_hosts, explain=p.spec.explain, launcher=p.spec.ranks is not None)
             for p in self.procs]
         first_result = results[first.index] if first else None
         culprit = find_culprit(first_result) if first_result else None
         if first_result is not None:
             code = exit_code_for(first_result.returncode)
             record_code = first_result.records[0].get("exit_code") if first_result.records else None
-            if len(first_result.rank_hosts) > 1 and isinstance(record_code, int) and record_code:
+            if (len(first_result.rank_hosts) > 1 or first_result.launcher) and isinstance(record_code, int) \
+                    and record_code:
                 code = record_code  # the failing rank's own code, not its launcher's
             elif culprit is not None and culprit.exit_code:
                 code = culprit.exit_code

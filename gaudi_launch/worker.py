@@ -2,7 +2,8 @@
 
 Runs on every rank, whatever started it (our local backend, mpirun, the DeepSpeed launcher):
 normalises the environment to torchrun's contract, then runs the user's script in this process as
-``__main__`` with sys.argv as given. An uncaught exception is written as a structured error record
+``__main__`` with sys.argv as given. (Started from a job file, by the deepspeed backend, it forks
+first: the child is the rank, this process relays its output and reports its end, see relay.py.) An uncaught exception is written as a structured error record
 (rank, host, time, traceback) as one marker line on stderr, which the supervisor takes out of the
 output stream for its failure summary; it works through any backend (pipes, mpirun, pdsh).
 On a Gaudi host it also puts the bridge's import-time settings (lazy mode, per-job autocast op
@@ -17,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import runpy
 import shutil
 import signal
@@ -25,7 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Dict, List, Mapping, MutableMapping, Optional
+from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 from gaudi_launch.contract import elastic_env, node_visibility, read_error_file
 
@@ -89,6 +91,14 @@ JOB_FILE_FLAG = "--job-file="
 JOB_DIGEST_FLAG = "--job-sha256="
 # Read by the dynamic loader or the interpreter at start-up: changing them needs a fresh process.
 _STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")
+
+
+def take_local_rank(argv: List[str]) -> Tuple[Optional[str], List[str]]:
+    """DeepSpeed's launch.py puts ``--local_rank=N`` before our own arguments (--append-local-rank):
+    take it off, to go after the script as DeepSpeed gives it. Pure."""
+    if len(argv) > 1 and argv[1].startswith(JOB_FILE_FLAG) and re.fullmatch(r"--local_rank=\d+", argv[0]):
+        return argv[0], argv[1:]
+    return None, argv
 
 
 def job_argv(path: str, digest: str) -> List[str]:
@@ -206,6 +216,12 @@ def _term_whole_group(signum, _frame) -> None:
     # Ignored until the group has it: a second SIGTERM (the parent-death signal comes again as a
     # killed launcher's threads exit one by one) would otherwise end us before our children.
     signal.signal(signum, signal.SIG_IGN)
+    if _RELAYED:  # tell the relay (relay.py) this rank is torn down, not failing on its own
+        from gaudi_launch.relay import TORN_DOWN
+        try:
+            os.write(2, (TORN_DOWN + "\n").encode())
+        except OSError:
+            pass
     if _ERROR_DIR:
         shutil.rmtree(_ERROR_DIR, ignore_errors=True)
     os.killpg(0, signum)
@@ -245,6 +261,8 @@ def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
 
 
 _ERROR_DIR: Optional[str] = None
+_RELAYED = False  # our output goes through a relay (relay.py): ranks started from a job file
+_RELAYED_FLAG = "--gaudi-launch-relayed"
 
 
 def _error_file(environ: Mapping[str, str]) -> Dict[str, str]:
@@ -330,6 +348,10 @@ def _whole_lines() -> None:
 
 
 def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
+    global _RELAYED
+    if argv[:1] == [_RELAYED_FLAG]:  # re-executed below, with the relay already in place
+        _RELAYED, argv = True, argv[1:]
+    local_rank, argv = take_local_rank(argv)
     if argv and argv[0].startswith(JOB_FILE_FLAG):
         try:
             job = read_job_argv(argv)
@@ -339,10 +361,17 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
                   file=sys.stderr)
             return 2
         job_dir = os.path.dirname(argv[0][len(JOB_FILE_FLAG):])
-        env, argv = job["env"], (["-m"] if job["module"] else []) + job["argv"]
+        program = list(job["argv"])
+        if local_rank and program:
+            program.insert(1, local_rank)  # script --local_rank=N args..., as DeepSpeed runs it
+        env, argv = job["env"], (["-m"] if job["module"] else []) + program
         env = cwd_on_path(env, environ, job_dir, job["cwd"])
+        from gaudi_launch import relay
+
+        relay.start(environ.get("RANK", ""))  # from here on we are the rank, our output relayed
+        _RELAYED = True
         if any(env.get(k, environ.get(k)) != environ.get(k) for k in _STARTUP_VARS):
-            os.execve(sys.executable, [sys.executable, "-u", "-m", "gaudi_launch.worker", *argv],
+            os.execve(sys.executable, [sys.executable, "-u", "-m", "gaudi_launch.worker", _RELAYED_FLAG, *argv],
                       {**environ, **env})
         environ.update(env)
     _whole_lines()

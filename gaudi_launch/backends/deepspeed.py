@@ -26,7 +26,8 @@ from gaudi_launch.planner import is_local_host
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.teardown import job_sweeper, signal_job
-from gaudi_launch.worker import ERROR_MARKER, job_argv
+from gaudi_launch.relay import untag
+from gaudi_launch.worker import job_argv
 
 # The runner's whole environment comes from these names (plus what commands() sets): none starts
 # with a prefix DeepSpeed re-exports to the remote shell line (PYTHON, MLFLOW, MV2, UCX, NCCL).
@@ -253,8 +254,9 @@ def node_failed(line: str) -> bool:
 
 
 class PdshDemux:
-    """pdsh prefixes each remote line with 'HOST: ': keep it on output (which rank printed a
-    line is not known beyond its host), strip it from error records so they are recognised."""
+    """Which rank printed a line: each rank's relay (relay.py) tags its lines with its rank, and
+    pdsh puts 'HOST: ' before remote lines. Tagged lines lose both; DeepSpeed's own lines (the
+    runner, launch.py, pdsh) keep their host and are nobody's rank."""
 
     def __init__(self, hosts):
         self.prefixes = tuple(f"{h.rsplit('@', 1)[-1]}: " for h in hosts)
@@ -262,7 +264,12 @@ class PdshDemux:
     def __call__(self, line: Optional[str]):
         if line is None:
             return []
+        rank, text = untag(line)
+        if rank is not None:
+            return [(rank, text)]
         for prefix in self.prefixes:
-            if line.startswith(prefix) and line[len(prefix):].startswith(ERROR_MARKER):
-                return [(None, line[len(prefix):])]
+            if line.startswith(prefix):
+                rank, text = untag(line[len(prefix):])
+                if rank is not None:
+                    return [(rank, text)]
         return [(None, line)]

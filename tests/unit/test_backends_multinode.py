@@ -116,10 +116,14 @@ def test_deepspeed_argv_names_a_job_file_and_a_hostfile_of_the_selection(tmp_pat
     assert deepspeed.hostfile_text(plan) == "gl-n0 slots=2\nroot@gl-n1 slots=2\n"
 
 
-def test_pdsh_output_keeps_hosts_but_recognises_records_and_node_failures():
+def test_pdsh_output_goes_to_the_rank_its_relay_tagged_and_recognises_node_failures():
     demux = deepspeed.PdshDemux(["gl-n0", "root@gl-n1"])
-    assert demux("gl-n1: hello") == [(None, "gl-n1: hello")]
-    assert demux("gl-n1: @@gaudi-launch-error-record@@ {}") == [(None, "@@gaudi-launch-error-record@@ {}")]
+    assert demux("gl-n1: hello") == [(None, "gl-n1: hello")]  # DeepSpeed's own line there
+    assert demux("gl-n1: @@gaudi-launch-rank@@3 hello") == [(3, "hello")]
+    assert demux("@@gaudi-launch-rank@@0 local  line ") == [(0, "local  line ")]  # one node: no pdsh
+    assert demux("gl-n1: @@gaudi-launch-rank@@3 @@gaudi-launch-error-record@@ {}") == [
+        (3, "@@gaudi-launch-error-record@@ {}")]
+    assert demux("gl-n2: @@gaudi-launch-rank@@3 x") == [(None, "gl-n2: @@gaudi-launch-rank@@3 x")]  # not ours
     assert deepspeed.node_failed("pdsh@gl-n0: gl-n1: ssh exited with exit code 1")
     assert not deepspeed.node_failed("pdsh@gl-n0: gl-n1: ssh exited with exit code 0")
 
