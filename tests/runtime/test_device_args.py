@@ -230,7 +230,7 @@ def test_make_optimizer_groups_and_eps():
     assert ids(decay["params"]) == {id(model.emb.weight), id(model.proj.weight)}
     assert ids(no_decay["params"]) == {id(model.proj.bias), id(model.LayerNorm.weight), id(model.LayerNorm.bias)}
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert decay["eps"] == 1e-6 and decay["lr"] == 1e-3 and decay["foreach"] is True
+    assert decay["eps"] == 1e-6 and decay["lr"] == 1e-3 and decay["fused"] is True
     # it trains
     loss = model(torch.tensor([1, 2])).sum()
     loss.backward()
