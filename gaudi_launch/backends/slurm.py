@@ -107,7 +107,7 @@ def _node_names(selector: Optional[str], option: str) -> List[str]:
 # Run once per node through srun (no ssh on Slurm clusters): the node's addresses, and the master's
 # address as the node resolves it (a login node may not know the compute nodes' names).
 PROBE = r"""
-import json, socket, subprocess, sys
+import json, os, socket, subprocess, sys
 try:
     ip = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
 except Exception:
@@ -116,19 +116,27 @@ try:
     master = socket.getaddrinfo(sys.argv[1], None, type=socket.SOCK_STREAM)[0][4][0]
 except Exception:
     master = None
-print(json.dumps({"ip_addr": ip, "master_ip": master}))
+script = sys.argv[2] if len(sys.argv) > 2 else ""
+print(json.dumps({"ip_addr": ip, "master_ip": master, "script": os.path.isfile(script) if script else None,
+                  "cwd": os.getcwd()}))
 """
 
 
-def probe_argv(nodes: List[str], job: str, master: str, python: str) -> List[str]:
+class NodeCheckFailed(UserError):
+    exit_code = 3  # as the pre-flight: nothing was started
+
+
+def probe_argv(nodes: List[str], job: str, master: str, python: str, script: str = "") -> List[str]:
     """One task per node beside any running step (--overlap). Pure."""
     return ["srun", "--overlap", f"--jobid={job}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
             "--ntasks-per-node=1", "--nodelist=" + ",".join(nodes), "--label", "--export=ALL",
-            python, "-c", PROBE, master]
+            python, "-c", PROBE, master, script]
 
 
-def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str, str]) -> Optional[Dict[str, dict]]:
-    """{node: {"ip_addr", "master_ip"}} from the allocation's nodes, or None when srun cannot tell."""
+def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str, str],
+                script: str = "") -> Optional[Dict[str, dict]]:
+    """{node: {"ip_addr", "master_ip", "script", "cwd"}} from the allocation's nodes; None when
+    srun cannot tell ({"error": srun's words} when it said why)."""
     import json
     import shutil
 
@@ -136,7 +144,7 @@ def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str
         return None
     env = {k: v for k, v in environ.items() if k not in CONTRACT and k != "GAUDI_LAUNCH_JOB_ID"}
     try:
-        out = subprocess.run(probe_argv(nodes, environ.get("SLURM_JOB_ID", ""), master, python), env=env,
+        out = subprocess.run(probe_argv(nodes, environ.get("SLURM_JOB_ID", ""), master, python, script), env=env,
                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -147,7 +155,27 @@ def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str
                 facts[nodes[rank]] = json.loads(line)
             except ValueError:
                 pass
-    return facts if len(facts) == len(nodes) else None
+    if len(facts) == len(nodes):
+        return {node: facts[node] for node in nodes}  # the plan's order, not srun's output's
+    words = [line for line in out.stderr.splitlines() if "error" in line.lower()][:3]
+    return {"error": "; ".join(words)} if words else None
+
+
+def check_nodes(facts: Optional[Dict[str, dict]], script: str, python: str) -> None:
+    """What would make every rank on a node fail at once: a script the node does not have, or an
+    interpreter srun could not start there. Pure."""
+    if not facts:
+        return
+    if "error" in facts and ("No such file" in facts["error"] or "execve" in facts["error"]):
+        raise NodeCheckFailed(f"srun could not start the ranks' interpreter {python} on the nodes: {facts['error']}",
+                              where="--python", hint="install gaudi-launch's Python at the same path on every node, "
+                                                     "or give --python; nothing was started")
+    missing = [node for node, f in facts.items() if node != "error" and f.get("script") is False]
+    if missing:
+        raise NodeCheckFailed(f"{script} does not exist on {', '.join(missing)} (the ranks start in "
+                              f"{facts[missing[0]].get('cwd')} there)", where=missing[0],
+                              hint="put the script on a filesystem every node mounts at the same path; "
+                                   "nothing was started")
 
 
 def apply_node_facts(plan: LaunchPlan, facts: Optional[Dict[str, dict]], environ: Mapping[str, str]) -> None:
@@ -155,6 +183,9 @@ def apply_node_facts(plan: LaunchPlan, facts: Optional[Dict[str, dict]], environ
     subnet on every node. Pure."""
     from gaudi_launch import fabric
 
+    if facts and "error" in facts:
+        plan.notes.append(f"nodes not probed: srun said {facts['error']}")
+        facts = None
     if {**environ, **plan.env}.get("HCCL_SOCKET_IFNAME"):
         plan.ifname = {**environ, **plan.env}["HCCL_SOCKET_IFNAME"]
         plan.notes.append(f"interface {plan.ifname}: HCCL_SOCKET_IFNAME as you set it")
@@ -210,7 +241,10 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
     plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
     plan.exported_secrets = {n: environ[n] for n in plan.exported if is_secret(n) and environ[n]}
     if inside and spec.ssh_check:
-        apply_node_facts(plan, probe([n.host for n in nodes], master_addr, spec.python, environ), environ)
+        script = spec.program[0] if spec.program and not spec.module and not spec.no_python else ""
+        facts = probe([n.host for n in nodes], master_addr, spec.python, environ, script=script)
+        check_nodes(facts, script, spec.python)
+        apply_node_facts(plan, facts, environ)
     efa = spec.efa if spec.efa is not None else fabric.efa_present()
     plan.env.update(fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname,
                                       wrapper_dir=spec.hccl_ofi_wrapper))

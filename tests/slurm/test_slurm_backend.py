@@ -220,3 +220,13 @@ def test_a_node_that_vanishes_ends_the_job_with_exit_4_naming_it(slurm_cluster):
     # Back on the network, the node ends what is left of the job (Slurm's own cleanup).
     assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=90), [
         slurm_cluster.job_processes(i) for i in range(3)]
+
+
+def test_nodes_are_checked_through_srun_before_anything_starts(slurm_cluster):
+    r = launch(slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=1", *LAUNCH, "no_such_script.py"])
+    assert r.returncode == 3, r.stderr
+    assert "no_such_script.py does not exist on gls-n0, gls-n1" in r.stderr and "Traceback" not in r.stderr
+    r = launch(slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=1", *LAUNCH, "--python", "/nonexistent/python",
+                               RANK])
+    assert r.returncode == 3 and "/nonexistent/python" in r.stderr, r.stderr
+    assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=30)

@@ -26,7 +26,7 @@ def plan_for(environ=None, facts=None, **spec):
     return backend.build_plan(JobSpec(program=["train.py", "--bf16"], backend="slurm", efa=False, **spec),
                               dict(ALLOC if environ is None else environ),
                               hostnames=lambda text, env: slurm.expand_hostlist(text),
-                              probe=lambda nodes, master, python, env: facts)
+                              probe=lambda nodes, master, python, env, script="": facts)
 
 
 @pytest.mark.parametrize("text,names", [
@@ -217,8 +217,19 @@ def test_interface_from_what_srun_found_on_the_nodes():
     assert plan_for(facts=facts, ssh_check=False).ifname is None  # --no-ssh-check: no probe
     with pytest.raises(UserError, match="HCCL_SOCKET_IFNAME"):
         plan_for(facts={**facts, "gn03": {"ip_addr": ip("10.2.0.13"), "master_ip": None}})
-    argv = backend.probe_argv(["gn01", "gn02"], "4242", "gn01", "/py")
-    assert argv[:3] == ["srun", "--overlap", "--jobid=4242"] and argv[-4:-2] == ["/py", "-c"] and argv[-1] == "gn01"
+    argv = backend.probe_argv(["gn01", "gn02"], "4242", "gn01", "/py", "t.py")
+    assert argv[:3] == ["srun", "--overlap", "--jobid=4242"] and argv[-5:-3] == ["/py", "-c"]
+    assert argv[-2:] == ["gn01", "t.py"]
+    assert "nodes not probed: srun said srun: error: x" in plan_for(facts={"error": "srun: error: x"}).notes
+
+
+def test_a_node_without_the_script_or_interpreter_stops_the_job_before_it_starts():
+    ok = {"ip_addr": "", "master_ip": None, "script": True, "cwd": "/w"}
+    with pytest.raises(backend.NodeCheckFailed, match="train.py does not exist on gn02") as exc:
+        plan_for(facts={"gn01": ok, "gn02": {**ok, "script": False}, "gn03": ok})
+    assert exc.value.exit_code == 3 and exc.value.where == "gn02"
+    with pytest.raises(backend.NodeCheckFailed, match="interpreter"):
+        plan_for(facts={"error": "0: slurmstepd: error: execve(): /nope/python: No such file or directory"})
 
 
 def test_where_the_watch_probes_each_node():
