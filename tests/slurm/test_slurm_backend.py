@@ -86,8 +86,12 @@ def test_layout_and_byte_exact_values(slurm_cluster, tmp_path):
     b = "ünïcode\\n=not-a-newline"
     env = slurm_cluster.env()
     env["VALUE_B"] = b  # exported by name (-x VALUE_B): the value stays off every argv
-    r = launch(slurm_cluster, [*OUTSIDE, "-x", f"VALUE_A={a}", "-x", "VALUE_B", RANK, "ok", a], env=env)
+    logs = tmp_path / "logs"
+    r = launch(slurm_cluster, [*OUTSIDE, "--log-dir", str(logs), "-x", f"VALUE_A={a}", "-x", "VALUE_B", RANK, "ok", a],
+               env=env)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert [layouts((logs / f"rank-{n}.log").read_text())[n]["host"] for n in range(4)] == [
+        "gls-n0", "gls-n0", "gls-n1", "gls-n1"]  # srun's --label sorts each line to its rank's log
     got = layouts(r.stdout)
     assert sorted(got) == [0, 1, 2, 3], r.stdout
     for rank, data in got.items():
