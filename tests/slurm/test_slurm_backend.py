@@ -234,3 +234,16 @@ def test_nodes_are_checked_through_srun_before_anything_starts(slurm_cluster):
                                RANK])
     assert r.returncode == 3 and "/nonexistent/python" in r.stderr, r.stderr
     assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=30)
+
+
+def test_device_subset_inside_an_allocation(slurm_cluster):
+    # --include picks slots as with a hostfile: slot 1 of each node is its second device.
+    env = slurm_cluster.env()
+    env["HABANA_VISIBLE_MODULES"] = "4,5,6,7"  # this shell's restriction: slot N is its Nth module
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    r = launch(slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=2", *LAUNCH, "--include", "gls-n0:1@gls-n1:1",
+                               RANK, "ok"], env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = layouts(r.stdout)
+    assert [(got[n]["host"], got[n]["LOCAL_RANK"], got[n]["HABANA_VISIBLE_MODULES"], got[n]["CUDA_VISIBLE_DEVICES"])
+            for n in (0, 1)] == [("gls-n0", "0", "5", "1"), ("gls-n1", "0", "5", "1")]
