@@ -59,6 +59,28 @@ def node_visibility(env: Mapping[str, str], node_rank: Optional[str]) -> Dict[st
     return {name: _node_part(env.get(node_var(name), ""), node_rank) or slots for name in VISIBILITY}
 
 
+# Ranks per node, '1,2', when nodes differ: DeepSpeed's launch.py gives LOCAL_RANK as
+# RANK % (ranks on the node), which is not the rank's place on its node then.
+NODE_SIZES = "GAUDI_LAUNCH_NODE_SIZES"
+
+
+def node_sizes_env(sizes: List[int]) -> Dict[str, str]:
+    """What the deepspeed backend passes for uneven nodes (nothing for even ones). Pure."""
+    return {NODE_SIZES: ",".join(map(str, sizes))} if len(set(sizes)) > 1 else {}
+
+
+def node_layout(env: Mapping[str, str]) -> Dict[str, str]:
+    """LOCAL_RANK and LOCAL_WORLD_SIZE from RANK, the node rank and NODE_SIZES; {} without them. Pure."""
+    node = next((env[k] for k in ("NODE_RANK", "GROUP_RANK", "CROSS_RANK") if env.get(k, "").isdigit()), None)
+    sizes = [int(x) for x in env.get(NODE_SIZES, "").split(",") if x.strip().isdigit()]
+    if node is None or int(node) >= len(sizes) or not env.get("RANK", "").isdigit():
+        return {}
+    local = int(env["RANK"]) - sum(sizes[:int(node)])
+    if not 0 <= local < sizes[int(node)]:
+        return {}
+    return {"LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(sizes[int(node)])}
+
+
 def elastic_env(layout: Mapping[str, str], environ: Mapping[str, str]) -> Dict[str, str]:
     """torchrun's other worker variables (one role, no restarts), from the rank's layout.
 

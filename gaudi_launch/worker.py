@@ -3,9 +3,10 @@
 Runs on every rank, whatever started it (our local backend, mpirun, the DeepSpeed launcher):
 normalises the environment to torchrun's contract, then runs the user's script in this process as
 ``__main__`` with sys.argv as given. (Started from a job file, by the deepspeed backend, it forks
-first: the child is the rank, this process relays its output and reports its end, see relay.py.) An uncaught exception is written as a structured error record
-(rank, host, time, traceback) as one marker line on stderr, which the supervisor takes out of the
-output stream for its failure summary; it works through any backend (pipes, mpirun, pdsh).
+first: the child is the rank, this process relays its output and reports its end, see relay.py.)
+An uncaught exception is written as a structured error record (rank, host, time, traceback) as one
+marker line on stderr, which the supervisor takes out of the output stream for its failure summary;
+it works through any backend (pipes, mpirun, pdsh).
 On a Gaudi host it also puts the bridge's import-time settings (lazy mode, per-job autocast op
 lists) in the environment from the script's flags, before the script can import torch, and for a
 multi-rank job registers the "hccl" process-group backend, so a script written for torchrun or
@@ -29,7 +30,7 @@ import time
 import traceback
 from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
 
-from gaudi_launch.contract import elastic_env, node_visibility, read_error_file
+from gaudi_launch.contract import elastic_env, node_layout, node_visibility, read_error_file
 
 # Where other launchers put the rank layout, in order of preference for each torchrun name.
 _SOURCES = {
@@ -59,6 +60,7 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Di
             if env.get(src, "") != "":
                 out[name] = env[src]
                 break
+    out.update(node_layout({**env, **out}))  # uneven nodes under DeepSpeed: its LOCAL_RANK is off
     if "NODE_RANK" not in out and "RANK" in out and "LOCAL_WORLD_SIZE" in out:
         # Homogeneous nodes (mpirun ppr:K:node): node rank follows from the global rank.
         out["NODE_RANK"] = str(int(out["RANK"]) // max(1, int(out["LOCAL_WORLD_SIZE"])))
@@ -362,8 +364,9 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
             return 2
         job_dir = os.path.dirname(argv[0][len(JOB_FILE_FLAG):])
         program = list(job["argv"])
-        if local_rank and program:
-            program.insert(1, local_rank)  # script --local_rank=N args..., as DeepSpeed runs it
+        if local_rank and program:  # script --local_rank=N args..., as DeepSpeed runs it
+            fixed = node_layout({**environ, **job["env"]}).get("LOCAL_RANK")
+            program.insert(1, f"--local_rank={fixed}" if fixed else local_rank)
         env, argv = job["env"], (["-m"] if job["module"] else []) + program
         env = cwd_on_path(env, environ, job_dir, job["cwd"])
         from gaudi_launch import relay

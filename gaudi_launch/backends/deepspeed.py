@@ -19,6 +19,7 @@ import threading
 from typing import Dict, List, Mapping, Optional
 
 from gaudi_launch import jobdir
+from gaudi_launch.contract import node_sizes_env
 from gaudi_launch.errors import UserError
 from gaudi_launch.multinode import host_watch
 from gaudi_launch.plan import Command, LaunchPlan
@@ -62,6 +63,7 @@ def rank_env(plan: LaunchPlan, environ: Mapping[str, str], grace: Optional[float
     """What every rank gets on top of DeepSpeed's own contract (RANK, LOCAL_RANK, ...)."""
     env = {name: environ[name] for name in plan.exported if name in environ}
     env.update(plan.env)
+    env.update(node_sizes_env([len(n.ranks) for n in plan.nodes]))
     env["GAUDI_LAUNCH_JOB_ID"] = plan.job_id
     if grace is not None:
         env["GAUDI_LAUNCH_GRACE"] = str(grace)  # for the ranks' watchdog (worker.watch_launcher)

@@ -87,6 +87,17 @@ def test_append_local_rank_on_every_host(cluster, tmp_path):
         ("glds-n1", ["--local_rank=0", "a b", "-x"]), ("glds-n1", ["--local_rank=1", "a b", "-x"])]
 
 
+def test_uneven_nodes_give_each_rank_its_place_on_the_node(cluster, tmp_path):
+    # DeepSpeed's launch.py gives RANK % (ranks on the node): 1 and 0 for ranks 1 and 2 on glds-n1.
+    (tmp_path / "probe.py").write_text(PROBE)
+    res = launch(cluster, cluster.hostfile(slots=2, hosts=[0, 1]), "--include", "glds-n0:1@glds-n1",
+                 "--append-local-rank", "probe.py", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert [(r["host"], r["rank"], r["local"], r["argv"], r["cuda"]) for r in seen(res.stdout)] == [
+        ("glds-n0", "0", "0", ["--local_rank=0"], "1"), ("glds-n1", "1", "0", ["--local_rank=0"], "0,1"),
+        ("glds-n1", "2", "1", ["--local_rank=1"], "0,1")]
+
+
 @pytest.mark.parametrize("hosts, slots, fail, how, code, status", [
     ((0, 1), 2, 3, "exit:1", 1, "exit code 1"),
     ((0, 1), 2, 3, "kill9", 137, "killed by SIGKILL"),

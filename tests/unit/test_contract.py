@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from gaudi_launch.contract import elastic_env, node_device_env, read_error_file, visible_subset
+from gaudi_launch.contract import elastic_env, node_device_env, node_layout, node_sizes_env, read_error_file, \
+    visible_subset
 from gaudi_launch.worker import normalize_env
 from tests.unit.cli_helpers import plan_of
 
@@ -89,3 +90,16 @@ def test_error_file_written_by_torchs_record(tmp_path):
                                           "traceback": "Traceback (most recent call last):\n...\nValueError: boom\n"}
     path.write_text("not json")
     assert read_error_file(str(path)) is None
+
+
+def test_uneven_nodes_under_deepspeed_get_their_place_on_the_node_as_local_rank():
+    # --include a:1@b on 2-slot hosts: DeepSpeed's launch.py gives ranks 1 and 2 on b LOCAL_RANK
+    # 1 % 2 = 1 and 2 % 2 = 0; the rank's place on its node is 0 and 1.
+    assert node_sizes_env([2, 2]) == {}
+    sizes = node_sizes_env([1, 2])
+    assert sizes == {"GAUDI_LAUNCH_NODE_SIZES": "1,2"}
+    seen = [normalize_env({**sizes, "RANK": str(r), "LOCAL_RANK": str(r % n), "LOCAL_SIZE": str(n), "WORLD_SIZE": "3",
+                           "CROSS_RANK": str(node)})
+            for r, node, n in ((0, 0, 1), (1, 1, 2), (2, 1, 2))]
+    assert [(e.get("LOCAL_RANK", "0"), e.get("LOCAL_WORLD_SIZE")) for e in seen] == [("0", "1"), ("0", "2"), ("1", "2")]
+    assert node_layout({"RANK": "2", "CROSS_RANK": "1"}) == {}  # even nodes: DeepSpeed's values stand
