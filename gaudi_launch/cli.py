@@ -93,6 +93,7 @@ def launch(
     partition: Optional[str] = typer.Option(None, "--partition", help="With --backend slurm from a login node: srun's partition."),
     time: Optional[str] = typer.Option(None, "--time", help="With --backend slurm from a login node: srun's time limit (e.g. 1:00:00)."),
     account: Optional[str] = typer.Option(None, "--account", help="With --backend slurm from a login node: srun's account."),
+    sbatch: Optional[str] = typer.Option(None, "--sbatch", help="With --backend slurm: write a batch script (and a private env file beside it) for this job instead of running it; submit it with sbatch."),
     slurm_args: Optional[str] = typer.Option(None, "--slurm-args", "--slurm_args", help="With --backend slurm: more srun options, one string (split like a shell would, never run by one)."),
     device: Optional[str] = typer.Option(None, "--device", help="hpu, cuda or cpu for the ranks' training runtime (default: what the host has)."),
     dry_run: bool = typer.Option(False, "--dry-run", "--dry_run", help="Print the plan; start nothing."),
@@ -209,7 +210,7 @@ def _launch(v: dict) -> int:
         ssh_timeout=v["ssh_timeout"], strict_host_keys=v["strict_host_keys"], ssh_check=not v["no_ssh_check"],
         export_prefixes=list(v["export_prefix"] or []), efa=v["efa"], hccl_ofi_wrapper=v["hccl_ofi_wrapper"],
         launcher=v["launcher"], launcher_args=v["launcher_args"], partition=v["partition"],
-        time=v["time"], account=v["account"], slurm_args=v["slurm_args"],
+        time=v["time"], account=v["account"], slurm_args=v["slurm_args"], sbatch=v["sbatch"],
         console_ranks=_ranks(v["ranks_filter"]))
     if v["python"]:
         spec.python = v["python"]
@@ -257,6 +258,16 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
             print("gaudi-launch: pre-flight failed: a real run would start nothing (findings in the plan)",
                   file=sys.stderr)
             return EXIT_PREFLIGHT
+        return 0
+    if spec.sbatch:  # a batch script for the job, nothing started
+        from gaudi_launch.sbatch import write
+
+        if plan.backend != "slurm":
+            raise UserError("--sbatch writes a Slurm batch script", where="--sbatch", hint="add --backend slurm")
+
+        written = write(plan, spec, os.environ)
+        print(f"gaudi-launch: wrote {written['script']} and {written['env_file']}; submit with: sbatch "
+              f"{written['script']}", file=sys.stderr)
         return 0
     hosts = len(plan.nodes)
     print(f"gaudi-launch: job {plan.job_id}: {plan.world_size} rank(s) on {hosts} host(s), backend "

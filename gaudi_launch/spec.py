@@ -48,6 +48,7 @@ class JobSpec:
     time: Optional[str] = None
     account: Optional[str] = None
     slurm_args: Optional[str] = None
+    sbatch: Optional[str] = None           # write a batch script for this job instead of running it
     console_ranks: Optional[List[int]] = None  # show only these ranks on the console (logs keep all)
 
     def validate(self, require_program: bool = True) -> "JobSpec":

@@ -218,6 +218,9 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
     if spec.no_python and spec.module:
         raise UserError("--module and --no_python cannot be used together", where="--module")
     selected, notes, inside = select_nodes(spec, environ, hostnames)
+    if spec.sbatch and inside:
+        raise UserError("--sbatch writes a batch script to submit from a login node; this is an allocation already",
+                        where="--sbatch", hint="leave --sbatch out to run the job here")
     nodes = layout(selected)
     if len({len(n.ranks) for n in nodes}) != 1:
         counts = ", ".join(f"{n.host}: {len(n.ranks)}" for n in nodes)

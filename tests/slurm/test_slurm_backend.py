@@ -247,3 +247,26 @@ def test_device_subset_inside_an_allocation(slurm_cluster):
     got = layouts(r.stdout)
     assert [(got[n]["host"], got[n]["LOCAL_RANK"], got[n]["HABANA_VISIBLE_MODULES"], got[n]["CUDA_VISIBLE_DEVICES"])
             for n in (0, 1)] == [("gls-n0", "0", "5", "1"), ("gls-n1", "0", "5", "1")]
+
+
+def test_sbatch_script_runs_the_job_with_its_values(slurm_cluster, tmp_path):
+    a = 'it $(touch /tmp/gls-pwned) `id` "dq" \'sq\'\nsecond line'
+    script, out = tmp_path / "job.sh", tmp_path / "job.out"
+    r = launch(slurm_cluster, [*OUTSIDE, "--sbatch", str(script), "-x", f"VALUE_A={a}", RANK, "ok", "a b;$(x)"])
+    assert r.returncode == 0 and script.exists(), r.stderr
+    assert "gls-pwned" not in script.read_text()  # the value is in the private env file only
+    r = launch(slurm_cluster, ["sbatch", "--parsable", f"--output={out}", str(script)])
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+
+    def state() -> str:
+        shown = launch(slurm_cluster, ["scontrol", "-o", "show", "job", job]).stdout
+        return " ".join(w for w in shown.split() if w.startswith(("JobState=", "ExitCode=")))
+    wait_for(lambda: any(s in state() for s in ("COMPLETED", "FAILED", "CANCELLED")), timeout=180, interval=0.2)
+    text = out.read_text() if out.exists() else ""
+    assert state() == "JobState=COMPLETED ExitCode=0:0", text
+    got = layouts(text)
+    assert sorted(got) == [0, 1, 2, 3], text
+    assert all((d["VALUE_A"], d["argv"]) == (a, ["ok", "a b;$(x)"]) for d in got.values())
+    assert {d["host"] for d in got.values()} == {"gls-n0", "gls-n1"}
+    assert not os.path.exists("/tmp/gls-pwned")

@@ -253,3 +253,32 @@ def test_check_only_and_job_file_with_slurm(monkeypatch, tmp_path):
         assert main(["--config", "job.yaml", "--dry-run", "--json", "t.py"]) == 0
     argv = json.loads(out.getvalue())["commands"][0]["argv"]
     assert "--time=1:00:00" in argv and "--account=ml" in argv and "--nodes=2" in argv
+
+
+@pytest.mark.parametrize("value", ['x $(y) `z` "q" \'s\'', "a\nb\tc\\n\\", "", "$HOME ${X}", "ünï\r\n"])
+def test_sbatch_env_file_reads_back_exactly(value):
+    from gaudi_launch.envfile import parse_env_text
+    from gaudi_launch.sbatch import env_file_text
+
+    assert parse_env_text(env_file_text({"V": value, "W": "1"}), "f") == {"V": value, "W": "1"}
+
+
+def test_sbatch_script_for_the_job(tmp_path, monkeypatch):
+    from gaudi_launch import sbatch
+
+    monkeypatch.chdir(tmp_path)
+    plan = plan_for(environ={}, num_nodes=2, num_devices=8, partition="gaudi2", time="1:00:00",
+                    slurm_args="--exclusive", env={"TOKEN_X": "s3cret value"}, sbatch="job.sh", grace=5.0)
+    spec = JobSpec(program=["train.py", "--bf16", "a b"], backend="slurm", num_nodes=2, num_devices=8,
+                   partition="gaudi2", time="1:00:00", slurm_args="--exclusive", sbatch="job.sh", grace=5.0)
+    written = sbatch.write(plan, spec, {})
+    text = open(written["script"]).read()
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n" in text and "#SBATCH --partition=gaudi2\n" in text
+    assert "#SBATCH --time=1:00:00\n" in text and "#SBATCH --exclusive\n" in text
+    assert text.rstrip().splitlines()[-1].endswith(f"--env-file {written['env_file']} --python {sys.executable} "
+                                                   "train.py --bf16 'a b'")
+    assert "s3cret" not in text and oct(os.stat(written["env_file"]).st_mode & 0o777) == "0o600"
+    with pytest.raises(UserError, match="exists already"):
+        sbatch.write(plan, spec, {})
+    with pytest.raises(UserError, match="login node"):
+        plan_for(sbatch="job.sh")
