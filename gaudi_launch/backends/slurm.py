@@ -427,6 +427,14 @@ def explain(lines: List[str]):
         if code:
             culprit.exit_code = int(code.group(1))
         return culprit
+    # No task failed: srun itself did (no step, no allocation); no rank is to blame.
+    for line in lines:
+        if line.startswith("srun: error: "):
+            status = "srun failed: " + line[len("srun: error: "):]
+            if "More processors requested than permitted" in line:
+                status += " (more ranks per node than the allocation has CPUs for: allocate more, or add " \
+                          "--slurm-args=--overcommit)"
+            return Culprit(None, "this host", status, [line])
     return None
 
 

@@ -282,3 +282,10 @@ def test_sbatch_script_for_the_job(tmp_path, monkeypatch):
         sbatch.write(plan, spec, {})
     with pytest.raises(UserError, match="login node"):
         plan_for(sbatch="job.sh")
+
+
+def test_srun_failing_itself_is_not_blamed_on_a_rank():
+    culprit = backend.explain(["srun: error: Unable to create step for job 1: More processors requested than permitted"])
+    assert culprit.rank is None and "--overcommit" in culprit.status and culprit.exit_code is None
+    # a task's report wins over srun's own words
+    assert backend.explain(["srun: error: x", "srun: error: n2: task 1: Exited with exit code 3"]).rank == 1
