@@ -305,12 +305,11 @@ def srun_env(plan: LaunchPlan, environ: Mapping[str, str]) -> Dict[str, str]:
     return {**base, **plan.env, **plan.commands[0].env}
 
 
-def sweep_argv(plan: LaunchPlan, spec: JobSpec, job: str, sig: int, since: float) -> List[str]:
+def sweep_argv(plan: LaunchPlan, spec: JobSpec, job: str, nodes: List[str], sig: int, since: float) -> List[str]:
     """One task per node of the job, beside its step (--overlap), signalling the processes that
     carry the job's id there: what left the step's process tracking (a rank's setsid daemon). Pure."""
     from gaudi_launch.teardown import kill_argv
 
-    nodes = [n.host for n in plan.nodes]
     return ["srun", "--overlap", f"--jobid={job}", f"--job-name={step_name(plan)}-sweep", f"--nodes={len(nodes)}",
             f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "--nodelist=" + ",".join(nodes), "--label",
             "--export=ALL", *kill_argv(spec.python, plan.job_id, sig, since)]
@@ -327,27 +326,53 @@ def parse_sweep_output(text: str, nodes: List[str]) -> Dict[str, object]:
     return {node: parse_sweep("\n".join(per_task.get(i, []))) for i, node in enumerate(nodes)}
 
 
-def sweeper(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], lost: Callable[[], object] = frozenset):
-    """The job-id sweep inside an allocation (from a login node the allocation ends with srun), on
-    the nodes that still answer."""
-    import copy
+class Where:
+    """The job's Slurm job id and nodes: known from the start inside an allocation; from a login node
+    once srun has the allocation (its step, found by name). Then ranks map to their nodes too."""
+
+    def __init__(self, plan: LaunchPlan, env: Mapping[str, str], inside: bool, ranks: Dict[int, str]):
+        import threading
+
+        self.plan, self.env, self.ranks = plan, env, ranks
+        self.job: Optional[str] = env.get("SLURM_JOB_ID") if inside else None
+        self.nodes: Optional[List[str]] = [n.host for n in plan.nodes] if inside else None
+        self.lock = threading.Lock()
+
+    def known(self) -> bool:
+        with self.lock:
+            if self.nodes is None:
+                listed = _slurm_cmd(["squeue", "--me", "-h", "-s", "-o", "%i %j %N"], self.env) or ""
+                for line in listed.splitlines():
+                    parts = line.split()
+                    if len(parts) == 3 and parts[1] == step_name(self.plan):
+                        nodes = slurm.scontrol_hostnames(parts[2], self.env)
+                        if len(nodes) == len(self.plan.nodes):
+                            self.job, self.nodes = parts[0].split(".")[0], nodes
+                            for node, planned in zip(nodes, self.plan.nodes):
+                                self.ranks.update({r: node for r in planned.ranks})
+            return self.nodes is not None
+
+
+def sweeper(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], where: Where,
+            lost: Callable[[], object] = frozenset):
+    """The job-id sweep on the job's nodes that still answer (once they are known)."""
     import time
 
-    job = environ.get("SLURM_JOB_ID", "")
     env = srun_env(plan, environ)
     since = time.time() - 60
 
     def sweep(sig: int):
-        alive = copy.copy(plan)
-        alive.nodes = [n for n in plan.nodes if n.host not in lost()]
-        if not alive.nodes:
+        if not where.known():
+            return {}
+        alive = [n for n in where.nodes if n not in lost()]
+        if not alive:
             return {}
         try:
-            out = subprocess.run(sweep_argv(alive, spec, job, sig, since), env=env, capture_output=True, text=True,
-                                 timeout=60, stdin=subprocess.DEVNULL)
+            out = subprocess.run(sweep_argv(plan, spec, where.job, alive, sig, since), env=env, capture_output=True,
+                                 text=True, timeout=60, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError):
             return {}
-        return parse_sweep_output(out.stdout, [n.host for n in alive.nodes])
+        return parse_sweep_output(out.stdout, alive)
     return sweep
 
 
@@ -367,12 +392,11 @@ def parse_slurmd_port(text: str) -> int:
     return int(m.group(1)) if m else 6818
 
 
-def node_watch(plan: LaunchPlan, environ: Mapping[str, str]):
+def node_watch(nodes: List[str], environ: Mapping[str, str]):
     """A watch over the job's nodes, as over ssh hosts elsewhere: each node's slurmd port (srun
     itself reaches it there). None when Slurm cannot say where the nodes are."""
     from gaudi_launch.watch import HostWatch
 
-    nodes = [n.host for n in plan.nodes]
     shown = _slurm_cmd(["scontrol", "-o", "show", "node", ",".join(nodes)], environ)
     config = _slurm_cmd(["scontrol", "show", "config"], environ)
     if not shown or not config:
@@ -488,12 +512,18 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     ranks = {r: ("" if n.host == LATER else n.host) for n in plan.nodes for r in n.ranks}
     proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env=env, label="srun", ranks=ranks,
                     demux=srun_demux, explain=explain, stop=stopper(step_name(plan), env), alarm=task_failed)
-    inside = slurm.in_allocation(environ)
-    watch = node_watch(plan, env) if inside else None
+    where = Where(plan, env, slurm.in_allocation(environ), ranks)
+    watches: list = []  # the node watch, made once the nodes are known (None: Slurm cannot tell)
 
     def probe() -> Optional[str]:
-        message = watch.probe()
+        if not watches:
+            if not where.known():
+                return None
+            watches.append(node_watch(where.nodes, env))
+        if watches[0] is None:
+            return None
+        message = watches[0].probe()
         return message.replace("or sshd gone", "or its slurmd gone") if message else None
-    sweep = sweeper(plan, spec, environ, lost=lambda: watch.lost if watch else ()) if inside else None
+    sweep = sweeper(plan, spec, environ, where, lost=lambda: watches[0].lost if watches and watches[0] else ())
     return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks,
-                      mask=plan.mask, sweep=sweep, watch=probe if watch else None, **supervisor_options).run()
+                      mask=plan.mask, sweep=sweep, watch=probe, **supervisor_options).run()

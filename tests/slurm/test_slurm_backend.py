@@ -167,14 +167,18 @@ def test_main_job_across_two_slurm_nodes(slurm_cluster, tmp_path):
     assert results["train"]["global_step"] == 4 and results["eval"]["perplexity"] > 0
 
 
-def test_a_ranks_daemon_does_not_outlive_the_job_inside_an_allocation(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("inside", [True, False], ids=["salloc", "login-node"])
+def test_a_ranks_daemon_does_not_outlive_the_job(slurm_cluster, tmp_path, inside):
     # Slurm's linuxproc tracking loses a double-forked daemon: the job-id sweep (an srun --overlap
-    # task per node) ends it on every node when the launcher is stopped.
+    # task per node) ends it on every node when the launcher is stopped. From a login node the
+    # nodes and the job id are found once srun has them.
     pidfile = tmp_path / "launcher.pid"
+    job = [*LAUNCH, "--grace", "2", RANK, f"daemon:{tmp_path}"] if inside else \
+        [*LAUNCH, "--backend", "slurm", "--num_nodes", "2", "--grace", "2", RANK, f"daemon:{tmp_path}"]
+    wrap = ["salloc", "-N2", "--ntasks-per-node=1"] if inside else []
     launcher = subprocess.Popen(
-        ["salloc", "-N2", "--ntasks-per-node=1", "sh", "-c", 'echo $$ > "$0" && exec "$@"', str(pidfile), *LAUNCH,
-         "--grace", "2", RANK, f"daemon:{tmp_path}"], cwd=REPO, env=slurm_cluster.env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        [*wrap, "sh", "-c", 'echo $$ > "$0" && exec "$@"', str(pidfile), *job], cwd=REPO, env=slurm_cluster.env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         seen = 0
         for line in launcher.stdout:

@@ -193,7 +193,7 @@ def test_planner_hands_slurm_plans_over(monkeypatch):
 
 def test_job_id_sweep_runs_beside_the_step_on_every_node():
     plan = plan_for(num_nodes=2)
-    argv = backend.sweep_argv(plan, JobSpec(program=["t.py"]), "4242", 15, 100.0)
+    argv = backend.sweep_argv(plan, JobSpec(program=["t.py"]), "4242", ["gn01", "gn02"], 15, 100.0)
     assert argv[:9] == ["srun", "--overlap", "--jobid=4242", f"--job-name=gaudi-launch-{plan.job_id}-sweep",
                         "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=gn01,gn02", "--label"]
     assert argv[-3:] == [plan.job_id, "15", "100.0"]
