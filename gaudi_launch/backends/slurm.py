@@ -117,8 +117,16 @@ try:
 except Exception:
     master = None
 script = sys.argv[2] if len(sys.argv) > 2 else ""
+port_free = None
+if len(sys.argv) > 3 and int(sys.argv[3]) and socket.gethostname() == sys.argv[1]:  # the master only
+    try:
+        with socket.socket() as s:
+            s.bind(("", int(sys.argv[3])))
+        port_free = True
+    except OSError:
+        port_free = False
 print(json.dumps({"ip_addr": ip, "master_ip": master, "script": os.path.isfile(script) if script else None,
-                  "cwd": os.getcwd()}))
+                  "cwd": os.getcwd(), "port_free": port_free}))
 """
 
 
@@ -126,15 +134,15 @@ class NodeCheckFailed(UserError):
     exit_code = 3  # as the pre-flight: nothing was started
 
 
-def probe_argv(nodes: List[str], job: str, master: str, python: str, script: str = "") -> List[str]:
+def probe_argv(nodes: List[str], job: str, master: str, python: str, script: str = "", port: int = 0) -> List[str]:
     """One task per node beside any running step (--overlap). Pure."""
     return ["srun", "--overlap", f"--jobid={job}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
             "--ntasks-per-node=1", "--nodelist=" + ",".join(nodes), "--label", "--export=ALL",
-            python, "-c", PROBE, master, script]
+            python, "-c", PROBE, master, script, str(port)]
 
 
 def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str, str],
-                script: str = "") -> Optional[Dict[str, dict]]:
+                script: str = "", port: int = 0) -> Optional[Dict[str, dict]]:
     """{node: {"ip_addr", "master_ip", "script", "cwd"}} from the allocation's nodes; None when
     srun cannot tell ({"error": srun's words} when it said why)."""
     import json
@@ -144,7 +152,7 @@ def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str
         return None
     env = {k: v for k, v in environ.items() if k not in CONTRACT and k != "GAUDI_LAUNCH_JOB_ID"}
     try:
-        out = subprocess.run(probe_argv(nodes, environ.get("SLURM_JOB_ID", ""), master, python, script), env=env,
+        out = subprocess.run(probe_argv(nodes, environ.get("SLURM_JOB_ID", ""), master, python, script, port), env=env,
                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -161,7 +169,7 @@ def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str
     return {"error": "; ".join(words)} if words else None
 
 
-def check_nodes(facts: Optional[Dict[str, dict]], script: str, python: str) -> None:
+def check_nodes(facts: Optional[Dict[str, dict]], script: str, python: str, port: int = 0) -> None:
     """What would make every rank on a node fail at once: a script the node does not have, or an
     interpreter srun could not start there. Pure."""
     if not facts:
@@ -176,6 +184,10 @@ def check_nodes(facts: Optional[Dict[str, dict]], script: str, python: str) -> N
                               f"{facts[missing[0]].get('cwd')} there)", where=missing[0],
                               hint="put the script on a filesystem every node mounts at the same path; "
                                    "nothing was started")
+    busy = [node for node, f in facts.items() if node != "error" and f.get("port_free") is False]
+    if busy:
+        raise NodeCheckFailed(f"the master port {port} is in use on {busy[0]} (another job on the node?)",
+                              where=busy[0], hint="give another --master_port; nothing was started")
 
 
 def apply_node_facts(plan: LaunchPlan, facts: Optional[Dict[str, dict]], environ: Mapping[str, str]) -> None:
@@ -245,8 +257,8 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
     plan.exported_secrets = {n: environ[n] for n in plan.exported if is_secret(n) and environ[n]}
     if inside and spec.ssh_check:
         script = spec.program[0] if spec.program and not spec.module and not spec.no_python else ""
-        facts = probe([n.host for n in nodes], master_addr, spec.python, environ, script=script)
-        check_nodes(facts, script, spec.python)
+        facts = probe([n.host for n in nodes], master_addr, spec.python, environ, script=script, port=master_port)
+        check_nodes(facts, script, spec.python, master_port)
         apply_node_facts(plan, facts, environ)
     efa = spec.efa if spec.efa is not None else fabric.efa_present()
     plan.env.update(fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname,

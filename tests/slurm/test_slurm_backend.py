@@ -237,6 +237,17 @@ def test_nodes_are_checked_through_srun_before_anything_starts(slurm_cluster):
     r = launch(slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=1", *LAUNCH, "--python", "/nonexistent/python",
                                RANK])
     assert r.returncode == 3 and "/nonexistent/python" in r.stderr, r.stderr
+    # Another job's listener on the master port of the master node.
+    listen = "import socket, time; s = socket.socket(); s.bind(('', 24567)); s.listen(); print('up', flush=True); time.sleep(60)"
+    holder = subprocess.Popen(["nsenter", "-t", str(slurm_cluster.node_pid(0)), "-n", "--", sys.executable, "-c", listen],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "up"
+        r = launch(slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=1", *LAUNCH, "--master_port", "24567", RANK])
+        assert r.returncode == 3 and "the master port 24567 is in use on gls-n0" in r.stderr, r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
     assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=30)
 
 

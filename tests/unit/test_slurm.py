@@ -26,7 +26,7 @@ def plan_for(environ=None, facts=None, **spec):
     return backend.build_plan(JobSpec(program=["train.py", "--bf16"], backend="slurm", efa=False, **spec),
                               dict(ALLOC if environ is None else environ),
                               hostnames=lambda text, env: slurm.expand_hostlist(text),
-                              probe=lambda nodes, master, python, env, script="": facts)
+                              probe=lambda nodes, master, python, env, script="", port=0: facts)
 
 
 @pytest.mark.parametrize("text,names", [
@@ -217,9 +217,9 @@ def test_interface_from_what_srun_found_on_the_nodes():
     assert plan_for(facts=facts, ssh_check=False).ifname is None  # --no-ssh-check: no probe
     with pytest.raises(UserError, match="HCCL_SOCKET_IFNAME"):
         plan_for(facts={**facts, "gn03": {"ip_addr": ip("10.2.0.13"), "master_ip": None}})
-    argv = backend.probe_argv(["gn01", "gn02"], "4242", "gn01", "/py", "t.py")
-    assert argv[:3] == ["srun", "--overlap", "--jobid=4242"] and argv[-5:-3] == ["/py", "-c"]
-    assert argv[-2:] == ["gn01", "t.py"]
+    argv = backend.probe_argv(["gn01", "gn02"], "4242", "gn01", "/py", "t.py", 29500)
+    assert argv[:3] == ["srun", "--overlap", "--jobid=4242"] and argv[-6:-4] == ["/py", "-c"]
+    assert argv[-3:] == ["gn01", "t.py", "29500"]
     assert "nodes not probed: srun said srun: error: x" in plan_for(facts={"error": "srun: error: x"}).notes
 
 
@@ -228,6 +228,8 @@ def test_a_node_without_the_script_or_interpreter_stops_the_job_before_it_starts
     with pytest.raises(backend.NodeCheckFailed, match="train.py does not exist on gn02") as exc:
         plan_for(facts={"gn01": ok, "gn02": {**ok, "script": False}, "gn03": ok})
     assert exc.value.exit_code == 3 and exc.value.where == "gn02"
+    with pytest.raises(backend.NodeCheckFailed, match="port 24242 is in use on gn01"):
+        plan_for(facts={"gn01": {**ok, "port_free": False}, "gn02": ok, "gn03": ok})
     with pytest.raises(backend.NodeCheckFailed, match="interpreter"):
         plan_for(facts={"error": "0: slurmstepd: error: execve(): /nope/python: No such file or directory"})
 
