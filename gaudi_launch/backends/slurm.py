@@ -125,8 +125,17 @@ if len(sys.argv) > 3 and int(sys.argv[3]) and socket.gethostname() == sys.argv[1
         port_free = True
     except OSError:
         port_free = False
+devices = None  # Gaudi devices hl-smi sees; None where there is no hl-smi (not checked)
+try:
+    smi = subprocess.run(["hl-smi", "-Q", "module_id", "-f", "csv,noheader"], capture_output=True, text=True,
+                         timeout=20)
+    devices = len([l for l in smi.stdout.splitlines() if l.strip()]) if smi.returncode == 0 else 0
+except FileNotFoundError:
+    pass
+except Exception:
+    devices = 0
 print(json.dumps({"ip_addr": ip, "master_ip": master, "script": os.path.isfile(script) if script else None,
-                  "cwd": os.getcwd(), "port_free": port_free}))
+                  "cwd": os.getcwd(), "port_free": port_free, "devices": devices}))
 """
 
 
@@ -169,7 +178,7 @@ def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str
     return {"error": "; ".join(words)} if words else None
 
 
-def check_nodes(facts: Optional[Dict[str, dict]], script: str, python: str, port: int = 0) -> None:
+def check_nodes(facts: Optional[Dict[str, dict]], script: str, python: str, port: int = 0, needed: int = 0) -> None:
     """What would make every rank on a node fail at once: a script the node does not have, or an
     interpreter srun could not start there. Pure."""
     if not facts:
@@ -188,6 +197,12 @@ def check_nodes(facts: Optional[Dict[str, dict]], script: str, python: str, port
     if busy:
         raise NodeCheckFailed(f"the master port {port} is in use on {busy[0]} (another job on the node?)",
                               where=busy[0], hint="give another --master_port; nothing was started")
+    short = [(node, f["devices"]) for node, f in facts.items()
+             if node != "error" and isinstance(f.get("devices"), int) and f["devices"] < needed]
+    if short:
+        raise NodeCheckFailed(f"hl-smi sees {short[0][1]} Gaudi device(s) on {short[0][0]}, {needed} needed",
+                              where=short[0][0], hint="lower --num_devices (or --include fewer), or check the "
+                                                      "devices with hl-smi; nothing was started")
 
 
 def apply_node_facts(plan: LaunchPlan, facts: Optional[Dict[str, dict]], environ: Mapping[str, str]) -> None:
@@ -258,7 +273,7 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
     if inside and spec.ssh_check:
         script = spec.program[0] if spec.program and not spec.module and not spec.no_python else ""
         facts = probe([n.host for n in nodes], master_addr, spec.python, environ, script=script, port=master_port)
-        check_nodes(facts, script, spec.python, master_port)
+        check_nodes(facts, script, spec.python, master_port, needed=max(len(n.devices) for n in nodes))
         apply_node_facts(plan, facts, environ)
     efa = spec.efa if spec.efa is not None else fabric.efa_present()
     plan.env.update(fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname,

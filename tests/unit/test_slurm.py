@@ -230,6 +230,8 @@ def test_a_node_without_the_script_or_interpreter_stops_the_job_before_it_starts
     assert exc.value.exit_code == 3 and exc.value.where == "gn02"
     with pytest.raises(backend.NodeCheckFailed, match="port 24242 is in use on gn01"):
         plan_for(facts={"gn01": {**ok, "port_free": False}, "gn02": ok, "gn03": ok})
+    with pytest.raises(backend.NodeCheckFailed, match="hl-smi sees 1 Gaudi device.s. on gn03, 2 needed"):
+        plan_for(facts={"gn01": {**ok, "devices": 8}, "gn02": ok, "gn03": {**ok, "devices": 1}})
     with pytest.raises(backend.NodeCheckFailed, match="interpreter"):
         plan_for(facts={"error": "0: slurmstepd: error: execve(): /nope/python: No such file or directory"})
 
