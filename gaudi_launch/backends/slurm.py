@@ -26,7 +26,7 @@ from gaudi_launch.envfile import is_secret, load_env_files
 from gaudi_launch.errors import UserError
 from gaudi_launch.hostfile import Host
 from gaudi_launch.hostselect import select
-from gaudi_launch.plan import Command, LaunchPlan, NodePlan
+from gaudi_launch.plan import Command, LaunchPlan
 from gaudi_launch.spec import JobSpec
 
 LATER = "(allocated by srun)"   # a node's name in a plan made before srun allocated the nodes
