@@ -324,6 +324,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args[0] == "down":
         c._locks = []  # a cluster another process left: remove by name
         c._remove(c._ours(_netns_names(), _link_names()))
+        shutil.rmtree(c.run_dir, ignore_errors=True)
         print("down")
         return 0
     c.up()
