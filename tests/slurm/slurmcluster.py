@@ -215,6 +215,9 @@ class SlurmCluster:
         topo = _topology()
         nodes = "\n".join(f"NodeName={name} NodeAddr={addr} NodeHostname={name} {topo} RealMemory=1000 "
                           "State=UNKNOWN" for name, addr in zip(self.names, self.addrs))
+        # slurmd loads a cgroup plugin even with linuxproc; on a pure cgroup v2 host without systemd
+        # its v2 plugin would otherwise look for systemd's scope (harmless on v1 hosts like this one)
+        _write(os.path.join(base, "etc", "cgroup.conf"), "IgnoreSystemd=yes\n")
         _write(self.conf, CONF.format(pfx=self.prefix, net=self.net, base=base, nodes=nodes, last=self.n - 1,
                                      sock=self.munge_socket))
         key = os.path.join(base, "munge", "munge.key")
