@@ -11,7 +11,6 @@ the small public-domain corpus and tokenizer shipped in gaudi_launch/runtime/ass
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -78,10 +77,9 @@ def build_model(margs: ModelArguments, vocab_size: int):
 
 def main(argv=None) -> int:
     margs, dargs, targs = parse_args((ModelArguments, DataArguments, TrainingArguments), argv)
-    import transformers
-
     from gaudi_launch.runtime import data
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
+    from gaudi_launch.runtime.examples import train_and_evaluate
     from gaudi_launch.runtime.trainer import Trainer, set_seed
 
     try:
@@ -111,25 +109,8 @@ def main(argv=None) -> int:
     trainer = Trainer(model, targs, train_dataset=data.BlockDataset(train_blocks),
                       eval_dataset=data.BlockDataset(eval_blocks), data_collator=data.causal_lm_collator,
                       tokens_per_sample=dargs.block_size)
-    results = {}
-    if targs.do_eval:
-        results["eval_before"] = trainer.evaluate()
-    if targs.do_train:
-        results["train"] = trainer.train().metrics
-        # What the multi-node guide evaluates afterwards on one node: --model_name_or_path <output_dir>.
-        transformers.utils.logging.disable_progress_bar()  # a progress bar per save is noise in rank logs
-        trainer.save_model()
-        if trainer.rank == 0:
-            tokenizer.save_pretrained(targs.output_dir)
-    if targs.do_eval:
-        results["eval"] = trainer.evaluate()
-    if trainer.rank == 0:
-        print(json.dumps(results, indent=2, sort_keys=True))
-        os.makedirs(targs.output_dir, exist_ok=True)
-        with open(os.path.join(targs.output_dir, "results.json"), "w") as f:
-            json.dump(results, f, indent=2, sort_keys=True)
+    train_and_evaluate(trainer, tokenizer, targs)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,6 @@ token is added to it). Reports masked-token accuracy and perplexity before and a
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -69,6 +68,7 @@ def main(argv=None) -> int:
     margs, dargs, targs = parse_args((ModelArguments, DataArguments, TrainingArguments), argv)
     from gaudi_launch.runtime import data, mlm
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
+    from gaudi_launch.runtime.examples import train_and_evaluate
     from gaudi_launch.runtime.trainer import Trainer, set_seed
 
     try:
@@ -98,23 +98,8 @@ def main(argv=None) -> int:
                       eval_dataset=data.BlockDataset(eval_blocks),
                       data_collator=mlm.MLMCollator(mask_id, len(tokenizer), dargs.mlm_probability, specials),
                       tokens_per_sample=dargs.max_seq_length, eval_metrics=mlm.masked_accuracy)
-    results = {}
-    if targs.do_eval:
-        results["eval_before"] = trainer.evaluate()
-    if targs.do_train:
-        results["train"] = trainer.train().metrics
-        trainer.save_model()
-        if trainer.rank == 0:
-            tokenizer.save_pretrained(targs.output_dir)
-    if targs.do_eval:
-        results["eval"] = trainer.evaluate()
-    if trainer.rank == 0:
-        print(json.dumps(results, indent=2, sort_keys=True))
-        os.makedirs(targs.output_dir, exist_ok=True)
-        with open(os.path.join(targs.output_dir, "results.json"), "w") as f:
-            json.dump(results, f, indent=2, sort_keys=True)
+    train_and_evaluate(trainer, tokenizer, targs)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,7 +13,6 @@ config/checkpoint directory), trained from scratch on a summarization set made f
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -116,6 +115,7 @@ def main(argv=None) -> int:
                                             argv)
     from gaudi_launch.runtime import data, summarization
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
+    from gaudi_launch.runtime.examples import train_and_evaluate
     from gaudi_launch.runtime.trainer import Trainer, set_seed
 
     try:
@@ -153,27 +153,9 @@ def main(argv=None) -> int:
                                                                          ).items()}) / 2 ** 20, 3),
                "gradient_checkpointing": targs.gradient_checkpointing}
     rouge = sargs.predict_with_generate and trainer.rank == 0
-    if targs.do_eval:
-        results["eval_before"] = trainer.evaluate()
-        if rouge:
-            results["eval_before"].update(generate_rouge(trainer, trainer.model, eval_pairs, evals, collator, dargs,
-                                                         sargs))
-    if targs.do_train:
-        results["train"] = trainer.train().metrics
-        trainer.save_model()
-        if trainer.rank == 0:
-            tokenizer.save_pretrained(targs.output_dir)
-    if targs.do_eval:
-        results["eval"] = trainer.evaluate()
-        if rouge:
-            results["eval"].update(generate_rouge(trainer, trainer.model, eval_pairs, evals, collator, dargs, sargs))
-    if trainer.rank == 0:
-        print(json.dumps(results, indent=2, sort_keys=True))
-        os.makedirs(targs.output_dir, exist_ok=True)
-        with open(os.path.join(targs.output_dir, "results.json"), "w") as f:
-            json.dump(results, f, indent=2, sort_keys=True)
+    train_and_evaluate(trainer, tokenizer, targs, results, extra_eval=(
+        lambda: generate_rouge(trainer, trainer.model, eval_pairs, evals, collator, dargs, sargs)) if rouge else None)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,40 @@
+"""The flow the example scripts share (run_clm, run_mlm, run_summarization), as optimum-habana's do it:
+evaluate before, train, save the model and tokenizer, evaluate after, write results.json (rank 0)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Dict, Optional
+
+
+def train_and_evaluate(trainer, tokenizer, args, results: Optional[Dict[str, Any]] = None,
+                       extra_eval: Optional[Callable[[], Dict[str, Any]]] = None) -> Dict[str, Any]:
+    """Run the script's --do_eval/--do_train; ``extra_eval`` adds to each evaluation (e.g. ROUGE of
+    generated text). Returns the results, which rank 0 also prints and writes to results.json."""
+    results = dict(results or {})
+
+    def evaluate() -> Dict[str, Any]:
+        metrics = trainer.evaluate()
+        if extra_eval is not None:
+            metrics.update(extra_eval())
+        return metrics
+
+    if args.do_eval:
+        results["eval_before"] = evaluate()
+    if args.do_train:
+        results["train"] = trainer.train().metrics
+        # What the multi-node guide evaluates afterwards on one node: --model_name_or_path <output_dir>.
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()  # a progress bar per save is noise in rank logs
+        trainer.save_model()
+        if trainer.rank == 0:
+            tokenizer.save_pretrained(args.output_dir)
+    if args.do_eval:
+        results["eval"] = evaluate()
+    if trainer.rank == 0:
+        print(json.dumps(results, indent=2, sort_keys=True))
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(os.path.join(args.output_dir, "results.json"), "w") as f:
+            json.dump(results, f, indent=2, sort_keys=True)
+    return results
