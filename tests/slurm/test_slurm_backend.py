@@ -216,7 +216,7 @@ def test_a_node_that_vanishes_ends_the_job_with_exit_4_naming_it(slurm_cluster):
                 break
         assert seen == 2, launcher.stderr.read()
         subprocess.run(["ip", "link", "set", slurm_cluster.veths[1], "down"], check=True)  # gls-n1's cable
-        out, err = launcher.communicate(timeout=120)
+        out, err = launcher.communicate(timeout=180)
         assert "host gls-n1 stopped answering" in err and "slurmd gone" in err, err
         assert "exit code: 4" in err, err
     finally:
@@ -227,6 +227,13 @@ def test_a_node_that_vanishes_ends_the_job_with_exit_4_naming_it(slurm_cluster):
     # Back on the network, the node ends what is left of the job (Slurm's own cleanup).
     assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=90), [
         slurm_cluster.job_processes(i) for i in range(3)]
+
+    def all_idle() -> bool:  # for the next tests: a node Slurm marked down meanwhile is resumed
+        states = launch(slurm_cluster, ["sinfo", "-h", "-N", "-o", "%N %t"]).stdout.split()[1::2]
+        if any(s.rstrip("*~#").startswith(("down", "drain", "fail")) for s in states):
+            launch(slurm_cluster, ["scontrol", "update", "nodename=gls-n1", "state=resume"])
+        return states == ["idle"] * 3
+    assert wait_for(all_idle, timeout=90, interval=0.5)
 
 
 def test_nodes_are_checked_through_srun_before_anything_starts(slurm_cluster):
@@ -284,3 +291,31 @@ def test_sbatch_script_runs_the_job_with_its_values(slurm_cluster, tmp_path):
     assert all((d["VALUE_A"], d["argv"]) == (a, ["ok", "a b;$(x)"]) for d in got.values())
     assert {d["host"] for d in got.values()} == {"gls-n0", "gls-n1"}
     assert not os.path.exists("/tmp/gls-pwned")
+
+
+def test_ctrl_c_while_srun_waits_for_nodes_cancels_the_request(slurm_cluster):
+    env = slurm_cluster.env()
+    nodes = "gls-n[0-2]"
+    launcher = None
+    # Drained nodes: a new job waits for them (pending), as on a busy cluster.
+    launch(slurm_cluster, ["scontrol", "update", f"nodename={nodes}", "state=drain", "reason=gaudi-launch-test"])
+    try:
+        launcher = subprocess.Popen([*OUTSIDE, RANK, "ok"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+
+        def pending() -> bool:
+            return " PD" in launch(slurm_cluster, ["squeue", "-h", "-o", "%j %t"]).stdout
+        assert wait_for(pending, timeout=30)
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 130, err
+        assert "LAYOUT" not in out  # nothing ran
+        assert wait_for(lambda: "gaudi-launch-" not in launch(slurm_cluster, ["squeue", "-h", "-o", "%j"]).stdout,
+                        timeout=30)  # the request is withdrawn, not left to run later
+    finally:
+        if launcher is not None and launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        launch(slurm_cluster, ["scontrol", "update", f"nodename={nodes}", "state=resume"])
+    assert wait_for(lambda: launch(slurm_cluster, ["sinfo", "-h", "-o", "%t"]).stdout.split() == ["idle"],
+                    timeout=30)
