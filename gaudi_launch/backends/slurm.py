@@ -284,7 +284,7 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
     return plan
 
 
-def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool) -> List[str]:
+def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool, cpus_per_task: str = "") -> List[str]:
     """srun's whole command line. Pure."""
     from gaudi_launch.planner import worker_argv
 
@@ -297,6 +297,10 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool) -> List[str]:
     named = [n.host for n in plan.nodes if n.host != LATER]
     if named:
         argv.append("--nodelist=" + ",".join(named))
+    if cpus_per_task.isdigit():
+        # sbatch/salloc --cpus-per-task: srun no longer inherits it (Slurm 22.05), and each rank would
+        # get one CPU: its data loaders and host threads need the share the allocation asked for.
+        argv.append(f"--cpus-per-task={cpus_per_task}")
     if not inside and spec.exclude:
         argv.append("--exclude=" + ",".join(_node_names(spec.exclude, "--exclude")))
     # A failing rank ends the step at once; --label tags each line with its rank; the values
@@ -323,7 +327,8 @@ def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Lis
     if plan.master_port:
         env["MASTER_PORT"] = str(plan.master_port)
     host = plan.nodes[0].host if inside else "localhost"
-    return [Command(host=host, argv=build_argv(plan, spec, inside=inside), env=env)]
+    cpus = environ.get("SLURM_CPUS_PER_TASK", "") if inside else ""
+    return [Command(host=host, argv=build_argv(plan, spec, inside=inside, cpus_per_task=cpus), env=env)]
 
 
 def srun_env(plan: LaunchPlan, environ: Mapping[str, str]) -> Dict[str, str]:

@@ -64,6 +64,9 @@ def test_plan_inside_allocation_from_slurm_facts():
                             "--label", f"--export=ALL,GAUDI_LAUNCH_JOB_ID={plan.job_id}"]
     assert cmd.argv[9:] == [sys.executable, "-u", "-m", "gaudi_launch.worker", "train.py", "--bf16"]
     assert cmd.env["MASTER_ADDR"] == "gn01" and cmd.env["MASTER_PORT"] == "24242"
+    # sbatch --cpus-per-task reaches the ranks' step (srun no longer inherits it since Slurm 22.05)
+    argv = plan_for(environ={**ALLOC, "SLURM_CPUS_PER_TASK": "10"}).commands[0].argv
+    assert argv[6] == "--cpus-per-task=10" and "--cpus-per-task=10" not in cmd.argv
 
 
 def test_selection_as_for_hostfiles():
