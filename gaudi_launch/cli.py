@@ -38,6 +38,23 @@ Exit status: 0 on success; the first failing rank's exit code (128+N for signal 
 4 when a host stopped answering mid-run; 128+N when the launcher itself got signal N.
 """
 
+CHECK_HELP = """Usage: gaudi-launch check [OPTIONS] [SCRIPT]
+
+  The pre-flight alone: reach every selected host over SSH and check its Python, the script, the
+  working directory, its Gaudi devices (hl-smi), the master port and the network interface; print
+  the table and exit 0, or 3 when a check failed. Nothing is started. (Same as --check-only.)
+
+Options (as for a launch):
+  --hostfile PATH                  the hosts ('HOST slots=N' per line)
+  --include SEL, --exclude SEL     which hosts/devices ('host1:0,2@host2')
+  --num_nodes N, --num_devices N   how many hosts, how many devices per host
+  --master_addr A, --master_port P the rendezvous to check (default: the first host, a free port)
+  --python PY                      the interpreter the ranks would use
+  --ssh-port P, --ssh-identity KEY, --ssh-config FILE, --ssh-timeout S, --strict-host-keys
+  --config job.yaml                any of these as YAML keys
+  -h, --help                       this text
+"""
+
 _app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
 
 
@@ -292,6 +309,9 @@ _OPTION_NAMES = _Names()
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check"]:  # `gaudi-launch check [OPTIONS] [SCRIPT]` = --check-only
+        if any(a in ("-h", "--help") for a in argv[1:]):
+            print(CHECK_HELP, end="")
+            return 0
         argv = ["--check-only", *argv[1:]]
     if argv[:1] == ["env"]:  # `gaudi-launch env [--json]`: versions and devices, for bug reports
         from gaudi_launch.envreport import main as env_main

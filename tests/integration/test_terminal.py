@@ -130,3 +130,9 @@ def test_env_reports_versions_devices_and_tools_without_torch(tmp_path):
     assert not any(line.rstrip().endswith("| torch") for line in res.stderr.splitlines())  # torch never imported
     text = gl("env", cwd=tmp_path).stdout
     assert "packages:" in text and f"gaudi-launch           {__version__}" in text
+
+
+def test_check_has_its_own_help(tmp_path):
+    res = gl("check", "--help", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.startswith("Usage: gaudi-launch check [OPTIONS] [SCRIPT]")
+    assert "--hostfile" in res.stdout and "--dry-run" not in res.stdout and "--log-dir" not in res.stdout
