@@ -55,7 +55,7 @@ Options (as for a launch):
   -h, --help                       this text
 """
 
-_app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions_enable=False)
+_app = typer.Typer(add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False)
 
 
 def _version(value: bool):

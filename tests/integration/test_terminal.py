@@ -136,3 +136,15 @@ def test_check_has_its_own_help(tmp_path):
     res = gl("check", "--help", cwd=tmp_path)
     assert res.returncode == 0 and res.stdout.startswith("Usage: gaudi-launch check [OPTIONS] [SCRIPT]")
     assert "--hostfile" in res.stdout and "--dry-run" not in res.stdout and "--log-dir" not in res.stdout
+
+
+def test_shell_completion_completes_options(tmp_path):
+    import shutil
+
+    exe = shutil.which("gaudi-launch", path=os.path.dirname(sys.executable))
+    env = dict(os.environ, COMP_WORDS="gaudi-launch --hostf", COMP_CWORD="1", _GAUDI_LAUNCH_COMPLETE="complete_bash")
+    res = subprocess.run([exe], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=60)
+    assert res.returncode == 0 and res.stdout.split() == ["--hostfile", "--hostfile_path"]
+    shown = subprocess.run([exe, "--show-completion", "bash"], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, SHELL="/bin/bash"))
+    assert "_GAUDI_LAUNCH_COMPLETE" in shown.stdout
