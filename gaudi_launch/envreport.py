@@ -9,11 +9,12 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from importlib import metadata
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 PACKAGES = ("gaudi-launch", "torch", "habana-torch-plugin", "habana-torch-dataloader", "optimum-habana",
             "transformers", "tokenizers", "accelerate", "deepspeed", "numpy", "paramiko", "typer")
@@ -97,14 +98,99 @@ def render(info: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def flatten(info: Dict[str, Any]) -> Dict[str, str]:
+    """One text value per line of the per-host table. Pure."""
+    dev = info["devices"]
+    rows = {"OS": info["os"], "Python": info["python"].split(" (")[0], "CPUs": str(info["cpus"]),
+            "devices": f"{dev['count']} {dev['kind']}", "EFA": "yes" if info["efa"] else "no",
+            "NICs": ", ".join(n["name"] for n in info["nics"])}
+    rows.update({name: version or "-" for name, version in info["packages"].items()})
+    rows.update({name: version or "-" for name, version in info["tools"].items()})
+    rows.update({k: v for k, v in info["env"].items()})
+    return rows
+
+
+def render_hosts(per_host: Dict[str, Dict[str, Any]], failed: Dict[str, str]) -> str:
+    """A row per fact, a column per host; '*' marks what differs between hosts. Pure."""
+    hosts = list(per_host)
+    flat = {h: flatten(i) for h, i in per_host.items()}
+    keys = list(dict.fromkeys(k for h in hosts for k in flat[h]))
+    lines = [f"gaudi-launch env: {len(hosts)} host(s); * marks what differs between them", ""]
+    width = max([len(k) for k in keys] + [8]) + 2
+    lines.append(" " * (width + 2) + " | ".join(hosts))
+    for key in keys:
+        values = [flat[h].get(key, "-") for h in hosts]
+        mark = "*" if len(set(values)) > 1 else " "
+        lines.append(f"{mark} {key:{width}}" + " | ".join(values))
+    for host, why in failed.items():
+        lines.append(f"! {host}: {why}")
+    return "\n".join(lines) + "\n"
+
+
+def collect_hosts(hostfile: str, ssh_options: List[str], python: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """Every hostfile host's report: this machine's directly, the others' over ssh (the same
+    gaudi-launch there, as for a job). Returns (reports by host, why it failed by host)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gaudi_launch.hostfile import read_hostfile
+    from gaudi_launch.planner import is_local_host
+
+    names = [h.name for h in read_hostfile(hostfile)]
+
+    def one(host: str) -> Any:
+        if is_local_host(host):
+            return collect()
+        remote = shlex.join([python, "-m", "gaudi_launch", "env", "--json"])
+        try:
+            done = subprocess.run(["ssh", *ssh_options, host, remote], capture_output=True, text=True, timeout=60,
+                                  stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"ssh failed: {exc}"
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return f"ssh exited {done.returncode}: {last}"
+        try:
+            return json.loads(done.stdout)
+        except ValueError:
+            return "its gaudi-launch env printed no JSON"
+
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(names)))) as pool:
+        results = dict(zip(names, pool.map(one, names)))
+    return ({h: r for h, r in results.items() if isinstance(r, dict)},
+            {h: r for h, r in results.items() if not isinstance(r, dict)})
+
+
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(prog="gaudi-launch env",
-                                     description="Versions, devices and network of this machine, for bug reports.")
+                                     description="Versions, devices and network of this machine (or of every "
+                                                 "host of a hostfile), for bug reports.")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    parser.add_argument("--hostfile", help="report every host of this hostfile, differences marked")
+    parser.add_argument("--ssh-config", "--ssh_config", dest="ssh_config")
+    parser.add_argument("--ssh-port", "--ssh_port", dest="ssh_port", type=int)
+    parser.add_argument("--ssh-identity", "--ssh_identity", dest="ssh_identity")
+    parser.add_argument("--python", default=sys.executable, help="gaudi-launch's interpreter on the hosts")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    info = collect()
-    sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else render(info))
-    return 0
+    if not args.hostfile:
+        info = collect()
+        sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else render(info))
+        return 0
+    from gaudi_launch.errors import UserError
+    from gaudi_launch.multinode import ssh_args
+    from gaudi_launch.spec import JobSpec
+
+    spec = JobSpec(program=[], hostfile=args.hostfile, ssh_config=args.ssh_config, ssh_port=args.ssh_port,
+                   ssh_identity=args.ssh_identity)
+    try:
+        per_host, failed = collect_hosts(args.hostfile, ssh_args(spec), args.python)
+    except UserError as exc:
+        print(f"gaudi-launch env: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if args.json:
+        sys.stdout.write(json.dumps({"hosts": per_host, "unreachable": failed}, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_hosts(per_host, failed))
+    return 3 if failed else 0
