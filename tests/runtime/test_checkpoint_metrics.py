@@ -181,11 +181,12 @@ def _dist_rank(rank: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def test_two_ranks_save_one_checkpoint(tmp_path):
+def test_two_ranks_save_one_checkpoint(tmp_path, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # for the spawned ranks only: left in this process it would reach later tests' multi-host jobs
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
     ctx = mp.start_processes(_dist_rank, args=(port, str(tmp_path)), nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + 60
     try:

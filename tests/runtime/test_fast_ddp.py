@@ -179,8 +179,12 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("fast_ddp")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # inherited by the ranks; loopback only
-    ctx = mp.start_processes(rank_main, args=(free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn")
+    # Inherited by the ranks (loopback only), and undone at once: left in this process it would reach
+    # later tests' multi-host jobs (a Slurm job exports the whole environment).
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+        ctx = mp.start_processes(rank_main, args=(free_port(), str(out)), nprocs=WORLD, join=False,
+                                 start_method="spawn")
     deadline = time.monotonic() + 90
     try:
         while not ctx.join(timeout=1):
