@@ -214,7 +214,7 @@ def _launch(v: dict) -> int:
         habits.check_program(program, module=v["module"], no_python=v["no_python"], cwd=os.getcwd())
     if program and not v["dry_run"]:
         for note in habits.notes(program, module=v["module"], no_python=v["no_python"], cwd=os.getcwd(),
-                                 append_local_rank=v["append_local_rank"], launcher_options=_OPTION_NAMES):
+                                 append_local_rank=v["append_local_rank"], launcher_options=_option_names()):
             print(f"gaudi-launch: note: {note}", file=sys.stderr)
     spec = JobSpec(
         program=program, module=v["module"], no_python=v["no_python"],
@@ -296,14 +296,6 @@ def _option_names() -> List[str]:
     """Every long option of the launch command (for the 'option after the script' note)."""
     command = typer.main.get_command(_app)
     return [name for p in command.params for name in getattr(p, "opts", []) if name.startswith("--")]
-
-
-class _Names:  # computed on first use: building typer's command costs a few ms
-    def __iter__(self):
-        return iter(_option_names())
-
-
-_OPTION_NAMES = _Names()
 
 
 def main(argv: Optional[List[str]] = None) -> int:

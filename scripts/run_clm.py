@@ -42,13 +42,6 @@ class DataArguments:
     streaming: bool = False                    # accepted: the offline corpus is read into memory anyway
 
 
-def saved_tokenizer(model_dir: Optional[str]) -> Optional[str]:
-    """A model directory this script saved carries its tokenizer; use it rather than the shipped one."""
-    if model_dir and os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
-        return model_dir
-    return None
-
-
 def build_model(margs: ModelArguments, vocab_size: int):
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -79,7 +72,7 @@ def main(argv=None) -> int:
     margs, dargs, targs = parse_args((ModelArguments, DataArguments, TrainingArguments), argv)
     from gaudi_launch.runtime import data
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
-    from gaudi_launch.runtime.examples import train_and_evaluate
+    from gaudi_launch.runtime.examples import saved_tokenizer, train_and_evaluate
     from gaudi_launch.runtime.trainer import Trainer, set_seed
 
     try:

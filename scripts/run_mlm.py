@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     margs, dargs, targs = parse_args((ModelArguments, DataArguments, TrainingArguments), argv)
     from gaudi_launch.runtime import data, mlm
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
-    from gaudi_launch.runtime.examples import train_and_evaluate
+    from gaudi_launch.runtime.examples import saved_tokenizer, train_and_evaluate
     from gaudi_launch.runtime.trainer import Trainer, set_seed
 
     try:
@@ -80,9 +80,8 @@ def main(argv=None) -> int:
         texts = data.load_dataset_by_name(dargs.dataset_name, dargs.dataset_config_name)
     else:
         texts = data.load_text_files(dargs.train_file, dargs.validation_file, dargs.validation_split_percentage)
-    saved = margs.model_name_or_path if margs.model_name_or_path and os.path.isfile(
-        os.path.join(margs.model_name_or_path, "tokenizer.json")) else None  # a model this script saved
-    tokenizer = data.load_tokenizer(margs.tokenizer_name or saved)
+  # a model this script saved
+    tokenizer = data.load_tokenizer(margs.tokenizer_name or saved_tokenizer(margs.model_name_or_path))
     mask_id = mlm.add_mask_token(tokenizer)
     specials = [tokenizer.pad_token_id, tokenizer.eos_token_id]
     train_blocks = data.tokenize_and_group(texts["train"], tokenizer, dargs.max_seq_length)

@@ -86,13 +86,13 @@ def activation_bytes(model, batch) -> int:
     return total[0]
 
 
-def generate_rouge(trainer, model, pairs, encoded, collator, dargs, sargs):
+def generate_rouge(trainer, tokenizer, pairs, encoded, collator, dargs, sargs):
     """ROUGE of generated summaries over the evaluation pairs (rank 0 generates; one node, as advised)."""
     import torch
 
     from gaudi_launch.runtime.rouge import corpus_rouge
 
-    tokenizer = trainer._tokenizer
+    model = trainer.model
     max_new = sargs.generation_max_length or dargs.val_max_target_length or dargs.max_target_length
     beams = sargs.generation_num_beams or dargs.num_beams
     predictions = []
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
                                             argv)
     from gaudi_launch.runtime import data, summarization
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
-    from gaudi_launch.runtime.examples import train_and_evaluate
+    from gaudi_launch.runtime.examples import saved_tokenizer, train_and_evaluate
     from gaudi_launch.runtime.trainer import Trainer, set_seed
 
     try:
@@ -124,9 +124,8 @@ def main(argv=None) -> int:
         print(f"run_summarization.py: error: {exc}", file=sys.stderr)
         return 2
     texts = data.load_text_files(None, None)
-    saved = margs.model_name_or_path if margs.model_name_or_path and os.path.isfile(
-        os.path.join(margs.model_name_or_path, "tokenizer.json")) else None
-    tokenizer = data.load_tokenizer(margs.tokenizer_name or saved)
+
+    tokenizer = data.load_tokenizer(margs.tokenizer_name or saved_tokenizer(margs.model_name_or_path))
     train_pairs = summarization.fable_pairs(texts["train"])
     eval_pairs = summarization.fable_pairs(texts["validation"])
     if dargs.max_train_samples:
@@ -147,14 +146,13 @@ def main(argv=None) -> int:
     trainer = Trainer(model, targs, train_dataset=summarization.ListDataset(train),
                       eval_dataset=summarization.ListDataset(evals), data_collator=collator,
                       tokens_per_sample=dargs.max_source_length)
-    trainer._tokenizer = tokenizer
     results = {"activation_memory (MB)": round(activation_bytes(
         trainer.model, {k: v.to(trainer.info.device) for k, v in collator(train[:targs.per_device_train_batch_size]
                                                                          ).items()}) / 2 ** 20, 3),
                "gradient_checkpointing": targs.gradient_checkpointing}
     rouge = sargs.predict_with_generate and trainer.rank == 0
     train_and_evaluate(trainer, tokenizer, targs, results, extra_eval=(
-        lambda: generate_rouge(trainer, trainer.model, eval_pairs, evals, collator, dargs, sargs)) if rouge else None)
+        lambda: generate_rouge(trainer, tokenizer, eval_pairs, evals, collator, dargs, sargs)) if rouge else None)
     return 0
 
 if __name__ == "__main__":

@@ -7,6 +7,13 @@ import os
 from typing import Any, Callable, Dict, Optional
 
 
+def saved_tokenizer(model_dir: Optional[str]) -> Optional[str]:
+    """A model directory these scripts saved carries its tokenizer; use it rather than the shipped one."""
+    if model_dir and os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
+        return model_dir
+    return None
+
+
 def train_and_evaluate(trainer, tokenizer, args, results: Optional[Dict[str, Any]] = None,
                        extra_eval: Optional[Callable[[], Dict[str, Any]]] = None) -> Dict[str, Any]:
     """Run the script's --do_eval/--do_train; ``extra_eval`` adds to each evaluation (e.g. ROUGE of

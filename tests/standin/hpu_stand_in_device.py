@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 from torch.utils._python_dispatch import return_and_correct_aliasing
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 HPU = torch.device("hpu", 0)
 
@@ -345,7 +345,3 @@ _autocast_lib = None
 
 def is_hpu_tensor(x: Any) -> bool:
     return isinstance(x, HpuTensor)
-
-
-def any_hpu(tree: Any) -> bool:
-    return any(isinstance(x, HpuTensor) for x in tree_flatten(tree)[0])
