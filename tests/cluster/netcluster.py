@@ -9,6 +9,7 @@ Layout for prefix "gl", octet 213 and n hosts:
   host i: netns gl-nI, veth gl-hI (root side, on the bridge) / eth0 (inside) 10.213.0.(10+I)/24,
           hostname gl-nI, sshd on 10.213.0.(10+I):22
 Only 10.<octet>.0.0/24 is ever addressed; nothing is sent anywhere else (resolv.conf points at 127.0.0.1).
+Each test cluster has a prefix and octet of its own (tests/slurm's is gls/215); a test checks it.
 
 Per host, an "anchor" process (`sleep infinity`) holds the host's mount and UTS namespaces
 (`ip netns exec NS unshare --uts sh -c "mount --bind HOSTS /etc/hosts && mount --bind RESOLV

@@ -3,6 +3,7 @@ sshd down / host gone failure modes, clean teardown (also after a crash, and of 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -137,7 +138,7 @@ def test_second_cluster_coexists(cluster, tmp_path):
 
 def test_down_leaves_nothing(tmp_path):
     require_cluster_support()
-    c = NetCluster(2, str(tmp_path / "c"), prefix="gld", subnet_octet=215).up()
+    c = NetCluster(2, str(tmp_path / "c"), prefix="gld", subnet_octet=218).up()
     assert c.timings["up"] < 5
     # a session on a host, still running at teardown, goes too
     sess = c.popen_on(0, ["ssh", "gld-n1", "sleep", "300"], env=c.env(), stdout=subprocess.DEVNULL,
@@ -182,19 +183,35 @@ def test_stale_cluster_from_a_crash_is_replaced(tmp_path):
         import os, sys
         sys.path.insert(0, {os.path.dirname(nc.__file__)!r})
         from netcluster import NetCluster
-        c = NetCluster(2, {str(tmp_path / "crashed")!r}, prefix="gls", subnet_octet=217).up()
+        c = NetCluster(2, {str(tmp_path / "crashed")!r}, prefix="glz", subnet_octet=217).up()
         print(" ".join(str(h.sshd.pid) for h in c.hosts), flush=True)
         os.kill(os.getpid(), 9)
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=T)
     assert r.returncode == -signal.SIGKILL, r.stderr
     stale = [int(p) for p in r.stdout.split()]
-    assert "gls-n0" in nc._netns_names() and all(nc._alive(p) for p in stale)
-    c = NetCluster(2, str(tmp_path / "new"), prefix="gls", subnet_octet=217).up()
+    assert "glz-n0" in nc._netns_names() and all(nc._alive(p) for p in stale)
+    c = NetCluster(2, str(tmp_path / "new"), prefix="glz", subnet_octet=217).up()
     try:
         assert not any(nc._alive(p) for p in stale)
-        r = c.run_on(0, ["ssh", "gls-n1", "hostname"], env=c.env(), capture_output=True, text=True, timeout=T)
-        assert r.stdout.strip() == "gls-n1", r.stderr
+        r = c.run_on(0, ["ssh", "glz-n1", "hostname"], env=c.env(), capture_output=True, text=True, timeout=T)
+        assert r.stdout.strip() == "glz-n1", r.stderr
     finally:
         c.down()
     assert not leftovers(c, {p: None for p in stale})
+
+
+def test_every_test_cluster_has_its_own_prefix_and_subnet():
+    # Two test clusters with one subnet or prefix cannot both be up; one whose owner died leaves links
+    # only a cluster of the same prefix removes (a CI run once failed on the Slurm cluster's 10.215 left up).
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pairs = {("gl", "213"), ("gls", "215")}  # NetCluster's and SlurmCluster's defaults
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(dirpath, name)) as f:
+                    pairs |= set(re.findall(r'prefix="(\w+)", subnet_octet=(\d+)', f.read()))
+    assert len(pairs) >= 7
+    prefixes = [p for p, _ in pairs]
+    octets = [o for _, o in pairs]
+    assert len(set(prefixes)) == len(pairs) and len(set(octets)) == len(pairs), sorted(pairs)
