@@ -5,6 +5,7 @@ Everything after SCRIPT is the script's own argv and is passed on untouched. No 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import List, Optional
 
@@ -14,8 +15,8 @@ from click.core import ParameterSource
 
 from gaudi_launch import __version__
 from gaudi_launch.errors import UserError
+from gaudi_launch.exitcodes import ExitCode, for_signal
 
-EXIT_USAGE = 2
 
 HELP = """Launch SCRIPT on every selected device of every host, one process per device.
 
@@ -255,7 +256,7 @@ def _device_env(device: Optional[str]) -> dict:
 
 def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only: bool = False) -> int:
     from gaudi_launch.backends import get_backend
-    from gaudi_launch.multinode import EXIT_PREFLIGHT, default_preflight as preflight
+    from gaudi_launch.multinode import default_preflight as preflight
     from gaudi_launch.planner import build_plan
 
     if check_only:
@@ -267,14 +268,14 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
         report = preflight(plan, spec)
         table = report.render_table()
         sys.stdout.write(table if table.endswith("\n") else table + "\n")
-        return 0 if report.ok else EXIT_PREFLIGHT
+        return ExitCode.OK if report.ok else ExitCode.PREFLIGHT
     plan = build_plan(spec, preflight=preflight, keep_failed_preflight=dry_run)
     if dry_run:  # the plan whatever the pre-flight said, its findings with it; exit 3 if it failed
         sys.stdout.write(plan.to_json() + "\n" if json_out else plan.render_text())
         if plan.preflight is not None and not plan.preflight["ok"]:
             print("gaudi-launch: pre-flight failed: a real run would start nothing (findings in the plan)",
                   file=sys.stderr)
-            return EXIT_PREFLIGHT
+            return ExitCode.PREFLIGHT
         return 0
     if spec.sbatch:  # a batch script for the job, nothing started
         from gaudi_launch.sbatch import write
@@ -335,11 +336,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt):
         print("gaudi-launch: interrupted", file=sys.stderr)
-        return 130
+        return for_signal(signal.SIGINT)
     except Exception as exc:  # a bug of ours: say so briefly; the traceback on request
         if os.environ.get("GAUDI_LAUNCH_DEBUG"):
             raise
         print(f"gaudi-launch: internal error: {type(exc).__name__}: {exc}\n"
               "  hint: rerun with GAUDI_LAUNCH_DEBUG=1 for the traceback and please report it",
               file=sys.stderr)
-        return 1
+        return ExitCode.INTERNAL

@@ -9,7 +9,7 @@ class UserError(ValueError):
     ``except ValueError`` keeps working.
     """
 
-    exit_code = 2
+    exit_code = 2  # ExitCode.USAGE (not imported: errors.py stays dependency-free)
 
     def __init__(self, message: str, *, where: str | None = None, hint: str | None = None):
         super().__init__(message)

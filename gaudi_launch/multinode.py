@@ -14,14 +14,12 @@ from typing import List, Mapping, Optional
 from gaudi_launch import fabric
 from gaudi_launch.envfile import is_secret
 from gaudi_launch.errors import UserError
+from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.plan import LaunchPlan
 from gaudi_launch.spec import JobSpec
 
-EXIT_PREFLIGHT = 3
-
-
 class PreflightFailed(UserError):
-    exit_code = EXIT_PREFLIGHT
+    exit_code = ExitCode.PREFLIGHT
 
     def __init__(self, report):
         super().__init__("pre-flight failed: nothing was started\n" + report.render_table().rstrip(),

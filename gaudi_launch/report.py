@@ -21,7 +21,8 @@ import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-EXIT_USAGE = 2
+from gaudi_launch.exitcodes import ExitCode
+
 INSTALL_HINT = "pip install 'gaudi-launch[report]'"
 
 
@@ -593,10 +594,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except MissingMatplotlib as exc:
         print(f"gaudi-launch report: error: matplotlib is not installed ({exc})\n"
               f"  hint: {INSTALL_HINT}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     except ReportError as exc:
         print(f"gaudi-launch report: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     written.append(write_html(written, out, f"gaudi-launch report: {os.path.basename(os.path.abspath(args.source))}"))
     for path in written:
         print(path)

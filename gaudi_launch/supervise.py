@@ -22,11 +22,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, List, Optional, Sequence, TextIO, Tuple
 
+from gaudi_launch.exitcodes import ExitCode, for_signal
 from gaudi_launch.progress import LineSplitter
 from gaudi_launch.logfiles import open_log, prepare_log_dir
 from gaudi_launch.worker import ERROR_MARKER
 
-EXIT_HOST_LOST = 4       # a host stopped answering mid-run
 TAIL_KEEP = 200          # lines of output remembered per process for the summary
 TAIL_LINE_CHARS = 2000   # each remembered line is cut to this: tails stay bounded in bytes too
 LINE_READ_MAX = 1 << 20  # bytes read as one line at most (a line without newline never ends)
@@ -125,7 +125,7 @@ class JobResult:
 
 def exit_code_for(returncode: int) -> int:
     """Shell convention: a signal N becomes 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
+    return for_signal(-returncode) if returncode < 0 else returncode
 
 
 def signal_name(signum: int) -> str:
@@ -413,7 +413,7 @@ class Supervisor:
                 preexec_fn=_die_with_parent)
         except OSError as exc:
             proc.tail.append(f"gaudi-launch could not start {spec.argv[0]!r}: {exc.strerror or exc}")
-            proc.returncode = 127
+            proc.returncode = ExitCode.CANNOT_EXECUTE
             proc.ended = proc.started
             self._spawn_failed = True
             self._events.put(("exit", proc.index))
@@ -606,9 +606,9 @@ class Supervisor:
             elif culprit is not None and culprit.exit_code:
                 code = culprit.exit_code
         elif self.lost:
-            code = EXIT_HOST_LOST
+            code = ExitCode.HOST_LOST
         elif interrupted:
-            code = 128 + int(signal.Signals[interrupted])
+            code = for_signal(signal.Signals[interrupted])
         else:
             code = 0
         summary = ""
