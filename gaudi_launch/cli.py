@@ -114,6 +114,9 @@ def launch(
     sbatch: Optional[str] = typer.Option(None, "--sbatch", help="With --backend slurm: write a batch script (and a private env file beside it) for this job instead of running it; submit it with sbatch."),
     slurm_args: Optional[str] = typer.Option(None, "--slurm-args", "--slurm_args", help="With --backend slurm: more srun options, one string (split like a shell would, never run by one)."),
     device: Optional[str] = typer.Option(None, "--device", help="hpu, cuda or cpu for the ranks' training runtime (default: what the host has)."),
+    max_restarts: int = typer.Option(0, "--max-restarts", "--max_restarts", help="Start the job again after a failure, up to N times (torchrun's option); ranks get GAUDI_LAUNCH_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT, our Trainer resumes from its newest checkpoint."),
+    restart_on: str = typer.Option("all", "--restart-on", "--restart_on", help="With --max-restarts: which failures restart, a list of rank, host, hang (default all)."),
+    restart_backoff: float = typer.Option(1.0, "--restart-backoff", "--restart_backoff", help="With --max-restarts: seconds before the first restart, doubling after each (at most 60)."),
     dry_run: bool = typer.Option(False, "--dry-run", "--dry_run", help="Print the plan; start nothing."),
     json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as one JSON object."),
     config: Optional[str] = typer.Option(None, "--config", help="YAML job file holding any of these options; the command line wins."),
@@ -229,7 +232,8 @@ def _launch(v: dict) -> int:
         export_prefixes=list(v["export_prefix"] or []), efa=v["efa"], hccl_ofi_wrapper=v["hccl_ofi_wrapper"],
         launcher=v["launcher"], launcher_args=v["launcher_args"], partition=v["partition"],
         time=v["time"], account=v["account"], slurm_args=v["slurm_args"], sbatch=v["sbatch"],
-        console_ranks=_ranks(v["ranks_filter"]))
+        console_ranks=_ranks(v["ranks_filter"]), max_restarts=v["max_restarts"], restart_on=v["restart_on"],
+        restart_backoff=v["restart_backoff"])
     if v["python"]:
         spec.python = v["python"]
     if v["check_only"] and v["no_ssh_check"]:
@@ -258,7 +262,9 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
     from gaudi_launch.backends import get_backend
     from gaudi_launch.multinode import default_preflight as preflight
     from gaudi_launch.planner import build_plan
+    from gaudi_launch.restarts import attempt_spec, run_job
 
+    spec = attempt_spec(spec, 0)
     if check_only:
         plan = build_plan(spec, require_program=False)
         if plan.backend == "slurm":  # no hostfile, no ssh: the nodes are probed through srun
@@ -287,10 +293,12 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
         print(f"gaudi-launch: wrote {written['script']} and {written['env_file']}; submit with: sbatch "
               f"{written['script']}", file=sys.stderr)
         return 0
-    hosts = len(plan.nodes)
-    print(f"gaudi-launch: job {plan.job_id}: {plan.world_size} rank(s) on {hosts} host(s), backend "
-          f"{plan.backend}, master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
-    return get_backend(plan.backend).run(plan, spec).exit_code
+    def start(plan, spec):
+        print(f"gaudi-launch: job {plan.job_id}: {plan.world_size} rank(s) on {len(plan.nodes)} host(s), backend "
+              f"{plan.backend}, master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
+        return get_backend(plan.backend).run(plan, spec)
+
+    return run_job(spec, plan, build=lambda s: build_plan(s, preflight=preflight), start=start).exit_code
 
 
 def _option_names() -> List[str]:

@@ -82,7 +82,7 @@ def node_layout(env: Mapping[str, str]) -> Dict[str, str]:
 
 
 def elastic_env(layout: Mapping[str, str], environ: Mapping[str, str]) -> Dict[str, str]:
-    """torchrun's other worker variables (one role, no restarts), from the rank's layout.
+    """torchrun's other worker variables (one role), from the rank's layout.
 
     ``layout`` has RANK, WORLD_SIZE and CROSS_SIZE (nodes); TORCHELASTIC_RUN_ID is the job id, so
     torch.distributed.is_torchelastic_launched() is true as under torchrun. Not
@@ -95,8 +95,9 @@ def elastic_env(layout: Mapping[str, str], environ: Mapping[str, str]) -> Dict[s
         "ROLE_NAME": "default",
         "ROLE_WORLD_SIZE": layout["WORLD_SIZE"],
         "TORCHELASTIC_RUN_ID": environ["GAUDI_LAUNCH_JOB_ID"],
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
+        # --max-restarts: the launcher's count of this attempt (restarts.py), under torchrun's names
+        "TORCHELASTIC_RESTART_COUNT": environ.get("GAUDI_LAUNCH_RESTART_COUNT") or "0",
+        "TORCHELASTIC_MAX_RESTARTS": environ.get("GAUDI_LAUNCH_MAX_RESTARTS") or "0",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
     if layout.get("CROSS_SIZE"):

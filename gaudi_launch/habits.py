@@ -16,7 +16,7 @@ from gaudi_launch.errors import UserError
 
 # torchrun options that have no meaning for a launcher that starts every node itself.
 _RDZV = ("--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id",
-         "--rdzv-conf", "--rdzv_conf", "--max-restarts", "--max_restarts")
+         "--rdzv-conf", "--rdzv_conf")
 _NODE_RANK = ("--node-rank", "--node_rank")
 _PYTHONS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*)$")
 
@@ -28,9 +28,8 @@ def torchrun_option_error(name: str) -> Optional[UserError]:
                          hint="run it once, on one machine, with --hostfile listing the nodes (or inside a "
                               "Slurm allocation); it gives each node its rank")
     if name in _RDZV:
-        what = "restarts are not supported yet" if "restarts" in name else \
-            "there is no rendezvous: the master is the first host (--master_addr/--master_port)"
-        return UserError(f"{name}: {what}", where=name)
+        return UserError(f"{name}: there is no rendezvous: the master is the first host (--master_addr/--master_port)",
+                         where=name)
     return None
 
 

@@ -50,6 +50,10 @@ class JobSpec:
     slurm_args: Optional[str] = None
     sbatch: Optional[str] = None           # write a batch script for this job instead of running it
     console_ranks: Optional[List[int]] = None  # show only these ranks on the console (logs keep all)
+    # Long runs (restarts.py): start a failed job again, up to max_restarts times.
+    max_restarts: int = 0
+    restart_on: str = "rank,host,hang"     # which failures restart: rank failure, lost host, hang
+    restart_backoff: float = 1.0           # seconds before the first restart, doubling after each
 
     def validate(self, require_program: bool = True) -> "JobSpec":
         if require_program and not self.program:
@@ -81,7 +85,24 @@ class JobSpec:
                             hint="pdsh or openmpi")
         if self.grace < 0:
             raise UserError(f"must not be negative, got {self.grace}", where="--grace")
+        self._validate_restarts()
         return self
+
+    def _validate_restarts(self) -> None:
+        from gaudi_launch.restarts import MAX_RESTARTS, parse_restart_on
+
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) \
+                or not 0 <= self.max_restarts <= MAX_RESTARTS:
+            raise UserError(f"a whole number from 0 to {MAX_RESTARTS}, got {self.max_restarts!r}",
+                            where="--max-restarts")
+        parse_restart_on(self.restart_on)
+        if self.max_restarts and self.sbatch:
+            raise UserError("the batch script --sbatch writes runs the job once", where="--max-restarts",
+                            hint="leave --max-restarts out, or run gaudi-launch --max-restarts N inside an allocation")
+        backoff = self.restart_backoff
+        if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or not math.isfinite(backoff) \
+                or backoff < 0:
+            raise UserError(f"a number of seconds, 0 or more, got {backoff!r}", where="--restart-backoff")
 
 
 def resolve_compat(*, backend: str, use_mpi: bool, use_deepspeed: bool,

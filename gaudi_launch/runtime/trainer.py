@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from gaudi_launch.restarts import restart_count
 from gaudi_launch.runtime import checkpoint as ckpt
 from gaudi_launch.runtime.attention import apply_attention
 from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
@@ -170,7 +171,9 @@ class Trainer:
             self._init_deepspeed()
         else:
             self._init_plain()
-        if args.overwrite_output_dir and not args.resume_from_checkpoint and self.rank == 0:
+        # A restart (--max-restarts) continues this run: its metrics so far stay.
+        self.restart = restart_count(os.environ)
+        if args.overwrite_output_dir and not args.resume_from_checkpoint and not self.restart and self.rank == 0:
             # A fresh run: earlier runs' metrics would otherwise be appended to.
             path = os.path.join(args.output_dir, "metrics.jsonl")
             if os.path.exists(path):
@@ -277,6 +280,8 @@ class Trainer:
         self.scheduler = scheduler
         step, epoch, skip = 0, 0, 0
         resume = resume_from_checkpoint or args.resume_from_checkpoint
+        if not resume and self.restart:
+            resume = "latest"  # restarted by the launcher: go on from the newest complete checkpoint, if any
         state = self._resume(resume, scheduler) if resume else None
         if state is not None:
             resume = state.pop("_path")
@@ -284,6 +289,8 @@ class Trainer:
             epoch = int(state["sampler_state"]["epoch"])
             skip = int(state["sampler_state"]["batches"])
             self._say(f"resumed from {resume} at step {step} (epoch {epoch}, batch {skip})")
+        if self.restart and self.rank == 0:  # a mark for the plots: the curve goes on from here
+            self.writer.log(step, {"restart": self.restart})
         throughput = Throughput(warmup_steps=args.throughput_warmup_steps)
         self.inference_graphs.off()  # replayed graphs keep no autograd graph
         self._in_train = True

@@ -82,7 +82,7 @@ def test_torchrun_spellings_paste_in(tmp_path):
     res = gl("--nproc_per_node", "cpu", "--dry-run", "--json", "t.py", cwd=tmp_path)
     assert json.loads(res.stdout)["world_size"] == os.cpu_count()
     for option, words in [("--node-rank", "starts every node itself"), ("--rdzv-endpoint", "no rendezvous"),
-                          ("--rdzv_backend", "no rendezvous"), ("--max-restarts", "not supported yet")]:
+                          ("--rdzv_backend", "no rendezvous")]:
         res = gl(option, "1", "t.py", cwd=tmp_path)
         assert res.returncode == 2 and words in res.stderr and "Traceback" not in res.stderr, res.stderr
     res = gl("--nnodes", "1:2", "t.py", cwd=tmp_path)

@@ -1,0 +1,195 @@
+"""Restarts for long runs (``--max-restarts N``): a failed job is torn down and started again.
+
+Each attempt is a whole new job (fresh plan: a new job id, a free port, the pre-flight again), so
+nothing of a broken attempt survives into the next. The ranks learn which attempt they are from
+GAUDI_LAUNCH_RESTART_COUNT and torchrun's TORCHELASTIC_RESTART_COUNT (0 on the first), and our
+Trainer resumes from the newest complete checkpoint when it is above 0. A stop the user asked for
+(Ctrl-C, a scheduler's SIGTERM) never restarts; bad input and a failed pre-flight never start a job
+in the first place. The decisions are pure functions; ``run_job`` is the thin loop around them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, FrozenSet, List, Optional, TextIO
+
+from gaudi_launch.errors import UserError
+from gaudi_launch.exitcodes import ExitCode, for_signal
+
+CAUSES = ("rank", "host", "hang")  # a rank failed; a host stopped answering; no rank advanced
+MAX_RESTARTS = 1000                # a typo guard, not a policy
+BACKOFF_CAP_S = 60.0               # doubling back-off never waits longer than this
+RESTART_COUNT = "GAUDI_LAUNCH_RESTART_COUNT"
+MAX_RESTARTS_VAR = "GAUDI_LAUNCH_MAX_RESTARTS"
+_CAUSE_WORDS = {"rank": "rank failure", "host": "host lost", "hang": "hang"}
+
+
+def parse_restart_on(text: str) -> FrozenSet[str]:
+    """'rank,hang' -> {'rank', 'hang'}; 'all' is every cause. Pure."""
+    names = [n.strip().lower() for n in str(text).split(",") if n.strip()]
+    if names == ["all"]:
+        return frozenset(CAUSES)
+    unknown = [n for n in names if n not in CAUSES]
+    if unknown or not names:
+        raise UserError(f"{text!r}: a comma-separated list of {', '.join(CAUSES)} (or all)", where="--restart-on")
+    return frozenset(names)
+
+
+def attempt_spec(spec, attempt: int):
+    """The JobSpec of attempt ``attempt`` (0 = the first run): the restart count in the ranks'
+    environment. Unchanged without --max-restarts, so plans stay as they were. Pure."""
+    if not spec.max_restarts:
+        return spec
+    env = {**spec.env, RESTART_COUNT: str(attempt), MAX_RESTARTS_VAR: str(spec.max_restarts)}
+    return dataclasses.replace(spec, env=env)
+
+
+def restart_count(environ) -> int:
+    """Which restart this rank belongs to (0: the first run), from our variable or torchrun's. Pure."""
+    for name in (RESTART_COUNT, "TORCHELASTIC_RESTART_COUNT"):
+        value = str(environ.get(name, "")).strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def backoff_s(restart: int, base: float, cap: float = BACKOFF_CAP_S) -> float:
+    """Seconds to wait before restart number ``restart`` (1, 2, ...): base, 2*base, 4*base... Pure."""
+    return min(cap, base * (2 ** max(0, restart - 1)))
+
+
+def failure_cause(result) -> Optional[str]:
+    """'rank', 'host' or 'hang' for a failed job; None when it succeeded or was stopped on
+    purpose (a signal to the launcher), which never restarts. Pure."""
+    if result.ok or result.interrupted_by:
+        return None
+    if getattr(result, "hung", None):
+        return "hang"
+    if result.first_failure is None and result.exit_code == ExitCode.HOST_LOST:
+        return "host"
+    return "rank"
+
+
+def should_restart(result, restarts_done: int, max_restarts: int, restart_on: FrozenSet[str]) -> bool:
+    cause = failure_cause(result)
+    return cause is not None and cause in restart_on and restarts_done < max_restarts
+
+
+@dataclass
+class Attempt:
+    number: int                 # 1-based, as printed
+    exit_code: int
+    cause: Optional[str]        # None: it succeeded (or was stopped)
+    culprit: Optional[str]      # "rank 1 on host-a", or the lost host's message
+    status: str                 # "exit code 9", "killed by SIGKILL", ...
+    runtime_s: float
+    backoff_s: float = 0.0      # waited after it, before the next attempt
+
+
+def describe(result, number: int, runtime_s: float) -> Attempt:
+    """What one attempt amounted to, from its JobResult. Pure."""
+    cause = failure_cause(result)
+    culprit, status = None, f"exit code {result.exit_code}"
+    if result.culprit is not None:
+        who = f"rank {result.culprit.rank}" if result.culprit.rank is not None else result.first_failure.name
+        culprit, status = f"{who} on {result.culprit.host}", result.culprit.status
+    elif getattr(result, "hung", None):
+        culprit = result.hung.splitlines()[0]
+    elif result.interrupted_by:
+        status = f"stopped by {result.interrupted_by}"
+    return Attempt(number, result.exit_code, cause, culprit, status, runtime_s)
+
+
+def format_attempts(attempts: List[Attempt], max_restarts: int, exit_code: int) -> str:
+    """The per-attempt summary printed at the end of a job that had restarts enabled. Pure."""
+    lines = ["", f" gaudi-launch: {len(attempts)} attempt(s), up to {max_restarts} restart(s) ".center(74, "=")]
+    for a in attempts:
+        if a.exit_code == 0:
+            what = "finished"
+        elif a.cause is None:
+            what = a.status
+        else:
+            what = f"{_CAUSE_WORDS[a.cause]}: {a.culprit or '?'}, {a.status}"
+        tail = f" (then {a.backoff_s:g} s back-off)" if a.backoff_s else ""
+        lines.append(f"attempt {a.number}: {what} after {a.runtime_s:.1f} s{tail}")
+    failed = [a for a in attempts if a.exit_code != 0]
+    if failed:
+        lost = sum(a.runtime_s + a.backoff_s for a in failed)
+        lines.append(f"time lost: {lost:.1f} s in failed attempts and back-off (the work since each one's "
+                     "last checkpoint is redone)")
+    lines.append(f"exit code: {exit_code}")
+    lines.append("=" * 74)
+    return "\n".join(lines) + "\n"
+
+
+def _wait(seconds: float) -> Optional[int]:
+    """Sleep through a back-off; a SIGINT/SIGTERM/SIGHUP ends it and is returned (no restart then)."""
+    if seconds <= 0:
+        return None
+    got: List[int] = []
+    done = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        time.sleep(seconds)
+        return None
+
+    def stop(signum, _frame):
+        got.append(signum)
+        done.set()
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        done.wait(seconds)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    return got[0] if got else None
+
+
+def run_job(spec, first_plan, *, build: Callable, start: Callable, err: Optional[TextIO] = None,
+            wait: Callable[[float], Optional[int]] = _wait, clock: Callable[[], float] = time.monotonic):
+    """Run the job, and again after a failure while --max-restarts allows; the last JobResult.
+
+    ``build(spec) -> plan`` plans a later attempt (the first plan is given: it was shown or checked
+    already); ``start(plan, spec) -> JobResult`` runs one attempt through its backend.
+    """
+    err = err or sys.stderr
+    restart_on = parse_restart_on(spec.restart_on)
+    attempts: List[Attempt] = []
+    plan, current = first_plan, attempt_spec(spec, 0)
+    while True:
+        began = clock()
+        result = start(plan, current)
+        attempts.append(describe(result, len(attempts) + 1, clock() - began))
+        if not should_restart(result, len(attempts) - 1, spec.max_restarts, restart_on):
+            break
+        restart = len(attempts)
+        attempts[-1].backoff_s = backoff_s(restart, spec.restart_backoff)
+        _say(err, f"gaudi-launch: attempt {restart} failed ({_CAUSE_WORDS[attempts[-1].cause]}); restart "
+                  f"{restart} of {spec.max_restarts} in {attempts[-1].backoff_s:g} s")
+        signum = wait(attempts[-1].backoff_s)
+        if signum is not None:
+            _say(err, f"gaudi-launch: received {signal.Signals(signum).name} during the back-off: no restart")
+            result = dataclasses.replace(result, exit_code=for_signal(signum),
+                                         interrupted_by=signal.Signals(signum).name)
+            break
+        current = attempt_spec(spec, restart)
+        try:
+            plan = build(current)
+        except UserError as exc:  # e.g. the pre-flight of a host that is gone for good
+            _say(err, format_attempts(attempts, spec.max_restarts, exc.exit_code).rstrip("\n"))
+            raise
+    if spec.max_restarts and (len(attempts) > 1 or not result.ok):
+        _say(err, format_attempts(attempts, spec.max_restarts, result.exit_code).rstrip("\n"))
+    return result
+
+
+def _say(err: TextIO, text: str) -> None:
+    try:
+        err.write(text + "\n")
+        err.flush()
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,86 @@
+"""--max-restarts: the pure decisions (what restarts, how long to wait, what the ranks see, the summary)."""
+from __future__ import annotations
+
+import pytest
+
+from gaudi_launch.contract import elastic_env
+from gaudi_launch.errors import UserError
+from gaudi_launch.restarts import (Attempt, attempt_spec, backoff_s, failure_cause, format_attempts,
+                                   parse_restart_on, restart_count, should_restart)
+from gaudi_launch.spec import JobSpec
+from gaudi_launch.supervise import Culprit, JobResult, ProcResult
+from tests.unit.cli_helpers import plan_of, user_error
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
+
+
+def result(code, *, interrupted=None, rank_failed=True):
+    proc = ProcResult(rank=1, host="h", name="rank 1", pid=5, returncode=code, state="failed", runtime_s=1.0)
+    failed = rank_failed and code not in (0, 4)
+    return JobResult(exit_code=code, procs=[proc], first_failure=proc if failed else None,
+                     culprit=Culprit(1, "h", f"exit code {code}", []) if failed else None,
+                     interrupted_by=interrupted, summary="")
+
+
+def test_which_failures_restart():
+    assert failure_cause(result(0)) is None
+    assert failure_cause(result(9)) == "rank"
+    assert failure_cause(result(4, rank_failed=False)) == "host"
+    assert failure_cause(result(143, interrupted="SIGTERM", rank_failed=False)) is None  # stopped on purpose
+    assert failure_cause(result(9, interrupted="SIGINT")) is None  # Ctrl-C while a rank failed: still a stop
+    every = parse_restart_on("all")
+    assert should_restart(result(9), 0, 1, every) and not should_restart(result(9), 1, 1, every)
+    assert not should_restart(result(9), 0, 0, every)  # --max-restarts 0: as before
+    assert not should_restart(result(9), 0, 3, parse_restart_on("host,hang"))
+
+
+def test_restart_on_spellings():
+    assert parse_restart_on("all") == parse_restart_on("rank,host,hang") == {"rank", "host", "hang"}
+    assert parse_restart_on(" Hang , rank") == {"hang", "rank"}
+    for bad in ("", "rank,disk", "always"):
+        with pytest.raises(UserError) as exc:
+            parse_restart_on(bad)
+        assert exc.value.where == "--restart-on"
+
+
+def test_backoff_doubles_up_to_a_cap():
+    assert [backoff_s(n, 1.0) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert backoff_s(20, 1.0) == 60.0 and backoff_s(3, 0) == 0
+
+
+def test_ranks_see_the_attempt_under_both_names():
+    spec = JobSpec(program=["t.py"], max_restarts=2, env={"A": "1"})
+    env = attempt_spec(spec, 1).env
+    assert env == {"A": "1", "GAUDI_LAUNCH_RESTART_COUNT": "1", "GAUDI_LAUNCH_MAX_RESTARTS": "2"}
+    assert spec.env == {"A": "1"}  # the original spec is untouched
+    assert attempt_spec(JobSpec(program=["t.py"]), 0).env == {}  # no restarts: plans as before
+    elastic = elastic_env({"RANK": "0", "WORLD_SIZE": "1"}, {"GAUDI_LAUNCH_JOB_ID": "ab", **env})
+    assert (elastic["TORCHELASTIC_RESTART_COUNT"], elastic["TORCHELASTIC_MAX_RESTARTS"]) == ("1", "2")
+    assert restart_count(env) == 1 and restart_count({"TORCHELASTIC_RESTART_COUNT": "3"}) == 3
+    assert restart_count({}) == 0 and restart_count({"GAUDI_LAUNCH_RESTART_COUNT": "x"}) == 0
+
+
+def test_dry_run_shows_the_restart_variables(capsys):
+    plan = plan_of(capsys, "--num_devices", "2", "--max-restarts", "3", "t.py")
+    assert plan["env"] == {"GAUDI_LAUNCH_RESTART_COUNT": "0", "GAUDI_LAUNCH_MAX_RESTARTS": "3"}
+    assert {c["env"]["TORCHELASTIC_MAX_RESTARTS"] for c in plan["commands"]} == {"3"}
+    assert {c["env"]["TORCHELASTIC_RESTART_COUNT"] for c in plan["commands"]} == {"0"}
+
+
+def test_bad_restart_options_name_the_option(capsys):
+    open("t.py", "w").close()
+    assert "--max-restarts: a whole number from 0 to 1000, got -1" in user_error(capsys, "--max-restarts", "-1", "t.py")
+    assert "--restart-backoff: a number of seconds" in user_error(capsys, "--max-restarts", "1", "--restart-backoff",
+                                                                   "nan", "t.py")
+    err = user_error(capsys, "--backend", "slurm", "--sbatch", "job.sh", "--max-restarts", "1", "t.py")
+    assert "--max-restarts: the batch script --sbatch writes runs the job once" in err
+
+
+def test_attempt_summary():
+    attempts = [Attempt(1, 9, "rank", "rank 1 on h", "exit code 9", 12.34, backoff_s=1.0),
+                Attempt(2, 0, None, None, "exit code 0", 20.0)]
+    text = format_attempts(attempts, 2, 0)
+    assert "attempt 1: rank failure: rank 1 on h, exit code 9 after 12.3 s (then 1 s back-off)" in text
+    assert "attempt 2: finished after 20.0 s" in text
+    assert "time lost: 13.3 s in failed attempts and back-off" in text
+    assert text.rstrip().splitlines()[-2] == "exit code: 0"
