@@ -7,7 +7,15 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["DistributedRunner", "__version__"]
+__all__ = ["DistributedRunner", "heartbeat", "__version__"]
+
+
+def heartbeat() -> None:
+    """Tell the launcher this rank advanced: call it once per training step in a plain script, for
+    --hang-timeout (our Trainer does it itself). Free when the launcher does not watch for hangs."""
+    from gaudi_launch.heartbeats import beat
+
+    beat()
 
 
 def __getattr__(name: str):

@@ -36,7 +36,8 @@ Examples:
 
 Exit status: 0 on success; the first failing rank's exit code (128+N for signal N);
 2 for bad input or options; 3 when the pre-flight failed (nothing started);
-4 when a host stopped answering mid-run; 128+N when the launcher itself got signal N.
+4 when a host stopped answering mid-run; 5 when no rank advanced for --hang-timeout seconds;
+128+N when the launcher itself got signal N.
 """
 
 CHECK_HELP = """Usage: gaudi-launch check [OPTIONS] [SCRIPT]
@@ -117,6 +118,7 @@ def launch(
     max_restarts: int = typer.Option(0, "--max-restarts", "--max_restarts", help="Start the job again after a failure, up to N times (torchrun's option); ranks get GAUDI_LAUNCH_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT, our Trainer resumes from its newest checkpoint."),
     restart_on: str = typer.Option("all", "--restart-on", "--restart_on", help="With --max-restarts: which failures restart, a list of rank, host, hang (default all)."),
     restart_backoff: float = typer.Option(1.0, "--restart-backoff", "--restart_backoff", help="With --max-restarts: seconds before the first restart, doubling after each (at most 60)."),
+    hang_timeout: Optional[float] = typer.Option(None, "--hang-timeout", "--hang_timeout", help="When no rank on this host advanced for S seconds (heartbeats: our Trainer's steps, gaudi_launch.heartbeat() in a script), print where every rank waits, keep their stacks in --log-dir, and tear the job down (exit 5). Default: off."),
     dry_run: bool = typer.Option(False, "--dry-run", "--dry_run", help="Print the plan; start nothing."),
     json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as one JSON object."),
     config: Optional[str] = typer.Option(None, "--config", help="YAML job file holding any of these options; the command line wins."),
@@ -233,7 +235,7 @@ def _launch(v: dict) -> int:
         launcher=v["launcher"], launcher_args=v["launcher_args"], partition=v["partition"],
         time=v["time"], account=v["account"], slurm_args=v["slurm_args"], sbatch=v["sbatch"],
         console_ranks=_ranks(v["ranks_filter"]), max_restarts=v["max_restarts"], restart_on=v["restart_on"],
-        restart_backoff=v["restart_backoff"])
+        restart_backoff=v["restart_backoff"], hang_timeout=v["hang_timeout"])
     if v["python"]:
         spec.python = v["python"]
     if v["check_only"] and v["no_ssh_check"]:
@@ -262,9 +264,10 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
     from gaudi_launch.backends import get_backend
     from gaudi_launch.multinode import default_preflight as preflight
     from gaudi_launch.planner import build_plan
+    from gaudi_launch.hangs import with_heartbeats
     from gaudi_launch.restarts import attempt_spec, run_job
 
-    spec = attempt_spec(spec, 0)
+    spec = with_heartbeats(attempt_spec(spec, 0))
     if check_only:
         plan = build_plan(spec, require_program=False)
         if plan.backend == "slurm":  # no hostfile, no ssh: the nodes are probed through srun
@@ -293,10 +296,10 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
         print(f"gaudi-launch: wrote {written['script']} and {written['env_file']}; submit with: sbatch "
               f"{written['script']}", file=sys.stderr)
         return 0
-    def start(plan, spec):
+    def start(plan, spec, **supervisor_options):
         print(f"gaudi-launch: job {plan.job_id}: {plan.world_size} rank(s) on {len(plan.nodes)} host(s), backend "
               f"{plan.backend}, master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
-        return get_backend(plan.backend).run(plan, spec)
+        return get_backend(plan.backend).run(plan, spec, **supervisor_options)
 
     return run_job(spec, plan, build=lambda s: build_plan(s, preflight=preflight), start=start).exit_code
 

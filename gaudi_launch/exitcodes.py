@@ -13,6 +13,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2             # bad input: options, hostfile, env file, job file, busy port
     PREFLIGHT = 3         # the pre-flight failed: nothing was started
     HOST_LOST = 4         # a host stopped answering mid-run
+    HUNG = 5              # no rank advanced for --hang-timeout seconds
     CANNOT_EXECUTE = 127  # a rank's program could not be started (the shell's code for it)
     SIGNAL_BASE = 128     # + N: killed by signal N, or the launcher got signal N (130 for Ctrl-C)
 

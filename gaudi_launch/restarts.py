@@ -154,15 +154,35 @@ def run_job(spec, first_plan, *, build: Callable, start: Callable, err: Optional
     """Run the job, and again after a failure while --max-restarts allows; the last JobResult.
 
     ``build(spec) -> plan`` plans a later attempt (the first plan is given: it was shown or checked
-    already); ``start(plan, spec) -> JobResult`` runs one attempt through its backend.
+    already); ``start(plan, spec, **supervisor_options) -> JobResult`` runs one attempt through its
+    backend. With --hang-timeout the job's heartbeat directory lives as long as this call.
     """
+    from gaudi_launch.hangs import HEARTBEAT_DIR, HangWatch, check_watchable
+
     err = err or sys.stderr
+    watch = None
+    if spec.hang_timeout:
+        check_watchable(first_plan)
+        watch = HangWatch(spec.hang_timeout, spec.env[HEARTBEAT_DIR], spec.log_dir)
+        watch.create()
+    try:
+        return _attempts(spec, first_plan, build, start, err, wait, clock, watch)
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+def _attempts(spec, plan, build, start, err, wait, clock, watch):
     restart_on = parse_restart_on(spec.restart_on)
     attempts: List[Attempt] = []
-    plan, current = first_plan, attempt_spec(spec, 0)
+    current = attempt_spec(spec, 0)
     while True:
+        options = {}
+        if watch is not None:
+            watch.begin(plan.world_size, plan.job_id)
+            options = dict(hang_check=watch.check, hang_interval=watch.interval)
         began = clock()
-        result = start(plan, current)
+        result = start(plan, current, **options)
         attempts.append(describe(result, len(attempts) + 1, clock() - began))
         if not should_restart(result, len(attempts) - 1, spec.max_restarts, restart_on):
             break

@@ -45,7 +45,7 @@ class DistributedRunner:
                  ssh_port: Optional[int] = None, ssh_identity: Optional[str] = None,
                  ssh_config: Optional[str] = None, ssh_check: bool = True, efa: Optional[bool] = None,
                  launcher: str = "pdsh", max_restarts: int = 0, restart_on: str = "all",
-                 restart_backoff: float = 1.0, stdout=None, stderr=None):
+                 restart_backoff: float = 1.0, hang_timeout: Optional[float] = None, stdout=None, stderr=None):
         # use_env and map_by are accepted for compatibility: ranks always get the env contract,
         # and CPU binding is the mpirun backend's business. multi_hls is replaced by hostfile.
         self.command_list = list(command_list or [])
@@ -59,7 +59,8 @@ class DistributedRunner:
             env_file=env_file, env=dict(env or {}), append_local_rank=append_local_rank,
             log_dir=log_dir, grace=grace, ssh_port=ssh_port, ssh_identity=ssh_identity,
             ssh_config=ssh_config, ssh_check=ssh_check, efa=efa, launcher=launcher,
-            max_restarts=max_restarts, restart_on=restart_on, restart_backoff=restart_backoff)
+            max_restarts=max_restarts, restart_on=restart_on, restart_backoff=restart_backoff,
+            hang_timeout=hang_timeout)
         self.python = python or sys.executable
         self._streams = dict(stdout=stdout, stderr=stderr)
         self.result: Optional[JobResult] = None
@@ -72,9 +73,10 @@ class DistributedRunner:
     def plans(self) -> List[LaunchPlan]:
         """The plan of every command, without running anything (a dry run)."""
         from gaudi_launch.planner import build_plan
+        from gaudi_launch.hangs import with_heartbeats
         from gaudi_launch.restarts import attempt_spec
 
-        return [build_plan(attempt_spec(self.spec_for(c), 0)) for c in self.command_list]
+        return [build_plan(with_heartbeats(attempt_spec(self.spec_for(c), 0))) for c in self.command_list]
 
     def run(self) -> int:
         """Run each command as a job, in order; stop at the first failure and return its exit code.
@@ -82,17 +84,18 @@ class DistributedRunner:
         from gaudi_launch.backends import get_backend
         from gaudi_launch.multinode import default_preflight
         from gaudi_launch.planner import build_plan
+        from gaudi_launch.hangs import with_heartbeats
         from gaudi_launch.restarts import attempt_spec, run_job
 
         def build(spec):
             return build_plan(spec, preflight=default_preflight)
 
-        def start(plan, spec):
-            return get_backend(plan.backend).run(plan, spec, **self._streams)
+        def start(plan, spec, **supervisor_options):
+            return get_backend(plan.backend).run(plan, spec, **self._streams, **supervisor_options)
 
         self.results = []
         for command in self.command_list:
-            spec = attempt_spec(self.spec_for(command), 0)
+            spec = with_heartbeats(attempt_spec(self.spec_for(command), 0))
             self.result = run_job(spec, build(spec), build=build, start=start, err=self._streams["stderr"])
             self.results.append(self.result)
             if not self.result.ok:

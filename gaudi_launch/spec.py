@@ -54,6 +54,7 @@ class JobSpec:
     max_restarts: int = 0
     restart_on: str = "rank,host,hang"     # which failures restart: rank failure, lost host, hang
     restart_backoff: float = 1.0           # seconds before the first restart, doubling after each
+    hang_timeout: Optional[float] = None   # seconds without any rank's heartbeat: the job hung (hangs.py)
 
     def validate(self, require_program: bool = True) -> "JobSpec":
         if require_program and not self.program:
@@ -103,6 +104,10 @@ class JobSpec:
         if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or not math.isfinite(backoff) \
                 or backoff < 0:
             raise UserError(f"a number of seconds, 0 or more, got {backoff!r}", where="--restart-backoff")
+        hang = self.hang_timeout
+        if hang is not None and (isinstance(hang, bool) or not isinstance(hang, (int, float))
+                                 or not math.isfinite(hang) or hang < 1):
+            raise UserError(f"a number of seconds, at least 1, got {hang!r}", where="--hang-timeout")
 
 
 def resolve_compat(*, backend: str, use_mpi: bool, use_deepspeed: bool,

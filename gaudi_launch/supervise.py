@@ -113,6 +113,7 @@ class JobResult:
     culprit: Optional[Culprit]
     interrupted_by: Optional[str]
     summary: str
+    hung: Optional[str] = None  # --hang-timeout: where the ranks waited when no rank advanced
 
     @property
     def ok(self) -> bool:
@@ -179,14 +180,16 @@ def find_culprit(first: ProcResult) -> Culprit:
 
 def format_summary(first: Optional[ProcResult], culprit: Optional[Culprit], procs: List[ProcResult],
                    interrupted_by: Optional[str], exit_code: int, log_dir: Optional[str],
-                   lost: Optional[str] = None) -> str:
+                   lost: Optional[str] = None, hung: Optional[str] = None) -> str:
     """One failure summary, root cause first. Pure: built from results only."""
     # Ctrl-C or a scheduler's SIGTERM with every rank still healthy: the job was stopped, not broken.
-    title = " gaudi-launch: job interrupted " if interrupted_by and first is None and not lost else \
-        " gaudi-launch: job failed "
+    title = " gaudi-launch: job interrupted " if interrupted_by and first is None and not (lost or hung) else \
+        " gaudi-launch: job hung " if hung and first is None else " gaudi-launch: job failed "
     lines = ["", title.center(74, "=")]
     if lost and first is None:
         lines.append(f"first failure: {lost}")
+    if hung and first is None and not lost:
+        lines.append(f"first failure: {hung}")
     if first is not None and culprit is not None:
         who = f"rank {culprit.rank}" if culprit.rank is not None else first.name
         via = f" (through {first.name}, pid {first.pid})" if len(first.rank_hosts) > 1 else f" (pid {first.pid})"
@@ -252,7 +255,8 @@ class Supervisor:
                  color: Optional[bool] = None, mask: Callable[[str], str] = lambda s: s,
                  handle_signals: bool = True, watch: Optional[Callable[[], Optional[str]]] = None,
                  watch_interval: float = 3.0, sweep: Optional[Callable[[int], dict]] = None,
-                 console_ranks: Optional[Sequence[int]] = None):
+                 console_ranks: Optional[Sequence[int]] = None,
+                 hang_check: Optional[Callable[[], Optional[str]]] = None, hang_interval: float = 2.0):
         self.procs = [_Proc(i, s) for i, s in enumerate(specs)]
         self.grace = grace
         self.log_dir = log_dir
@@ -271,6 +275,10 @@ class Supervisor:
         self.watch_interval = watch_interval
         self._done = threading.Event()
         self.lost: Optional[str] = None
+        # --hang-timeout (hangs.HangWatch.check): a text when no rank advanced for too long.
+        self.hang_check = hang_check
+        self.hang_interval = hang_interval
+        self.hung: Optional[str] = None
         # The job-id sweep (teardown.job_sweeper): signals every process that carries the job's id on
         # every host, which reaches what left its process group (a rank's setsid/double-fork daemon).
         self.sweep = sweep
@@ -451,6 +459,13 @@ class Supervisor:
                 self._events.put(("lost", message))
                 return
 
+    def _watch_hang(self) -> None:
+        while not self._done.wait(self.hang_interval):
+            message = self.hang_check()
+            if message:
+                self._events.put(("hung", message))
+                return
+
     def _kill_remaining(self) -> None:
         for proc in self.procs:
             if proc.popen is not None and proc.returncode is None:
@@ -502,6 +517,8 @@ class Supervisor:
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
         if self.watch is not None:
             threading.Thread(target=self._watch_hosts, daemon=True).start()
+        if self.hang_check is not None:
+            threading.Thread(target=self._watch_hang, daemon=True).start()
         try:
             return self._run()
         finally:
@@ -554,9 +571,14 @@ class Supervisor:
                     teardown()
                 continue
             if kind == "lost":
-                if first is None and interrupted is None and self.lost is None:
+                if first is None and interrupted is None and self.lost is None and self.hung is None:
                     self.lost = value
                 teardown()
+                continue
+            if kind == "hung":
+                if first is None and interrupted is None and self.lost is None and deadline is None:
+                    self.hung = value
+                    teardown()
                 continue
             if kind == "signal":
                 if deadline is not None:
@@ -607,6 +629,8 @@ class Supervisor:
                 code = culprit.exit_code
         elif self.lost:
             code = ExitCode.HOST_LOST
+        elif self.hung:
+            code = ExitCode.HUNG
         elif interrupted:
             code = for_signal(signal.Signals[interrupted])
         else:
@@ -614,14 +638,14 @@ class Supervisor:
         summary = ""
         if code != 0:
             summary = self.mask(format_summary(first_result, culprit, results, interrupted, code, self.log_dir,
-                                               lost=self.lost))
+                                               lost=self.lost, hung=self.hung))
             try:
                 self.err.write(summary)
                 self.err.flush()
             except (OSError, ValueError):
                 pass
         return JobResult(exit_code=code, procs=results, first_failure=first_result, culprit=culprit,
-                         interrupted_by=interrupted, summary=summary)
+                         interrupted_by=interrupted, summary=summary, hung=self.hung)
 
 
 def _clip(line: str) -> str:

@@ -31,6 +31,7 @@ import traceback
 from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 from gaudi_launch.contract import elastic_env, node_layout, node_visibility, read_error_file
+from gaudi_launch.heartbeats import HEARTBEAT_DIR, install_stack_dump
 
 # Where other launchers put the rank layout, in order of preference for each torchrun name.
 _SOURCES = {
@@ -385,6 +386,8 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
     if environ.get("GAUDI_LAUNCH_JOB_ID") and environ.get("LOCAL_RANK") == "0":
         _clean_dead_jobs()
     environ.update(_error_file(environ))
+    if environ.get(HEARTBEAT_DIR):  # --hang-timeout: the launcher may ask for this rank's stacks
+        install_stack_dump(environ)
     try:
         os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
     except OSError:

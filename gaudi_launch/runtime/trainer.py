@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
+from gaudi_launch.heartbeats import beat
 from gaudi_launch.restarts import restart_count
 from gaudi_launch.runtime import checkpoint as ckpt
 from gaudi_launch.runtime.attention import apply_attention
@@ -317,6 +318,7 @@ class Trainer:
                     continue
                 self._optimizer_step(scheduler)
                 step += 1
+                beat()  # --hang-timeout: this rank advanced
                 throughput.step(samples_per_step, tokens_per_step)
                 step_loss = torch.stack(window).mean()
                 window.clear()
