@@ -116,9 +116,10 @@ def _segments(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     (train_loss/global_step), [closing eval]; a training row whose step does not grow, or training
     after a summary, starts the next run. Eval rows (step -1) get an x position: 0 before training,
     the last training step during it, the summary's step for the first eval after the summary;
-    further evals after a summary open the next run."""
+    further evals after a summary open the next run. A restart mark (``{"step": N, "restart": K}``,
+    the Trainer's after --max-restarts resumed it from checkpoint N) is kept apart, not a training row."""
     def new_run(evals=()):
-        return {"train": {}, "evals": list(evals), "summaries": [], "first": None}
+        return {"train": {}, "evals": list(evals), "summaries": [], "first": None, "restarts": []}
 
     runs = [new_run()]
     last_step: Optional[int] = None
@@ -127,7 +128,9 @@ def _segments(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     pending: List[Dict[str, Any]] = []   # evals opening the next run
     for row in rows:
         step, cur = row["step"], runs[-1]
-        if step < 0:
+        if "restart" in row and "loss" not in row:
+            cur["restarts"].append(step)
+        elif step < 0:
             if summary_step is not None and not closing_taken:
                 cur["evals"].append((summary_step, row))
                 closing_taken = True
@@ -156,7 +159,7 @@ def split_rows(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     than the file's first run's), merged with the runs it continues (a later line wins for the same
     step). Returns train rows by step, summary rows, eval (x, row) pairs and how many runs were left
     out."""
-    runs = _segments(rows) or [{"train": {}, "evals": [], "summaries": [], "first": None}]
+    runs = _segments(rows) or [{"train": {}, "evals": [], "summaries": [], "first": None, "restarts": []}]
     start = next((r["first"] for r in runs if r["first"] is not None), None)
     chosen = len(runs) - 1
     while chosen > 0 and runs[chosen]["first"] is not None and start is not None and runs[chosen]["first"] > start:
@@ -164,7 +167,9 @@ def split_rows(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     train: Dict[int, Dict[str, Any]] = {}
     evals: List[Tuple[int, Dict[str, Any]]] = []
     summaries: List[Dict[str, Any]] = []
+    restarts: List[int] = []
     for i, run in enumerate(runs[chosen:]):
+        restarts += run["restarts"]
         if run["first"] is not None:
             # A resumed run replaces what came after its restart point.
             train = {k: v for k, v in train.items() if k < run["first"]}
@@ -174,7 +179,7 @@ def split_rows(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
         evals += [(opening if x is None else x, e) for x, e in run["evals"]]
         summaries = run["summaries"] or summaries
     return {"train": [train[s] for s in sorted(train)], "summaries": summaries, "evals": evals,
-            "runs": len(runs), "left_out": chosen}
+            "runs": len(runs), "left_out": chosen, "restarts": restarts}
 
 
 def series(rows: List[Dict[str, Any]], key: str) -> Tuple[List[int], List[float]]:
@@ -269,6 +274,12 @@ def write_html(paths: List[str], out: str, title: str) -> str:
     return target
 
 
+def _mark_restarts(ax, steps: List[int]) -> None:
+    """A dotted line where --max-restarts resumed the run (from the checkpoint of that step)."""
+    for i, step in enumerate(sorted(set(steps))):
+        ax.axvline(step, linestyle=":", color="0.4", label="restart (resumed here)" if i == 0 else None)
+
+
 def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
     parts = split_rows(rows)
     train, evals, summaries = parts["train"], parts["evals"], parts["summaries"]
@@ -294,6 +305,7 @@ def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
                     ax.annotate(f"ppl {_fmt(ppl)}", (x, _number(r["eval_loss"])), textcoords="offset points",
                                 xytext=(-6 if right_half else 6, 6), ha="right" if right_half else "left",
                                 fontsize=8, color="C3")
+        _mark_restarts(ax, parts["restarts"])
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("loss")
         ax.set_title(f"{title}: loss")
@@ -310,6 +322,7 @@ def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
             ax.axhline(avg, linestyle="--", color="C2", label=f"whole run: {_fmt(avg)} samples/s")
             ys = ys + [avg]
         _headroom(ax, ys)
+        _mark_restarts(ax, parts["restarts"])
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("samples/s")
         tokens = series(train, "train_tokens_per_second")[1]

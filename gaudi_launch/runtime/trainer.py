@@ -466,6 +466,7 @@ class Trainer:
         sums: Dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for batch in loader:
+                beat()  # a long evaluation is progress too (--hang-timeout)
                 batch = self._to_device(batch)
                 with autocast(info, args, self.gaudi_config):
                     out = self.train_model(**batch)

@@ -134,3 +134,19 @@ def test_a_signal_to_the_launcher_never_restarts(tmp_path):
     assert "restart 1 of" not in err
     pids = read_pids(tmp_path)
     assert all_gone(pids), [p for p in pids if alive(p)]
+
+
+def test_distributed_runner_restarts_too(tmp_path, monkeypatch):
+    import io
+
+    from gaudi_launch import DistributedRunner
+
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    monkeypatch.chdir(tmp_path)
+    out, err = io.StringIO(), io.StringIO()
+    runner = DistributedRunner(["flaky.py"], world_size=2, master_port=None, max_restarts=1, restart_backoff=0,
+                               stdout=out, stderr=err)
+    assert runner.run() == 11  # the last attempt's code
+    assert runner.result.exit_code == 11 and runner.result.culprit.rank == 1
+    assert "[rank 1] failing on attempt 1" in out.getvalue()
+    assert "attempt 1: rank failure: rank 1 on localhost, exit code 10" in err.getvalue()

@@ -137,6 +137,18 @@ def test_a_resumed_run_continues_the_curve():
     assert parts["summaries"][-1]["train_loss"] == 6.5
 
 
+def test_restart_marks_are_not_training_rows_and_are_drawn(tmp_path, capsys):
+    # --max-restarts: crashed after step 30, the Trainer resumed from checkpoint-20 and marked it
+    rows = ([train_row(s, 6.0 - s / 100) for s in (10, 20, 30)] + [{"step": 20, "restart": 1}]
+            + [train_row(s, 6.0 - s / 100) for s in (30, 40)])
+    parts = report.split_rows(rows)
+    assert [(r["step"], r["loss"]) for r in parts["train"]] == [(10, 5.9), (20, 5.8), (30, 5.7), (40, 5.6)]
+    assert parts["restarts"] == [20] and parts["left_out"] == 0
+    needs_matplotlib()
+    written = report.plot_run(rows, str(tmp_path), "run")
+    assert os.path.join(str(tmp_path), "loss.png") in written
+
+
 @pytest.mark.parametrize("name,data,files", [
     ("bench_train.json", TRAIN_BENCH, ["bench_train.png"]),
     ("launch.json", LAUNCH_BENCH, ["launch.png", "launch-start-up.png"]),
