@@ -118,6 +118,8 @@ def launch(
     max_restarts: int = typer.Option(0, "--max-restarts", "--max_restarts", help="Start the job again after a failure, up to N times (torchrun's option); ranks get GAUDI_LAUNCH_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT, our Trainer resumes from its newest checkpoint."),
     restart_on: str = typer.Option("all", "--restart-on", "--restart_on", help="With --max-restarts: which failures restart, a list of rank, host, hang (default all)."),
     restart_backoff: float = typer.Option(1.0, "--restart-backoff", "--restart_backoff", help="With --max-restarts: seconds before the first restart, doubling after each (at most 60)."),
+    spare_hosts: int = typer.Option(0, "--spare-hosts", "--spare_hosts", help="With --max-restarts: hold the last N selected hosts back; one takes a lost host's place on the restart, so the world size stays."),
+    min_nodes: Optional[int] = typer.Option(None, "--min-nodes", "--min_nodes", help="With --max-restarts: when a host is lost and no spare is left, restart on the hosts left if there are at least M (else exit 4)."),
     hang_timeout: Optional[float] = typer.Option(None, "--hang-timeout", "--hang_timeout", help="When no rank on this host advanced for S seconds (heartbeats: our Trainer's steps, gaudi_launch.heartbeat() in a script), print where every rank waits, keep their stacks in --log-dir, and tear the job down (exit 5). Default: off."),
     dry_run: bool = typer.Option(False, "--dry-run", "--dry_run", help="Print the plan; start nothing."),
     json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as one JSON object."),
@@ -235,7 +237,8 @@ def _launch(v: dict) -> int:
         launcher=v["launcher"], launcher_args=v["launcher_args"], partition=v["partition"],
         time=v["time"], account=v["account"], slurm_args=v["slurm_args"], sbatch=v["sbatch"],
         console_ranks=_ranks(v["ranks_filter"]), max_restarts=v["max_restarts"], restart_on=v["restart_on"],
-        restart_backoff=v["restart_backoff"], hang_timeout=v["hang_timeout"])
+        restart_backoff=v["restart_backoff"], hang_timeout=v["hang_timeout"], spare_hosts=v["spare_hosts"],
+        min_nodes=v["min_nodes"])
     if v["python"]:
         spec.python = v["python"]
     if v["check_only"] and v["no_ssh_check"]:

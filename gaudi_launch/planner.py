@@ -58,6 +58,12 @@ def resolve_hosts(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_loca
         num_devices = None  # already applied as the slot count
     selected = select(hosts, include=spec.include or None, exclude=spec.exclude or None,
                       num_nodes=spec.num_nodes, num_devices=num_devices)
+    if spec.spare_hosts or spec.lost_hosts:
+        from gaudi_launch.restarts import hosts_for_attempt
+
+        selected, note = hosts_for_attempt(selected, spec.lost_hosts, spec.spare_hosts, spec.min_nodes)
+        if note:
+            notes.append(note)
     return selected, hosts, notes
 
 

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, FrozenSet, List, Optional, TextIO
+from typing import Callable, FrozenSet, List, Optional, Sequence, TextIO, Tuple
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
@@ -39,13 +39,56 @@ def parse_restart_on(text: str) -> FrozenSet[str]:
     return frozenset(names)
 
 
-def attempt_spec(spec, attempt: int):
+def attempt_spec(spec, attempt: int, lost_hosts: Sequence[str] = ()):
     """The JobSpec of attempt ``attempt`` (0 = the first run): the restart count in the ranks'
-    environment. Unchanged without --max-restarts, so plans stay as they were. Pure."""
+    environment, the hosts lost so far left out. Unchanged without --max-restarts, so plans stay as
+    they were. Pure."""
     if not spec.max_restarts:
         return spec
     env = {**spec.env, RESTART_COUNT: str(attempt), MAX_RESTARTS_VAR: str(spec.max_restarts)}
-    return dataclasses.replace(spec, env=env)
+    return dataclasses.replace(spec, env=env, lost_hosts=list(lost_hosts))
+
+
+class HostsExhausted(UserError):
+    """Lost hosts leave too few to go on: the job stops as a lost host does (exit 4)."""
+
+    exit_code = ExitCode.HOST_LOST
+
+
+def hosts_for_attempt(selected: List[Tuple[str, list]], lost: Sequence[str], spares: int,
+                      min_nodes: Optional[int]) -> Tuple[List[Tuple[str, list]], Optional[str]]:
+    """Which selected (host, devices) run this attempt, and a note. The last ``spares`` hosts are
+    held back; a lost host is left out and the next spare takes its place, so the world size stays.
+    Without a spare the job runs on fewer hosts only down to ``min_nodes``. Pure."""
+    if spares and spares >= len(selected):
+        raise UserError(f"{spares} spare host(s) leave none of the {len(selected)} selected to run on",
+                        where="--spare-hosts", hint="list more hosts than --spare-hosts")
+    wanted = len(selected) - spares
+    usable = [s for s in selected if s[0] not in set(lost)]
+    if len(usable) >= wanted:
+        chosen = usable[:wanted]
+    elif min_nodes and len(usable) >= min_nodes:
+        chosen = usable
+    else:
+        raise HostsExhausted(f"{len(lost)} host(s) lost ({', '.join(lost)}): {len(usable)} left, the job needs "
+                             f"{min_nodes or wanted}", where="--max-restarts",
+                             hint="--spare-hosts N holds hosts back to take a lost one's place; --min-nodes M lets "
+                                  "the job go on with fewer")
+    notes = []
+    held = [h for h, _ in usable[len(chosen):]]
+    if held:
+        notes.append("spare host(s) held back: " + ", ".join(held))
+    if lost:
+        notes.append("left out (lost in an earlier attempt): " + ", ".join(lost))
+    if len(chosen) < wanted:
+        notes.append(f"running on {len(chosen)} of {wanted} host(s) (--min-nodes {min_nodes}): fewer ranks, so a "
+                     "smaller global batch unless the script adapts to WORLD_SIZE")
+    return chosen, "; ".join(notes) or None
+
+
+def lost_hosts_in(message: Optional[str], hosts: Sequence[str]) -> List[str]:
+    """The hosts a lost-host message (watch.py: 'host NAME stopped answering ...') names. Pure."""
+    return [h for h in hosts if message and message.startswith(f"host {h} ")]
 
 
 def restart_count(environ) -> int:
@@ -99,6 +142,8 @@ def describe(result, number: int, runtime_s: float) -> Attempt:
         culprit, status = f"{who} on {result.culprit.host}", result.culprit.status
     elif getattr(result, "hung", None):
         culprit = result.hung.splitlines()[0]
+    elif getattr(result, "lost", None):
+        culprit = result.lost
     elif result.interrupted_by:
         status = f"stopped by {result.interrupted_by}"
     return Attempt(number, result.exit_code, cause, culprit, status, runtime_s)
@@ -175,7 +220,8 @@ def run_job(spec, first_plan, *, build: Callable, start: Callable, err: Optional
 def _attempts(spec, plan, build, start, err, wait, clock, watch):
     restart_on = parse_restart_on(spec.restart_on)
     attempts: List[Attempt] = []
-    current = attempt_spec(spec, 0)
+    lost: List[str] = list(spec.lost_hosts)
+    current = attempt_spec(spec, 0, lost)
     while True:
         options = {}
         if watch is not None:
@@ -196,7 +242,9 @@ def _attempts(spec, plan, build, start, err, wait, clock, watch):
             result = dataclasses.replace(result, exit_code=for_signal(signum),
                                          interrupted_by=signal.Signals(signum).name)
             break
-        current = attempt_spec(spec, restart)
+        if attempts[-1].cause == "host":  # left out from now on (a spare, if any, takes its place)
+            lost += [h for h in lost_hosts_in(result.lost, [n.host for n in plan.nodes]) if h not in lost]
+        current = attempt_spec(spec, restart, lost)
         try:
             plan = build(current)
         except UserError as exc:  # e.g. the pre-flight of a host that is gone for good

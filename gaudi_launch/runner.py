@@ -45,7 +45,8 @@ class DistributedRunner:
                  ssh_port: Optional[int] = None, ssh_identity: Optional[str] = None,
                  ssh_config: Optional[str] = None, ssh_check: bool = True, efa: Optional[bool] = None,
                  launcher: str = "pdsh", max_restarts: int = 0, restart_on: str = "all",
-                 restart_backoff: float = 1.0, hang_timeout: Optional[float] = None, stdout=None, stderr=None):
+                 restart_backoff: float = 1.0, hang_timeout: Optional[float] = None, spare_hosts: int = 0,
+                 min_nodes: Optional[int] = None, stdout=None, stderr=None):
         # use_env and map_by are accepted for compatibility: ranks always get the env contract,
         # and CPU binding is the mpirun backend's business. multi_hls is replaced by hostfile.
         self.command_list = list(command_list or [])
@@ -60,7 +61,7 @@ class DistributedRunner:
             log_dir=log_dir, grace=grace, ssh_port=ssh_port, ssh_identity=ssh_identity,
             ssh_config=ssh_config, ssh_check=ssh_check, efa=efa, launcher=launcher,
             max_restarts=max_restarts, restart_on=restart_on, restart_backoff=restart_backoff,
-            hang_timeout=hang_timeout)
+            hang_timeout=hang_timeout, spare_hosts=spare_hosts, min_nodes=min_nodes)
         self.python = python or sys.executable
         self._streams = dict(stdout=stdout, stderr=stderr)
         self.result: Optional[JobResult] = None

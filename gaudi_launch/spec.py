@@ -55,6 +55,9 @@ class JobSpec:
     restart_on: str = "rank,host,hang"     # which failures restart: rank failure, lost host, hang
     restart_backoff: float = 1.0           # seconds before the first restart, doubling after each
     hang_timeout: Optional[float] = None   # seconds without any rank's heartbeat: the job hung (hangs.py)
+    spare_hosts: int = 0                   # the last N selected hosts wait to replace a lost one
+    min_nodes: Optional[int] = None        # without a spare, go on with at least this many hosts
+    lost_hosts: List[str] = field(default_factory=list)  # set by the restart loop, not an option
 
     def validate(self, require_program: bool = True) -> "JobSpec":
         if require_program and not self.program:
@@ -108,6 +111,15 @@ class JobSpec:
         if hang is not None and (isinstance(hang, bool) or not isinstance(hang, (int, float))
                                  or not math.isfinite(hang) or hang < 1):
             raise UserError(f"a number of seconds, at least 1, got {hang!r}", where="--hang-timeout")
+        for option, value in (("--spare-hosts", self.spare_hosts), ("--min-nodes", self.min_nodes)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise UserError(f"a whole number, 0 or more, got {value!r}", where=option)
+        if (self.spare_hosts or self.min_nodes) and not self.hostfile:
+            raise UserError("spare hosts and smaller restarts are for several hosts: give a --hostfile",
+                            where="--spare-hosts" if self.spare_hosts else "--min-nodes")
+        if (self.spare_hosts or self.min_nodes) and not self.max_restarts:
+            raise UserError("a lost host is replaced on a restart: add --max-restarts N",
+                            where="--spare-hosts" if self.spare_hosts else "--min-nodes")
 
 
 def resolve_compat(*, backend: str, use_mpi: bool, use_deepspeed: bool,

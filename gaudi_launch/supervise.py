@@ -114,6 +114,7 @@ class JobResult:
     interrupted_by: Optional[str]
     summary: str
     hung: Optional[str] = None  # --hang-timeout: where the ranks waited when no rank advanced
+    lost: Optional[str] = None  # a host that stopped answering (watch.py's message)
 
     @property
     def ok(self) -> bool:
@@ -645,7 +646,7 @@ class Supervisor:
             except (OSError, ValueError):
                 pass
         return JobResult(exit_code=code, procs=results, first_failure=first_result, culprit=culprit,
-                         interrupted_by=interrupted, summary=summary, hung=self.hung)
+                         interrupted_by=interrupted, summary=summary, hung=self.hung, lost=self.lost)
 
 
 def _clip(line: str) -> str:

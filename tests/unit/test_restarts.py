@@ -5,8 +5,9 @@ import pytest
 
 from gaudi_launch.contract import elastic_env
 from gaudi_launch.errors import UserError
-from gaudi_launch.restarts import (Attempt, attempt_spec, backoff_s, failure_cause, format_attempts,
-                                   parse_restart_on, restart_count, should_restart)
+from gaudi_launch.restarts import (Attempt, HostsExhausted, attempt_spec, backoff_s, failure_cause, format_attempts,
+                                   hosts_for_attempt, lost_hosts_in, parse_restart_on, restart_count,
+                                   should_restart)
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import Culprit, JobResult, ProcResult
 from tests.unit.cli_helpers import plan_of, user_error
@@ -84,3 +85,36 @@ def test_attempt_summary():
     assert "attempt 2: finished after 20.0 s" in text
     assert "time lost: 13.3 s in failed attempts and back-off" in text
     assert text.rstrip().splitlines()[-2] == "exit code: 0"
+
+
+def hosts(*names):
+    return [(n, [0, 1]) for n in names]
+
+
+def test_a_spare_takes_a_lost_hosts_place():
+    chosen, note = hosts_for_attempt(hosts("a", "b", "c"), [], 1, None)
+    assert chosen == hosts("a", "b") and note == "spare host(s) held back: c"
+    chosen, note = hosts_for_attempt(hosts("a", "b", "c"), ["b"], 1, None)
+    assert chosen == hosts("a", "c") and note == "left out (lost in an earlier attempt): b"
+    with pytest.raises(HostsExhausted) as exc:  # no spare left, no --min-nodes: stop as a lost host does
+        hosts_for_attempt(hosts("a", "b", "c"), ["b", "c"], 1, None)
+    assert exc.value.exit_code == 4 and "2 host(s) lost (b, c): 1 left, the job needs 2" in exc.value.message
+    chosen, note = hosts_for_attempt(hosts("a", "b", "c"), ["b", "c"], 1, 1)  # --min-nodes 1: smaller
+    assert chosen == hosts("a") and "running on 1 of 2 host(s) (--min-nodes 1)" in note
+    with pytest.raises(UserError) as exc:
+        hosts_for_attempt(hosts("a", "b"), [], 2, None)
+    assert exc.value.where == "--spare-hosts"
+    assert lost_hosts_in("host b stopped answering: no reply", ["a", "b", "bb"]) == ["b"]
+    assert lost_hosts_in(None, ["a"]) == []
+
+
+def test_dry_run_holds_the_spares_back(capsys, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("worker-0 slots=2\nworker-1 slots=2\nworker-2 slots=2\n")
+    plan = plan_of(capsys, "--hostfile", str(hostfile), "--max-restarts", "2", "--spare-hosts", "1", "t.py")
+    assert [n["host"] for n in plan["nodes"]] == ["worker-0", "worker-1"] and plan["world_size"] == 4
+    assert "spare host(s) held back: worker-2" in plan["notes"]
+    err = user_error(capsys, "--hostfile", str(hostfile), "--spare-hosts", "1", "--dry-run", "t.py")
+    assert "--spare-hosts: a lost host is replaced on a restart: add --max-restarts N" in err
+    err = user_error(capsys, "--num_devices", "2", "--max-restarts", "1", "--min-nodes", "1", "--dry-run", "t.py")
+    assert "--min-nodes: spare hosts and smaller restarts are for several hosts" in err
