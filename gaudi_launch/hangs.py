@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from gaudi_launch.heartbeats import DUMP_SIGNAL, HEARTBEAT_DIR
+from gaudi_launch.heartbeats import DUMP_SIGNAL, HEARTBEAT_DIR, start_time
 
 SETTLE_S = 5.0  # how long the ranks get to write their stacks
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
@@ -213,10 +213,12 @@ class HangWatch:
         for rank in range(self.world_size):
             try:
                 with open(os.path.join(self.directory, f"rank-{rank}.pid")) as f:
-                    host, pid = f.read().split()
+                    host, pid, started = f.read().split()
             except (OSError, ValueError):
                 continue
-            if host == me and pid.isdigit():  # a shared filesystem may hold other hosts' pids
+            # A shared filesystem may hold other hosts' pids; a rank that ended may have left its pid
+            # to another process, which SIGUSR2 would kill.
+            if host == me and pid.isdigit() and started.isdigit() and start_time(int(pid)) == int(started):
                 pids[rank] = int(pid)
         return pids
 

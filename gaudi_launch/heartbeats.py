@@ -25,6 +25,15 @@ _state = 0          # 0: not looked yet; 1: beating; -1: off (no directory, or i
 _stack_file = None  # kept open for faulthandler, which writes into its descriptor from a signal handler
 
 
+def start_time(pid: int) -> int:
+    """A process's start time in clock ticks since boot (0 when unknown): with the pid, its identity."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def rank_file(directory: str, rank: str, kind: str) -> str:
     return os.path.join(directory, f"rank-{rank}.{kind}")
 
@@ -53,7 +62,8 @@ def beat() -> None:
 
 
 def install_stack_dump(environ: Mapping[str, str]) -> bool:
-    """In the bootstrap: stacks to rank-N.stack on DUMP_SIGNAL, this pid (and host) in rank-N.pid."""
+    """In the bootstrap: stacks to rank-N.stack on DUMP_SIGNAL, this pid in rank-N.pid (with the host
+    and the process's start time, so that the launcher never signals another process given this pid)."""
     global _stack_file
     directory, rank = environ.get(HEARTBEAT_DIR), environ.get("RANK", "")
     if not directory or not rank.isdigit() or not os.path.isdir(directory):
@@ -65,7 +75,7 @@ def install_stack_dump(environ: Mapping[str, str]) -> bool:
         faulthandler.register(DUMP_SIGNAL, file=_stack_file, all_threads=True, chain=False)
         tmp = rank_file(directory, rank, f"pid.{os.getpid()}")
         with open(tmp, "w") as f:
-            f.write(f"{socket.gethostname()} {os.getpid()}\n")
+            f.write(f"{socket.gethostname()} {os.getpid()} {start_time(os.getpid())}\n")
         os.replace(tmp, rank_file(directory, rank, "pid"))  # whole, or not there
     except OSError:
         return False

@@ -150,3 +150,25 @@ def test_distributed_runner_restarts_too(tmp_path, monkeypatch):
     assert runner.result.exit_code == 11 and runner.result.culprit.rank == 1
     assert "[rank 1] failing on attempt 1" in out.getvalue()
     assert "attempt 1: rank failure: rank 1 on localhost, exit code 10" in err.getvalue()
+
+
+def test_a_signal_during_the_back_off_ends_the_run_without_restarting(tmp_path):
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    proc = subprocess.Popen([sys.executable, "-m", "gaudi_launch", "--num_devices", "2", "--max-restarts", "3",
+                             "--restart-backoff", "60", "flaky.py"], cwd=str(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stderr:  # wait for the back-off to begin
+            lines.append(line)
+            if "restart 1 of 3 in 60 s" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=30)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = "".join(lines) + rest
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "received SIGTERM during the back-off: no restart" in err
+    assert jobs_started(err) == 1 and "attempt 1: rank failure: rank 1 on localhost, exit code 10" in err

@@ -3,6 +3,7 @@ and the watch's decision from real heartbeat files."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -109,3 +110,28 @@ def test_hang_detection_needs_a_rank_on_this_host(tmp_path):
         check_watchable(build_plan(JobSpec(program=["t.py"], hostfile=str(hosts), ssh_check=False)))
     assert exc.value.where == "--hang-timeout"
     check_watchable(build_plan(JobSpec(program=["t.py"], num_devices=2)))  # this host: fine
+
+
+def test_only_the_ranks_own_live_processes_are_asked_for_stacks(tmp_path):
+    import socket
+    import subprocess
+
+    from gaudi_launch.heartbeats import start_time
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        directory = tmp_path / "hb"
+        asked = []
+        watch = HangWatch(5, str(directory), signal_rank=lambda pid, sig: asked.append((pid, sig)))
+        watch.create()
+        watch.begin(3, "j")
+        me, pid = socket.gethostname(), sleeper.pid
+        (directory / "rank-0.pid").write_text(f"{me} {pid} {start_time(pid)}\n")       # the rank itself
+        (directory / "rank-1.pid").write_text(f"{me} {pid} {start_time(pid) + 1}\n")   # a reused pid
+        (directory / "rank-2.pid").write_text(f"other-host {pid} {start_time(pid)}\n")  # another host's
+        watch.dump(6.0)
+        assert asked == [(pid, signal.SIGUSR2)]
+        watch.close()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
