@@ -130,8 +130,7 @@ def render_hosts(per_host: Dict[str, Dict[str, Any]], failed: Dict[str, str]) ->
 def collect_hosts(hostfile: str, ssh_options: List[str], python: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
     """Every hostfile host's report: this machine's directly, the others' over ssh (the same
     gaudi-launch there, as for a job). Returns (reports by host, why it failed by host)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    from gaudi_launch.fanout import per_host
     from gaudi_launch.hostfile import read_hostfile
     from gaudi_launch.planner import is_local_host
 
@@ -154,8 +153,7 @@ def collect_hosts(hostfile: str, ssh_options: List[str], python: str) -> Tuple[D
         except ValueError:
             return "its gaudi-launch env printed no JSON"
 
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(names)))) as pool:
-        results = dict(zip(names, pool.map(one, names)))
+    results = per_host(names, one, name="env")
     return ({h: r for h, r in results.items() if isinstance(r, dict)},
             {h: r for h, r in results.items() if not isinstance(r, dict)})
 

@@ -10,7 +10,6 @@ are tested without a network; ``check_hosts`` does the I/O. Never imports torch.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import errno
 import getpass
@@ -23,6 +22,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
+
+from gaudi_launch.fanout import per_host
 
 DEFAULT_KEYS = ("id_ed25519", "id_rsa", "id_ecdsa")
 PROBE_TIMEOUT = 60.0  # seconds for the probe command itself, once logged in
@@ -782,17 +783,12 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
         finally:
             facts.elapsed_s = time.monotonic() - t0
 
-    facts_by_host: dict[str, HostFacts] = {}
+    def done(host: str, f: HostFacts) -> None:
+        if progress is not None:
+            progress(host, "OK" if f.ok else f"failed: {f.reason}")
+
     try:
-        if hosts:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=min(64, len(hosts)),
-                                                       thread_name_prefix="preflight") as pool:
-                futures = {pool.submit(one, h): h for h in hosts}
-                for fut in concurrent.futures.as_completed(futures):
-                    f = fut.result()
-                    facts_by_host[f.host] = f
-                    if progress is not None:
-                        progress(f.host, "OK" if f.ok else f"failed: {f.reason}")
+        facts_by_host = per_host(hosts, one, on_done=done, name="preflight")
     finally:
         if listener is not None:
             listener.close()

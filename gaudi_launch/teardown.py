@@ -9,9 +9,10 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-import threading
 import time
 from typing import Callable, Collection, Dict, List, NamedTuple, Optional, Sequence
+
+from gaudi_launch.fanout import per_host
 
 # Run by the remote interpreter; argv: JOB_ID SIGNAL [SINCE]. Prints how many processes it
 # signalled, then one line "pid<TAB>name<TAB>uid<TAB>why" per process it could not inspect or signal
@@ -108,23 +109,17 @@ def sweep_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence
     """Signal the job's processes on every host at once (this host with our own interpreter)."""
     if not job_id:
         raise ValueError("a job id is required: without one every process would match")
-    result: Dict[str, Sweep] = {}
 
-    def one(host: str) -> None:
+    def one(host: str) -> Sweep:
         argv = kill_argv(sys.executable, job_id, sig, since) if is_local(host) else \
             remote_argv(host, ssh_args, python, job_id, sig, since)
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-            result[host] = parse_sweep(out.stdout) if out.returncode == 0 else Sweep(-1, [])
+            return parse_sweep(out.stdout) if out.returncode == 0 else Sweep(-1, [])
         except (OSError, subprocess.SubprocessError, ValueError):
-            result[host] = Sweep(-1, [])
+            return Sweep(-1, [])
 
-    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in dict.fromkeys(hosts)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 5)
-    return result
+    return per_host(hosts, one, timeout=timeout + 5, default=lambda _: Sweep(-1, []), name="sweep")
 
 
 def signal_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence[str], python: str,

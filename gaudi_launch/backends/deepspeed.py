@@ -15,12 +15,12 @@ import re
 import shlex
 import shutil
 import subprocess
-import threading
 from typing import Dict, List, Mapping, Optional
 
 from gaudi_launch import jobdir
 from gaudi_launch.contract import node_sizes_env
 from gaudi_launch.errors import UserError
+from gaudi_launch.fanout import per_host
 from gaudi_launch.multinode import host_watch
 from gaudi_launch.plan import Command, LaunchPlan
 from gaudi_launch.planner import is_local_host
@@ -166,24 +166,20 @@ def on_hosts(hosts: List[str], remote_argv: List[str], ssh_args: List[str], data
              timeout: float = 60.0) -> Dict[str, str]:
     """Run one command on every host at once over ssh (the one remote line quoted from a list),
     ``data`` on its stdin; {host: what went wrong} for the hosts where it failed."""
-    failed: Dict[str, str] = {}
 
-    def one(host: str) -> None:
+    def one(host: str) -> Optional[str]:
         try:
             out = subprocess.run(["ssh", *ssh_args, host, shlex.join(remote_argv)], input=data,
                                  capture_output=True, timeout=timeout)
         except (OSError, subprocess.SubprocessError) as exc:
-            failed[host] = str(exc)
-            return
+            return str(exc)
         if out.returncode != 0:
-            failed[host] = out.stderr.decode(errors="replace").strip() or f"exit code {out.returncode}"
+            return out.stderr.decode(errors="replace").strip() or f"exit code {out.returncode}"
+        return None
 
-    threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in dict.fromkeys(hosts)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 5)
-    return failed
+    done = per_host(hosts, one, timeout=timeout + 5, default=lambda _: f"no answer within {timeout:g} s",
+                    name="on-hosts")
+    return {host: why for host, why in done.items() if why is not None}
 
 
 def ship_job(plan: LaunchPlan, spec: JobSpec, directory: str, job: bytes) -> List[str]:
