@@ -117,9 +117,17 @@ def resolve_ip(addr: str) -> Optional[str]:
         return None
 
 
-def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None):
+def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, share: bool = True):
+    """The pre-flight of ``plan``'s hosts. With ``share``, its ssh to each remote host stays open as
+    the job's connection to it (sshmux), used by every later ssh of the job and closed at its end."""
     from gaudi_launch.preflight import SshOptions, check_hosts
 
+    connections = None
+    hosts = [n.host for n in plan.nodes]
+    if share and any(not local(h) for h in hosts) and os.environ.get("GAUDI_LAUNCH_SSH_SHARE", "1") != "0":
+        from gaudi_launch import sshmux
+
+        connections = sshmux.open_for(plan.job_id, ssh_args(spec, configured_host_keys(hosts, spec.ssh_config)))
     script = spec.program[0] if spec.program and not spec.module else None
     report = check_hosts(
         [n.host for n in plan.nodes], python=spec.python if not spec.no_python else "python3",
@@ -127,7 +135,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None):
         master_port=plan.master_port, devices_needed={n.host: len(n.devices) for n in plan.nodes},
         ssh=SshOptions(port=spec.ssh_port, identity=spec.ssh_identity, config=spec.ssh_config,
                        timeout=spec.ssh_timeout, strict=spec.strict_host_keys),
-        local=local, progress=progress)
+        local=local, progress=progress, connections=connections)
     return report
 
 

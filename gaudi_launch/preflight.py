@@ -624,6 +624,21 @@ def _ssh_run(t: _Target, opts: SshOptions, command: str) -> tuple[str, str, int]
         client.close()
 
 
+def _master_run(connections, host: str, command: str, opts: SshOptions) -> tuple[Optional[str], str]:
+    """Run the probe with OpenSSH as the host's master connection: (stdout, stderr), or (None, stderr)
+    when ssh itself failed (exit 255 without the probe's end marker). A connect timeout is raised as
+    one, so the host is not waited for twice."""
+    done = subprocess.run(connections.master_argv(host, command), stdin=subprocess.DEVNULL, capture_output=True,
+                          timeout=PROBE_TIMEOUT + 3 * opts.timeout)
+    out = done.stdout.decode("utf-8", "replace")
+    err = done.stderr.decode("utf-8", "replace")
+    if done.returncode == 255 and _END not in out:
+        if "connection timed out" in err.lower() or "operation timed out" in err.lower():
+            raise socket.timeout("timed out")
+        return None, err
+    return out, err
+
+
 def _local_run(command: str) -> tuple[str, str, int]:
     done = subprocess.run(["sh", "-c", command], stdin=subprocess.DEVNULL, capture_output=True,
                           timeout=PROBE_TIMEOUT)
@@ -704,9 +719,13 @@ def _versions_warning(what: str, by_host: dict[str, Optional[str]]) -> Optional[
 def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: str, master_host: str,
                 master_addr: str, master_port: Optional[int], devices_needed: dict[str, int],
                 ssh: SshOptions, local: Callable[[str], bool],
-                progress: Optional[Callable[[str, str], None]] = None) -> CheckReport:
+                progress: Optional[Callable[[str, str], None]] = None, connections=None) -> CheckReport:
     """Probe every host in parallel (threads): over SSH (paramiko, keys only, never a prompt), or
-    with ``sh -c`` for hosts where ``local(host)`` is true. See the module docstring."""
+    with ``sh -c`` for hosts where ``local(host)`` is true. See the module docstring.
+
+    With ``connections`` (sshmux.Connections) the probe runs through the job's own ssh, whose
+    connection stays open for the rest of the job; when that ssh fails before the probe ran,
+    paramiko connects again to tell why (a failure costs a second attempt, a success nothing)."""
     _quiet_paramiko()
     config, config_error = _load_config(ssh)
     targets = {h: _target(h, ssh, config) for h in hosts}
@@ -751,7 +770,11 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
                     facts.fix = "give an existing private key with --ssh-identity"
                     return facts
                 try:
-                    out, err, _ = _ssh_run(t, ssh, cmd)
+                    out = None
+                    if connections is not None:  # the job's own ssh, left open as its connection
+                        out, err = _master_run(connections, host, cmd, ssh)
+                    if out is None:  # no connection, or ssh failed before the probe: paramiko says why
+                        out, err, _ = _ssh_run(t, ssh, cmd)
                 except _ProbeFailed as exc:
                     facts.reason = str(exc)
                     facts.fix = ("check the host by hand: ssh to it and run hl-smi, mpirun --version and "

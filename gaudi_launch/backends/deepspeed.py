@@ -10,6 +10,7 @@ pattern on every host (ds_runner.py). Teardown is ours and job-scoped (teardown.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -206,6 +207,19 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     if spec.launcher == "pdsh" and not shutil.which("pdsh"):
         raise UserError("pdsh is not installed on this host", where="--launcher pdsh",
                         hint="install it (Debian: apt-get install pdsh), or use --launcher openmpi or --backend mpirun")
+    from gaudi_launch import sshmux
+
+    connections = sshmux.for_job(plan.job_id)
+    try:
+        if connections is not None:  # every ssh of the job over the pre-flight's open connections
+            plan = dataclasses.replace(plan, ssh_args=[*plan.ssh_args, *connections.client_args()])
+        return _run(plan, spec, environ, **supervisor_options)
+    finally:
+        if connections is not None:
+            connections.close()
+
+
+def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], **supervisor_options) -> JobResult:
     directory = job_dir(plan)
     job = job_payload(plan, spec, environ)
     jobdir.clean_stale(os.path.dirname(directory))

@@ -93,6 +93,22 @@ def rsh_args_value(rsh_args: List[str]) -> str:
     return " ".join(rsh_args)
 
 
+def over_connections(argv: List[str], client_args: List[str]) -> List[str]:
+    """mpirun's argv with its daemons started over the job's open ssh connections (sshmux): the
+    options join plm_rsh_args, and every daemon is started from here (no tree spawn: a daemon
+    starting others would make handshakes of its own). Pure."""
+    argv = list(argv)
+    value = rsh_args_value(list(client_args))
+    if "plm_rsh_args" in argv:
+        i = argv.index("plm_rsh_args") + 1
+        argv[i] = f"{argv[i]} {value}"
+    else:
+        argv[1:1] = ["--mca", "plm_rsh_args", value]
+    i = argv.index("plm_rsh_args") + 1
+    argv[i + 1:i + 1] = ["--mca", "plm_rsh_no_tree_spawn", "1"]
+    return argv
+
+
 def uneven_error(plan: LaunchPlan, spec: JobSpec) -> UserError:
     """mpirun's ppr:K:node mapping starts K ranks on every node: say what would run instead."""
     counts = ", ".join(f"{n.host}: {len(n.ranks)}" for n in plan.nodes)
@@ -188,18 +204,34 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     if openmpi_major() is None:
         raise UserError("mpirun (OpenMPI) is not installed on this host", where="--backend mpirun",
                         hint="install OpenMPI (Debian: apt-get install openmpi-bin), or use --backend deepspeed")
+    from gaudi_launch import sshmux
+
+    connections = sshmux.for_job(plan.job_id)
+    try:
+        return _run(plan, spec, environ, connections, **supervisor_options)
+    finally:
+        if connections is not None:
+            connections.close()
+
+
+def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connections,
+         **supervisor_options) -> JobResult:
     from gaudi_launch.multinode import host_watch
     from gaudi_launch.planner import is_local_host
     from gaudi_launch.teardown import job_sweeper
 
     cmd = plan.commands[0]
+    argv, ssh_args = cmd.argv, plan.ssh_args
+    if connections is not None:  # the pre-flight's connections, kept open for the job
+        argv = over_connections(argv, connections.client_args())
+        ssh_args = [*ssh_args, *connections.client_args()]
     hosts = rank_hosts(plan)
     watch = host_watch(plan, spec, is_local_host)
-    proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env={**environ, **plan.env, **cmd.env},
+    proc = ProcSpec(rank=0, host=cmd.host, argv=argv, env={**environ, **plan.env, **cmd.env},
                     label="mpirun", ranks=hosts, demux=functools.partial(OmpiDemux, openmpi_major()),
                     explain=lambda lines: explain(lines, hosts))
     # mpirun's own teardown misses what left a rank's process group (a setsid daemon): sweep by job id.
-    sweep = job_sweeper(list(dict.fromkeys(hosts.values())), plan.job_id, ssh_args=plan.ssh_args,
+    sweep = job_sweeper(list(dict.fromkeys(hosts.values())), plan.job_id, ssh_args=ssh_args,
                         python=spec.python, is_local=is_local_host, lost=lambda: watch.lost if watch else ())
     return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks, mask=plan.mask,
                       watch=watch.probe if watch else None, sweep=sweep, **supervisor_options).run()

@@ -289,7 +289,7 @@ class ClusterHost:
 
 class NetCluster:
     def __init__(self, n: int, workdir: str, prefix: str = "gl", subnet_octet: int = 213,
-                 lock_timeout: Optional[float] = None):
+                 lock_timeout: Optional[float] = None, sshd_log_level: str = "ERROR"):
         if not 1 <= n <= 200:
             raise ValueError("n must be 1..200")
         if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", prefix):
@@ -297,6 +297,7 @@ class NetCluster:
         if not 1 <= subnet_octet <= 254:
             raise ValueError("subnet_octet must be 1..254")
         self.n = n
+        self.sshd_log_level = sshd_log_level  # INFO: one "Accepted publickey" line per handshake
         self.prefix = prefix
         self.octet = subnet_octet
         self.workdir = os.path.abspath(workdir)
@@ -647,7 +648,7 @@ class NetCluster:
                 "PrintMotd no",
                 "PrintLastLog no",
                 "X11Forwarding no",
-                "LogLevel ERROR",
+                f"LogLevel {self.sshd_log_level}",
                 "Subsystem sftp internal-sftp",
             ]) + "\n", 0o600)
 
