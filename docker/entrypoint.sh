@@ -2,9 +2,8 @@
 # Entrypoint of the gaudi-launch image (docker/Dockerfile); docker/README.md has the whole story.
 #
 #   entrypoint.sh worker             sshd in the foreground on $SSH_PORT (the leader starts ranks here)
-#   entrypoint.sh leader [ARGS...]   sshd, wait until every host of $HOSTFILE answers on $SSH_PORT,
-#                                    record their host keys, write the EFA .deepspeed_env (EFA only),
-#                                    then gaudi-launch --hostfile "$HOSTFILE" --ssh-port "$SSH_PORT" ARGS
+#   entrypoint.sh leader [ARGS...]   sshd, then gaudi-launch --hostfile "$HOSTFILE" --ssh-port "$SSH_PORT"
+#                                    --wait-hosts "$LEADER_WAIT_SECONDS" ARGS
 #   entrypoint.sh check [ARGS...]    gaudi-launch --check-only --hostfile "$HOSTFILE" ... (pre-flight only)
 #   entrypoint.sh healthcheck        exit 0 when sshd answers on $SSH_PORT (the image's HEALTHCHECK)
 #
@@ -14,10 +13,12 @@
 # What it fixes in the upstream DL1 example: sshd is really started (in the foreground, so signals
 # reach it and its exit status is the container's); host keys are made once per state volume (never
 # baked into the image, never shared by nodes) and kept across restarts; the leader's public key is
-# appended to authorized_keys once, never overwriting keys already there.
+# appended to authorized_keys once, never overwriting keys already there. Only sshd and keys live
+# here: waiting for the workers, their host keys (accept-new, a changed key refused), EFA, the
+# interface and the HCCL variables are the launcher's, one rule for containers and bare hosts.
 #
 # Exit status: sshd's (worker), gaudi-launch's (leader, check); 2 for bad input (no key, no or a bad
-# hostfile, a bad setting); 3 when a host never answered or its host key changed.
+# hostfile, a bad setting); gaudi-launch's 3 when a host never answered or its host key changed.
 set -euo pipefail
 
 PROG=gaudi-launch-entrypoint
@@ -27,7 +28,6 @@ ROLES=" worker leader check healthcheck "
 SSH_PORT=${SSH_PORT:-3022}
 SSHD=${SSHD:-/usr/sbin/sshd}                                  # the sshd binary
 SSH_KEYGEN=${SSH_KEYGEN:-ssh-keygen}
-SSH_KEYSCAN=${SSH_KEYSCAN:-ssh-keyscan}
 SSH_STATE_DIR=${SSH_STATE_DIR:-/var/lib/gaudi-launch/ssh}     # host keys (+ leader key, known_hosts): a volume
 SSHD_CONFIG_DIR=${SSHD_CONFIG_DIR:-/etc/gaudi-launch/ssh}     # generated sshd_config and ssh_config
 SSHD_RUN_DIR=${SSHD_RUN_DIR:-/run/sshd}                       # sshd's privilege separation directory
@@ -42,25 +42,10 @@ HOSTFILE=${HOSTFILE:-/etc/gaudi-launch/hostfile}
 LEADER_WAIT_SECONDS=${LEADER_WAIT_SECONDS:-120}
 GAUDI_LAUNCH_CMD=${GAUDI_LAUNCH_CMD:-gaudi-launch}
 PYTHON=${PYTHON:-python3}                                     # an interpreter gaudi_launch is installed for
-EFA_SYSFS=${EFA_SYSFS:-/sys/class/infiniband}
-FI_INFO=${FI_INFO:-fi_info}
-HCCL_OFI_WRAPPER=${HCCL_OFI_WRAPPER:-/opt/hccl_ofi_wrapper}
-EFA_LIBS=${EFA_LIBS:-/opt/amazon/openmpi/lib:/opt/amazon/efa/lib}
-if [ -z "${DEEPSPEED_ENV_FILE:-}" ]; then
-    case "${DS_ENV_FILE:-.deepspeed_env}" in
-        /*) DEEPSPEED_ENV_FILE=$DS_ENV_FILE ;;
-        *) DEEPSPEED_ENV_FILE=${HOME:-/root}/${DS_ENV_FILE:-.deepspeed_env} ;;
-    esac
-fi
-
 ROLE_TAG=""
 SSHD_PID=""
-CHILD_PID=""
-PROBE_PIDS=()
 HOST_KEYS=()
-HOSTS=()
 LEADER_PUB=""
-PROBE_DIR=""
 
 log() { printf '%s%s: %s\n' "$PROG" "$ROLE_TAG" "$*" >&2; }
 die() {
@@ -74,7 +59,7 @@ usage() {
     cat <<EOF
 usage: $0 worker|leader|check|healthcheck [ARGS...]     (or set ROLE)
   worker         sshd in the foreground on \$SSH_PORT ($SSH_PORT); needs AUTHORIZED_KEY or AUTHORIZED_KEYS_FILE
-  leader ARGS    sshd, wait for every host of \$HOSTFILE ($HOSTFILE), then gaudi-launch ... ARGS
+  leader ARGS    sshd, then gaudi-launch --hostfile \$HOSTFILE ($HOSTFILE) --wait-hosts ... ARGS
   check [ARGS]   gaudi-launch --check-only --hostfile \$HOSTFILE ... (pre-flight only)
   healthcheck    exit 0 when sshd answers on \$SSH_PORT
 Settings are environment variables: see docker/README.md.
@@ -122,26 +107,7 @@ ensure_keypair() {
 }
 
 # ssh_probe HOST PORT: 0 when an SSH server answers there (its banner); otherwise prints why not.
-ssh_probe() {
-    local out rc
-    # shellcheck disable=SC2016  # $1/$2 are expanded by the inner bash, on purpose
-    if out=$(timeout 3 bash -c '
-        exec 3<>"/dev/tcp/$1/$2" || exit 1
-        IFS= read -r -t 2 banner <&3 || { echo "connected, but no SSH banner within 2 s"; exit 1; }
-        [[ $banner == SSH-* ]] || { echo "something other than sshd answers there"; exit 1; }
-        printf "SSH-2.0-gaudi-launch-probe\r\n" >&3' probe "$1" "$2" 2>&1); then
-        return 0
-    else
-        rc=$?
-    fi
-    if [ "$rc" -eq 124 ]; then
-        echo "no answer within 3 s"
-    else
-        out=${out##*$'\n'}
-        echo "${out##*: }"
-    fi
-    return 1
-}
+ssh_probe() { "$PYTHON" -m gaudi_launch.hostwait "$1" "$2"; }
 
 # ------------------------------------------------------------------ sshd (worker and leader)
 
@@ -158,81 +124,10 @@ setup_host_keys() {
     done
 }
 
-# add_authorized_keys SOURCE_NAME FILE: append each public key of FILE to SSHD_AUTHORIZED_KEYS unless
-# that key (its base64 blob) is already there. Never rewrites or removes a line.
-add_authorized_keys() {
-    local what=$1 src=$2 line blob one added=0 present=0
-    if grep -q "PRIVATE KEY" "$src"; then
-        die 2 "$what holds a PRIVATE key: give the PUBLIC key (the .pub file, 'ssh-ed25519 AAAA... comment')"
-    fi
-    one=$(mktemp)
-    while IFS= read -r line || [ -n "$line" ]; do
-        line=${line%$'\r'}
-        case "$line" in '' | '#'*) continue ;; esac
-        printf '%s\n' "$line" >"$one"
-        if ! "$SSH_KEYGEN" -l -f "$one" >/dev/null 2>&1; then
-            rm -f "$one"
-            die 2 "$what is not an SSH public key: '${line:0:60}' (expected 'ssh-ed25519 AAAA... comment')"
-        fi
-        blob=$(awk '{for (i = 1; i < NF; i++) if ($i ~ /^(ssh-|ecdsa-|sk-)/) { print $(i + 1); exit }}' "$one")
-        if [ -n "$blob" ] && awk -v b="$blob" '{for (i = 1; i <= NF; i++) if ($i == b) f = 1} END {exit !f}' \
-            "$SSHD_AUTHORIZED_KEYS"; then
-            present=$((present + 1))
-            continue
-        fi
-        # keep the file's last line intact when it has no newline at its end
-        if [ -s "$SSHD_AUTHORIZED_KEYS" ] && [ -n "$(tail -c 1 "$SSHD_AUTHORIZED_KEYS")" ]; then
-            echo >>"$SSHD_AUTHORIZED_KEYS"
-        fi
-        printf '%s\n' "$line" >>"$SSHD_AUTHORIZED_KEYS"
-        added=$((added + 1))
-    done <"$src"
-    rm -f "$one"
-    if [ $((added + present)) -eq 0 ]; then
-        die 2 "$what holds no public key"
-    fi
-    log "authorized keys from $what: $added added, $present already in $SSHD_AUTHORIZED_KEYS"
-}
-
-# setup_authorized_keys REQUIRED [EXTRA_PUBKEY_FILE]
-setup_authorized_keys() {
-    local required=$1 extra=${2:-} dir tmp given=0
-    dir=$(dirname "$SSHD_AUTHORIZED_KEYS")
-    if [ ! -d "$dir" ]; then
-        mkdir -p "$dir" || die 2 "cannot create $dir (for SSHD_AUTHORIZED_KEYS)"
-        chmod 700 "$dir"
-    fi
-    if [ ! -e "$SSHD_AUTHORIZED_KEYS" ]; then
-        (umask 077 && : >"$SSHD_AUTHORIZED_KEYS") || die 2 "cannot create $SSHD_AUTHORIZED_KEYS"
-    fi
-    if [ -n "${AUTHORIZED_KEYS_FILE:-}" ]; then
-        given=1
-        [ -f "$AUTHORIZED_KEYS_FILE" ] ||
-            die 2 "AUTHORIZED_KEYS_FILE=$AUTHORIZED_KEYS_FILE does not exist (mount the leader's public key there)"
-        [ -r "$AUTHORIZED_KEYS_FILE" ] || die 2 "AUTHORIZED_KEYS_FILE=$AUTHORIZED_KEYS_FILE is not readable"
-        add_authorized_keys "AUTHORIZED_KEYS_FILE ($AUTHORIZED_KEYS_FILE)" "$AUTHORIZED_KEYS_FILE"
-    fi
-    if [ -n "${AUTHORIZED_KEY+x}" ]; then
-        given=1
-        [ -n "$AUTHORIZED_KEY" ] ||
-            die 2 "AUTHORIZED_KEY is set but empty (did the command that should print the leader's public key fail?)"
-        tmp=$(mktemp)
-        printf '%s\n' "$AUTHORIZED_KEY" >"$tmp"
-        add_authorized_keys "AUTHORIZED_KEY" "$tmp"
-        rm -f "$tmp"
-    fi
-    if [ -n "$extra" ]; then
-        add_authorized_keys "the leader's own key ($extra)" "$extra"
-    fi
-    if [ "$given" -eq 0 ] && [ "$required" -eq 1 ]; then
-        if grep -Eq '^[^#]*(ssh-|ecdsa-|sk-)' "$SSHD_AUTHORIZED_KEYS"; then
-            log "no AUTHORIZED_KEY / AUTHORIZED_KEYS_FILE given: using the keys already in $SSHD_AUTHORIZED_KEYS"
-        else
-            die 2 "no authorized key: nobody could log in to this worker. Give the leader's public key with" \
-                "-e AUTHORIZED_KEY=\"\$(cat leader_key.pub)\" or mount it and set AUTHORIZED_KEYS_FILE=/path/in/container" \
-                "(sshd not started)"
-        fi
-    fi
+# The leader's key appended to SSHD_AUTHORIZED_KEYS once (by key, not by line), keys there kept:
+# gaudi_launch/authkeys.py, which reads AUTHORIZED_KEY / AUTHORIZED_KEYS_FILE. Exit 2 on bad keys.
+setup_authorized_keys() {  # REQUIRED [EXTRA_PUBKEY_FILE]
+    ENTRYPOINT_LOG_TAG="$PROG$ROLE_TAG" "$PYTHON" -m gaudi_launch.authkeys "$@" || exit 2
 }
 
 resolve_sshd() {
@@ -254,25 +149,27 @@ write_sshd_config() {
         { mkdir -p "$SSHD_RUN_DIR" && chmod 0755 "$SSHD_RUN_DIR"; } 2>/dev/null || true
     fi
     {
-        echo "# Written by $PROG at every start: change the environment, not this file."
-        echo "Port $SSH_PORT"
-        if [ -n "$SSHD_LISTEN_ADDRESS" ]; then echo "ListenAddress $SSHD_LISTEN_ADDRESS"; fi
+        cat <<EOF
+# Written by $PROG at every start: change the environment, not this file.
+Port $SSH_PORT
+${SSHD_LISTEN_ADDRESS:+ListenAddress $SSHD_LISTEN_ADDRESS}
+PidFile none
+AuthorizedKeysFile $SSHD_AUTHORIZED_KEYS
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+StrictModes $SSHD_STRICT_MODES
+UseDNS no
+PrintMotd no
+X11Forwarding no
+MaxStartups 100:30:200
+MaxSessions 100
+LogLevel $SSHD_LOG_LEVEL
+Subsystem sftp internal-sftp
+EOF
         for key in "${HOST_KEYS[@]}"; do echo "HostKey $key"; done
-        echo "PidFile none"
-        echo "AuthorizedKeysFile $SSHD_AUTHORIZED_KEYS"
-        echo "PubkeyAuthentication yes"
-        echo "PasswordAuthentication no"
-        echo "KbdInteractiveAuthentication no"
-        echo "PermitRootLogin prohibit-password"
-        echo "UsePAM no"
-        echo "StrictModes $SSHD_STRICT_MODES"
-        echo "UseDNS no"
-        echo "PrintMotd no"
-        echo "X11Forwarding no"
-        echo "MaxStartups 100:30:200"
-        echo "MaxSessions 100"
-        echo "LogLevel $SSHD_LOG_LEVEL"
-        echo "Subsystem sftp internal-sftp"
     } >"$cfg.tmp$$"
     mv -f "$cfg.tmp$$" "$cfg"
     "$SSHD" -t -f "$cfg" || die 2 "sshd rejects the generated $cfg (see its message above)"
@@ -310,38 +207,20 @@ ensure_leader_key() {
     log "  $(cat "$LEADER_PUB")"
 }
 
-# The hostfile is parsed by gaudi-launch's own parser, so its errors (file:line) are the launcher's.
-read_hosts() {
-    local out err
+# The hostfile is checked by gaudi-launch's own parser, so its errors (file:line) are the launcher's.
+check_hostfile() {
+    local out
     [ -e "$HOSTFILE" ] ||
         die 2 "no hostfile at HOSTFILE=$HOSTFILE: mount one (docker run -v \$PWD/hostfile:$HOSTFILE:ro ...) or set HOSTFILE"
-    err=$(mktemp)
-    # shellcheck disable=SC2016  # Python source, not shell
-    out=$("$PYTHON" -c '
-import sys
-try:
-    from gaudi_launch.errors import UserError
-    from gaudi_launch.hostfile import read_hostfile
-except ImportError as e:
-    sys.exit(f"{sys.executable} cannot import gaudi_launch ({e}): set PYTHON to the interpreter gaudi-launch is installed for")
-try:
-    hosts = read_hostfile(sys.argv[1])
-except UserError as e:
-    sys.exit(str(e))
-for h in hosts:
-    print(h.name.rpartition("@")[2])
-' "$HOSTFILE" 2>"$err") || {
-        out=$(cat "$err")
-        rm -f "$err"
-        die 2 "bad hostfile: ${out:-$PYTHON failed}"
-    }
-    rm -f "$err"
-    mapfile -t HOSTS <<<"$out"
+    out=$("$PYTHON" -m gaudi_launch.hostfile "$HOSTFILE" 2>&1) ||
+        die 2 "bad hostfile: ${out:-$PYTHON cannot run gaudi_launch: set PYTHON to the interpreter gaudi-launch is installed for}"
 }
 
 start_background_sshd() {
     local waited=0 probe=${SSHD_LISTEN_ADDRESS:-127.0.0.1}
-    "$SSHD" -D -e -f "$SSHD_CONFIG" </dev/null &
+    # SIGTERM to sshd when its parent ends: the parent is this shell, then (same process, after the exec
+    # in role_leader) gaudi-launch, so signals reach the launcher directly and sshd ends with it.
+    setpriv --pdeathsig TERM -- "$SSHD" -D -e -f "$SSHD_CONFIG" </dev/null &
     SSHD_PID=$!
     until ssh_probe "$probe" "$SSH_PORT" >/dev/null; do
         kill -0 "$SSHD_PID" 2>/dev/null || die 2 "sshd exited at start (port $SSH_PORT in use? see its message above)"
@@ -352,166 +231,22 @@ start_background_sshd() {
     log "sshd listening on port $SSH_PORT (pid $SSHD_PID)"
 }
 
-# Wait until every host answers on SSH_PORT, bounded by LEADER_WAIT_SECONDS, probing in parallel.
-wait_for_hosts() {
-    local start=$SECONDS deadline=$((SECONDS + LEADER_WAIT_SECONDS)) dir i h r last_report=-100
-    local -a pending=("${HOSTS[@]}") next
-    local -A why=()
-    dir=$(mktemp -d)
-    PROBE_DIR=$dir
-    log "waiting up to ${LEADER_WAIT_SECONDS} s for ${#HOSTS[@]} host(s) to answer on port $SSH_PORT: ${HOSTS[*]}"
-    while :; do
-        PROBE_PIDS=()
-        for i in "${!pending[@]}"; do
-            (if ssh_probe "${pending[$i]}" "$SSH_PORT" >"$dir/$i"; then echo ok >"$dir/$i"; fi) &
-            PROBE_PIDS+=("$!")
-        done
-        wait "${PROBE_PIDS[@]}" || true
-        PROBE_PIDS=()
-        next=()
-        for i in "${!pending[@]}"; do
-            h=${pending[$i]}
-            r=$(cat "$dir/$i" 2>/dev/null || true)
-            if [ "$r" = ok ]; then
-                log "  $h:$SSH_PORT answers (after $((SECONDS - start)) s)"
-            else
-                next+=("$h")
-                why[$h]=${r:-no answer}
-            fi
-        done
-        pending=("${next[@]}")
-        [ "${#pending[@]}" -gt 0 ] || break
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            rm -rf "$dir"
-            for h in "${pending[@]}"; do
-                log "error: $h:$SSH_PORT did not answer within $LEADER_WAIT_SECONDS s (${why[$h]})"
-            done
-            die 3 "unreachable worker(s): ${pending[*]}. Is the worker container running there" \
-                "(entrypoint worker, --net=host, SSH_PORT=$SSH_PORT) and does the security group allow TCP $SSH_PORT" \
-                "between the nodes? Raise LEADER_WAIT_SECONDS for slow starts."
-        fi
-        if [ $((SECONDS - last_report)) -ge 5 ]; then
-            last_report=$SECONDS
-            for h in "${pending[@]}"; do
-                log "  waiting for $h:$SSH_PORT: ${why[$h]} ($((deadline - SECONDS)) s left)"
-            done
-        fi
-        sleep 1
-    done
-    rm -rf "$dir"
-}
-
-# Record every host's key in KNOWN_HOSTS the way StrictHostKeyChecking=accept-new does: add keys of
-# hosts not known yet, keep known ones, refuse a host whose key changed.
-record_host_keys() {
-    local h name scanned known line type blob ktype kblob added
-    mkdir -p "$(dirname "$KNOWN_HOSTS")" || die 2 "cannot create the directory of KNOWN_HOSTS $KNOWN_HOSTS"
-    [ -e "$KNOWN_HOSTS" ] || (umask 077 && : >"$KNOWN_HOSTS")
-    for h in "${HOSTS[@]}"; do
-        if [ "$SSH_PORT" = 22 ]; then name=$h; else name="[$h]:$SSH_PORT"; fi
-        scanned=$("$SSH_KEYSCAN" -T 5 -p "$SSH_PORT" "$h" 2>/dev/null | grep -v '^#' || true)
-        [ -n "$scanned" ] || die 3 "could not read the host key of $h:$SSH_PORT (ssh-keyscan got nothing): is sshd answering there?"
-        known=$("$SSH_KEYGEN" -F "$name" -f "$KNOWN_HOSTS" 2>/dev/null | grep -v '^#' || true)
-        # first: does any offered key contradict a recorded key of the same type? Then nothing is added.
-        if [ -n "$known" ]; then
-            while read -r _ type blob _; do
-                while read -r _ ktype kblob _; do
-                    if [ "$ktype" = "$type" ] && [ "$kblob" != "$blob" ]; then
-                        die 3 "the $type host key of $h:$SSH_PORT CHANGED since it was recorded in $KNOWN_HOSTS." \
-                            "If that worker's state volume was recreated on purpose, forget the old key with:" \
-                            "ssh-keygen -R '$name' -f $KNOWN_HOSTS (otherwise someone may be impersonating it)"
-                    fi
-                done <<<"$known"
-            done <<<"$scanned"
-        fi
-        added=0
-        while IFS= read -r line; do
-            read -r _ type blob _ <<<"$line"
-            [ -n "$blob" ] || continue
-            if [ -n "$known" ] && grep -qF -- "$blob" <<<"$known"; then continue; fi
-            printf '%s\n' "$line" >>"$KNOWN_HOSTS"
-            added=$((added + 1))
-        done <<<"$scanned"
-        if [ "$added" -gt 0 ]; then
-            log "  recorded $added host key(s) of $name in $KNOWN_HOSTS"
-        else
-            log "  host key of $name already known"
-        fi
-    done
-}
-
-efa_present() {
-    local d
-    for d in "$EFA_SYSFS"/efa* "$EFA_SYSFS"/rdmap*; do
-        if [ -e "$d" ]; then return 0; fi
-    done
-    if command -v "$FI_INFO" >/dev/null 2>&1 && timeout 15 "$FI_INFO" -p efa >/dev/null 2>&1; then
-        return 0
-    fi
-    return 1
-}
-
-socket_ifname() {
-    local name
-    if [ -n "${HCCL_SOCKET_IFNAME:-}" ]; then
-        echo "$HCCL_SOCKET_IFNAME"
-        return 0
-    fi
-    name=$(ip -o -4 route show default 2>/dev/null |
-        awk '{for (i = 1; i < NF; i++) if ($i == "dev") { print $(i + 1); exit }}' || true)
-    if [ -z "$name" ]; then
-        name=$(ip -o -4 addr show scope global 2>/dev/null | awk '{print $2; exit}' || true)
-    fi
-    echo "$name"
-}
-
-# The EFA variables for every rank, in the .deepspeed_env gaudi-launch (and DeepSpeed) read. Other
-# lines of an existing file are kept; only these three names are replaced.
-write_efa_env() {
-    local ifname ld="" entry tmp
-    local -a entries
-    ifname=$(socket_ifname)
-    IFS=: read -r -a entries <<<"$HCCL_OFI_WRAPPER:$EFA_LIBS:${LD_LIBRARY_PATH:-}"
-    for entry in "${entries[@]}"; do
-        [ -n "$entry" ] || continue
-        case ":$ld:" in *":$entry:"*) continue ;; esac
-        ld=${ld:+$ld:}$entry
-    done
-    mkdir -p "$(dirname "$DEEPSPEED_ENV_FILE")"
-    tmp="$DEEPSPEED_ENV_FILE.tmp$$"
-    {
-        if [ -f "$DEEPSPEED_ENV_FILE" ]; then
-            grep -Ev '^[[:space:]]*(export[[:space:]]+)?(HCCL_OVER_OFI|HCCL_SOCKET_IFNAME|LD_LIBRARY_PATH)[[:space:]]*=' \
-                "$DEEPSPEED_ENV_FILE" || true
-        fi
-        echo "HCCL_OVER_OFI=1"
-        if [ -n "$ifname" ]; then echo "HCCL_SOCKET_IFNAME=$ifname"; fi
-        echo "LD_LIBRARY_PATH=$ld"
-    } >"$tmp"
-    mv -f "$tmp" "$DEEPSPEED_ENV_FILE"
-    log "EFA devices found: wrote HCCL_OVER_OFI=1${ifname:+, HCCL_SOCKET_IFNAME=$ifname}, LD_LIBRARY_PATH=$ld" \
-        "to $DEEPSPEED_ENV_FILE"
-    if [ -z "$ifname" ]; then
-        log "no default-route interface found: HCCL_SOCKET_IFNAME left to gaudi-launch (set it to choose)"
-    fi
-}
-
 write_client_config() {
     local dir
     dir=$(dirname "$SSH_CLIENT_CONFIG")
     mkdir -p "$dir" || die 2 "cannot create $dir (for SSH_CLIENT_CONFIG)"
-    {
-        echo "# Written by $PROG: how the leader reaches the workers."
-        echo "Host *"
-        echo "    Port $SSH_PORT"
-        echo "    IdentityFile $SSH_IDENTITY"
-        echo "    IdentitiesOnly yes"
-        echo "    UserKnownHostsFile $KNOWN_HOSTS"
-        echo "    StrictHostKeyChecking accept-new"
-        echo "    BatchMode yes"
-        echo "    ConnectTimeout 10"
-        echo "    LogLevel ERROR"
-    } >"$SSH_CLIENT_CONFIG.tmp$$"
+    cat >"$SSH_CLIENT_CONFIG.tmp$$" <<EOF
+# Written by $PROG: how the leader reaches the workers.
+Host *
+    Port $SSH_PORT
+    IdentityFile $SSH_IDENTITY
+    IdentitiesOnly yes
+    UserKnownHostsFile $KNOWN_HOSTS
+    StrictHostKeyChecking accept-new
+    BatchMode yes
+    ConnectTimeout 10
+    LogLevel ERROR
+EOF
     mv -f "$SSH_CLIENT_CONFIG.tmp$$" "$SSH_CLIENT_CONFIG"
 }
 
@@ -520,56 +255,6 @@ launcher_argv() {  # sets LAUNCHER: the gaudi-launch command line before the use
         die 2 "GAUDI_LAUNCH_CMD '$GAUDI_LAUNCH_CMD' not found (pip install gaudi-launch, or set GAUDI_LAUNCH_CMD)"
     LAUNCHER=("$GAUDI_LAUNCH_CMD" --hostfile "$HOSTFILE" --ssh-port "$SSH_PORT"
         --ssh-config "$SSH_CLIENT_CONFIG" --ssh-identity "$SSH_IDENTITY")
-}
-
-# ------------------------------------------------------------------ signals and cleanup
-
-cleanup() {
-    local pid
-    if [ -n "$PROBE_DIR" ]; then rm -rf "$PROBE_DIR"; fi
-    for pid in "${PROBE_PIDS[@]}" "$CHILD_PID"; do
-        if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; fi
-    done
-    if [ -n "$SSHD_PID" ] && kill -0 "$SSHD_PID" 2>/dev/null; then
-        kill -TERM "$SSHD_PID" 2>/dev/null || true
-        wait "$SSHD_PID" 2>/dev/null || true
-    fi
-}
-
-on_signal_before_launch() {
-    log "received SIG$1 before the launch: stopping"
-    trap - EXIT
-    cleanup
-    exit "$2"
-}
-
-FORWARDED=""
-forward_signal() {
-    FORWARDED=$1
-    if [ -n "$CHILD_PID" ]; then kill -s "$1" "$CHILD_PID" 2>/dev/null || true; fi
-}
-
-# run_child ARGV...: run a command with signals forwarded to it; return its exit status.
-run_child() {
-    local rc
-    # a background job of a non-interactive shell starts with SIGINT/SIGQUIT ignored: undo that
-    (
-        trap - INT QUIT
-        exec "$@"
-    ) &
-    CHILD_PID=$!
-    trap 'forward_signal TERM' TERM
-    trap 'forward_signal INT' INT
-    trap 'forward_signal HUP' HUP
-    while :; do
-        FORWARDED=""
-        rc=0
-        wait "$CHILD_PID" || rc=$?
-        # wait returns early when a trapped signal arrives; wait again for the child's own status
-        [ -n "$FORWARDED" ] || break
-    done
-    CHILD_PID=""
-    return "$rc"
 }
 
 # ------------------------------------------------------------------ roles
@@ -581,35 +266,22 @@ role_worker() {
 }
 
 role_leader() {
-    local rc
-    read_hosts
+    check_hostfile
     check_path SSH_IDENTITY "$SSH_IDENTITY"
     check_path KNOWN_HOSTS "$KNOWN_HOSTS"
     launcher_argv
-    trap cleanup EXIT
-    trap 'on_signal_before_launch TERM 143' TERM
-    trap 'on_signal_before_launch INT 130' INT
-    trap 'on_signal_before_launch HUP 129' HUP
     ensure_leader_key
     prepare_sshd 0 "$LEADER_PUB"
     start_background_sshd
-    wait_for_hosts
-    record_host_keys
-    if efa_present; then
-        write_efa_env
-    else
-        log "no EFA device (${EFA_SYSFS}/efa*, $FI_INFO -p efa): no OFI variables written"
-    fi
+    mkdir -p "$(dirname "$KNOWN_HOSTS")" || die 2 "cannot create the directory of KNOWN_HOSTS $KNOWN_HOSTS"
     write_client_config
+    if [ "$LEADER_WAIT_SECONDS" -gt 0 ]; then LAUNCHER+=(--wait-hosts "$LEADER_WAIT_SECONDS"); fi
     log "running: ${LAUNCHER[*]} $*"
-    rc=0
-    run_child "${LAUNCHER[@]}" "$@" || rc=$?
-    log "gaudi-launch exited with status $rc"
-    exit "$rc"
+    exec "${LAUNCHER[@]}" "$@"
 }
 
 role_check() {
-    read_hosts
+    check_hostfile
     check_path SSH_IDENTITY "$SSH_IDENTITY"
     check_path KNOWN_HOSTS "$KNOWN_HOSTS"
     [ -r "$SSH_IDENTITY" ] ||

@@ -103,6 +103,7 @@ def launch(
     ssh_timeout: float = typer.Option(10.0, "--ssh-timeout", "--ssh_timeout", help="SSH connect timeout in seconds."),
     strict_host_keys: bool = typer.Option(False, "--strict-host-keys", help="Refuse hosts whose key is not in known_hosts (default: accept new keys, refuse changed ones)."),
     no_ssh_check: bool = typer.Option(False, "--no-ssh-check", "--no_ssh_check", help="Skip the SSH pre-flight of every host."),
+    wait_hosts: Optional[float] = typer.Option(None, "--wait-hosts", "--wait_hosts", help="Wait up to S seconds for every host's sshd to answer before the pre-flight (hosts that start with the job, e.g. containers)."),
     check_only: bool = typer.Option(False, "--check-only", "--check_only", help="Run the pre-flight only and print its table (exit 3 when a check fails)."),
     export_prefix: Optional[List[str]] = typer.Option(None, "--export-prefix", "--export_prefix", help="Also export this launcher's variables starting with PREFIX to every rank (repeatable)."),
     efa: Optional[bool] = typer.Option(None, "--efa/--no-efa", help="Set HCCL_OVER_OFI and the EFA libraries. Default: on when this host has EFA devices."),
@@ -233,6 +234,7 @@ def _launch(v: dict) -> int:
         append_local_rank=v["append_local_rank"], log_dir=v["log_dir"], grace=v["grace"],
         ssh_port=v["ssh_port"], ssh_identity=v["ssh_identity"], ssh_config=v["ssh_config"],
         ssh_timeout=v["ssh_timeout"], strict_host_keys=v["strict_host_keys"], ssh_check=not v["no_ssh_check"],
+        wait_hosts=v["wait_hosts"],
         export_prefixes=list(v["export_prefix"] or []), efa=v["efa"], hccl_ofi_wrapper=v["hccl_ofi_wrapper"],
         launcher=v["launcher"], launcher_args=v["launcher_args"], partition=v["partition"],
         time=v["time"], account=v["account"], slurm_args=v["slurm_args"], sbatch=v["sbatch"],
@@ -269,6 +271,11 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
     from gaudi_launch.planner import build_plan
     from gaudi_launch.hangs import with_heartbeats
     from gaudi_launch.restarts import attempt_spec, run_job
+
+    if spec.wait_hosts:
+        from gaudi_launch.hostwait import before
+
+        preflight = before(preflight, spec.wait_hosts)
 
     spec = with_heartbeats(attempt_spec(spec, 0))
     if check_only:

@@ -322,3 +322,12 @@ def read_hostfile(path: str) -> list[Host]:
             hint="check that the path is a readable file",
         ) from None
     return parse_hostfile(text, path)
+
+
+if __name__ == "__main__":  # `python -m gaudi_launch.hostfile FILE`: check it (docker/entrypoint.sh does)
+    import sys
+
+    try:
+        read_hostfile(sys.argv[1])
+    except UserError as exc:
+        sys.exit(str(exc))

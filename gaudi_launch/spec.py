@@ -38,6 +38,7 @@ class JobSpec:
     ssh_timeout: float = 10.0
     strict_host_keys: bool = False
     ssh_check: bool = True
+    wait_hosts: Optional[float] = None    # seconds to wait for every host's sshd before the pre-flight
     export_prefixes: List[str] = field(default_factory=list)
     efa: Optional[bool] = None             # None: on when this host has EFA devices
     hccl_ofi_wrapper: Optional[str] = None
@@ -82,6 +83,12 @@ class JobSpec:
         for option, seconds in (("--ssh-timeout", self.ssh_timeout), ("--grace", self.grace)):
             if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds):
                 raise UserError(f"must be a finite number of seconds, got {seconds!r}", where=option)
+        if self.wait_hosts is not None and (not isinstance(self.wait_hosts, (int, float))
+                                            or not math.isfinite(self.wait_hosts) or self.wait_hosts <= 0):
+            raise UserError(f"must be a positive number of seconds, got {self.wait_hosts!r}", where="--wait-hosts")
+        if self.wait_hosts is not None and not self.ssh_check:
+            raise UserError("--wait-hosts waits before the pre-flight, which --no-ssh-check turns off",
+                            where="--wait-hosts", hint="drop one of them")
         if self.ssh_timeout <= 0:
             raise UserError(f"must be positive, got {self.ssh_timeout}", where="--ssh-timeout")
         if self.launcher not in ("pdsh", "openmpi"):

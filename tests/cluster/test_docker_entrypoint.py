@@ -189,13 +189,10 @@ def stack(cluster, tmp_path_factory):
 
 def test_leader_runs_a_two_host_job_through_the_workers(stack, tmp_path):
     c = stack.cluster
-    fake_sys = tmp_path / "sys-infiniband"
-    (fake_sys / "efa_0").mkdir(parents=True)  # "EFA devices present": the .deepspeed_env gets written
-    env = stack.leader_env(EFA_SYSFS=str(fake_sys), HCCL_OFI_WRAPPER="/opt/test/hccl_ofi_wrapper",
-                           LEADER_WAIT_SECONDS="30")
+    env = stack.leader_env(HCCL_OFI_WRAPPER="/opt/test/hccl_ofi_wrapper", LEADER_WAIT_SECONDS="30")
     ds_env = os.path.join(env["HOME"], ".deepspeed_env")
     with open(ds_env, "w") as f:
-        f.write("# mine\nKEEP_ME=yes\nHCCL_OVER_OFI=0\n")
+        f.write("# mine\nKEEP_ME=yes\n")
 
     res = stack.run(LEADER, ["leader", "--grace", "5", SMOKE], env)
     out = res.stdout + res.stderr
@@ -212,14 +209,14 @@ def test_leader_runs_a_two_host_job_through_the_workers(stack, tmp_path):
             assert any(line.startswith(f"[{name}]:{PORT} ") and blob in line for line in f), name
     assert f" on {c.hosts[LEADER].name} " not in "".join(ok)
 
+    # EFA is the launcher's (one rule with bare hosts): the user's .deepspeed_env is never rewritten,
+    # the interface is the one on the master's subnet, the wrapper comes from the image's HCCL_OFI_WRAPPER
     with open(ds_env) as f:
-        lines = f.read().splitlines()
-    assert lines[:2] == ["# mine", "KEEP_ME=yes"]
-    assert "HCCL_OVER_OFI=1" in lines and "HCCL_OVER_OFI=0" not in lines
-    assert "HCCL_SOCKET_IFNAME=eth0" in lines
-    ld = [line for line in lines if line.startswith("LD_LIBRARY_PATH=")]
-    assert len(ld) == 1
-    assert ld[0].startswith("LD_LIBRARY_PATH=/opt/test/hccl_ofi_wrapper:/opt/amazon/openmpi/lib:/opt/amazon/efa/lib")
+        assert f.read() == "# mine\nKEEP_ME=yes\n"
+    res = stack.run(LEADER, ["leader", "--efa", "--dry-run", SMOKE], env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "  HCCL_OVER_OFI=1" in res.stdout and "  HCCL_SOCKET_IFNAME=eth0" in res.stdout and "  KEEP_ME=yes" in res.stdout
+    assert "  LD_LIBRARY_PATH=/opt/test/hccl_ofi_wrapper:/opt/amazon/openmpi/lib:/opt/amazon/efa/lib" in res.stdout
 
     # the key that was in worker 2's authorized_keys is still there, the leader's was added once
     with open(stack.workers[WORKERS[1]].env["SSHD_AUTHORIZED_KEYS"]) as f:
@@ -318,9 +315,9 @@ def test_unreachable_worker_is_named_after_the_bounded_wait(stack):
     assert f"{c.hosts[WORKERS[0]].name}:{PORT} answers" in err
     assert f"waiting for {node.name}:{PORT}: " in err  # the progress line
     assert f"{node.name}:{PORT} did not answer within 2 s" in err
-    summary = [line for line in err.splitlines() if "unreachable worker(s):" in line]
+    summary = [line for line in err.splitlines() if "unreachable host(s) after waiting 2 s:" in line]
     assert summary and node.name in summary[0] and c.hosts[WORKERS[0]].name not in summary[0]
-    assert "running:" not in err  # gaudi-launch never started
+    assert "rank(s) on" not in err  # no job started
     assert not port_open(c, LEADER)
     assert "leader key generated" in err and fresh_key.exists()
     assert (fresh_key.parent / "id_ed25519.pub").read_text().strip() in err
@@ -334,9 +331,10 @@ def test_leader_refuses_a_worker_whose_host_key_changed(stack, tmp_path):
     env = stack.leader_env("leader-changed", hosts=[node.index], KNOWN_HOSTS=str(known))
     res = stack.run(LEADER, ["leader", SMOKE], env, timeout=60)
     assert res.returncode == 3, res.stderr
-    assert f"host key of {node.name}:{PORT} CHANGED" in res.stderr
-    assert f"ssh-keygen -R '[{node.name}]:{PORT}'" in res.stderr
-    assert "running:" not in res.stderr
+    # the launcher's pre-flight refuses it (accept-new adds keys, never replaces one), saying how to fix it
+    assert f"{node.name}  failed  host key changed" in res.stderr
+    assert f"ssh-keygen -R '[{node.name}]:{PORT}' -f {known}" in res.stderr
+    assert "rank(s) on" not in res.stderr  # no job started
     assert known.read_text() == f"[{node.name}]:{PORT} ssh-ed25519 {impostor}\n"  # never rewritten
     assert not port_open(stack.cluster, LEADER)
 
