@@ -259,8 +259,33 @@ def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
 
 # ---------------------------------------------------------------- the probe (pure)
 
-_MASTER_PY = """\
+# One interpreter start does every check that needs Python (each start costs tens of milliseconds
+# of the host's CPU, and a job probes every host): argv MASTER_ADDR MASTER_SSH_PORT [PORT_TO_CHECK].
+_CHECKS_PY = """\
 import socket, sys
+print("python_ok=1")
+print("python_version=%s" % sys.version.split()[0])
+try:
+    import importlib.util
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None:
+        raise ImportError
+    try:
+        # the dist-info beside the package names the version (importlib.metadata would read every
+        # installed distribution's metadata first: a tenth of a second per host)
+        import glob, os
+        site = os.path.dirname(list(spec.submodule_search_locations)[0])
+        found = sorted(glob.glob(os.path.join(site, "deepspeed-*.dist-info")))
+        if len(found) == 1:
+            print("deepspeed=%s" % os.path.basename(found[0])[len("deepspeed-"):-len(".dist-info")])
+        else:
+            from importlib.metadata import version
+            print("deepspeed=%s" % version("deepspeed"))
+    except Exception:
+        print("deepspeed=unknown")
+except Exception:
+    pass
+sys.stdout.flush()
 addr, port = sys.argv[1], int(sys.argv[2])
 try:
     socket.create_connection((addr, port), 3).close()
@@ -271,36 +296,18 @@ except socket.gaierror as e:
 except Exception as e:
     print("master_reachable=0")
     print("master_error=%s" % (e,))
-"""
-
-_PORT_PY = """\
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    s.bind(("", int(sys.argv[1])))
-    print("port_free=1")
-except Exception as e:
-    print("port_free=0")
-    print("port_error=%s" % (e,))
-finally:
-    s.close()
-"""
-
-_VERSION_PY = """\
-import sys
-print("python_version=%s" % sys.version.split()[0])
-try:
-    import importlib.util
-    if importlib.util.find_spec("deepspeed") is None:
-        raise ImportError
+sys.stdout.flush()
+if len(sys.argv) > 3:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        from importlib.metadata import version
-        print("deepspeed=%s" % version("deepspeed"))
-    except Exception:
-        print("deepspeed=unknown")
-except Exception:
-    pass
+        s.bind(("", int(sys.argv[3])))
+        print("port_free=1")
+    except Exception as e:
+        print("port_free=0")
+        print("port_error=%s" % (e,))
+    finally:
+        s.close()
 """
 
 
@@ -322,9 +329,6 @@ def probe_command(python: str, script: Optional[str], cwd: str, master_addr: str
         "echo \"hostname=$( (hostname || uname -n || cat /proc/sys/kernel/hostname) 2>/dev/null | head -n 1 | _one)\"",
         "echo \"ncpus=$( (nproc || getconf _NPROCESSORS_ONLN) 2>/dev/null | head -n 1 | _one)\"",
         f"echo \"python_path=$(command -v {py} 2>/dev/null | head -n 1 | _one)\"",
-        f"if _t {py} -c 'import sys' </dev/null >/dev/null 2>&1; then echo python_ok=1; "
-        f"_t {py} -c {q(_VERSION_PY)} </dev/null 2>/dev/null; "
-        f"else echo python_ok=0; fi",
     ]
     lines += [
         "if command -v hl-smi >/dev/null 2>&1; then "
@@ -335,12 +339,13 @@ def probe_command(python: str, script: Optional[str], cwd: str, master_addr: str
         "_m=$(command -v mpirun 2>/dev/null || { [ -x /opt/amazon/openmpi/bin/mpirun ] && "
         "echo /opt/amazon/openmpi/bin/mpirun; }); "
         "if [ -n \"$_m\" ]; then echo \"openmpi=$(_t \"$_m\" --version 2>&1 </dev/null | head -n 1 | _one)\"; fi",
-        f"_t {py} -c {q(_MASTER_PY)} {q(master_addr)} {q(str(int(master_ssh_port)))} </dev/null 2>/dev/null "
-        "|| echo master_reachable=unknown",
+        # python_ok=0 when it printed nothing (did not run); then the master and the port are not known
+        f"_p=$(_t {py} -c {q(_CHECKS_PY)} {q(master_addr)} {q(str(int(master_ssh_port)))}"
+        + (f" {q(str(int(check_port)))}" if check_port is not None else "")
+        + " </dev/null 2>/dev/null); if [ -n \"$_p\" ]; then printf '%s\\n' \"$_p\"; "
+        + "else echo python_ok=0; echo master_reachable=unknown; "
+        + ("echo port_free=unknown; " if check_port is not None else "") + "fi",
     ]
-    if check_port is not None:
-        lines.append(f"_t {py} -c {q(_PORT_PY)} {q(str(int(check_port)))} </dev/null 2>/dev/null "
-                     "|| echo port_free=unknown")
     # last: cd (python -c puts the cwd on sys.path, and a stray socket.py there must not matter)
     script_test = (f"if [ -f {q(script)} ] && [ -r {q(script)} ]; then echo script_ok=1; "
                    f"else echo script_ok=0; fi; " if script is not None else "")
