@@ -40,10 +40,36 @@ def openmpi_major(mpirun: str = "mpirun") -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+# Up to this long, the hosts go on the command line (`--host a:8,b:8`, what a user would type and a
+# dry run shows in full); longer lists go to a hostfile in the job's private directory. Linux refuses
+# one argument over 128 KiB (MAX_ARG_STRLEN): about 9,800 hosts x 8 with short names.
+HOST_ARG_MAX = 16 * 1024
+HOSTFILE = "mpirun-hosts"
+
+
+def host_list(plan: LaunchPlan, k: int) -> str:
+    return ",".join(f"{_mpi_host(n.host)}:{k}" for n in plan.nodes)
+
+
+def hostfile_path(plan: LaunchPlan) -> Optional[str]:
+    """Where mpirun reads its hosts from when the list is too long for argv, else None. Pure."""
+    total = sum(len(_mpi_host(n.host)) + 2 + len(str(len(n.ranks))) for n in plan.nodes)
+    if total <= HOST_ARG_MAX:
+        return None
+    from gaudi_launch import jobdir
+
+    return os.path.join(jobdir.path_for(plan.job_id), HOSTFILE)
+
+
+def hostfile_text(plan: LaunchPlan) -> str:
+    """OpenMPI's hostfile for the plan: each host with the slots it runs. Pure."""
+    return "".join(f"{_mpi_host(n.host)} slots={len(n.ranks)}\n" for n in plan.nodes)
+
+
 def build_argv(plan: LaunchPlan, spec: JobSpec, *, version: int, root: bool, exported: List[str],
                cores_per_host: Optional[int] = None, tcp_cidr: Optional[str] = None,
-               rsh_args: Optional[List[str]] = None) -> List[str]:
-    """The whole mpirun command line. Pure."""
+               rsh_args: Optional[List[str]] = None, hostfile: Optional[str] = None) -> List[str]:
+    """The whole mpirun command line (the hosts from ``hostfile`` when given: see hostfile_path). Pure."""
     per_node = {len(n.ranks) for n in plan.nodes}
     if len(per_node) != 1:
         raise uneven_error(plan, spec)
@@ -51,7 +77,8 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, *, version: int, root: bool, exp
     argv = ["mpirun"]
     if root:
         argv.append("--allow-run-as-root")
-    argv += ["-n", str(plan.world_size), "--host", ",".join(f"{_mpi_host(n.host)}:{k}" for n in plan.nodes)]
+    argv += ["-n", str(plan.world_size)]
+    argv += ["--hostfile", hostfile] if hostfile else ["--host", host_list(plan, k)]
     pe = (cores_per_host // k) if cores_per_host else 0
     if pe >= 1:
         argv += ["--map-by", f"ppr:{k}:node:PE={pe}", "--bind-to", "core"]
@@ -140,7 +167,10 @@ def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Lis
         plan.notes.append("mpirun (OpenMPI) not found on this host: showing OpenMPI 4 flags")
     argv = build_argv(plan, spec, version=version or 4, root=os.geteuid() == 0,
                       exported=exported_names(plan, plan.exported), cores_per_host=plan.cores_per_host,
-                      tcp_cidr=plan.tcp_cidr, rsh_args=plan.ssh_args)
+                      tcp_cidr=plan.tcp_cidr, rsh_args=plan.ssh_args, hostfile=hostfile_path(plan))
+    if "--hostfile" in argv:
+        plan.notes.append(f"{len(plan.nodes)} hosts: mpirun reads them from {argv[argv.index('--hostfile') + 1]} "
+                          "(written when the job starts; the list is too long for one argument)")
     env = {"MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port),
            "CROSS_SIZE": str(len(plan.nodes)), "GAUDI_LAUNCH_JOB_ID": plan.job_id}
     return [Command(host=plan.nodes[0].host, argv=argv, env=env)]
@@ -207,11 +237,33 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     from gaudi_launch import sshmux
 
     connections = sshmux.for_job(plan.job_id)
+    written = None
     try:
+        written = write_hostfile(plan)
         return _run(plan, spec, environ, connections, **supervisor_options)
     finally:
+        if written is not None:
+            shutil.rmtree(os.path.dirname(written), ignore_errors=True)
         if connections is not None:
             connections.close()
+
+
+def write_hostfile(plan: LaunchPlan) -> Optional[str]:
+    """The hostfile the plan's mpirun reads, in a fresh private directory of the job; None when the
+    hosts are on its command line."""
+    argv = plan.commands[0].argv
+    if "--hostfile" not in argv:
+        return None
+    from gaudi_launch import jobdir
+
+    path = argv[argv.index("--hostfile") + 1]
+    try:
+        jobdir.create(os.path.dirname(path))
+    except FileExistsError:
+        raise UserError(f"{os.path.dirname(path)} exists already; a job directory is never reused",
+                        where="TMPDIR", hint="remove it if no job of yours is running, or set TMPDIR elsewhere") from None
+    jobdir.write_private(path, hostfile_text(plan).encode())
+    return path
 
 
 def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connections,
