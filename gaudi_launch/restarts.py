@@ -171,15 +171,16 @@ def format_attempts(attempts: List[Attempt], max_restarts: int, exit_code: int) 
     return "\n".join(lines) + "\n"
 
 
-def _wait(seconds: float) -> Optional[int]:
-    """Sleep through a back-off; a SIGINT/SIGTERM/SIGHUP ends it and is returned (no restart then)."""
-    if seconds <= 0:
+def _wait(seconds: float, announce: Callable[[], None]) -> Optional[int]:
+    """Announce the back-off and sleep through it; a SIGINT/SIGTERM/SIGHUP ends it and is returned
+    (no restart then). The handlers are in place before the announcement: whoever reacts to it by
+    stopping the launcher must not find the default action, which would skip the clean-up."""
+    if threading.current_thread() is not threading.main_thread():  # signals are the main thread's
+        announce()
+        time.sleep(seconds)
         return None
     got: List[int] = []
     done = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        time.sleep(seconds)
-        return None
 
     def stop(signum, _frame):
         got.append(signum)
@@ -187,7 +188,8 @@ def _wait(seconds: float) -> Optional[int]:
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        done.wait(seconds)
+        announce()
+        done.wait(max(0.0, seconds))
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
@@ -195,7 +197,7 @@ def _wait(seconds: float) -> Optional[int]:
 
 
 def run_job(spec, first_plan, *, build: Callable, start: Callable, err: Optional[TextIO] = None,
-            wait: Callable[[float], Optional[int]] = _wait, clock: Callable[[], float] = time.monotonic):
+            wait: Callable[[float, Callable[[], None]], Optional[int]] = _wait, clock: Callable[[], float] = time.monotonic):
     """Run the job, and again after a failure while --max-restarts allows; the last JobResult.
 
     ``build(spec) -> plan`` plans a later attempt (the first plan is given: it was shown or checked
@@ -234,9 +236,9 @@ def _attempts(spec, plan, build, start, err, wait, clock, watch):
             break
         restart = len(attempts)
         attempts[-1].backoff_s = backoff_s(restart, spec.restart_backoff)
-        _say(err, f"gaudi-launch: attempt {restart} failed ({_CAUSE_WORDS[attempts[-1].cause]}); restart "
-                  f"{restart} of {spec.max_restarts} in {attempts[-1].backoff_s:g} s")
-        signum = wait(attempts[-1].backoff_s)
+        message = (f"gaudi-launch: attempt {restart} failed ({_CAUSE_WORDS[attempts[-1].cause]}); restart "
+                   f"{restart} of {spec.max_restarts} in {attempts[-1].backoff_s:g} s")
+        signum = wait(attempts[-1].backoff_s, lambda: _say(err, message))
         if signum is not None:
             _say(err, f"gaudi-launch: received {signal.Signals(signum).name} during the back-off: no restart")
             result = dataclasses.replace(result, exit_code=for_signal(signum),
