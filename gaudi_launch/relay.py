@@ -17,7 +17,6 @@ process group (worker.watch_launcher).
 """
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -25,11 +24,9 @@ import socket
 import time
 from typing import Dict, List, Optional, Tuple
 
-from gaudi_launch.worker import ERROR_MARKER
+from gaudi_launch.wire import ERROR_MARKER, TORN_DOWN, record_line
 
 RANK_TAG = "@@gaudi-launch-rank@@"
-# Written by the rank (worker._term_whole_group) when it is told to stop: torn down, not failed.
-TORN_DOWN = "@@gaudi-launch-torn-down@@"
 LINE_MAX = 1 << 20   # a longer line is passed on in pieces of this size (the supervisor's read size)
 _STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -186,7 +183,7 @@ def _relay(pid: int, rank: str, streams: List[_Stream]) -> int:
                                  int(rank) if rank.isdigit() else None, pid, socket.gethostname(),
                                  time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     if record is not None:
-        err.feed((ERROR_MARKER + json.dumps(record) + "\n").encode())
+        err.feed(record_line(record).encode())
     return status
 
 

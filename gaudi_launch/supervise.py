@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import os
 import queue
 import signal
@@ -25,7 +24,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence, TextIO, Tupl
 from gaudi_launch.exitcodes import ExitCode, for_signal
 from gaudi_launch.progress import LineSplitter
 from gaudi_launch.logfiles import open_log, prepare_log_dir
-from gaudi_launch.worker import ERROR_MARKER
+from gaudi_launch.wire import ERROR_MARKER, parse_record
 
 TAIL_KEEP = 200          # lines of output remembered per process for the summary
 TAIL_LINE_CHARS = 2000   # each remembered line is cut to this: tails stay bounded in bytes too
@@ -382,7 +381,7 @@ class Supervisor:
 
     def _emit(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
         if text.startswith(ERROR_MARKER):
-            record = _parse_record(text[len(ERROR_MARKER):])
+            record = parse_record(text[len(ERROR_MARKER):])
             if record is not None:
                 with self._write_lock:
                     if len(proc.records) < RECORDS_KEEP:
@@ -653,14 +652,6 @@ def _clip(line: str) -> str:
     if len(line) <= TAIL_LINE_CHARS:
         return line
     return line[:TAIL_LINE_CHARS] + f" ... [{len(line) - TAIL_LINE_CHARS} more characters]"
-
-
-def _parse_record(text: str) -> Optional[dict]:
-    try:
-        record = json.loads(text)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def _isatty(stream) -> bool:

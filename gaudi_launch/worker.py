@@ -17,7 +17,6 @@ device's backend (hccl, nccl, gloo) and --ddp_timeout.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import runpy
@@ -32,6 +31,7 @@ from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 from gaudi_launch.contract import elastic_env, node_layout, node_visibility, read_error_file
 from gaudi_launch.heartbeats import HEARTBEAT_DIR, install_stack_dump
+from gaudi_launch.wire import TORN_DOWN, record_line
 
 # Where other launchers put the rank layout, in order of preference for each torchrun name.
 _SOURCES = {
@@ -84,9 +84,6 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Di
     out.setdefault("MASTER_ADDR", env.get("MASTER_ADDR", "127.0.0.1"))
     out.setdefault("MASTER_PORT", env.get("MASTER_PORT", "29500"))
     return {k: v for k, v in out.items() if env.get(k) != v}
-
-
-ERROR_MARKER = "@@gaudi-launch-error-record@@ "
 
 
 # A job file (see jobdir.py) instead of values on argv: `ps` shows argv to every user of a host.
@@ -207,7 +204,7 @@ def format_user_traceback(exc: BaseException) -> str:
 
 def emit_error_record(record: dict) -> None:
     try:
-        sys.stderr.write(ERROR_MARKER + json.dumps(record) + "\n")
+        sys.stderr.write(record_line(record))
         sys.stderr.flush()
     except (OSError, ValueError):
         pass  # stderr is gone: the exit code still tells
@@ -220,7 +217,6 @@ def _term_whole_group(signum, _frame) -> None:
     # killed launcher's threads exit one by one) would otherwise end us before our children.
     signal.signal(signum, signal.SIG_IGN)
     if _RELAYED:  # tell the relay (relay.py) this rank is torn down, not failing on its own
-        from gaudi_launch.relay import TORN_DOWN
         try:
             os.write(2, (TORN_DOWN + "\n").encode())
         except OSError:

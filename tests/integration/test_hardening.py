@@ -399,7 +399,7 @@ def test_error_records_kept_per_process_are_bounded():
     import json
 
     from gaudi_launch.supervise import RECORDS_KEEP, ProcSpec, Supervisor
-    from gaudi_launch.worker import ERROR_MARKER
+    from gaudi_launch.wire import ERROR_MARKER
     record = json.dumps({"rank": 0, "exit_code": 1, "traceback": "x" * 10000})
     code = f"import sys\nfor i in range(3000): print({ERROR_MARKER + record!r})\nsys.exit(1)"
     spec = ProcSpec(rank=0, host="localhost", argv=[sys.executable, "-c", code], env=dict(os.environ))

@@ -1,0 +1,27 @@
+"""What a rank tells the launcher on its stderr, besides its own output (written by worker.py and
+relay.py, read by supervise.py and relay.py): one place, so both ends agree.
+
+- An error record: ``ERROR_MARKER`` + one JSON object (rank, host, exit code, exception, traceback)
+  on one line, written by the rank bootstrap when the script fails.
+- ``TORN_DOWN``: the rank was stopped by the job's teardown, not failing on its own (relay.py).
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+ERROR_MARKER = "@@gaudi-launch-error-record@@ "
+TORN_DOWN = "@@gaudi-launch-torn-down@@"
+
+
+def record_line(record: dict) -> str:
+    return ERROR_MARKER + json.dumps(record) + "\n"
+
+
+def parse_record(text: str) -> Optional[dict]:
+    """The record after the marker, or None when it is not a JSON object (a truncated line)."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
