@@ -75,6 +75,8 @@ def _config_value(path: str, hosts: List[str], key: str, depth: int = 0) -> Opti
     paramiko leaves to the caller; distributions keep settings in /etc/ssh/ssh_config.d)."""
     import glob
 
+    if not _mentions(path, key):
+        return None  # the usual case: no need for paramiko (a third of a second) or a lookup per host
     import paramiko  # multi-host plans only
 
     try:
@@ -95,6 +97,31 @@ def _config_value(path: str, hosts: List[str], key: str, depth: int = 0) -> Opti
                 if value:
                     return value
     return None
+
+
+def _mentions(path: str, key: str, depth: int = 0) -> bool:
+    """Whether ``key`` is set on any line (not a comment) of an ssh config file or a file it
+    includes. A plain read: when it says no, nothing needs parsing."""
+    import glob
+
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f]
+    except OSError:
+        return False
+    base = os.path.dirname(path) if path.startswith("/etc/") else os.path.expanduser("~/.ssh")
+    for line in lines:
+        words = line.replace("=", " ", 1).split()
+        if not words or words[0].startswith("#"):
+            continue
+        if words[0].lower() == key:
+            return True
+        if words[0].lower() == "include" and depth < 8:
+            for pattern in words[1:]:
+                for included in sorted(glob.glob(os.path.join(base, os.path.expanduser(pattern)))):
+                    if _mentions(included, key, depth + 1):
+                        return True
+    return False
 
 
 def master_host(plan: LaunchPlan) -> str:

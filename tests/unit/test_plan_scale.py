@@ -75,3 +75,25 @@ def test_the_hostfile_is_written_private_and_names_every_host(tmp_path, monkeypa
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
 
+
+
+def test_host_key_policy_from_ssh_config_without_parsing_when_unset(tmp_path, monkeypatch):
+    """A 1,000-host dry run looked every host up in the ssh config (and imported paramiko) to learn
+    that StrictHostKeyChecking is set nowhere; a plain read of the files now says so."""
+    import sys
+
+    from gaudi_launch import multinode
+
+    hosts = [f"node{i}" for i in range(1000)]
+    inc = tmp_path / "conf.d"
+    inc.mkdir()
+    (inc / "a.conf").write_text("Host node5*\n    StrictHostKeyChecking=yes\n")
+    main = tmp_path / "config"
+    main.write_text("# StrictHostKeyChecking ask\nHost *\n    User root\n")
+    assert multinode.configured_host_keys(hosts, str(main)) is None
+    main.write_text(f"# StrictHostKeyChecking ask\nInclude {inc}/*.conf\nHost *\n    User root\n")
+    assert multinode._mentions(str(main), "stricthostkeychecking")
+    assert multinode.configured_host_keys(hosts, str(main)) == "yes"
+    monkeypatch.setitem(sys.modules, "paramiko", None)  # importing it would fail: never needed here
+    main.write_text("Host *\n    User root\n")
+    assert multinode.configured_host_keys(hosts, str(main)) is None
