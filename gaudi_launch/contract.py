@@ -7,7 +7,12 @@ the worker imports this before the user's script.
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Mapping, Optional
+from collections import ChainMap
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
+
+if TYPE_CHECKING:  # types only: the rank bootstrap imports this module, and nothing heavier
+    from gaudi_launch.plan import LaunchPlan, NodePlan
+    from gaudi_launch.spec import JobSpec
 
 VISIBILITY = ("HABANA_VISIBLE_MODULES", "CUDA_VISIBLE_DEVICES")
 # Selected slots of every node, '0,1;1,3' (node 0 takes slots 0,1, node 1 slots 1,3): one command
@@ -119,3 +124,49 @@ def read_error_file(path: Optional[str]) -> Optional[dict]:
         return None
     extra = message.get("extraInfo") if isinstance(message.get("extraInfo"), dict) else {}
     return {"message": str(message.get("message", "")), "traceback": extra.get("py_callstack")}
+
+
+def node_visibility_env(node: NodePlan, inherited: Optional[Mapping[str, str]] = None) -> dict:
+    """HABANA_VISIBLE_MODULES/CUDA_VISIBLE_DEVICES for a node's ranks when the user picked devices
+    (--include host:1,3): only those, LOCAL_RANK indexes them. Empty for whole nodes. Pure."""
+    if node.devices == list(range(len(node.devices))):
+        return {}
+    return {name: visible_subset((inherited or {}).get(name), node.devices) for name in VISIBILITY}
+
+
+def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
+                  inherited: Optional[Mapping[str, str]] = None, node_env: Optional[Mapping[str, str]] = None
+                  ) -> dict:
+    """torchrun's worker environment (with DeepSpeed's aliases) for one rank. Pure.
+
+    ``inherited`` is what the rank would see otherwise (the launcher's environment and the job's):
+    device ids then index the devices that restricts it to. ``node_env``: node_visibility_env,
+    computed once per node by a caller that plans many ranks (per rank it is linear in the node's
+    devices, and planning became quadratic in ranks).
+    """
+    contract = {
+        "RANK": node.ranks[local_rank],
+        "LOCAL_RANK": local_rank,
+        "WORLD_SIZE": plan.world_size,
+        "LOCAL_WORLD_SIZE": len(node.ranks),
+        "LOCAL_SIZE": len(node.ranks),
+        "NODE_RANK": node.node_rank,
+        "GROUP_RANK": node.node_rank,
+        "CROSS_RANK": node.node_rank,
+        "CROSS_SIZE": len(plan.nodes),
+        "MASTER_ADDR": plan.master_addr,
+        "MASTER_PORT": plan.master_port,
+        "GAUDI_LAUNCH_JOB_ID": plan.job_id,
+    }
+    contract.update(node_visibility_env(node, inherited) if node_env is None else node_env)
+    contract = {k: str(v) for k, v in contract.items()}
+    # A ChainMap, not a merged copy of the whole environment for every rank.
+    return {**contract, **elastic_env(contract, ChainMap(contract, inherited or {}))}
+
+
+def worker_argv(spec: JobSpec, python: Optional[str] = None) -> List[str]:
+    """How one rank starts the user's program: through our bootstrap, unless it is not Python."""
+    if spec.no_python:
+        return list(spec.program)
+    head = [python or spec.python, "-u", "-m", "gaudi_launch.worker"]
+    return head + (["-m"] if spec.module else []) + list(spec.program)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from gaudi_launch.heartbeats import DUMP_SIGNAL, HEARTBEAT_DIR, start_time
+from gaudi_launch.hostnames import is_local_host
 
 SETTLE_S = 5.0  # how long the ranks get to write their stacks
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
@@ -143,7 +144,6 @@ def with_heartbeats(spec):
 def check_watchable(plan) -> None:
     """Heartbeats and stacks are read on this host: some rank must run here. Pure."""
     from gaudi_launch.errors import UserError
-    from gaudi_launch.planner import is_local_host
 
     if plan.backend == "slurm" or not any(is_local_host(n.host) for n in plan.nodes):
         raise UserError("--hang-timeout watches the ranks on this host, and none runs here", where="--hang-timeout",

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
-from gaudi_launch.planner import is_local_host
+from gaudi_launch.hostnames import is_local_host
 from gaudi_launch.watch import Endpoint, ssh_endpoints
 
 REPORT_EVERY = 5.0  # seconds between "still waiting" lines

@@ -15,6 +15,7 @@ from gaudi_launch import fabric
 from gaudi_launch.envfile import is_secret
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
+from gaudi_launch.hostnames import is_local_host
 from gaudi_launch.plan import LaunchPlan
 from gaudi_launch.spec import JobSpec
 
@@ -168,8 +169,6 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
 
 def default_preflight(plan: LaunchPlan, spec: JobSpec):
     """The pre-flight as the CLI and DistributedRunner run it (progress lines on a terminal)."""
-    from gaudi_launch.planner import is_local_host
-
     return run_preflight(plan, spec, local=is_local_host, progress=progress_printer())
 
 

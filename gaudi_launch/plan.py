@@ -9,7 +9,7 @@ import json
 import shlex
 from dataclasses import asdict, dataclass, field
 from secrets import token_hex
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from gaudi_launch.envfile import is_secret, mask_env, mask_text
 
@@ -127,3 +127,13 @@ def _ids(ids: List[int]) -> str:
         parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
         i = j + 1
     return ",".join(parts) or "-"
+
+
+def layout(selected: List[Tuple[str, List[int]]]) -> List[NodePlan]:
+    """Global ranks are handed out node by node, devices in order. Pure."""
+    nodes, rank = [], 0
+    for node_rank, (host, devices) in enumerate(selected):
+        ranks = list(range(rank, rank + len(devices)))
+        rank += len(devices)
+        nodes.append(NodePlan(host=host, node_rank=node_rank, devices=list(devices), ranks=ranks))
+    return nodes

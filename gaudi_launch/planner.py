@@ -3,44 +3,20 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
-from collections import ChainMap
 from typing import Callable, List, Mapping, Optional, Tuple
 
-from gaudi_launch.contract import VISIBILITY, elastic_env, node_device_env, visible_subset
+from gaudi_launch.backends import get_backend, slurm
+from gaudi_launch.contract import node_device_env
 from gaudi_launch.devices import DeviceCount, detect_local_devices
 from gaudi_launch.envfile import load_env_files
 from gaudi_launch.errors import UserError
 from gaudi_launch.hostfile import Host, read_hostfile
+from gaudi_launch.hostnames import bare_host, is_local_host
 from gaudi_launch.hostselect import select
-from gaudi_launch.plan import LaunchPlan, NodePlan
+from gaudi_launch.multinode import PreflightFailed, findings, finish_plan, pick_remote_port
+from gaudi_launch.plan import LaunchPlan, layout
 from gaudi_launch.ports import check_port, pick_free_port
 from gaudi_launch.spec import JobSpec
-
-_LOOPBACK = {"localhost", "localhost.localdomain", "ip6-localhost", "::1"}
-
-
-def bare_host(name: str) -> str:
-    """'user@host' -> 'host'."""
-    return name.rsplit("@", 1)[-1]
-
-
-def is_local_host(name: str, hostname: Optional[str] = None) -> bool:
-    """True for names that mean this machine, decided without any DNS lookup."""
-    host = bare_host(name).lower()
-    me = (hostname or socket.gethostname()).lower()
-    return host in _LOOPBACK or host.startswith("127.") or host in (me, me.split(".")[0])
-
-
-def layout(selected: List[Tuple[str, List[int]]]) -> List[NodePlan]:
-    """Global ranks are handed out node by node, devices in order. Pure."""
-    nodes, rank = [], 0
-    for node_rank, (host, devices) in enumerate(selected):
-        ranks = list(range(rank, rank + len(devices)))
-        rank += len(devices)
-        nodes.append(NodePlan(host=host, node_rank=node_rank, devices=list(devices), ranks=ranks))
-    return nodes
-
 
 def resolve_hosts(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices
                   ) -> Tuple[List[Tuple[str, List[int]]], List[Host], List[str]]:
@@ -88,12 +64,8 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
     A failed pre-flight raises PreflightFailed, unless ``keep_failed_preflight`` (a dry run): the
     plan is then completed with what the hosts that answered told, and carries the findings.
     """
-    from gaudi_launch.multinode import PreflightFailed, findings, finish_plan, pick_remote_port
-
     environ = os.environ if environ is None else environ
     spec.validate(require_program)
-    from gaudi_launch.backends import slurm
-
     if slurm.wanted(spec, environ):  # the allocation (or srun's) is the hostfile: no ssh, no pre-flight
         return slurm.build_plan(spec, environ)
     selected, hosts, notes = resolve_hosts(spec, detect)
@@ -122,8 +94,6 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
         backend=backend, world_size=sum(len(n.ranks) for n in nodes), master_addr=master_addr,
         master_port=master_port, nodes=nodes, env=env, commands=[], program=list(spec.program),
         notes=notes, job_id=secrets.token_hex(4))
-    from gaudi_launch.backends import get_backend
-
     report = None
     if backend != "local" and spec.ssh_check and preflight is not None:
         report = preflight(plan, spec)
@@ -152,49 +122,4 @@ def inherited_env(plan: LaunchPlan, host: str, environ: Mapping[str, str]) -> di
         return {**environ, **plan.env}
     return {**{k: environ[k] for k in plan.exported if k in environ}, **plan.env}
 
-
-def node_visibility_env(node: NodePlan, inherited: Optional[Mapping[str, str]] = None) -> dict:
-    """HABANA_VISIBLE_MODULES/CUDA_VISIBLE_DEVICES for a node's ranks when the user picked devices
-    (--include host:1,3): only those, LOCAL_RANK indexes them. Empty for whole nodes. Pure."""
-    if node.devices == list(range(len(node.devices))):
-        return {}
-    return {name: visible_subset((inherited or {}).get(name), node.devices) for name in VISIBILITY}
-
-
-def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
-                  inherited: Optional[Mapping[str, str]] = None, node_env: Optional[Mapping[str, str]] = None
-                  ) -> dict:
-    """torchrun's worker environment (with DeepSpeed's aliases) for one rank. Pure.
-
-    ``inherited`` is what the rank would see otherwise (the launcher's environment and the job's):
-    device ids then index the devices that restricts it to. ``node_env``: node_visibility_env,
-    computed once per node by a caller that plans many ranks (per rank it is linear in the node's
-    devices, and planning became quadratic in ranks).
-    """
-    contract = {
-        "RANK": node.ranks[local_rank],
-        "LOCAL_RANK": local_rank,
-        "WORLD_SIZE": plan.world_size,
-        "LOCAL_WORLD_SIZE": len(node.ranks),
-        "LOCAL_SIZE": len(node.ranks),
-        "NODE_RANK": node.node_rank,
-        "GROUP_RANK": node.node_rank,
-        "CROSS_RANK": node.node_rank,
-        "CROSS_SIZE": len(plan.nodes),
-        "MASTER_ADDR": plan.master_addr,
-        "MASTER_PORT": plan.master_port,
-        "GAUDI_LAUNCH_JOB_ID": plan.job_id,
-    }
-    contract.update(node_visibility_env(node, inherited) if node_env is None else node_env)
-    contract = {k: str(v) for k, v in contract.items()}
-    # A ChainMap, not a merged copy of the whole environment for every rank.
-    return {**contract, **elastic_env(contract, ChainMap(contract, inherited or {}))}
-
-
-def worker_argv(spec: JobSpec, python: Optional[str] = None) -> List[str]:
-    """How one rank starts the user's program: through our bootstrap, unless it is not Python."""
-    if spec.no_python:
-        return list(spec.program)
-    head = [python or spec.python, "-u", "-m", "gaudi_launch.worker"]
-    return head + (["-m"] if spec.module else []) + list(spec.program)
 

@@ -24,7 +24,7 @@ from gaudi_launch.errors import UserError
 from gaudi_launch.fanout import per_host
 from gaudi_launch.multinode import host_watch
 from gaudi_launch.plan import Command, LaunchPlan
-from gaudi_launch.planner import is_local_host
+from gaudi_launch.hostnames import is_local_host
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.teardown import job_sweeper, signal_job

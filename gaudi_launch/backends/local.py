@@ -6,7 +6,7 @@ import sys
 from typing import List, Mapping, Optional
 
 from gaudi_launch.plan import Command, LaunchPlan
-from gaudi_launch.planner import node_visibility_env, rank_contract, worker_argv
+from gaudi_launch.contract import node_visibility_env, rank_contract, worker_argv
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.teardown import job_sweeper

@@ -13,9 +13,10 @@ import shutil
 import subprocess
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from gaudi_launch.contract import worker_argv
 from gaudi_launch.errors import UserError
+from gaudi_launch.hostnames import bare_host, is_local_host
 from gaudi_launch.plan import Command, LaunchPlan
-from gaudi_launch.planner import bare_host, worker_argv
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import Culprit, JobResult, ProcSpec, Supervisor, signal_name
 
@@ -269,7 +270,6 @@ def write_hostfile(plan: LaunchPlan) -> Optional[str]:
 def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connections,
          **supervisor_options) -> JobResult:
     from gaudi_launch.multinode import host_watch
-    from gaudi_launch.planner import is_local_host
     from gaudi_launch.teardown import job_sweeper
 
     cmd = plan.commands[0]

@@ -20,14 +20,17 @@ import signal
 import subprocess
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from gaudi_launch import slurm
-from gaudi_launch.contract import node_device_env
+from gaudi_launch import fabric, slurm
+from gaudi_launch.contract import node_device_env, worker_argv
 from gaudi_launch.envfile import is_secret, load_env_files
 from gaudi_launch.errors import UserError
 from gaudi_launch.hostfile import Host
 from gaudi_launch.hostselect import select
-from gaudi_launch.plan import Command, LaunchPlan
+from gaudi_launch.plan import Command, LaunchPlan, layout
 from gaudi_launch.spec import JobSpec
+from gaudi_launch.supervise import Culprit, ProcSpec, Supervisor
+from gaudi_launch.teardown import kill_argv, parse_sweep
+from gaudi_launch.watch import HostWatch
 
 LATER = "(allocated by srun)"   # a node's name in a plan made before srun allocated the nodes
 FIRST_NODE = "(first node of the step)"  # the master, when srun picks the nodes
@@ -208,8 +211,6 @@ def check_nodes(facts: Optional[Dict[str, dict]], script: str, python: str, port
 def apply_node_facts(plan: LaunchPlan, facts: Optional[Dict[str, dict]], environ: Mapping[str, str]) -> None:
     """The interface for HCCL/GLOO/NCCL_SOCKET_IFNAME, as for mpirun: the one carrying the master's
     subnet on every node. Pure."""
-    from gaudi_launch import fabric
-
     if facts and "error" in facts:
         plan.notes.append(f"nodes not probed: srun said {facts['error']}")
         facts = None
@@ -236,9 +237,6 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
                probe: Callable[..., Optional[Dict[str, dict]]] = probe_nodes) -> LaunchPlan:
     """The plan of a Slurm job. Pure except ``hostnames``, ``probe`` (inside an allocation, unless
     --no-ssh-check) and reading the env files (as every plan)."""
-    from gaudi_launch import fabric
-    from gaudi_launch.planner import layout
-
     if spec.hostfile is not None:
         raise UserError("--backend slurm takes its nodes from Slurm, not from a hostfile", where="--hostfile",
                         hint="leave --hostfile out (inside salloc/sbatch the allocation is the hostfile)")
@@ -286,8 +284,6 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
 
 def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool, cpus_per_task: str = "") -> List[str]:
     """srun's whole command line. Pure."""
-    from gaudi_launch.planner import worker_argv
-
     if spec.append_local_rank:  # one argv for every rank: it cannot carry each one's number
         raise UserError("--append-local-rank is not available with srun: ranks read LOCAL_RANK",
                         where="--append-local-rank")
@@ -340,8 +336,6 @@ def srun_env(plan: LaunchPlan, environ: Mapping[str, str]) -> Dict[str, str]:
 def sweep_argv(plan: LaunchPlan, spec: JobSpec, job: str, nodes: List[str], sig: int, since: float) -> List[str]:
     """One task per node of the job, beside its step (--overlap), signalling the processes that
     carry the job's id there: what left the step's process tracking (a rank's setsid daemon). Pure."""
-    from gaudi_launch.teardown import kill_argv
-
     return ["srun", "--overlap", f"--jobid={job}", f"--job-name={step_name(plan)}-sweep", f"--nodes={len(nodes)}",
             f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "--nodelist=" + ",".join(nodes), "--label",
             "--export=ALL", *kill_argv(spec.python, plan.job_id, sig, since)]
@@ -349,8 +343,6 @@ def sweep_argv(plan: LaunchPlan, spec: JobSpec, job: str, nodes: List[str], sig:
 
 def parse_sweep_output(text: str, nodes: List[str]) -> Dict[str, object]:
     """srun --label's output of the sweep, per node (task i runs on the i-th node). Pure."""
-    from gaudi_launch.teardown import parse_sweep
-
     per_task: Dict[int, List[str]] = {}
     for rank, line in map(lambda t: srun_demux()(t)[0], text.splitlines()):
         if rank is not None:
@@ -427,8 +419,6 @@ def parse_slurmd_port(text: str) -> int:
 def node_watch(nodes: List[str], environ: Mapping[str, str]):
     """A watch over the job's nodes, as over ssh hosts elsewhere: each node's slurmd port (srun
     itself reaches it there). None when Slurm cannot say where the nodes are."""
-    from gaudi_launch.watch import HostWatch
-
     shown = _slurm_cmd(["scontrol", "-o", "show", "node", ",".join(nodes)], environ)
     config = _slurm_cmd(["scontrol", "show", "config"], environ)
     if not shown or not config:
@@ -468,8 +458,6 @@ def task_failed(line: str) -> bool:
 
 def explain(lines: List[str]):
     """The first task srun reported as failed, with its own exit code (srun itself returns 143)."""
-    from gaudi_launch.supervise import Culprit
-
     for line in lines:
         m = _TASK.match(line)
         if not m:
@@ -531,8 +519,6 @@ def stopper(name: str, env: Mapping[str, str]) -> Callable[[int], None]:
 def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = None,
         **supervisor_options):
     import shutil
-
-    from gaudi_launch.supervise import ProcSpec, Supervisor
 
     environ = os.environ if environ is None else environ
     env = srun_env(plan, environ)

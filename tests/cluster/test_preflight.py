@@ -45,7 +45,7 @@ def check(cluster, ssh: SshOptions, hosts=None, script=SCRIPT, python=sys.execut
 
 _IN_HOST = textwrap.dedent("""
     import dataclasses, json, sys
-    from gaudi_launch.planner import is_local_host
+    from gaudi_launch.hostnames import is_local_host
     from gaudi_launch.preflight import SshOptions, check_hosts
     kw = json.loads(sys.argv[1])
     kw["ssh"] = SshOptions(**kw["ssh"])

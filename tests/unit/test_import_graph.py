@@ -1,0 +1,98 @@
+"""The launcher's modules import each other without cycles, counting imports inside functions too
+(a function-level import hides a cycle until the day it runs first in a new order)."""
+from __future__ import annotations
+
+import ast
+import os
+from typing import Dict, List, Set
+
+PKG = os.path.join(os.path.dirname(__file__), "..", "..", "gaudi_launch")
+
+
+def modules() -> Dict[str, str]:
+    out = {}
+    for dirpath, _, files in os.walk(PKG):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                rel = os.path.relpath(path, os.path.dirname(PKG))[:-3].replace(os.sep, ".")
+                out[rel[: -len(".__init__")] if rel.endswith(".__init__") else rel] = path
+    return out
+
+
+def imported(tree: ast.Module, me: str, known: Dict[str, str]) -> Set[str]:
+    """gaudi_launch modules this module imports anywhere, except under `if TYPE_CHECKING:`."""
+    typing_only = {id(n) for b in tree.body if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test)
+                   for n in ast.walk(b)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = me.split(".")
+                keep = len(parts) - node.level + (1 if known.get(me, "").endswith("__init__.py") else 0)
+                base = ".".join(parts[:keep] + ([node.module] if node.module else []))
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+            names = subs or [base]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != me:
+                out.add(name)
+    return out
+
+
+def graph() -> Dict[str, Set[str]]:
+    known = modules()
+    return {m: imported(ast.parse(open(p).read()), m, known) for m, p in known.items()}
+
+
+def cycles(g: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on: Set[str] = set()
+    found: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_finder_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle_between_gaudi_launch_modules():
+    g = graph()
+    assert "gaudi_launch.planner" in g and "gaudi_launch.backends.slurm" in g["gaudi_launch.planner"]
+    assert cycles(g) == []
