@@ -638,7 +638,12 @@ def _master_run(connections, host: str, command: str, opts: SshOptions) -> tuple
     out = done.stdout.decode("utf-8", "replace")
     err = done.stderr.decode("utf-8", "replace")
     if done.returncode == 255 and _END not in out:
-        if "connection timed out" in err.lower() or "operation timed out" in err.lower():
+        low = err.lower()
+        if "banner exchange" in low:  # connected, but no SSH greeting came ("timed out during banner exchange")
+            import paramiko
+
+            raise paramiko.SSHException("Error reading SSH protocol banner")
+        if "connection timed out" in low or "operation timed out" in low:
             raise socket.timeout("timed out")
         return None, err
     return out, err
