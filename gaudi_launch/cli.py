@@ -266,29 +266,21 @@ def _device_env(device: Optional[str]) -> dict:
 
 
 def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only: bool = False) -> int:
-    from gaudi_launch.backends import get_backend
-    from gaudi_launch.multinode import default_preflight as preflight
+    from gaudi_launch.launch import launch, plan_job, preflight_for, prepare
     from gaudi_launch.planner import build_plan
-    from gaudi_launch.hangs import with_heartbeats
-    from gaudi_launch.restarts import attempt_spec, run_job
 
-    if spec.wait_hosts:
-        from gaudi_launch.hostwait import before
-
-        preflight = before(preflight, spec.wait_hosts)
-
-    spec = with_heartbeats(attempt_spec(spec, 0))
+    spec = prepare(spec)
     if check_only:
         plan = build_plan(spec, require_program=False)
         if plan.backend == "slurm":  # no hostfile, no ssh: the nodes are probed through srun
             raise UserError("the pre-flight checks a hostfile's hosts over ssh; a Slurm job has neither",
                             where="--check-only", hint="inside the allocation, --dry-run shows what srun found "
                                                        "on the nodes (interface, addresses)")
-        report = preflight(plan, spec)
+        report = preflight_for(spec)(plan, spec)
         table = report.render_table()
         sys.stdout.write(table if table.endswith("\n") else table + "\n")
         return ExitCode.OK if report.ok else ExitCode.PREFLIGHT
-    plan = build_plan(spec, preflight=preflight, keep_failed_preflight=dry_run)
+    plan = plan_job(spec, keep_failed_preflight=dry_run)
     if dry_run:  # the plan whatever the pre-flight said, its findings with it; exit 3 if it failed
         sys.stdout.write(plan.to_json() + "\n" if json_out else plan.render_text())
         if plan.preflight is not None and not plan.preflight["ok"]:
@@ -306,12 +298,7 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
         print(f"gaudi-launch: wrote {written['script']} and {written['env_file']}; submit with: sbatch "
               f"{written['script']}", file=sys.stderr)
         return 0
-    def start(plan, spec, **supervisor_options):
-        print(f"gaudi-launch: job {plan.job_id}: {plan.world_size} rank(s) on {len(plan.nodes)} host(s), backend "
-              f"{plan.backend}, master {plan.master_addr}:{plan.master_port}", file=sys.stderr, flush=True)
-        return get_backend(plan.backend).run(plan, spec, **supervisor_options)
-
-    return run_job(spec, plan, build=lambda s: build_plan(s, preflight=preflight), start=start).exit_code
+    return launch(spec, plan, announce=True).exit_code
 
 
 def _option_names() -> List[str]:

@@ -73,31 +73,19 @@ class DistributedRunner:
 
     def plans(self) -> List[LaunchPlan]:
         """The plan of every command, without running anything (a dry run)."""
+        from gaudi_launch.launch import prepare
         from gaudi_launch.planner import build_plan
-        from gaudi_launch.hangs import with_heartbeats
-        from gaudi_launch.restarts import attempt_spec
 
-        return [build_plan(with_heartbeats(attempt_spec(self.spec_for(c), 0))) for c in self.command_list]
+        return [build_plan(prepare(self.spec_for(c))) for c in self.command_list]
 
     def run(self) -> int:
         """Run each command as a job, in order; stop at the first failure and return its exit code.
         With max_restarts, a failed job is started again first (``self.result`` is its last attempt)."""
-        from gaudi_launch.backends import get_backend
-        from gaudi_launch.multinode import default_preflight
-        from gaudi_launch.planner import build_plan
-        from gaudi_launch.hangs import with_heartbeats
-        from gaudi_launch.restarts import attempt_spec, run_job
-
-        def build(spec):
-            return build_plan(spec, preflight=default_preflight)
-
-        def start(plan, spec, **supervisor_options):
-            return get_backend(plan.backend).run(plan, spec, **self._streams, **supervisor_options)
+        from gaudi_launch.launch import launch
 
         self.results = []
         for command in self.command_list:
-            spec = with_heartbeats(attempt_spec(self.spec_for(command), 0))
-            self.result = run_job(spec, build(spec), build=build, start=start, err=self._streams["stderr"])
+            self.result = launch(self.spec_for(command), **self._streams)
             self.results.append(self.result)
             if not self.result.ok:
                 return self.result.exit_code

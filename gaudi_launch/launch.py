@@ -1,0 +1,54 @@
+"""One way to run a job, for the CLI and DistributedRunner alike: spec -> plan -> attempts.
+
+``prepare`` puts what every attempt shares into the spec (restart count, heartbeat directory);
+``plan_job`` builds the plan with the pre-flight (waiting for the hosts first with --wait-hosts);
+``launch`` runs it through its backend, again after a failure while --max-restarts allows.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Optional, TextIO
+
+from gaudi_launch.backends import get_backend
+from gaudi_launch.hangs import with_heartbeats
+from gaudi_launch.hostwait import before
+from gaudi_launch.multinode import default_preflight
+from gaudi_launch.plan import LaunchPlan
+from gaudi_launch.planner import build_plan
+from gaudi_launch.restarts import attempt_spec, run_job
+from gaudi_launch.spec import JobSpec
+from gaudi_launch.supervise import JobResult
+
+
+def prepare(spec: JobSpec) -> JobSpec:
+    """The spec of the first attempt. Idempotent."""
+    return with_heartbeats(attempt_spec(spec, 0))
+
+
+def preflight_for(spec: JobSpec) -> Callable:
+    """The pre-flight this job runs: the SSH checks, after --wait-hosts' wait when given."""
+    return before(default_preflight, spec.wait_hosts) if spec.wait_hosts else default_preflight
+
+
+def plan_job(spec: JobSpec, *, keep_failed_preflight: bool = False) -> LaunchPlan:
+    """The plan of a prepared spec, pre-flight included (a failed one raises, unless kept for a dry run)."""
+    return build_plan(spec, preflight=preflight_for(spec), keep_failed_preflight=keep_failed_preflight)
+
+
+def launch(spec: JobSpec, plan: Optional[LaunchPlan] = None, *, stdout: Optional[TextIO] = None,
+           stderr: Optional[TextIO] = None, announce: bool = False) -> JobResult:
+    """Run the job (``plan``: its first plan, already shown or checked) and return the last attempt's
+    result. ``announce``: one line per attempt saying what starts where (the CLI's)."""
+    spec = prepare(spec)
+    streams = {k: v for k, v in (("stdout", stdout), ("stderr", stderr)) if v is not None}
+
+    def build(s: JobSpec) -> LaunchPlan:
+        return plan_job(s)
+
+    def start(p: LaunchPlan, s: JobSpec, **supervisor_options) -> JobResult:
+        if announce:
+            print(f"gaudi-launch: job {p.job_id}: {p.world_size} rank(s) on {len(p.nodes)} host(s), backend "
+                  f"{p.backend}, master {p.master_addr}:{p.master_port}", file=stderr or sys.stderr, flush=True)
+        return get_backend(p.backend).run(p, s, **streams, **supervisor_options)
+
+    return run_job(spec, plan if plan is not None else build(spec), build=build, start=start, err=stderr)
