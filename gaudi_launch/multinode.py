@@ -232,4 +232,4 @@ def host_watch(plan: LaunchPlan, spec: JobSpec, is_local):
     from gaudi_launch.watch import HostWatch, ssh_endpoints
 
     remote = [n.host for n in plan.nodes if not is_local(n.host)]
-    return HostWatch(ssh_endpoints(remote, spec.ssh_port, spec.ssh_config)) if remote else None
+    return HostWatch(lambda: ssh_endpoints(remote, spec.ssh_port, spec.ssh_config)) if remote else None

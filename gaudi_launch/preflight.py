@@ -312,7 +312,7 @@ if len(sys.argv) > 3:
 
 
 def probe_command(python: str, script: Optional[str], cwd: str, master_addr: str,
-                  master_ssh_port: int, check_port: Optional[int]) -> str:
+                  master_ssh_port: int, check_port: Optional[int], then: Optional[str] = None) -> str:
     """The one command line run on a host (a POSIX sh script). Pure.
 
     Every value is shlex.quote'd; each probe runs on its own with its errors swallowed, so one
@@ -356,7 +356,7 @@ def probe_command(python: str, script: Optional[str], cwd: str, master_addr: str
         "ip -o addr show 2>/dev/null",
         f"echo {q(_IP_END)}",
         f"echo {q(_END)}",
-        "exit 0",
+        then or "exit 0",  # `then`: what the session goes on with (the sweep agent), else it ends
     ]
     return "\n".join(lines) + "\n"
 
@@ -632,12 +632,33 @@ def _ssh_run(t: _Target, opts: SshOptions, command: str) -> tuple[str, str, int]
 def _master_run(connections, host: str, command: str, opts: SshOptions) -> tuple[Optional[str], str]:
     """Run the probe with OpenSSH as the host's master connection: (stdout, stderr), or (None, stderr)
     when ssh itself failed (exit 255 without the probe's end marker). A connect timeout is raised as
-    one, so the host is not waited for twice."""
-    done = subprocess.run(connections.master_argv(host, command), stdin=subprocess.DEVNULL, capture_output=True,
-                          timeout=PROBE_TIMEOUT + 3 * opts.timeout)
-    out = done.stdout.decode("utf-8", "replace")
-    err = done.stderr.decode("utf-8", "replace")
-    if done.returncode == 255 and _END not in out:
+    one, so the host is not waited for twice. After the probe, the session's shell becomes the job's
+    sweep agent (teardown.AGENT_CODE) and this ssh is kept (connections.adopt)."""
+    from gaudi_launch.sshmux import read_until
+
+    proc = subprocess.Popen(connections.master_argv(host, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)  # Ctrl-C is the launcher's to handle
+    marker = (_END + "\n").encode()
+    data = read_until(proc.stdout.fileno(), marker, time.monotonic() + PROBE_TIMEOUT + 3 * opts.timeout)
+    if marker in data:
+        connections.adopt(host, proc)
+        return data.decode("utf-8", "replace"), ""
+    if proc.poll() is None:
+        try:
+            proc.wait(0.5)  # ended its output without the marker: let it exit
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            proc.stdin.close()
+            proc.stdout.close()
+            proc.stderr.close()
+            raise subprocess.TimeoutExpired(proc.args, PROBE_TIMEOUT) from None
+    err_bytes = proc.stderr.read()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        pipe.close()
+    out = data.decode("utf-8", "replace")
+    err = err_bytes.decode("utf-8", "replace")
+    if proc.returncode == 255 and _END not in out:
         low = err.lower()
         if "banner exchange" in low:  # connected, but no SSH greeting came ("timed out during banner exchange")
             import paramiko
@@ -737,8 +758,20 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
     connection stays open for the rest of the job; when that ssh fails before the probe ran,
     paramiko connects again to tell why (a failure costs a second attempt, a success nothing)."""
     _quiet_paramiko()
-    config, config_error = _load_config(ssh)
-    targets = {h: _target(h, ssh, config) for h in hosts}
+    loaded: dict = {}
+    load_lock = threading.Lock()
+
+    def config_of():
+        """The ssh config as paramiko reads it (and its error): only when paramiko connects, or to
+        name a remote master's port (importing paramiko alone costs a tenth of a second or more)."""
+        with load_lock:
+            if "config" not in loaded:
+                loaded["config"] = _load_config(ssh)
+        return loaded["config"]
+
+    def target(host: str) -> _Target:
+        return _target(host, ssh, config_of()[0])
+
     master_local = bool(local(master_host))
 
     # What the workers TCP-connect to for "master reachable": the master's sshd, or, when the master
@@ -749,8 +782,7 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
         listener, master_port_free = _local_listener(master_port)
         master_probe_port = listener.getsockname()[1] if listener else (master_port or 22)
     else:
-        mt = targets.get(master_host) or _target(master_host, ssh, config)
-        master_probe_port = mt.port
+        master_probe_port = target(master_host).port
 
     def one(host: str) -> HostFacts:
         t0 = time.monotonic()
@@ -760,30 +792,37 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
         if is_master and master_local:
             facts.port_free = master_port_free
         cmd = probe_command(python, script, cwd, master_addr, master_probe_port, check_port)
-        t = targets[host]
+        t: Optional[_Target] = None
         try:
             if local(host):
                 where = f"{host} (this machine)"
                 out, err, _ = _local_run(cmd)
             else:
                 where = host
-                if config_error or t.config_error:
-                    facts.reason, facts.fix = config_error or t.config_error, "fix the ssh config (--ssh-config)"
-                    return facts
-                if t.proxy_jump and not t.proxy_command:
-                    facts.reason = f"ProxyJump {t.proxy_jump} (ssh config) is not supported by the pre-flight"
-                    facts.fix = f"use ProxyCommand ssh -W %h:%p {t.proxy_jump} in the ssh config instead"
-                    return facts
-                missing = [k for k in t.key_files if not os.path.isfile(k)]
-                if missing:
-                    facts.reason = f"identity file {missing[0]} does not exist"
-                    facts.fix = "give an existing private key with --ssh-identity"
-                    return facts
                 try:
                     out = None
                     if connections is not None:  # the job's own ssh, left open as its connection
-                        out, err = _master_run(connections, host, cmd, ssh)
+                        from gaudi_launch.teardown import AGENT_CODE
+
+                        agent = f"exec {shlex.quote(python)} -S -u -c {shlex.quote(AGENT_CODE)}"
+                        out, err = _master_run(connections, host, probe_command(
+                            python, script, cwd, master_addr, master_probe_port, check_port, then=agent), ssh)
                     if out is None:  # no connection, or ssh failed before the probe: paramiko says why
+                        config_error = config_of()[1]
+                        t = target(host)
+                        if config_error or t.config_error:
+                            facts.reason = config_error or t.config_error
+                            facts.fix = "fix the ssh config (--ssh-config)"
+                            return facts
+                        if t.proxy_jump and not t.proxy_command:
+                            facts.reason = f"ProxyJump {t.proxy_jump} (ssh config) is not supported by the pre-flight"
+                            facts.fix = f"use ProxyCommand ssh -W %h:%p {t.proxy_jump} in the ssh config instead"
+                            return facts
+                        missing = [k for k in t.key_files if not os.path.isfile(k)]
+                        if missing:
+                            facts.reason = f"identity file {missing[0]} does not exist"
+                            facts.fix = "give an existing private key with --ssh-identity"
+                            return facts
                         out, err, _ = _ssh_run(t, ssh, cmd)
                 except _ProbeFailed as exc:
                     facts.reason = str(exc)
@@ -791,6 +830,7 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
                                  f"{python} -c 'import sys' (one of them may hang)")
                     return facts
                 except Exception as exc:  # classified below: every failure becomes a reason + fix
+                    t = t or target(host)
                     o = dataclasses.replace(ssh, port=t.port, known_hosts=t.known_hosts, strict=t.strict)
                     facts.reason, facts.fix = classify_ssh_error(exc, f"{t.user}@{t.hostname}", o,
                                                                  _keys_description(t) or None)

@@ -15,7 +15,9 @@ that exits by itself after PERSIST_S idle seconds.
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -52,6 +54,10 @@ class Connections:
         self.dir = control_dir(job_id, tmp)
         os.mkdir(self.dir, 0o700)   # fresh: an existing path (someone else's) is an error
         self.hosts: List[str] = []  # hosts an ssh was asked to become the master of
+        # Per host, the pre-flight's ssh itself, still running: its session's shell became a small
+        # interpreter (teardown.AGENT_CODE) that sweeps the job at its end without a new session.
+        self.agents: Dict[str, subprocess.Popen] = {}
+        self._agent_locks: Dict[str, threading.Lock] = {}
         self.closed = False
         _register(self)
 
@@ -71,6 +77,38 @@ class Connections:
         return ["ssh", *self.ssh_args, "-o", f"ControlPath={self.control_path}", "-o", "ControlMaster=yes",
                 "-o", f"ControlPersist={PERSIST_S}", host, command]
 
+    def adopt(self, host: str, proc: subprocess.Popen) -> None:
+        """Keep the pre-flight's ssh to ``host`` (its remote side now runs the sweep agent)."""
+        with _lock:
+            if self.closed:
+                proc.kill()
+                proc.wait()
+                return
+            self.agents[host] = proc
+            self._agent_locks[host] = threading.Lock()
+
+    def agent_run(self, host: str, args: List[str], timeout: float) -> Optional[str]:
+        """One sweep through ``host``'s agent: KILL_CODE's output, or None (no agent, or it did not
+        answer in time: the caller then uses a new ssh session)."""
+        from gaudi_launch.teardown import AGENT_DONE
+
+        proc, lock = self.agents.get(host), self._agent_locks.get(host)
+        if proc is None or lock is None or proc.poll() is not None:
+            return None
+        with lock:
+            try:
+                proc.stdin.write((json.dumps(args) + "\n").encode())
+                proc.stdin.flush()
+            except (OSError, ValueError):
+                return None
+            marker = (AGENT_DONE + "\n").encode()
+            data = read_until(proc.stdout.fileno(), marker, time.monotonic() + timeout)
+            if marker not in data:
+                proc.kill()  # out of step now: never use it again
+                proc.wait()
+                return None
+            return data[:data.index(marker)].decode("utf-8", "replace")
+
     def exit_argv(self, host: str) -> List[str]:
         return ["ssh", *self.ssh_args, "-o", f"ControlPath={self.control_path}", "-O", "exit", host]
 
@@ -88,6 +126,23 @@ class Connections:
                 return
             self.closed = True
             _by_job.pop(self.job_id, None)
+        agents = list(self.agents.values())
+        for proc in agents:  # end of input: each agent exits, and its session with it
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + 3
+        for proc in agents:
+            try:
+                proc.wait(max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for proc in agents:
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
         hosts = list(self.hosts) if self.live() else []
         # All at once, as processes (no threads: this also runs at interpreter exit, where a
         # thread pool refuses work). `ssh -O exit` only talks to the local master: quick.
@@ -108,6 +163,20 @@ class Connections:
                     proc.wait()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def read_until(fd: int, marker: bytes, deadline: float) -> bytes:
+    """What ``fd`` gives until ``marker`` (included), end of file or ``deadline`` (monotonic)."""
+    data = b""
+    while marker not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def _register(conn: Connections) -> None:

@@ -67,6 +67,26 @@ for line in unseen:
 """
 
 
+# The sweep's other way in: a remote interpreter the pre-flight left running in its ssh session
+# (sshmux.Connections.agent_run), so the end of a job costs no new session (no login shell, no
+# interpreter start) per host. Each stdin line is KILL_CODE's argv as JSON; its output follows,
+# then AGENT_DONE. It exits at end of input (the launcher closed the session, or died).
+AGENT_DONE = "@@gaudi-launch-sweep-done"
+AGENT_CODE = (
+    "import contextlib, io, json, sys\n"
+    f"code = compile({KILL_CODE!r}, 'sweep', 'exec')\n"
+    "for line in sys.stdin:\n"
+    "    buf = io.StringIO()\n"
+    "    sys.argv = ['sweep'] + [str(a) for a in json.loads(line)]\n"
+    "    try:\n"
+    "        with contextlib.redirect_stdout(buf):\n"
+    "            exec(code, {'__name__': '__main__'})\n"
+    "    except BaseException:\n"
+    "        buf = io.StringIO('-1\\n')\n"
+    f"    sys.stdout.write(buf.getvalue() + {AGENT_DONE!r} + '\\n')\n"
+    "    sys.stdout.flush()\n")
+
+
 class Sweep(NamedTuple):
     """One host's answer: processes signalled (-1 when unknown) and those it could not inspect or
     signal that may be the job's, as "pid N (name, uid U): why"."""
@@ -96,7 +116,12 @@ def describe_unseen(host: str, unseen: List[str]) -> str:
 def kill_argv(python: str, job_id: str, sig: int, since: Optional[float] = None) -> List[str]:
     # -S: no site module (KILL_CODE needs os and sys only): a third of the interpreter's start-up,
     # on every host at the end of every job
-    return [python, "-S", "-c", KILL_CODE, job_id, str(int(sig))] + ([repr(float(since))] if since is not None else [])
+    return [python, "-S", "-c", KILL_CODE, *kill_args(job_id, sig, since)]
+
+
+def kill_args(job_id: str, sig: int, since: Optional[float] = None) -> List[str]:
+    """KILL_CODE's own arguments. Pure."""
+    return [job_id, str(int(sig))] + ([repr(float(since))] if since is not None else [])
 
 
 def remote_argv(host: str, ssh_args: Sequence[str], python: str, job_id: str, sig: int,
@@ -105,14 +130,23 @@ def remote_argv(host: str, ssh_args: Sequence[str], python: str, job_id: str, si
     return ["ssh", *ssh_args, host, shlex.join(kill_argv(python, job_id, sig, since))]
 
 
+Via = Callable[[str, List[str], float], Optional[str]]
+
+
 def sweep_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence[str], python: str,
               is_local: Callable[[str], bool], timeout: float = 15.0,
-              since: Optional[float] = None) -> Dict[str, Sweep]:
-    """Signal the job's processes on every host at once (this host with our own interpreter)."""
+              since: Optional[float] = None, via: Optional[Via] = None) -> Dict[str, Sweep]:
+    """Signal the job's processes on every host at once (this host with our own interpreter).
+    ``via(host, args, timeout)``: KILL_CODE's output from a remote agent (AGENT_CODE), or None to
+    use a new ssh session instead."""
     if not job_id:
         raise ValueError("a job id is required: without one every process would match")
 
     def one(host: str) -> Sweep:
+        if via is not None and not is_local(host):
+            out = via(host, kill_args(job_id, sig, since), timeout)
+            if out is not None:
+                return parse_sweep(out)
         argv = kill_argv(sys.executable, job_id, sig, since) if is_local(host) else \
             remote_argv(host, ssh_args, python, job_id, sig, since)
         try:
@@ -125,15 +159,16 @@ def sweep_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence
 
 
 def signal_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence[str], python: str,
-               is_local: Callable[[str], bool], timeout: float = 15.0) -> Dict[str, int]:
+               is_local: Callable[[str], bool], timeout: float = 15.0, via: Optional[Via] = None) -> Dict[str, int]:
     """Signal the job's processes on every host at once; {host: processes signalled, -1 if unknown}."""
-    swept = sweep_job(hosts, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, timeout=timeout)
+    swept = sweep_job(hosts, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, timeout=timeout,
+                      via=via)
     return {host: s.hit for host, s in swept.items()}
 
 
 def job_sweeper(hosts: Sequence[str], job_id: str, *, ssh_args: Sequence[str], python: str,
-                is_local: Callable[[str], bool], lost: Callable[[], Collection[str]] = frozenset
-                ) -> Callable[[int], Dict[str, Sweep]]:
+                is_local: Callable[[str], bool], lost: Callable[[], Collection[str]] = frozenset,
+                via: Optional[Via] = None) -> Callable[[int], Dict[str, Sweep]]:
     """The sweep a Supervisor runs at teardown and at the end of every job, for every backend.
     Processes of ours that are closed to inspection are reported when they started at most a
     minute before now (clock skew between hosts): older ones cannot be this job's."""
@@ -141,5 +176,6 @@ def job_sweeper(hosts: Sequence[str], job_id: str, *, ssh_args: Sequence[str], p
 
     def sweep(sig: int) -> Dict[str, Sweep]:
         alive = [h for h in hosts if h not in lost()]
-        return sweep_job(alive, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, since=since)
+        return sweep_job(alive, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, since=since,
+                         via=via)
     return sweep

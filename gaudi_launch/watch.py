@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 Endpoint = Tuple[str, str, int]  # (name as in the hostfile, address to probe, port)
 
@@ -52,8 +52,12 @@ def reachable(addr: str, port: int, timeout: float) -> bool:
 
 
 class HostWatch:
-    def __init__(self, endpoints: Sequence[Endpoint], *, timeout: float = 2.0, misses: int = 3):
-        self.endpoints = list(endpoints)
+    def __init__(self, endpoints: Union[Sequence[Endpoint], Callable[[], Sequence[Endpoint]]], *,
+                 timeout: float = 2.0, misses: int = 3):
+        # A callable is resolved at the first probe (reading the ssh config takes paramiko, a tenth
+        # of a second or more: a job that ends before the first probe never pays it).
+        self._resolve = endpoints if callable(endpoints) else None
+        self.endpoints: List[Endpoint] = [] if callable(endpoints) else list(endpoints)
         self.timeout = timeout
         self.misses = misses
         self.missed: Dict[str, int] = {h: 0 for h, _, _ in self.endpoints}
@@ -61,6 +65,9 @@ class HostWatch:
 
     def probe(self) -> Optional[str]:
         """One round over every host at once; a message for a host that is now lost, else None."""
+        if self._resolve is not None:
+            self.endpoints, self._resolve = list(self._resolve()), None
+            self.missed = {h: 0 for h, _, _ in self.endpoints}
         results: Dict[str, bool] = {}
 
         def one(host: str, addr: str, port: int) -> None:

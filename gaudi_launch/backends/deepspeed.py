@@ -239,11 +239,16 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], **supervis
 
 def _supervise(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], directory: str, watch,
                **supervisor_options) -> JobResult:
+    from gaudi_launch import sshmux
+
     hosts = [n.host for n in plan.nodes]
+    connections = sshmux.for_job(plan.job_id)
+    via = connections.agent_run if connections is not None else None  # the pre-flight's sessions
 
     def stop(sig: int) -> None:
         alive = [h for h in hosts if not (watch and h in watch.lost)]
-        signal_job(alive, plan.job_id, sig, ssh_args=plan.ssh_args, python=spec.python, is_local=is_local_host)
+        signal_job(alive, plan.job_id, sig, ssh_args=plan.ssh_args, python=spec.python, is_local=is_local_host,
+                   via=via)
 
     rank_hosts = {r: n.host for n in plan.nodes for r in n.ranks}
     cmd = plan.commands[0]
@@ -252,7 +257,7 @@ def _supervise(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
                     label="deepspeed", ranks=rank_hosts, stop=stop, demux=lambda: PdshDemux(hosts),
                     alarm=node_failed)
     sweep = job_sweeper(hosts, plan.job_id, ssh_args=plan.ssh_args, python=spec.python, is_local=is_local_host,
-                        lost=lambda: watch.lost if watch else ())  # also after a success: a rank's daemon
+                        lost=lambda: watch.lost if watch else (), via=via)  # also after a success: a rank's daemon
     return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks, mask=plan.mask,
                       watch=watch.probe if watch else None, sweep=sweep, **supervisor_options).run()
 

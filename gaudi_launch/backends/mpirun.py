@@ -284,6 +284,7 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
                     explain=lambda lines: explain(lines, hosts))
     # mpirun's own teardown misses what left a rank's process group (a setsid daemon): sweep by job id.
     sweep = job_sweeper(list(dict.fromkeys(hosts.values())), plan.job_id, ssh_args=ssh_args,
-                        python=spec.python, is_local=is_local_host, lost=lambda: watch.lost if watch else ())
+                        python=spec.python, is_local=is_local_host, lost=lambda: watch.lost if watch else (),
+                        via=connections.agent_run if connections is not None else None)
     return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks, mask=plan.mask,
                       watch=watch.probe if watch else None, sweep=sweep, **supervisor_options).run()

@@ -45,3 +45,31 @@ def test_mpirun_daemons_go_over_the_connections_without_tree_spawn():
     assert out[-1] == "/bin/true" and argv[argv.index("plm_rsh_args") + 1] == "-o BatchMode=yes -F /c"
     bare = mpirun.over_connections(["mpirun", "/bin/true"], ["-o", "ControlPath=/tmp/d/%C"])
     assert bare[1:3] == ["--mca", "plm_rsh_args"] and bare[-1] == "/bin/true"
+
+
+def test_the_sweep_runs_through_the_kept_session(tmp_path):
+    """The pre-flight's session ends as teardown.AGENT_CODE: a sweep is one line to it, no new ssh."""
+    import subprocess
+    import sys
+
+    from gaudi_launch import teardown
+
+    job = "abad1dea"
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={"GAUDI_LAUNCH_JOB_ID": job, "PATH": "/usr/bin:/bin"})
+    conn = sshmux.Connections("c0ffee00", [], tmp=str(tmp_path))
+    try:
+        agent = subprocess.Popen([sys.executable, "-S", "-u", "-c", teardown.AGENT_CODE], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        conn.adopt("h1", agent)
+        assert conn.agent_run("h1", teardown.kill_args(job, 0), 10).splitlines()[0] == "1"  # found, signal 0
+        swept = teardown.sweep_job(["h1"], job, 15, ssh_args=["-o", "BatchMode=yes"], python="/nowhere/python",
+                                   is_local=lambda h: False, via=conn.agent_run)
+        assert swept["h1"].hit == 1  # through the agent: the ssh fallback (to host h1) would have failed
+        assert victim.wait(10) == -15
+        assert conn.agent_run("nohost", ["x", "0"], 1) is None  # no agent there: the caller uses ssh
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+        conn.close()
+    assert agent.poll() is not None  # closing the connections ends the agent (end of its input)
