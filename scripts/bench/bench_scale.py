@@ -64,6 +64,9 @@ def configs(deepspeed: bool) -> List[Tuple[str, callable]]:
         ("gaudi-launch --check-only", gl("--check-only")),
         ("gaudi-launch mpirun", gl("--backend", "mpirun", "--no_python", "/bin/true")),
         ("gaudi-launch mpirun --no-ssh-check", gl("--backend", "mpirun", "--no-ssh-check", "--no_python", "/bin/true")),
+        # the same job without the shared connections: a handshake for every ssh, as before issue 18
+        ("gaudi-launch mpirun, no sharing", lambda c, hf, n, wd: ["env", "GAUDI_LAUNCH_SSH_SHARE=0"]
+         + gl("--backend", "mpirun", "--no_python", "/bin/true")(c, hf, n, wd)),
         (BASELINE, raw_mpirun),
         ("pdsh (raw)", raw_pdsh),
     ]
@@ -195,7 +198,7 @@ def plan_scale(workdir: str, env: Dict[str, str], sizes=(1000, 10000), per_host:
 # The model
 
 def model(costs: Dict[str, float], fit: Dict[str, Tuple[float, float]], sizes=(16, 128, 1024),
-          pool: int = 64, radix: int = 64, launcher_cores: int = 8) -> Tuple[List[str], Dict[str, Dict[int, float]]]:
+          pool: int = 512, radix: int = 64, launcher_cores: int = 8) -> Tuple[List[str], Dict[str, Dict[int, float]]]:
     """Launch time against hosts on a real cluster (every host its own machine), from costs measured here.
 
     Assumptions, printed with the result:
@@ -207,8 +210,9 @@ def model(costs: Dict[str, float], fit: Dict[str, Tuple[float, float]], sizes=(1
       `radix` daemons, each of them the next level; every level costs one full ssh session and a
       daemon start; the fixed part is mpirun's own start-up (intercept of the fit);
     - gaudi-launch: the pre-flight opens one ControlMaster per host in rounds of `pool` (handshake +
-      probe), mpirun's daemons and the end-of-job sweep are sessions over those connections (no
-      handshake, no tree: one level), then the connections close; fixed part: our start-up.
+      probe), mpirun's daemons are sessions over those connections (no handshake, no tree: one
+      level), the end-of-job sweep is one line to the interpreter the pre-flight's session left
+      running (taken as 0.05 s), then the connections close; fixed part: our start-up.
     """
     hs, sess, mux, probe = costs["handshake"], costs["session"], costs["mux_session"], costs["probe"]
     c_hs = costs.get("handshake_local_cpu", 0.0)
@@ -223,7 +227,8 @@ def model(costs: Dict[str, float], fit: Dict[str, Tuple[float, float]], sizes=(1
         f"fixed parts (intercepts of the fits here): raw mpirun {mpirun_fixed:.2f} s, gaudi-launch's own "
         f"start-up over that {ours_fixed:.2f} s",
         f"assumed: every host its own machine (remote work in parallel), a launcher with {launcher_cores} cores, "
-        f"pre-flight pool {pool}, OpenMPI tree spawn radix {radix}",
+        f"pre-flight pool {pool} (fanout.pool_size with an open-file limit of 4,160 or more), OpenMPI tree "
+        f"spawn radix {radix}",
     ]
     out: Dict[str, Dict[int, float]] = {"mpirun (raw, tree spawn)": {}, "gaudi-launch (ControlMaster)": {},
                                         "gaudi-launch (no ControlMaster)": {}}
@@ -235,7 +240,7 @@ def model(costs: Dict[str, float], fit: Dict[str, Tuple[float, float]], sizes=(1
         rounds = math.ceil(n / pool)
         pre = rounds * (hs + probe) + n * (c_hs + c_mux) / launcher_cores
         job = mux + daemon + n * c_mux / launcher_cores          # daemons over the open connections
-        sweep = mux + n * c_mux / launcher_cores
+        sweep = 0.05
         out["gaudi-launch (ControlMaster)"][n] = mpirun_fixed + ours_fixed + pre + job + sweep
         # today's shape without sharing: a handshake for every one of them, and mpirun's tree
         pre0 = rounds * (sess + probe) + n * c_hs / launcher_cores

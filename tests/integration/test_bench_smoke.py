@@ -133,3 +133,25 @@ def test_bench_seed_prints_the_guides_table_and_writes_json(tmp_path):
     assert all(positive(r["ours_samples_per_s"]) and positive(r["transformers_samples_per_s"])
                and positive(r["ratio"]) and r["devices"] == 2 for r in data["rows"])
     report(path, tmp_path / "plots")
+
+
+SCALE_ROWS = ["gaudi-launch --check-only", "gaudi-launch mpirun", "gaudi-launch mpirun --no-ssh-check",
+              "gaudi-launch mpirun, no sharing", "mpirun (raw)", "pdsh (raw)"]
+
+
+def test_bench_scale_tiny(tmp_path):
+    """bench_scale.py on 2 and 3 hosts of its namespace cluster, one round: every row, a slope, the
+    per-host costs and the model (needs what the cluster tests need)."""
+    from tests.cluster.conftest import require_cluster_support
+
+    require_cluster_support()
+    out = run_bench("bench_scale.py", "--hosts", "2,3", "--repeats", "1", "--warmup-rounds", "0", "--no-plans",
+                    "--json", str(tmp_path / "scale.json"), timeout=600)
+    assert table_rows(out, SCALE_ROWS) == SCALE_ROWS
+    data = json.loads((tmp_path / "scale.json").read_text())
+    assert_environment(data)
+    for name in SCALE_ROWS:
+        assert all(positive(data["launches"][name][n]["median"]) for n in ("2", "3")), name
+        assert name in data["fits"]
+    assert positive(data["costs"]["handshake"]) and positive(data["costs"]["mux_session"])
+    assert set(data["model"]["predicted"]["gaudi-launch (ControlMaster)"]) == {"16", "128", "1024"}
