@@ -17,8 +17,10 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import select
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -52,6 +54,7 @@ class Connections:
         self.job_id = job_id
         self.ssh_args = list(ssh_args)
         self.dir = control_dir(job_id, tmp)
+        clean_stale(os.path.dirname(self.dir))
         os.mkdir(self.dir, 0o700)   # fresh: an existing path (someone else's) is an error
         self.hosts: List[str] = []  # hosts an ssh was asked to become the master of
         # Per host, the pre-flight's ssh itself, still running: its session's shell became a small
@@ -177,6 +180,34 @@ def read_until(fd: int, marker: bytes, deadline: float) -> bytes:
             break
         data += chunk
     return data
+
+
+_DIR_NAME = re.compile(r"gaudi-launch-[0-9a-f]{8,64}-ssh")
+
+
+def clean_stale(base: str, now: Optional[float] = None) -> List[str]:
+    """Remove what a launcher killed outright (SIGKILL: no close) left in ``base``: directories of ours
+    with the job's name that are empty (their masters have ended, taking their sockets along) and
+    older than twice PERSIST_S. A live job's directory holds its sockets; rmdir never removes more."""
+    removed = []
+    now = time.time() if now is None else now
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        if not _DIR_NAME.fullmatch(name):
+            continue
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+            if st.st_uid != os.geteuid() or not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < 2 * PERSIST_S:
+                continue
+            os.rmdir(path)  # fails on a directory that is not empty
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
 
 
 def _register(conn: Connections) -> None:

@@ -73,3 +73,30 @@ def test_the_sweep_runs_through_the_kept_session(tmp_path):
             victim.kill()
         conn.close()
     assert agent.poll() is not None  # closing the connections ends the agent (end of its input)
+
+
+def test_a_sigkilled_launchers_empty_directory_is_removed_at_the_next_start():
+    import shutil
+    import tempfile
+    import time
+    from pathlib import Path
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="glm", dir="/tmp"))  # short: the sockets' directory goes in it
+    old_empty = tmp_path / "gaudi-launch-0123abcd-ssh"
+    young_empty = tmp_path / "gaudi-launch-4567abcd-ssh"
+    old_full = tmp_path / "gaudi-launch-89abcdef-ssh"
+    other = tmp_path / "gaudi-launch-0123abcd"  # a DeepSpeed job directory: jobdir's to handle
+    for d in (old_empty, young_empty, old_full, other):
+        d.mkdir(mode=0o700)
+    (old_full / "socket").write_text("")
+    past = time.time() - 10 * sshmux.PERSIST_S
+    for d in (old_empty, old_full, other):
+        os.utime(d, (past, past))
+    conn = sshmux.Connections("fedcba98", [], tmp=str(tmp_path))
+    try:
+        assert not old_empty.exists()
+        assert young_empty.exists() and old_full.exists() and other.exists()
+        assert conn.dir.startswith(str(tmp_path))
+    finally:
+        conn.close()
+        shutil.rmtree(tmp_path)
