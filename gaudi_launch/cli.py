@@ -7,15 +7,18 @@ from __future__ import annotations
 import os
 import signal
 import sys
+
+import typing
 from typing import List, Optional
 
 import click
-import typer
 from click.core import ParameterSource
 
 from gaudi_launch import __version__
+from gaudi_launch.completion import completion_options, legacy_bash
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
+from gaudi_launch.options import default_of, option_fields
 
 
 HELP = """Launch SCRIPT on every selected device of every host, one process per device.
@@ -57,82 +60,114 @@ Options (as for a launch):
   -h, --help                       this text
 """
 
-_app = typer.Typer(add_completion=True, rich_markup_mode=None, pretty_exceptions_enable=False)
+def _version(ctx: click.Context, _param, value: bool):
+    if value and not ctx.resilient_parsing:
+        click.echo(f"gaudi-launch {__version__}")
+        ctx.exit()
 
 
-def _version(value: bool):
-    if value:
-        typer.echo(f"gaudi-launch {__version__}")
-        raise typer.Exit()
+def _flag(name: str, *flags: str, help: str, **kw) -> click.Option:
+    return click.Option([name, *flags], is_flag=True, default=False, help=help, **kw)
 
 
-@_app.command(help=HELP, context_settings={"allow_interspersed_args": False,
-                                          "help_option_names": ["-h", "--help"]})
-def launch(
-    ctx: typer.Context,
-    script: Optional[str] = typer.Argument(None, metavar="SCRIPT", help="Training script (or module with -m)."),
-    script_args: Optional[List[str]] = typer.Argument(None, metavar="[SCRIPT_ARGS]...",
-                                                      help="Passed to the script untouched."),
-    hostfile: Optional[str] = typer.Option(None, "--hostfile", "--hostfile_path", help="DeepSpeed-style hostfile: 'HOST slots=N' per line. Default: this host only."),
-    include: Optional[str] = typer.Option(None, "--include", "-i", help="Use only these hosts/devices: 'host1:0,2@host2'."),
-    exclude: Optional[str] = typer.Option(None, "--exclude", "-e", help="Leave out these hosts/devices: 'host1:3@host2'."),
-    num_nodes: Optional[int] = typer.Option(None, "--num_nodes", "--num-nodes", help="Use the first N hosts of the hostfile."),
-    num_devices: Optional[int] = typer.Option(None, "--num_devices", "--num-devices", "--num_gpus", "--num-gpus", help="Devices (ranks) per node. Default: every slot, or the detected device count."),
-    world_size: Optional[int] = typer.Option(None, "--world_size", "--world-size", help="gaudi_spawn.py's name for --num_devices."),
-    nproc_per_node: Optional[str] = typer.Option(None, "--nproc-per-node", "--nproc_per_node", help="torchrun's name for --num_devices; also auto or gpu (the devices found) and cpu (this machine's CPUs)."),
-    nnodes: Optional[str] = typer.Option(None, "--nnodes", help="torchrun's name for --num_nodes."),
-    standalone: bool = typer.Option(False, "--standalone", help="torchrun's: accepted (one host needs no rendezvous service)."),
-    ranks_filter: Optional[str] = typer.Option(None, "--local-ranks-filter", "--local_ranks_filter", "--ranks", help="Show only these ranks on the console, e.g. 0 or 0,3 (every rank still goes to --log-dir and to the failure summary)."),
-    backend: str = typer.Option("auto", "--backend", help="auto, local, mpirun, deepspeed or slurm. auto: slurm inside a Slurm allocation without --hostfile, local for this host alone, else mpirun."),
-    use_mpi: bool = typer.Option(False, "--use_mpi", "--use-mpi", help="gaudi_spawn.py: same as --backend mpirun."),
-    use_deepspeed: bool = typer.Option(False, "--use_deepspeed", "--use-deepspeed", help="gaudi_spawn.py: same as --backend deepspeed."),
-    master_addr: Optional[str] = typer.Option(None, "--master_addr", "--master-addr", help="Rendezvous address. Default: 127.0.0.1 locally, else the first host."),
-    master_port: Optional[int] = typer.Option(None, "--master_port", "--master-port", help="Rendezvous port. Default: a free port picked on the master host."),
-    env_file: Optional[str] = typer.Option(None, "--env-file", "--env_file", help="Read only this env file instead of ~/.deepspeed_env and ./.deepspeed_env."),
-    env: Optional[List[str]] = typer.Option(None, "-x", "--env", help="KEY=VALUE for every rank, or KEY to pass this shell's value without putting it on a command line (repeatable); wins over env files."),
-    module: bool = typer.Option(False, "--module", "-m", help="Run SCRIPT as a Python module (python -m)."),
-    no_python: bool = typer.Option(False, "--no_python", "--no-python", help="SCRIPT is an executable, not a Python file."),
-    python: Optional[str] = typer.Option(None, "--python", help="Interpreter for the ranks. Default: this one."),
-    append_local_rank: bool = typer.Option(False, "--append-local-rank", "--append_local_rank", help="Append --local_rank=N to the script's arguments (off by default; ranks read LOCAL_RANK)."),
-    no_local_rank: bool = typer.Option(False, "--no_local_rank", "--no-local-rank", help="Accepted for DeepSpeed compatibility: this is already the default."),
-    log_dir: Optional[str] = typer.Option(None, "--log-dir", "--log_dir", help="Also write each rank's output to DIR/rank-N.log."),
-    grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when tearing the job down."),
-    ssh_port: Optional[int] = typer.Option(None, "--ssh-port", "--ssh_port", help="SSH port of every host. Default: ~/.ssh/config, else 22 (DL1 containers: 3022)."),
-    ssh_identity: Optional[str] = typer.Option(None, "--ssh-identity", "--ssh_identity", help="Private key for SSH. Default: ~/.ssh/config, then the usual keys and the agent."),
-    ssh_config: Optional[str] = typer.Option(None, "--ssh-config", "--ssh_config", help="ssh_config file. Default: ~/.ssh/config."),
-    ssh_timeout: float = typer.Option(10.0, "--ssh-timeout", "--ssh_timeout", help="SSH connect timeout in seconds."),
-    strict_host_keys: bool = typer.Option(False, "--strict-host-keys", help="Refuse hosts whose key is not in known_hosts (default: accept new keys, refuse changed ones)."),
-    no_ssh_check: bool = typer.Option(False, "--no-ssh-check", "--no_ssh_check", help="Skip the SSH pre-flight of every host."),
-    wait_hosts: Optional[float] = typer.Option(None, "--wait-hosts", "--wait_hosts", help="Wait up to S seconds for every host's sshd to answer before the pre-flight (hosts that start with the job, e.g. containers)."),
-    check_only: bool = typer.Option(False, "--check-only", "--check_only", help="Run the pre-flight only and print its table (exit 3 when a check fails)."),
-    export_prefix: Optional[List[str]] = typer.Option(None, "--export-prefix", "--export_prefix", help="Also export this launcher's variables starting with PREFIX to every rank (repeatable)."),
-    efa: Optional[bool] = typer.Option(None, "--efa/--no-efa", help="Set HCCL_OVER_OFI and the EFA libraries. Default: on when this host has EFA devices."),
-    hccl_ofi_wrapper: Optional[str] = typer.Option(None, "--hccl-ofi-wrapper", "--hccl_ofi_wrapper", help="Directory of hccl_ofi_wrapper. Default: $HCCL_OFI_WRAPPER, else /root/hccl_ofi_wrapper."),
-    launcher: str = typer.Option("pdsh", "--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi."),
-    launcher_args: Optional[str] = typer.Option(None, "--launcher-args", "--launcher_args", help="With --backend deepspeed: extra arguments for its runner (one string)."),
-    partition: Optional[str] = typer.Option(None, "--partition", help="With --backend slurm from a login node: srun's partition."),
-    time: Optional[str] = typer.Option(None, "--time", help="With --backend slurm from a login node: srun's time limit (e.g. 1:00:00)."),
-    account: Optional[str] = typer.Option(None, "--account", help="With --backend slurm from a login node: srun's account."),
-    sbatch: Optional[str] = typer.Option(None, "--sbatch", help="With --backend slurm: write a batch script (and a private env file beside it) for this job instead of running it; submit it with sbatch."),
-    slurm_args: Optional[str] = typer.Option(None, "--slurm-args", "--slurm_args", help="With --backend slurm: more srun options, one string (split like a shell would, never run by one)."),
-    device: Optional[str] = typer.Option(None, "--device", help="hpu, cuda or cpu for the ranks' training runtime (default: what the host has)."),
-    max_restarts: int = typer.Option(0, "--max-restarts", "--max_restarts", help="Start the job again after a failure, up to N times (torchrun's option); ranks get GAUDI_LAUNCH_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT, our Trainer resumes from its newest checkpoint."),
-    restart_on: str = typer.Option("all", "--restart-on", "--restart_on", help="With --max-restarts: which failures restart, a list of rank, host, hang (default all)."),
-    restart_backoff: float = typer.Option(1.0, "--restart-backoff", "--restart_backoff", help="With --max-restarts: seconds before the first restart, doubling after each (at most 60)."),
-    spare_hosts: int = typer.Option(0, "--spare-hosts", "--spare_hosts", help="With --max-restarts: hold the last N selected hosts back; one takes a lost host's place on the restart, so the world size stays."),
-    min_nodes: Optional[int] = typer.Option(None, "--min-nodes", "--min_nodes", help="With --max-restarts: when a host is lost and no spare is left, restart on the hosts left if there are at least M (else exit 4)."),
-    hang_timeout: Optional[float] = typer.Option(None, "--hang-timeout", "--hang_timeout", help="When no rank on this host advanced for S seconds (heartbeats: our Trainer's steps, gaudi_launch.heartbeat() in a script), print where every rank waits, keep their stacks in --log-dir, and tear the job down (exit 5). Default: off."),
-    dry_run: bool = typer.Option(False, "--dry-run", "--dry_run", help="Print the plan; start nothing."),
-    json_out: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as one JSON object."),
-    config: Optional[str] = typer.Option(None, "--config", help="YAML job file holding any of these options; the command line wins."),
-    version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."),
-) -> int:
-    values = dict(ctx.params)
-    if config:
-        _apply_config(ctx, values, config)
-    if no_local_rank and values["append_local_rank"]:
+def _text(name: str, *flags: str, help: str, type=str) -> click.Option:
+    return click.Option([name, *flags], type=type, default=None, help=help)
+
+
+# Command-line-only options: spellings of other launchers, and how this command runs. Each is shown
+# after the JobSpec option it goes with; the JobSpec options themselves come from spec.py.
+_AFTER = {
+    "num_devices": [
+        _text("world_size", "--world_size", "--world-size", type=int, help="gaudi_spawn.py's name for --num_devices."),
+        _text("nproc_per_node", "--nproc-per-node", "--nproc_per_node",
+              help="torchrun's name for --num_devices; also auto or gpu (the devices found) and cpu (this "
+                   "machine's CPUs)."),
+        _text("nnodes", "--nnodes", help="torchrun's name for --num_nodes."),
+        _flag("standalone", "--standalone", help="torchrun's: accepted (one host needs no rendezvous service)."),
+        _text("ranks_filter", "--local-ranks-filter", "--local_ranks_filter", "--ranks",
+              help="Show only these ranks on the console, e.g. 0 or 0,3 (every rank still goes to --log-dir "
+                   "and to the failure summary)."),
+    ],
+    "backend": [
+        _flag("use_mpi", "--use_mpi", "--use-mpi", help="gaudi_spawn.py: same as --backend mpirun."),
+        _flag("use_deepspeed", "--use_deepspeed", "--use-deepspeed", help="gaudi_spawn.py: same as --backend deepspeed."),
+    ],
+    "append_local_rank": [
+        _flag("no_local_rank", "--no_local_rank", "--no-local-rank",
+              help="Accepted for DeepSpeed compatibility: this is already the default."),
+    ],
+    "strict_host_keys": [
+        _flag("no_ssh_check", "--no-ssh-check", "--no_ssh_check", help="Skip the SSH pre-flight of every host."),
+    ],
+    "wait_hosts": [
+        _flag("check_only", "--check-only", "--check_only",
+              help="Run the pre-flight only and print its table (exit 3 when a check fails)."),
+    ],
+    "slurm_args": [
+        _text("device", "--device", help="hpu, cuda or cpu for the ranks' training runtime (default: what the host has)."),
+    ],
+}
+_LAST = [
+    _flag("dry_run", "--dry-run", "--dry_run", help="Print the plan; start nothing."),
+    _flag("json_out", "--json", help="With --dry-run: print the plan as one JSON object."),
+    _text("config", "--config", help="YAML job file holding any of these options; the command line wins."),
+    _flag("version", "--version", "-V", callback=_version, expose_value=False, is_eager=True,
+          help="Print the version and exit."),
+    *completion_options(),
+]
+_ARGUMENTS = [("SCRIPT", "Training script (or module with -m)."),
+              ("[SCRIPT_ARGS]...", "Passed to the script untouched.")]
+# Names that are no option in a job file (the job file itself, the version, completion).
+_NOT_IN_CONFIG = ("config", "version", "show_completion", "install_completion")
+
+
+def _spec_option(f, option, hint) -> click.Option:
+    """A JobSpec field's command-line option, from its metadata and type."""
+    default = default_of(f)
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    kind = args[0] if typing.get_origin(hint) is typing.Union else hint
+    many = typing.get_origin(kind) in (list, dict)  # repeatable text items (-x KEY=VALUE, --export-prefix P)
+    if kind is bool:
+        return click.Option([f.name, *option.flags], is_flag=True, default=default, help=option.help)
+    return click.Option([f.name, *option.flags], type=str if many else kind, multiple=many, default=default,
+                        help=option.help, show_default=default is not None)
+
+
+def _params() -> List[click.Parameter]:
+    from gaudi_launch.spec import JobSpec
+
+    hints = typing.get_type_hints(JobSpec)
+    params: List[click.Parameter] = [
+        click.Argument(["script"], required=False, metavar="[SCRIPT]"),
+        click.Argument(["script_args"], nargs=-1, required=False, metavar="[SCRIPT_ARGS]..."),
+    ]
+    for f, option in option_fields(JobSpec):
+        if option.flags:
+            params.append(_spec_option(f, option, hints[f.name]))
+        params.extend(_AFTER.get(f.name, []))
+    return params + _LAST
+
+
+class _LaunchCommand(click.Command):
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Arguments"):
+            formatter.write_dl(_ARGUMENTS)
+        super().format_options(ctx, formatter)
+
+
+def _run(**values) -> int:
+    ctx = click.get_current_context()
+    if values["config"]:
+        _apply_config(ctx, values, values["config"])
+    if values["no_local_rank"] and values["append_local_rank"]:
         raise UserError("--no_local_rank and --append-local-rank contradict each other", where="--no_local_rank")
     return _launch(values)
+
+
+def command() -> click.Command:
+    """The launch command (``check``, ``env`` and ``report`` are dispatched before it, in main)."""
+    return _LaunchCommand("gaudi-launch", params=_params(), callback=_run, help=HELP,
+                          context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]})
 
 
 def _apply_config(ctx: click.Context, values: dict, path: str) -> None:
@@ -141,7 +176,7 @@ def _apply_config(ctx: click.Context, values: dict, path: str) -> None:
     params = {p.name: p for p in ctx.command.params}
     for name, raw, where in load_config(path):
         param = params.get(name)
-        if param is None or name in ("config", "version", "ctx"):
+        if param is None or name in _NOT_IN_CONFIG:
             raise UserError(f"unknown option '{name}'", where=where,
                             hint="keys are the long option names, e.g. hostfile, num_devices, master_port")
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
@@ -225,24 +260,16 @@ def _launch(v: dict) -> int:
         for note in habits.notes(program, module=v["module"], no_python=v["no_python"], cwd=os.getcwd(),
                                  append_local_rank=v["append_local_rank"], launcher_options=_option_names()):
             print(f"gaudi-launch: note: {note}", file=sys.stderr)
-    spec = JobSpec(
-        program=program, module=v["module"], no_python=v["no_python"],
-        hostfile=v["hostfile"], include=v["include"], exclude=v["exclude"], num_nodes=num_nodes,
-        num_devices=num_devices, backend=backend, master_addr=v["master_addr"],
-        master_port=v["master_port"], env_file=v["env_file"],
+    # Every JobSpec option from its own flag; the rest from the command-line-only spellings above.
+    given = {f.name: v[f.name] for f, option in option_fields(JobSpec) if option.flags}
+    if not given["python"]:
+        del given["python"]  # this interpreter
+    given.update(
+        program=program, num_nodes=num_nodes, num_devices=num_devices, backend=backend,
         env={**parse_assignments(v["env"] or [], "-x", environ=os.environ), **_device_env(v["device"])},
-        append_local_rank=v["append_local_rank"], log_dir=v["log_dir"], grace=v["grace"],
-        ssh_port=v["ssh_port"], ssh_identity=v["ssh_identity"], ssh_config=v["ssh_config"],
-        ssh_timeout=v["ssh_timeout"], strict_host_keys=v["strict_host_keys"], ssh_check=not v["no_ssh_check"],
-        wait_hosts=v["wait_hosts"],
-        export_prefixes=list(v["export_prefix"] or []), efa=v["efa"], hccl_ofi_wrapper=v["hccl_ofi_wrapper"],
-        launcher=v["launcher"], launcher_args=v["launcher_args"], partition=v["partition"],
-        time=v["time"], account=v["account"], slurm_args=v["slurm_args"], sbatch=v["sbatch"],
-        console_ranks=_ranks(v["ranks_filter"]), max_restarts=v["max_restarts"], restart_on=v["restart_on"],
-        restart_backoff=v["restart_backoff"], hang_timeout=v["hang_timeout"], spare_hosts=v["spare_hosts"],
-        min_nodes=v["min_nodes"])
-    if v["python"]:
-        spec.python = v["python"]
+        export_prefixes=list(v["export_prefixes"] or []), ssh_check=not v["no_ssh_check"],
+        console_ranks=_ranks(v["ranks_filter"]))
+    spec = JobSpec(**given)
     if v["check_only"] and v["no_ssh_check"]:
         raise UserError("--check-only and --no-ssh-check contradict each other", where="--check-only")
     return run_spec(spec, dry_run=v["dry_run"], json_out=v["json_out"], check_only=v["check_only"])
@@ -303,8 +330,7 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
 
 def _option_names() -> List[str]:
     """Every long option of the launch command (for the 'option after the script' note)."""
-    command = typer.main.get_command(_app)
-    return [name for p in command.params for name in getattr(p, "opts", []) if name.startswith("--")]
+    return [name for p in command().params for name in getattr(p, "opts", []) if name.startswith("--")]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -322,9 +348,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         from gaudi_launch.report import main as report_main
 
         return report_main(argv[1:])
-    command = typer.main.get_command(_app)
+    launch = command()
+    words = legacy_bash(launch)
+    if words is not None:
+        print(words)
+        return 0
     try:
-        return command.main(args=argv, prog_name="gaudi-launch", standalone_mode=False) or 0
+        return launch.main(args=argv, prog_name="gaudi-launch", standalone_mode=False) or 0
     except UserError as exc:
         print(f"gaudi-launch: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -10,7 +10,7 @@ from gaudi_launch.errors import UserError
 # Spellings users bring from other launchers, mapped to our option's parameter name.
 ALIASES = {"num_gpus": "num_devices", "nproc_per_node": "num_devices", "hostfile_path": "hostfile",
            "training_script": "script", "args": "script_args", "training_script_args": "script_args",
-           "json": "json_out"}
+           "json": "json_out", "export_prefix": "export_prefixes"}
 MAX_CONFIG_BYTES = 1 << 20
 
 

@@ -17,7 +17,7 @@ from importlib import metadata
 from typing import Any, Dict, List, Optional, Tuple
 
 PACKAGES = ("gaudi-launch", "torch", "habana-torch-plugin", "habana-torch-dataloader", "optimum-habana",
-            "transformers", "tokenizers", "accelerate", "deepspeed", "numpy", "paramiko", "typer")
+            "transformers", "tokenizers", "accelerate", "deepspeed", "numpy", "paramiko", "click")
 TOOLS = (("OpenMPI", ["mpirun", "--version"]), ("pdsh", ["pdsh", "-V"]), ("Slurm", ["srun", "--version"]),
          ("OpenSSH", ["ssh", "-V"]), ("hl-smi", ["hl-smi", "-v"]), ("fi_info", ["fi_info", "--version"]))
 

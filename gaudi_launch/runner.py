@@ -6,18 +6,24 @@ success), ``os.environ`` is never modified, and the whole result is kept in ``se
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import shlex
 import sys
-from typing import Dict, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.options import default_of, option_fields
 from gaudi_launch.plan import LaunchPlan
 from gaudi_launch.spec import JobSpec, resolve_compat
 from gaudi_launch.supervise import JobResult
 
 Command = Union[str, Sequence[str]]
+# Every JobSpec option is a keyword, with the command line's default; hostfile and master_port are
+# upstream's positional parameters (upstream's master_port default, 29500, stays).
+_KEYWORDS = {f.name: default_of(f) for f, _ in option_fields(JobSpec) if f.name not in ("hostfile", "master_port")}
+_TYPES = {f.name: f.type for f, _ in option_fields(JobSpec)}
 _PYTHON = re.compile(r"python[0-9.]*$")
 
 
@@ -37,32 +43,25 @@ class DistributedRunner:
     def __init__(self, command_list: Optional[List[Command]] = None, world_size: int = 1,
                  hostfile: Optional[str] = None, use_mpi: bool = False, use_deepspeed: bool = False,
                  master_port: Optional[int] = 29500, use_env: bool = False, map_by: str = "socket",
-                 multi_hls=None, *, backend: str = "auto", include: Optional[str] = None,
-                 exclude: Optional[str] = None, num_nodes: Optional[int] = None,
-                 env: Optional[Dict[str, str]] = None, env_file: Optional[str] = None,
-                 master_addr: Optional[str] = None, log_dir: Optional[str] = None, grace: float = 10.0,
-                 append_local_rank: bool = False, python: Optional[str] = None,
-                 ssh_port: Optional[int] = None, ssh_identity: Optional[str] = None,
-                 ssh_config: Optional[str] = None, ssh_check: bool = True, efa: Optional[bool] = None,
-                 launcher: str = "pdsh", max_restarts: int = 0, restart_on: str = "all",
-                 restart_backoff: float = 1.0, hang_timeout: Optional[float] = None, spare_hosts: int = 0,
-                 min_nodes: Optional[int] = None, stdout=None, stderr=None):
+                 multi_hls=None, *, stdout=None, stderr=None, **options):
+        """optimum-habana's parameters, then every JobSpec option as a keyword (listed in the signature,
+        with the command line's defaults), then where the ranks' output goes."""
         # use_env and map_by are accepted for compatibility: ranks always get the env contract,
         # and CPU binding is the mpirun backend's business. multi_hls is replaced by hostfile.
+        for name in options:
+            if name not in _KEYWORDS:
+                raise TypeError(f"DistributedRunner() got an unexpected keyword argument {name!r}")
+        given = {name: options.get(name, default) for name, default in _KEYWORDS.items()}
         self.command_list = list(command_list or [])
-        # world_size is devices per node; with a hostfile the default 1 means "every slot".
-        per_node = None if hostfile and world_size == 1 else world_size
-        backend, num_devices = resolve_compat(backend=backend, use_mpi=use_mpi, use_deepspeed=use_deepspeed,
-                                              world_size=per_node, num_devices=None)
-        self._template = dict(
-            hostfile=hostfile, include=include, exclude=exclude, num_nodes=num_nodes,
-            num_devices=num_devices, backend=backend, master_addr=master_addr, master_port=master_port,
-            env_file=env_file, env=dict(env or {}), append_local_rank=append_local_rank,
-            log_dir=log_dir, grace=grace, ssh_port=ssh_port, ssh_identity=ssh_identity,
-            ssh_config=ssh_config, ssh_check=ssh_check, efa=efa, launcher=launcher,
-            max_restarts=max_restarts, restart_on=restart_on, restart_backoff=restart_backoff,
-            hang_timeout=hang_timeout, spare_hosts=spare_hosts, min_nodes=min_nodes)
-        self.python = python or sys.executable
+        # world_size is devices per node; the default 1 means "every slot" with a hostfile, and gives
+        # way to num_devices (two different numbers are refused).
+        per_node = None if (hostfile or given["num_devices"] is not None) and world_size == 1 else world_size
+        backend, num_devices = resolve_compat(backend=given["backend"], use_mpi=use_mpi, use_deepspeed=use_deepspeed,
+                                              world_size=per_node, num_devices=given["num_devices"])
+        given.update(hostfile=hostfile, master_port=master_port, num_devices=num_devices, backend=backend,
+                     env=dict(given["env"] or {}), export_prefixes=list(given["export_prefixes"] or []))
+        self.python = given.pop("python") or sys.executable
+        self._template = given
         self._streams = dict(stdout=stdout, stderr=stderr)
         self.result: Optional[JobResult] = None
         self.results: List[JobResult] = []
@@ -90,3 +89,15 @@ class DistributedRunner:
             if not self.result.ok:
                 return self.result.exit_code
         return 0
+
+
+def _signature(init) -> inspect.Signature:
+    """__init__'s signature with ``**options`` spelled out, so help() and editors show every keyword."""
+    params = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_TYPES[name])
+               for name, default in _KEYWORDS.items()]
+    upstream = [p for p in params if p.kind is not p.KEYWORD_ONLY]
+    return inspect.Signature(upstream + options + [p for p in params if p.kind is p.KEYWORD_ONLY])
+
+
+DistributedRunner.__init__.__signature__ = _signature(DistributedRunner.__init__)  # type: ignore[attr-defined]

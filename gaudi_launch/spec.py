@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.options import opt, via
 
 BACKENDS = ("auto", "local", "mpirun", "deepspeed", "slurm")
 MAX_DEVICES = 65536  # per node: far above any real host, low enough that a plan fits in memory
@@ -14,50 +15,115 @@ MAX_DEVICES = 65536  # per node: far above any real host, low enough that a plan
 
 @dataclass
 class JobSpec:
+    """What the user asked for. Each field with ``opt``/``via`` metadata is an option: a command-line
+    flag (generated from it in cli.py) and a DistributedRunner keyword, with the same default."""
     program: List[str]                   # the script (or module) and its arguments, untouched
-    module: bool = False                 # run program[0] as a module (python -m)
-    no_python: bool = False              # program[0] is an executable, not a Python script
-    python: str = field(default_factory=lambda: sys.executable)
-    hostfile: Optional[str] = None
-    include: Optional[str] = None
-    exclude: Optional[str] = None
-    num_nodes: Optional[int] = None
-    num_devices: Optional[int] = None    # per node
-    backend: str = "auto"
-    master_addr: Optional[str] = None
-    master_port: Optional[int] = None
-    env_file: Optional[str] = None
-    env: Dict[str, str] = field(default_factory=dict)  # from -x, on top of the env files
-    append_local_rank: bool = False
-    log_dir: Optional[str] = None
-    grace: float = 10.0
+    hostfile: Optional[str] = field(default=None, metadata=opt(
+        "--hostfile", "--hostfile_path", help="DeepSpeed-style hostfile: 'HOST slots=N' per line. Default: this host only."))
+    include: Optional[str] = field(default=None, metadata=opt(
+        "--include", "-i", help="Use only these hosts/devices: 'host1:0,2@host2'."))
+    exclude: Optional[str] = field(default=None, metadata=opt(
+        "--exclude", "-e", help="Leave out these hosts/devices: 'host1:3@host2'."))
+    num_nodes: Optional[int] = field(default=None, metadata=opt(
+        "--num_nodes", "--num-nodes", help="Use the first N hosts of the hostfile."))
+    num_devices: Optional[int] = field(default=None, metadata=opt(  # per node
+        "--num_devices", "--num-devices", "--num_gpus", "--num-gpus",
+        help="Devices (ranks) per node. Default: every slot, or the detected device count."))
+    backend: str = field(default="auto", metadata=opt(
+        "--backend", help="auto, local, mpirun, deepspeed or slurm. auto: slurm inside a Slurm allocation without "
+                          "--hostfile, local for this host alone, else mpirun."))
+    master_addr: Optional[str] = field(default=None, metadata=opt(
+        "--master_addr", "--master-addr", help="Rendezvous address. Default: 127.0.0.1 locally, else the first host."))
+    master_port: Optional[int] = field(default=None, metadata=opt(
+        "--master_port", "--master-port", help="Rendezvous port. Default: a free port picked on the master host."))
+    env_file: Optional[str] = field(default=None, metadata=opt(
+        "--env-file", "--env_file", help="Read only this env file instead of ~/.deepspeed_env and ./.deepspeed_env."))
+    env: Dict[str, str] = field(default_factory=dict, metadata=opt(  # on top of the env files
+        "-x", "--env", help="KEY=VALUE for every rank, or KEY to pass this shell's value without putting it on a "
+                            "command line (repeatable); wins over env files."))
+    module: bool = field(default=False, metadata=opt(
+        "--module", "-m", help="Run SCRIPT as a Python module (python -m)."))
+    no_python: bool = field(default=False, metadata=opt(
+        "--no_python", "--no-python", help="SCRIPT is an executable, not a Python file."))
+    python: str = field(default_factory=lambda: sys.executable, metadata=opt(
+        "--python", help="Interpreter for the ranks. Default: this one."))
+    append_local_rank: bool = field(default=False, metadata=opt(
+        "--append-local-rank", "--append_local_rank",
+        help="Append --local_rank=N to the script's arguments (off by default; ranks read LOCAL_RANK)."))
+    log_dir: Optional[str] = field(default=None, metadata=opt(
+        "--log-dir", "--log_dir", help="Also write each rank's output to DIR/rank-N.log."))
+    grace: float = field(default=10.0, metadata=opt(
+        "--grace", help="Seconds between SIGTERM and SIGKILL when tearing the job down."))
     # Multi-node: SSH, pre-flight, exported environment, fabric, DeepSpeed's own launcher.
-    ssh_port: Optional[int] = None
-    ssh_identity: Optional[str] = None
-    ssh_config: Optional[str] = None
-    ssh_timeout: float = 10.0
-    strict_host_keys: bool = False
-    ssh_check: bool = True
-    wait_hosts: Optional[float] = None    # seconds to wait for every host's sshd before the pre-flight
-    export_prefixes: List[str] = field(default_factory=list)
-    efa: Optional[bool] = None             # None: on when this host has EFA devices
-    hccl_ofi_wrapper: Optional[str] = None
-    launcher: str = "pdsh"                 # DeepSpeed's multi-node runner: pdsh or openmpi
-    launcher_args: Optional[str] = None
+    ssh_port: Optional[int] = field(default=None, metadata=opt(
+        "--ssh-port", "--ssh_port", help="SSH port of every host. Default: ~/.ssh/config, else 22 (DL1 containers: 3022)."))
+    ssh_identity: Optional[str] = field(default=None, metadata=opt(
+        "--ssh-identity", "--ssh_identity",
+        help="Private key for SSH. Default: ~/.ssh/config, then the usual keys and the agent."))
+    ssh_config: Optional[str] = field(default=None, metadata=opt(
+        "--ssh-config", "--ssh_config", help="ssh_config file. Default: ~/.ssh/config."))
+    ssh_timeout: float = field(default=10.0, metadata=opt(
+        "--ssh-timeout", "--ssh_timeout", help="SSH connect timeout in seconds."))
+    strict_host_keys: bool = field(default=False, metadata=opt(
+        "--strict-host-keys",
+        help="Refuse hosts whose key is not in known_hosts (default: accept new keys, refuse changed ones)."))
+    ssh_check: bool = field(default=True, metadata=via("--no-ssh-check"))
+    wait_hosts: Optional[float] = field(default=None, metadata=opt(
+        "--wait-hosts", "--wait_hosts", help="Wait up to S seconds for every host's sshd to answer before the "
+                                             "pre-flight (hosts that start with the job, e.g. containers)."))
+    export_prefixes: List[str] = field(default_factory=list, metadata=opt(
+        "--export-prefix", "--export_prefix",
+        help="Also export this launcher's variables starting with PREFIX to every rank (repeatable)."))
+    efa: Optional[bool] = field(default=None, metadata=opt(  # None: on when this host has EFA devices
+        "--efa/--no-efa", help="Set HCCL_OVER_OFI and the EFA libraries. Default: on when this host has EFA devices."))
+    hccl_ofi_wrapper: Optional[str] = field(default=None, metadata=opt(
+        "--hccl-ofi-wrapper", "--hccl_ofi_wrapper",
+        help="Directory of hccl_ofi_wrapper. Default: $HCCL_OFI_WRAPPER, else /root/hccl_ofi_wrapper."))
+    launcher: str = field(default="pdsh", metadata=opt(
+        "--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi."))
+    launcher_args: Optional[str] = field(default=None, metadata=opt(
+        "--launcher-args", "--launcher_args",
+        help="With --backend deepspeed: extra arguments for its runner (one string)."))
     # Slurm (--backend slurm from a login node): srun's allocation options, and the user's own.
-    partition: Optional[str] = None
-    time: Optional[str] = None
-    account: Optional[str] = None
-    slurm_args: Optional[str] = None
-    sbatch: Optional[str] = None           # write a batch script for this job instead of running it
-    console_ranks: Optional[List[int]] = None  # show only these ranks on the console (logs keep all)
+    partition: Optional[str] = field(default=None, metadata=opt(
+        "--partition", help="With --backend slurm from a login node: srun's partition."))
+    time: Optional[str] = field(default=None, metadata=opt(
+        "--time", help="With --backend slurm from a login node: srun's time limit (e.g. 1:00:00)."))
+    account: Optional[str] = field(default=None, metadata=opt(
+        "--account", help="With --backend slurm from a login node: srun's account."))
+    sbatch: Optional[str] = field(default=None, metadata=opt(
+        "--sbatch", help="With --backend slurm: write a batch script (and a private env file beside it) for this "
+                         "job instead of running it; submit it with sbatch."))
+    slurm_args: Optional[str] = field(default=None, metadata=opt(
+        "--slurm-args", "--slurm_args", help="With --backend slurm: more srun options, one string (split like a "
+                                             "shell would, never run by one)."))
+    # show only these ranks on the console (logs keep all)
+    console_ranks: Optional[List[int]] = field(default=None, metadata=via("--ranks"))
     # Long runs (restarts.py): start a failed job again, up to max_restarts times.
-    max_restarts: int = 0
-    restart_on: str = "rank,host,hang"     # which failures restart: rank failure, lost host, hang
-    restart_backoff: float = 1.0           # seconds before the first restart, doubling after each
-    hang_timeout: Optional[float] = None   # seconds without any rank's heartbeat: the job hung (hangs.py)
-    spare_hosts: int = 0                   # the last N selected hosts wait to replace a lost one
-    min_nodes: Optional[int] = None        # without a spare, go on with at least this many hosts
+    max_restarts: int = field(default=0, metadata=opt(
+        "--max-restarts", "--max_restarts",
+        help="Start the job again after a failure, up to N times (torchrun's option); ranks get "
+             "GAUDI_LAUNCH_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT, our Trainer resumes from its newest "
+             "checkpoint."))
+    restart_on: str = field(default="all", metadata=opt(
+        "--restart-on", "--restart_on",
+        help="With --max-restarts: which failures restart, a list of rank, host, hang (default all)."))
+    restart_backoff: float = field(default=1.0, metadata=opt(
+        "--restart-backoff", "--restart_backoff",
+        help="With --max-restarts: seconds before the first restart, doubling after each (at most 60)."))
+    spare_hosts: int = field(default=0, metadata=opt(
+        "--spare-hosts", "--spare_hosts",
+        help="With --max-restarts: hold the last N selected hosts back; one takes a lost host's place on the "
+             "restart, so the world size stays."))
+    min_nodes: Optional[int] = field(default=None, metadata=opt(
+        "--min-nodes", "--min_nodes",
+        help="With --max-restarts: when a host is lost and no spare is left, restart on the hosts left if there "
+             "are at least M (else exit 4)."))
+    hang_timeout: Optional[float] = field(default=None, metadata=opt(  # hangs.py
+        "--hang-timeout", "--hang_timeout",
+        help="When no rank on this host advanced for S seconds (heartbeats: our Trainer's steps, "
+             "gaudi_launch.heartbeat() in a script), print where every rank waits, keep their stacks in "
+             "--log-dir, and tear the job down (exit 5). Default: off."))
     lost_hosts: List[str] = field(default_factory=list)  # set by the restart loop, not an option
 
     def validate(self, require_program: bool = True) -> "JobSpec":

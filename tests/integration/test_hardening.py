@@ -303,7 +303,7 @@ def unprivileged_python(workdir):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "PYTHONPATH": path}
     for python in (os.path.realpath(sys.executable), "/usr/bin/python3"):
         try:
-            ok = subprocess.run([python, "-c", "import gaudi_launch.cli, yaml, typer, paramiko"], user=65534,
+            ok = subprocess.run([python, "-c", "import gaudi_launch.cli, yaml, click, paramiko"], user=65534,
                                 group=65534, extra_groups=[], env=env, cwd=workdir, capture_output=True,
                                 timeout=60).returncode == 0
         except OSError:

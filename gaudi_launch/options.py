@@ -1,0 +1,41 @@
+"""The job options, declared once: each JobSpec field that is an option carries its flags and help.
+
+The CLI builds its options from these (cli.py) and DistributedRunner takes each as a keyword
+(runner.py); tests/unit/test_options.py checks that the three agree. Pure: no click here, so the
+Python entry point does not pay for the command line's parser.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, List, Tuple
+
+KEY = "gaudi_launch.option"
+
+
+@dataclass(frozen=True)
+class Option:
+    flags: Tuple[str, ...] = ()   # command-line spellings; empty when `via` sets the field instead
+    help: str = ""
+    via: str = ""                 # a command-line-only flag declared in cli.py that sets this field
+
+
+def opt(*flags: str, help: str) -> Dict[str, Option]:
+    """Field metadata of an option: ``field(default=..., metadata=opt("--x", "--x_y", help="..."))``."""
+    return {KEY: Option(flags=flags, help=help)}
+
+
+def via(flag: str) -> Dict[str, Option]:
+    """Field metadata of an option the command line sets through its own flag (e.g. --no-ssh-check)."""
+    return {KEY: Option(via=flag)}
+
+
+def option_fields(cls) -> List[Tuple[dataclasses.Field, Option]]:
+    """(field, Option) of every option of the dataclass, in declaration order."""
+    return [(f, f.metadata[KEY]) for f in dataclasses.fields(cls) if KEY in f.metadata]
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default as a keyword default: None where it is made per instance (lists, dicts,
+    this interpreter), which the spec builders read as "the usual"."""
+    return None if f.default is dataclasses.MISSING else f.default
