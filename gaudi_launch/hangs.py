@@ -14,7 +14,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import sysconfig
 import time
