@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-
 import typing
 from typing import List, Optional
 
@@ -19,6 +18,7 @@ from gaudi_launch.completion import completion_options, legacy_bash
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
 from gaudi_launch.options import default_of, option_fields
+from gaudi_launch.spec import JobSpec, resolve_compat
 
 
 HELP = """Launch SCRIPT on every selected device of every host, one process per device.
@@ -60,6 +60,7 @@ Options (as for a launch):
   -h, --help                       this text
 """
 
+
 def _version(ctx: click.Context, _param, value: bool):
     if value and not ctx.resilient_parsing:
         click.echo(f"gaudi-launch {__version__}")
@@ -70,15 +71,15 @@ def _flag(name: str, *flags: str, help: str, **kw) -> click.Option:
     return click.Option([name, *flags], is_flag=True, default=False, help=help, **kw)
 
 
-def _text(name: str, *flags: str, help: str, type=str) -> click.Option:
-    return click.Option([name, *flags], type=type, default=None, help=help)
+def _text(name: str, *flags: str, help: str, kind=str) -> click.Option:
+    return click.Option([name, *flags], type=kind, default=None, help=help)
 
 
 # Command-line-only options: spellings of other launchers, and how this command runs. Each is shown
 # after the JobSpec option it goes with; the JobSpec options themselves come from spec.py.
 _AFTER = {
     "num_devices": [
-        _text("world_size", "--world_size", "--world-size", type=int, help="gaudi_spawn.py's name for --num_devices."),
+        _text("world_size", "--world_size", "--world-size", kind=int, help="gaudi_spawn.py's name for --num_devices."),
         _text("nproc_per_node", "--nproc-per-node", "--nproc_per_node",
               help="torchrun's name for --num_devices; also auto or gpu (the devices found) and cpu (this "
                    "machine's CPUs)."),
@@ -134,8 +135,6 @@ def _spec_option(f, option, hint) -> click.Option:
 
 
 def _params() -> List[click.Parameter]:
-    from gaudi_launch.spec import JobSpec
-
     hints = typing.get_type_hints(JobSpec)
     params: List[click.Parameter] = [
         click.Argument(["script"], required=False, metavar="[SCRIPT]"),
@@ -230,7 +229,6 @@ def _check_env_items(items: list, where: str) -> None:
 
 def _launch(v: dict) -> int:
     from gaudi_launch.envfile import parse_assignments
-    from gaudi_launch.spec import JobSpec, resolve_compat
 
     if not v["script"] and not v["check_only"]:
         raise UserError("no training script given", where="SCRIPT",
