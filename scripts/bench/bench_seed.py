@@ -6,7 +6,10 @@ transformers' Trainer (DDP) on the same tiny model, data, batch, steps and ranks
 
 The guide's own figures (BERT-Large phase 1, 8 devices: Gaudi2 1580.2 / 1835.8 samples/s at batch
 32 / 64, A100 981.6 / 1082.6) are printed beside ours for reference: different hardware and models,
-not a comparison. It is a benchmark, not a test: it never passes or fails on time.
+not a comparison. The "plain loop" column is the same model's forward, backward and AdamW with torch's
+DDP and no trainer at all: the floor of any runtime, so "bound" (plain loop over transformers) is the
+most any trainer could gain over transformers' on this workload. It is a benchmark, not a test: it
+never passes or fails on time.
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ WORKLOADS = [("clm", "tiny GPT-2 (causal LM)", [8], 64),
              ("t5", "tiny T5 (summarization)", [8], 128)]
 GUIDE = {("mlm", 32): "Gaudi2 1580.2, A100 981.6 (BERT-Large, 8 devices)",
          ("mlm", 64): "Gaudi2 1835.8, A100 1082.6 (BERT-Large, 8 devices)"}
-SIDES = [("ours", ["--role", "ours", "--strategy", "fast_ddp"]), ("transformers", ["--role", "hf"])]
+SIDES = [("ours", ["--role", "ours", "--strategy", "fast_ddp"]), ("transformers", ["--role", "hf"]),
+         ("plain loop", ["--role", "bare"])]  # the model's own math and one DDP all-reduce: the floor
 
 
 def main() -> None:
@@ -52,18 +56,21 @@ def main() -> None:
     print(f"seed workloads: {args.ranks} ranks on {env['device']}, {args.steps} steps, first {args.warmup} "
           f"excluded, {args.repeats} repeat(s), samples/s median")
     print(environment_line(env))
-    print(f"{'workload':38} {'batch/device':>12} {'devices':>7} {'ours':>9} {'transformers':>12} {'ratio':>6}  guide")
+    print(f"{'workload':38} {'batch/device':>12} {'devices':>7} {'ours':>9} {'transformers':>12} {'ratio':>6} "
+          f"{'plain loop':>10} {'bound':>6}  guide")
     rows = []
     for workload, name, batches, block in chosen:
         for batch in batches:
             ours = statistics.median(runs[(workload, batch, "ours")])
             hf = statistics.median(runs[(workload, batch, "transformers")])
+            bare = statistics.median(runs[(workload, batch, "plain loop")])
             used = max(1, int(batch * args.batch_scale))
             rows.append({"workload": workload, "model": name, "batch_per_device": used, "devices": args.ranks,
                          "tokens_per_sample": block, "ours_samples_per_s": ours, "transformers_samples_per_s": hf,
-                         "ratio": ours / hf, "guide": GUIDE.get((workload, batch), "")})
-            print(f"{name:38} {used:12d} {args.ranks:7d} {ours:9.1f} {hf:12.1f} {ours / hf:5.2f}x  "
-                  f"{GUIDE.get((workload, batch), '')}")
+                         "ratio": ours / hf, "plain_loop_samples_per_s": bare, "bound": bare / hf,
+                         "guide": GUIDE.get((workload, batch), "")})
+            print(f"{name:38} {used:12d} {args.ranks:7d} {ours:9.1f} {hf:12.1f} {ours / hf:5.2f}x "
+                  f"{bare:10.1f} {bare / hf:5.2f}x  {GUIDE.get((workload, batch), '')}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bench": "seed", "config": vars(args), "environment": env, "rows": rows}, f, indent=2)

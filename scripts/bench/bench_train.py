@@ -93,9 +93,53 @@ def role_hf(args) -> dict:
             "step_s": seconds / measured}
 
 
+def role_bare(args) -> dict:
+    """The floor of any runtime: the model's forward, backward and AdamW in a plain loop with torch's
+    DDP for the gradient all-reduce, and nothing else (no logging, metrics, clipping, checkpoints).
+    A runtime can beat transformers' Trainer by at most that Trainer's time over this loop's."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    model, dataset, collator = common(args)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    sampler = None
+    if world > 1:
+        dist.init_process_group("gloo")
+        model = DistributedDataParallel(model)
+        sampler = DistributedSampler(dataset, seed=0)
+    loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, shuffle=sampler is None,
+                        collate_fn=collator, drop_last=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    model.train()
+    step, start, epoch = 0, None, 0
+    while step < args.steps:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        for batch in loader:
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step == args.warmup:
+                start = time.perf_counter()
+            if step >= args.steps:
+                break
+        epoch += 1
+    seconds = time.perf_counter() - start
+    measured = args.steps - args.warmup
+    samples = measured * args.batch * world
+    if world > 1:
+        dist.destroy_process_group()
+    return {"samples_per_s": samples / seconds, "tokens_per_s": samples * args.block / seconds,
+            "step_s": seconds / measured}
+
+
 CONFIGS = [("gaudi-launch Trainer, fast_ddp", ["--role", "ours", "--strategy", "fast_ddp"]),
            ("gaudi-launch Trainer, DDP", ["--role", "ours", "--strategy", "ddp"]),
-           ("transformers Trainer, DDP", ["--role", "hf"])]
+           ("transformers Trainer, DDP", ["--role", "hf"]),
+           ("plain loop, DDP (no trainer)", ["--role", "bare"])]
 
 
 def run_config(extra, args) -> dict:
@@ -139,7 +183,7 @@ def drive(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--role", choices=["ours", "hf"])
+    p.add_argument("--role", choices=["ours", "hf", "bare"])
     p.add_argument("--strategy", default="fast_ddp")
     p.add_argument("--workload", choices=["clm", "mlm", "t5"], default="clm")
     p.add_argument("--steps", type=int, default=40)
@@ -154,7 +198,7 @@ def main() -> None:
     if args.role is None:
         drive(args)
         return
-    result = role_ours(args) if args.role == "ours" else role_hf(args)
+    result = {"ours": role_ours, "hf": role_hf, "bare": role_bare}[args.role](args)
     if int(os.environ.get("RANK", "0")) == 0:
         print(RESULT + json.dumps(result), flush=True)
 

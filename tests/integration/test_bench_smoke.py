@@ -19,7 +19,8 @@ LAUNCH_ROWS = ["gaudi-launch (local)", "gaudi-launch --backend mpirun", "gaudi-l
 LAUNCH_LOCAL_SKIPS = {"gaudi-launch mpirun --no-ssh-check", "gaudi-launch --backend deepspeed"}
 START_UP_ROWS = ["python -c pass", "gaudi-launch --help", "gaudi-launch --dry-run --num_devices 2 x.py",
                  "python -c 'import torch' (reference)"]
-TRAIN_ROWS = ["gaudi-launch Trainer, fast_ddp", "gaudi-launch Trainer, DDP", "transformers Trainer, DDP"]
+TRAIN_ROWS = ["gaudi-launch Trainer, fast_ddp", "gaudi-launch Trainer, DDP", "transformers Trainer, DDP",
+              "plain loop, DDP (no trainer)"]
 
 
 def run_bench(script, *args, timeout=240):
@@ -132,6 +133,9 @@ def test_bench_seed_prints_the_guides_table_and_writes_json(tmp_path):
     assert [(r["workload"], r["batch_per_device"]) for r in data["rows"]] == [("mlm", 4), ("mlm", 8), ("t5", 1)]
     assert all(positive(r["ours_samples_per_s"]) and positive(r["transformers_samples_per_s"])
                and positive(r["ratio"]) and r["devices"] == 2 for r in data["rows"])
+    # the plain loop (no trainer) and its bound on any trainer's gain over transformers'
+    assert all(positive(r["plain_loop_samples_per_s"]) and r["bound"] == pytest.approx(
+        r["plain_loop_samples_per_s"] / r["transformers_samples_per_s"]) for r in data["rows"])
     report(path, tmp_path / "plots")
 
 
