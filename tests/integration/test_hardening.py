@@ -187,9 +187,10 @@ def test_read_only_log_dir_is_reported_once_and_the_job_goes_on(tmp_path):
     # The launcher alone sees the directory read-only: a bind mount in its own mount namespace.
     ro = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
     argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", ro, "ro", str(logs), sys.executable,
-            "-m", "gaudi_launch", "--num_devices", "2", "--log-dir", str(logs), printer(tmp_path, code=4)]
+            "-m", "gaudi_launch", "--num_devices", "2", "--log-dir", str(logs), printer(tmp_path)]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 4, res.stderr
+    # (ranks that succeed: a failing rank 0 tears rank 1 down, under load before its first line)
+    assert res.returncode == 0, res.stderr
     assert res.stderr.count("cannot write") == 2  # once per rank's log
     assert f"cannot write {logs}/rank-1.log: Read-only file system" in res.stderr
     assert "[rank 1] rank 1 line 2 " in res.stdout and os.listdir(logs) == []
