@@ -95,8 +95,8 @@ def role_hf(args) -> dict:
 
 def role_bare(args) -> dict:
     """The floor of any runtime: the model's forward, backward and AdamW in a plain loop with torch's
-    DDP for the gradient all-reduce, and nothing else (no logging, metrics, clipping, checkpoints).
-    A runtime can beat transformers' Trainer by at most that Trainer's time over this loop's."""
+    DDP for the gradient all-reduce, and nothing else (no logging, metrics, clipping, checkpoints):
+    what the model's own step costs, beside which a trainer's overheads show."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
