@@ -15,6 +15,14 @@ import subprocess
 import sys
 from importlib import metadata
 from typing import Any, Dict, List, Optional, Tuple
+from gaudi_launch.devices import detect_local_devices
+from gaudi_launch.errors import UserError
+from gaudi_launch.fabric import efa_present
+from gaudi_launch.fanout import per_host
+from gaudi_launch.hostfile import read_hostfile
+from gaudi_launch.hostnames import is_local_host
+from gaudi_launch.multinode import ssh_args
+from gaudi_launch.spec import JobSpec
 
 PACKAGES = ("gaudi-launch", "torch", "habana-torch-plugin", "habana-torch-dataloader", "optimum-habana",
             "transformers", "tokenizers", "accelerate", "deepspeed", "numpy", "paramiko", "click")
@@ -61,8 +69,6 @@ def _nics() -> List[Dict[str, str]]:
 
 
 def collect() -> Dict[str, Any]:
-    from gaudi_launch.devices import detect_local_devices
-    from gaudi_launch.fabric import efa_present
 
     devices = detect_local_devices()
     return {
@@ -130,9 +136,6 @@ def render_hosts(per_host: Dict[str, Dict[str, Any]], failed: Dict[str, str]) ->
 def collect_hosts(hostfile: str, ssh_options: List[str], python: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
     """Every hostfile host's report: this machine's directly, the others' over ssh (the same
     gaudi-launch there, as for a job). Returns (reports by host, why it failed by host)."""
-    from gaudi_launch.fanout import per_host
-    from gaudi_launch.hostfile import read_hostfile
-    from gaudi_launch.planner import is_local_host
 
     names = [h.name for h in read_hostfile(hostfile)]
 
@@ -176,9 +179,6 @@ def main(argv: List[str]) -> int:
         info = collect()
         sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else render(info))
         return 0
-    from gaudi_launch.errors import UserError
-    from gaudi_launch.multinode import ssh_args
-    from gaudi_launch.spec import JobSpec
 
     spec = JobSpec(program=[], hostfile=args.hostfile, ssh_config=args.ssh_config, ssh_port=args.ssh_port,
                    ssh_identity=args.ssh_identity)

@@ -20,8 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from gaudi_launch.errors import UserError
 from gaudi_launch.heartbeats import DUMP_SIGNAL, HEARTBEAT_DIR, start_time
 from gaudi_launch.hostnames import is_local_host
+from gaudi_launch.jobdir import create, path_for
 
 SETTLE_S = 5.0  # how long the ranks get to write their stacks
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
@@ -133,7 +135,6 @@ def with_heartbeats(spec):
     directory itself is made when the job starts (HangWatch.create)."""
     import dataclasses
 
-    from gaudi_launch.jobdir import path_for
 
     if not spec.hang_timeout or HEARTBEAT_DIR in spec.env:
         return spec
@@ -142,8 +143,6 @@ def with_heartbeats(spec):
 
 def check_watchable(plan) -> None:
     """Heartbeats and stacks are read on this host: some rank must run here. Pure."""
-    from gaudi_launch.errors import UserError
-
     if plan.backend == "slurm" or not any(is_local_host(n.host) for n in plan.nodes):
         raise UserError("--hang-timeout watches the ranks on this host, and none runs here", where="--hang-timeout",
                         hint="run gaudi-launch on one of the job's hosts (the first host of the hostfile)")
@@ -171,8 +170,6 @@ class HangWatch:
         return min(2.0, self.timeout / 4)
 
     def create(self) -> None:
-        from gaudi_launch.jobdir import create
-
         create(self.directory)
 
     def begin(self, world_size: int, job_id: str) -> None:

@@ -11,13 +11,15 @@ import socket
 import sys
 from typing import List, Mapping, Optional
 
-from gaudi_launch import fabric
+from gaudi_launch import fabric, sshmux
 from gaudi_launch.envfile import is_secret
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.hostnames import is_local_host
 from gaudi_launch.plan import LaunchPlan
+from gaudi_launch.preflight import SshOptions, check_hosts
 from gaudi_launch.spec import JobSpec
+from gaudi_launch.watch import HostWatch, ssh_endpoints
 
 class PreflightFailed(UserError):
     exit_code = ExitCode.PREFLIGHT
@@ -148,13 +150,9 @@ def resolve_ip(addr: str) -> Optional[str]:
 def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, share: bool = True):
     """The pre-flight of ``plan``'s hosts. With ``share``, its ssh to each remote host stays open as
     the job's connection to it (sshmux), used by every later ssh of the job and closed at its end."""
-    from gaudi_launch.preflight import SshOptions, check_hosts
-
     connections = None
     hosts = [n.host for n in plan.nodes]
     if share and any(not local(h) for h in hosts) and os.environ.get("GAUDI_LAUNCH_SSH_SHARE", "1") != "0":
-        from gaudi_launch import sshmux
-
         connections = sshmux.open_for(plan.job_id, ssh_args(spec, configured_host_keys(hosts, spec.ssh_config)))
     script = spec.program[0] if spec.program and not spec.module else None
     report = check_hosts(
@@ -229,7 +227,5 @@ def progress_printer(stream=None):
 
 def host_watch(plan: LaunchPlan, spec: JobSpec, is_local):
     """A watch over the remote hosts of a running job, or None when every host is this one."""
-    from gaudi_launch.watch import HostWatch, ssh_endpoints
-
     remote = [n.host for n in plan.nodes if not is_local(n.host)]
     return HostWatch(lambda: ssh_endpoints(remote, spec.ssh_port, spec.ssh_config)) if remote else None

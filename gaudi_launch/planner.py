@@ -16,6 +16,7 @@ from gaudi_launch.hostselect import select
 from gaudi_launch.multinode import PreflightFailed, findings, finish_plan, pick_remote_port
 from gaudi_launch.plan import LaunchPlan, layout
 from gaudi_launch.ports import check_port, pick_free_port
+from gaudi_launch.restarts import hosts_for_attempt
 from gaudi_launch.spec import JobSpec
 
 def resolve_hosts(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices
@@ -35,8 +36,6 @@ def resolve_hosts(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_loca
     selected = select(hosts, include=spec.include or None, exclude=spec.exclude or None,
                       num_nodes=spec.num_nodes, num_devices=num_devices)
     if spec.spare_hosts or spec.lost_hosts:
-        from gaudi_launch.restarts import hosts_for_attempt
-
         selected, note = hosts_for_attempt(selected, spec.lost_hosts, spec.spare_hosts, spec.min_nodes)
         if note:
             notes.append(note)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from gaudi_launch.fanout import per_host
+from gaudi_launch.sshmux import read_until
+from gaudi_launch.teardown import AGENT_CODE
 
 DEFAULT_KEYS = ("id_ed25519", "id_rsa", "id_ecdsa")
 PROBE_TIMEOUT = 60.0  # seconds for the probe command itself, once logged in
@@ -634,8 +636,6 @@ def _master_run(connections, host: str, command: str, opts: SshOptions) -> tuple
     when ssh itself failed (exit 255 without the probe's end marker). A connect timeout is raised as
     one, so the host is not waited for twice. After the probe, the session's shell becomes the job's
     sweep agent (teardown.AGENT_CODE) and this ssh is kept (connections.adopt)."""
-    from gaudi_launch.sshmux import read_until
-
     proc = subprocess.Popen(connections.master_argv(host, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)  # Ctrl-C is the launcher's to handle
     marker = (_END + "\n").encode()
@@ -802,7 +802,6 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
                 try:
                     out = None
                     if connections is not None:  # the job's own ssh, left open as its connection
-                        from gaudi_launch.teardown import AGENT_CODE
 
                         agent = f"exec {shlex.quote(python)} -S -u -c {shlex.quote(AGENT_CODE)}"
                         out, err = _master_run(connections, host, probe_command(

@@ -19,6 +19,7 @@ from typing import Callable, FrozenSet, List, Optional, Sequence, TextIO, Tuple
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
+from gaudi_launch.hangs import HEARTBEAT_DIR, HangWatch, check_watchable
 
 CAUSES = ("rank", "host", "hang")  # a rank failed; a host stopped answering; no rank advanced
 MAX_RESTARTS = 1000                # a typo guard, not a policy
@@ -204,8 +205,6 @@ def run_job(spec, first_plan, *, build: Callable, start: Callable, err: Optional
     already); ``start(plan, spec, **supervisor_options) -> JobResult`` runs one attempt through its
     backend. With --hang-timeout the job's heartbeat directory lives as long as this call.
     """
-    from gaudi_launch.hangs import HEARTBEAT_DIR, HangWatch, check_watchable
-
     err = err or sys.stderr
     watch = None
     if spec.hang_timeout:

@@ -14,8 +14,10 @@ import sys
 from typing import List, Optional, Sequence, Union
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.launch import launch, prepare
 from gaudi_launch.options import default_of, option_fields
 from gaudi_launch.plan import LaunchPlan
+from gaudi_launch.planner import build_plan
 from gaudi_launch.spec import JobSpec, resolve_compat
 from gaudi_launch.supervise import JobResult
 
@@ -72,16 +74,12 @@ class DistributedRunner:
 
     def plans(self) -> List[LaunchPlan]:
         """The plan of every command, without running anything (a dry run)."""
-        from gaudi_launch.launch import prepare
-        from gaudi_launch.planner import build_plan
 
         return [build_plan(prepare(self.spec_for(c))) for c in self.command_list]
 
     def run(self) -> int:
         """Run each command as a job, in order; stop at the first failure and return its exit code.
         With max_restarts, a failed job is started again first (``self.result`` is its last attempt)."""
-        from gaudi_launch.launch import launch
-
         self.results = []
         for command in self.command_list:
             self.result = launch(self.spec_for(command), **self._streams)

@@ -12,7 +12,9 @@ import os
 import shlex
 from typing import Dict, List, Mapping
 
+from gaudi_launch.backends.slurm import LATER, _node_names
 from gaudi_launch.errors import UserError
+from gaudi_launch.jobdir import write_private
 from gaudi_launch.plan import LaunchPlan
 from gaudi_launch.spec import JobSpec
 
@@ -27,8 +29,6 @@ def env_file_text(env: Mapping[str, str]) -> str:
 
 def sbatch_lines(plan: LaunchPlan, spec: JobSpec, cwd: str) -> List[str]:
     """The allocation: nodes, tasks per node and the login-node options. Pure."""
-    from gaudi_launch.backends.slurm import LATER, _node_names
-
     lines = [f"--job-name=gaudi-launch-{plan.job_id}", f"--nodes={len(plan.nodes)}",
              f"--ntasks-per-node={len(plan.nodes[0].ranks)}", f"--chdir={cwd}"]
     named = [n.host for n in plan.nodes if n.host != LATER]
@@ -79,8 +79,6 @@ def script_text(plan: LaunchPlan, spec: JobSpec, env_file: str, cwd: str) -> str
 
 def write(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Dict[str, str]:
     """The script (0700) and its env file (0600), both new: an existing file is never overwritten."""
-    from gaudi_launch.jobdir import write_private
-
     path = os.path.abspath(spec.sbatch)
     env_file = path + ".env"
     for p in (path, env_file):

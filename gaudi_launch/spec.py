@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.options import opt, via
+from gaudi_launch.restarts import MAX_RESTARTS, parse_restart_on
 
 BACKENDS = ("auto", "local", "mpirun", "deepspeed", "slurm")
 MAX_DEVICES = 65536  # per node: far above any real host, low enough that a plan fits in memory
@@ -166,8 +167,6 @@ class JobSpec:
         return self
 
     def _validate_restarts(self) -> None:
-        from gaudi_launch.restarts import MAX_RESTARTS, parse_restart_on
-
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) \
                 or not 0 <= self.max_restarts <= MAX_RESTARTS:
             raise UserError(f"a whole number from 0 to {MAX_RESTARTS}, got {self.max_restarts!r}",

@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from typing import Dict, List, Optional, Sequence
+from gaudi_launch.teardown import AGENT_DONE
 
 PERSIST_S = 60          # a master outliving a killed launcher exits after this long without a session
 SOCKET = "%C"           # ssh's hash of local host, remote host, port and user: 40 characters
@@ -93,8 +94,6 @@ class Connections:
     def agent_run(self, host: str, args: List[str], timeout: float) -> Optional[str]:
         """One sweep through ``host``'s agent: KILL_CODE's output, or None (no agent, or it did not
         answer in time: the caller then uses a new ssh session)."""
-        from gaudi_launch.teardown import AGENT_DONE
-
         proc, lock = self.agents.get(host), self._agent_locks.get(host)
         if proc is None or lock is None or proc.poll() is not None:
             return None

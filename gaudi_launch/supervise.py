@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from gaudi_launch.exitcodes import ExitCode, for_signal
-from gaudi_launch.progress import LineSplitter
 from gaudi_launch.logfiles import open_log, prepare_log_dir
+from gaudi_launch.progress import LineSplitter
+from gaudi_launch.teardown import describe_unseen
 from gaudi_launch.wire import ERROR_MARKER, parse_record
 
 TAIL_KEEP = 200          # lines of output remembered per process for the summary
@@ -479,7 +480,6 @@ class Supervisor:
         """Run the job-id sweep; say once per process what it could not inspect. Processes hit."""
         if self.sweep is None:
             return 0
-        from gaudi_launch.teardown import describe_unseen
 
         hits = 0
         for host, found in sorted(self.sweep(sig).items()):

@@ -29,8 +29,12 @@ import time
 import traceback
 from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
 
+from gaudi_launch import relay
 from gaudi_launch.contract import elastic_env, node_layout, node_visibility, read_error_file
 from gaudi_launch.heartbeats import HEARTBEAT_DIR, install_stack_dump
+from gaudi_launch.jobdir import JobDirError, check_private_dir, clean_stale, path_for, read_job
+from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
+from gaudi_launch.slurm import rank_layout, wait_alone_in_group
 from gaudi_launch.wire import TORN_DOWN, record_line
 
 # Where other launchers put the rank layout, in order of preference for each torchrun name.
@@ -49,8 +53,6 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Di
     if env.get("GAUDI_LAUNCH_RANKS_FROM") == "slurm":
         # srun started us (the slurm backend): its task variables are the layout, whatever
         # RANK/LOCAL_RANK/... came along in srun's environment.
-        from gaudi_launch.slurm import rank_layout
-
         layout = rank_layout(env)
         merged = {**env, **layout, "GAUDI_LAUNCH_RANKS_FROM": ""}
         combined = {**layout, **normalize_env(merged, cpu_count)}
@@ -108,8 +110,6 @@ def job_argv(path: str, digest: str) -> List[str]:
 
 def read_job_argv(argv: List[str]) -> dict:
     """The job file named by argv[0:2] (``job_argv``), checked: ours, private, the right digest."""
-    from gaudi_launch.jobdir import JobDirError, read_job
-
     if len(argv) < 2 or not argv[1].startswith(JOB_DIGEST_FLAG):
         raise JobDirError(f"{JOB_FILE_FLAG}PATH must be followed by {JOB_DIGEST_FLAG}DIGEST")
     return read_job(argv[0][len(JOB_FILE_FLAG):], argv[1][len(JOB_DIGEST_FLAG):])
@@ -123,8 +123,6 @@ def uses_hpu(environ: Mapping[str, str]) -> bool:
 
 def _private_job_dir(job: str) -> str:
     """The per-job directory, made 0700 if absent; OSError for one that is not ours and private."""
-    from gaudi_launch.jobdir import JobDirError, check_private_dir, path_for
-
     path = path_for(job)
     try:
         os.mkdir(path, 0o700)
@@ -138,8 +136,6 @@ def _private_job_dir(job: str) -> str:
 
 def _clean_dead_jobs() -> None:
     """One rank per host and job removes what SIGKILLed jobs left in the temporary directory."""
-    from gaudi_launch.jobdir import clean_stale
-
     try:
         clean_stale()
     except OSError:
@@ -149,8 +145,6 @@ def _clean_dead_jobs() -> None:
 def _hpu_env(script_args: List[str], environ: Mapping[str, str]) -> Dict[str, str]:
     # The bridge reads lazy mode and the autocast op lists once, at import, and `import torch`
     # imports it (SynapseAI >= 1.18): they must be in place before the script's first line.
-    from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
-
     job = environ.get("GAUDI_LAUNCH_JOB_ID", "")
     try:
         job_dir = _private_job_dir(job) if job else None
@@ -366,8 +360,6 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
             program.insert(1, f"--local_rank={fixed}" if fixed else local_rank)
         env, argv = job["env"], (["-m"] if job["module"] else []) + program
         env = cwd_on_path(env, environ, job_dir, job["cwd"])
-        from gaudi_launch import relay
-
         relay.start(environ.get("RANK", ""))  # from here on we are the rank, our output relayed
         _RELAYED = True
         if any(env.get(k, environ.get(k)) != environ.get(k) for k in _STARTUP_VARS):
@@ -389,8 +381,6 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
     except OSError:
         pass  # already a session leader (our local backend): nothing to do
     if environ.get("GAUDI_LAUNCH_RANKS_FROM") == "slurm":
-        from gaudi_launch.slurm import wait_alone_in_group
-
         wait_alone_in_group()  # the first task of a node leads the group srun put them all in
     if os.getpgrp() == os.getpid():
         signal.signal(signal.SIGTERM, _term_whole_group)

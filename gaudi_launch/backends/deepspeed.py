@@ -18,17 +18,17 @@ import shutil
 import subprocess
 from typing import Dict, List, Mapping, Optional
 
-from gaudi_launch import jobdir
+from gaudi_launch import jobdir, sshmux
 from gaudi_launch.contract import node_sizes_env
 from gaudi_launch.errors import UserError
 from gaudi_launch.fanout import per_host
+from gaudi_launch.hostnames import is_local_host
 from gaudi_launch.multinode import host_watch
 from gaudi_launch.plan import Command, LaunchPlan
-from gaudi_launch.hostnames import is_local_host
+from gaudi_launch.relay import untag
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.teardown import job_sweeper, signal_job
-from gaudi_launch.relay import untag
 from gaudi_launch.worker import job_argv
 
 # The runner's whole environment comes from these names (plus what commands() sets): none starts
@@ -207,8 +207,6 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     if spec.launcher == "pdsh" and not shutil.which("pdsh"):
         raise UserError("pdsh is not installed on this host", where="--launcher pdsh",
                         hint="install it (Debian: apt-get install pdsh), or use --launcher openmpi or --backend mpirun")
-    from gaudi_launch import sshmux
-
     connections = sshmux.for_job(plan.job_id)
     try:
         if connections is not None:  # every ssh of the job over the pre-flight's open connections
@@ -239,8 +237,6 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], **supervis
 
 def _supervise(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], directory: str, watch,
                **supervisor_options) -> JobResult:
-    from gaudi_launch import sshmux
-
     hosts = [n.host for n in plan.nodes]
     connections = sshmux.for_job(plan.job_id)
     via = connections.agent_run if connections is not None else None  # the pre-flight's sessions

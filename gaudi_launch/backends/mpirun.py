@@ -13,12 +13,15 @@ import shutil
 import subprocess
 from typing import Dict, List, Mapping, Optional, Tuple
 
+from gaudi_launch import jobdir, sshmux
 from gaudi_launch.contract import worker_argv
 from gaudi_launch.errors import UserError
 from gaudi_launch.hostnames import bare_host, is_local_host
+from gaudi_launch.multinode import host_watch
 from gaudi_launch.plan import Command, LaunchPlan
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.supervise import Culprit, JobResult, ProcSpec, Supervisor, signal_name
+from gaudi_launch.teardown import job_sweeper
 
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", "GAUDI_LAUNCH_JOB_ID")
 # The tag before each piece of a rank's output: OpenMPI 4 (ORTE) writes "[1,0]<stdout>:text";
@@ -57,7 +60,6 @@ def hostfile_path(plan: LaunchPlan) -> Optional[str]:
     total = sum(len(_mpi_host(n.host)) + 2 + len(str(len(n.ranks))) for n in plan.nodes)
     if total <= HOST_ARG_MAX:
         return None
-    from gaudi_launch import jobdir
 
     return os.path.join(jobdir.path_for(plan.job_id), HOSTFILE)
 
@@ -235,8 +237,6 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
     if openmpi_major() is None:
         raise UserError("mpirun (OpenMPI) is not installed on this host", where="--backend mpirun",
                         hint="install OpenMPI (Debian: apt-get install openmpi-bin), or use --backend deepspeed")
-    from gaudi_launch import sshmux
-
     connections = sshmux.for_job(plan.job_id)
     written = None
     try:
@@ -255,7 +255,6 @@ def write_hostfile(plan: LaunchPlan) -> Optional[str]:
     argv = plan.commands[0].argv
     if "--hostfile" not in argv:
         return None
-    from gaudi_launch import jobdir
 
     path = argv[argv.index("--hostfile") + 1]
     try:
@@ -269,8 +268,6 @@ def write_hostfile(plan: LaunchPlan) -> Optional[str]:
 
 def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connections,
          **supervisor_options) -> JobResult:
-    from gaudi_launch.multinode import host_watch
-    from gaudi_launch.teardown import job_sweeper
 
     cmd = plan.commands[0]
     argv, ssh_args = cmd.argv, plan.ssh_args
