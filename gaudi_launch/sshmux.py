@@ -134,13 +134,7 @@ class Connections:
                 proc.stdin.close()
             except OSError:
                 pass
-        deadline = time.monotonic() + 3
-        for proc in agents:
-            try:
-                proc.wait(max(0.05, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _reap(agents, 3, 0.05)
         for proc in agents:
             for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
@@ -156,15 +150,20 @@ class Connections:
                                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 except OSError:
                     pass  # its ControlPersist ends it
-            deadline = time.monotonic() + 10
-            for proc in stopping:
-                try:
-                    proc.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            _reap(stopping, 10, 0.1)
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _reap(procs, seconds: float, least: float) -> None:
+    """Wait for ``procs`` together for ``seconds`` (each at least ``least``), killing the late ones."""
+    deadline = time.monotonic() + seconds
+    for proc in procs:
+        try:
+            proc.wait(max(least, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def read_until(fd: int, marker: bytes, deadline: float) -> bytes:

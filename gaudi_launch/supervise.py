@@ -453,18 +453,12 @@ class Supervisor:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def _watch_hosts(self) -> None:
-        while not self._done.wait(self.watch_interval):
-            message = self.watch()
+    def _poll(self, interval: float, check: Callable[[], Optional[str]], event: str) -> None:
+        """Ask ``check`` every ``interval`` seconds until the job ends; its first message is the event."""
+        while not self._done.wait(interval):
+            message = check()
             if message:
-                self._events.put(("lost", message))
-                return
-
-    def _watch_hang(self) -> None:
-        while not self._done.wait(self.hang_interval):
-            message = self.hang_check()
-            if message:
-                self._events.put(("hung", message))
+                self._events.put((event, message))
                 return
 
     def _kill_remaining(self) -> None:
@@ -516,9 +510,10 @@ class Supervisor:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
         if self.watch is not None:
-            threading.Thread(target=self._watch_hosts, daemon=True).start()
+            threading.Thread(target=self._poll, args=(self.watch_interval, self.watch, "lost"), daemon=True).start()
         if self.hang_check is not None:
-            threading.Thread(target=self._watch_hang, daemon=True).start()
+            threading.Thread(target=self._poll, args=(self.hang_interval, self.hang_check, "hung"),
+                             daemon=True).start()
         try:
             return self._run()
         finally:

@@ -1,6 +1,7 @@
 """Fixtures for tests that need real hosts: a 3-host NetCluster (netns + sshd per host) for the session."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -49,10 +50,9 @@ def cluster_pids(c: NetCluster) -> dict:
     return pids
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory):
-    require_cluster_support()
-    c = NetCluster(3, str(tmp_path_factory.mktemp("netcluster")))
+@contextlib.contextmanager
+def running(c: NetCluster):
+    """Bring ``c`` up for the block, take it down after, and fail if anything of it is left."""
     c.up()
     pids = cluster_pids(c)
     try:
@@ -63,6 +63,13 @@ def cluster(tmp_path_factory):
         c.down()
     left = leftovers(c, pids)
     assert not left, f"cluster teardown left: {left}"
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    require_cluster_support()
+    with running(NetCluster(3, str(tmp_path_factory.mktemp("netcluster")))) as c:
+        yield c
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.cluster.conftest import cluster_pids, leftovers, require_cluster_support
+from tests.cluster.conftest import require_cluster_support, running
 from tests.cluster.netcluster import NetCluster
 from tests.helpers import all_gone, read_pids
 
@@ -26,14 +26,8 @@ PROBE = ("import json, os, socket, sys\n"
 def cluster(tmp_path_factory):
     require_cluster_support()
     c = NetCluster(3, str(tmp_path_factory.mktemp("dscluster")), prefix="glds", subnet_octet=219)
-    c.up()
-    pids = cluster_pids(c)
-    try:
+    with running(c):
         yield c
-    finally:
-        pids.update(cluster_pids(c))
-        c.down()
-    assert not leftovers(c, pids)
 
 
 def launch(cluster, hostfile, *args, cwd):

@@ -2,13 +2,12 @@
 on a namespace cluster of this module's own (hosts glr-n0..2). The launcher runs "on" glr-n0."""
 from __future__ import annotations
 
-import os
 import sys
 import textwrap
 
 import pytest
 
-from tests.cluster.conftest import cluster_pids, leftovers, require_cluster_support
+from tests.cluster.conftest import require_cluster_support, running
 from tests.cluster.netcluster import NetCluster
 from tests.helpers import alive, all_gone, read_pids, wait_for
 
@@ -29,14 +28,8 @@ JOB = textwrap.dedent("""
 def cluster(tmp_path_factory):
     require_cluster_support()
     c = NetCluster(3, str(tmp_path_factory.mktemp("glrcluster")), prefix="glr", subnet_octet=220)
-    c.up()
-    pids = cluster_pids(c)
-    try:
+    with running(c):
         yield c
-    finally:
-        pids.update(cluster_pids(c))
-        c.down()
-    assert not leftovers(c, pids)
 
 
 @pytest.mark.parametrize("backend", ["mpirun"])

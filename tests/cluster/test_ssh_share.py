@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.cluster.conftest import cluster_pids, leftovers, require_cluster_support
+from tests.cluster.conftest import require_cluster_support, running
 from tests.cluster.netcluster import NetCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,14 +26,8 @@ def cluster(tmp_path_factory):
     require_cluster_support()
     c = NetCluster(3, str(tmp_path_factory.mktemp("sharecluster")), prefix="glc", subnet_octet=222,
                    sshd_log_level="INFO")
-    c.up()
-    pids = cluster_pids(c)
-    try:
+    with running(c):
         yield c
-    finally:
-        pids.update(cluster_pids(c))
-        c.down()
-    assert not leftovers(c, pids)
 
 
 def handshakes(cluster) -> list:
