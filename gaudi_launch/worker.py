@@ -16,13 +16,16 @@ device's backend (hccl, nccl, gloo) and --ddp_timeout.
 """
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import re
 import runpy
+import select
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -228,6 +231,10 @@ def _close_process_group() -> None:
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
+            # First free the script's DDP models left in reference cycles: a reducer that holds the
+            # last reference to the group frees it holding the GIL, while gloo's worker thread may
+            # need the GIL to free its last work, and both wait for ever.
+            gc.collect()
             dist.destroy_process_group()
     except Exception:
         pass
@@ -286,11 +293,11 @@ def watch_launcher(grace: float) -> bool:
     Nothing signals a remote rank when the launcher is SIGKILLed, but its stdout/stderr pipe (or
     socket) then loses its reader, which poll() reports as POLLERR/POLLHUP without polling for
     anything. A terminal or a file has no such reader: no watch then. True when watching.
-    """
-    import select
-    import stat
-    import threading
 
+    The watch is a forked process, not a thread: a rank hung in a C++ collective can hold the GIL
+    for good, and then neither its SIGTERM handler nor any thread of it runs again. Forked here,
+    before the script runs, the process has no other threads to worry about.
+    """
     fds = []
     for fd in (1, 2):
         try:
@@ -301,22 +308,40 @@ def watch_launcher(grace: float) -> bool:
             pass
     if not fds:
         return False
-
-    def watch() -> None:
-        poller = select.poll()
-        for fd in fds:
-            poller.register(fd, 0)  # POLLERR and POLLHUP are reported whatever is asked for
-        while not any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll()):
-            pass
+    rank_gone, rank_alive = os.pipe()  # not inherited by exec'd children: HUP when the rank ends
+    if os.fork() == 0:
         try:
-            os.killpg(0, signal.SIGTERM)
-            time.sleep(grace)
-            os.killpg(0, signal.SIGKILL)
-        except OSError:
-            pass
-
-    threading.Thread(target=watch, name="gaudi-launch-watchdog", daemon=True).start()
+            os.close(rank_alive)
+            _watch(fds, rank_gone, grace)
+        finally:
+            os._exit(0)
+    os.close(rank_gone)
+    for fd in fds:
+        os.close(fd)
     return True
+
+
+def _watch(fds: List[int], rank_gone: int, grace: float) -> None:
+    """The watcher process: in the rank's group, so that whatever ends the group ends it too, but
+    deaf to the stop signals the group gets, so that its SIGKILL follows its SIGTERM."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, 0)  # POLLERR and POLLHUP are reported whatever is asked for
+    poller.register(rank_gone, select.POLLIN)
+    while True:
+        events = dict(poller.poll())
+        if events.get(rank_gone):
+            return  # the rank ended on its own (or by the group's teardown)
+        if any(ev & (select.POLLERR | select.POLLHUP) for ev in events.values()):
+            break
+    group = os.getpgrp()
+    os.killpg(group, signal.SIGTERM)
+    waiter = select.poll()
+    waiter.register(rank_gone, select.POLLIN)
+    if not waiter.poll(grace * 1000):
+        os.killpg(group, signal.SIGKILL)
 
 
 def cwd_on_path(env: Mapping[str, str], environ: Mapping[str, str], job_dir: str, cwd: str) -> Dict[str, str]:

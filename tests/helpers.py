@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import time
 from typing import Iterable, List
 
@@ -38,3 +40,17 @@ def read_pids(directory: str) -> List[int]:
 def all_gone(pids: Iterable[int], timeout: float = 10.0) -> bool:
     pids = list(pids)
     return wait_for(lambda: not any(alive(p) for p in pids), timeout=timeout)
+
+
+def run_whole(cmd: List[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True), but a timeout kills everything cmd
+    started in its session (a driver's launcher too), not cmd alone, so nothing outlives the test."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

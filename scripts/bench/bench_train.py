@@ -131,6 +131,9 @@ def role_bare(args) -> dict:
     measured = args.steps - args.warmup
     samples = measured * args.batch * world
     if world > 1:
+        # DDP's reducer must not outlive the group: dropped after destroy_process_group, it frees the
+        # group holding the GIL while gloo's worker thread needs it to free its last work (deadlock).
+        del model
         dist.destroy_process_group()
     return {"samples_per_s": samples / seconds, "tokens_per_s": samples * args.block / seconds,
             "step_s": seconds / measured}

@@ -13,6 +13,7 @@ p.add_argument("--fail-rank", type=int, default=-1)
 p.add_argument("--how", default="exit:3")  # exit:N, raise, kill9, ok
 p.add_argument("--ignore-term", action="store_true")
 p.add_argument("--sleep", type=float, default=900)
+p.add_argument("--hold-gil", action="store_true")  # wait as a hung collective can: in C, GIL held
 a = p.parse_args()
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 if a.ignore_term and rank != a.fail_rank:
@@ -37,4 +38,12 @@ if a.how == "ok":
     child.terminate()
     child.wait()
     sys.exit(0)
+if a.hold_gil:
+    # A glibc mutex locked twice by its owner waits forever in futex(), as a rank stuck in a C++
+    # collective does; PyDLL keeps the GIL for the call and no signal ends the wait, so neither
+    # a Python signal handler nor a Python thread of this process runs again.
+    import ctypes
+    libc, mutex = ctypes.PyDLL(None), ctypes.create_string_buffer(64)  # zeroed = PTHREAD_MUTEX_INITIALIZER
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
 time.sleep(a.sleep)

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.helpers import run_whole
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "scripts", "bench")
 
@@ -24,8 +26,7 @@ TRAIN_ROWS = ["gaudi-launch Trainer, fast_ddp", "gaudi-launch Trainer, DDP", "tr
 
 
 def run_bench(script, *args, timeout=240):
-    res = subprocess.run([sys.executable, os.path.join(BENCH, script), *args], capture_output=True, text=True,
-                         cwd=ROOT, timeout=timeout)
+    res = run_whole([sys.executable, os.path.join(BENCH, script), *args], cwd=ROOT, timeout=timeout)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res.stdout
 

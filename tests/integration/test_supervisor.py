@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -113,6 +114,19 @@ def test_launcher_killed_with_sigkill_leaves_no_orphan_ranks(tmp_path):
     launcher.wait()
     # Ranks get the parent-death signal, and the worker takes its process group down with it.
     assert all_gone(pids), [p for p in pids if alive(p)]
+
+
+def test_ranks_stuck_in_c_with_the_gil_held_end_with_a_sigkilled_launcher(tmp_path):
+    # A rank hung in a collective may hold the GIL in C: its SIGTERM handler and any watchdog
+    # thread never run again, so only something outside its interpreter can end it.
+    launcher = subprocess.Popen(launch_cmd(tmp_path, "--hold-gil", num=2, grace=2), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    assert wait_for(lambda: len(read_pids(tmp_path)) == 4, timeout=60)
+    pids = read_pids(tmp_path)
+    time.sleep(1)  # past the pid files: in the mutex wait
+    launcher.kill()
+    launcher.wait()
+    assert all_gone(pids, timeout=15), [p for p in pids if alive(p)]
 
 
 def test_a_program_that_cannot_start_fails_with_127(tmp_path):
