@@ -37,6 +37,8 @@ Examples:
 
   gaudi-launch env [--json]                     (versions, devices, network: paste it into bug reports)
 
+  gaudi-launch run plan.json                    (run what --dry-run --json wrote, as it was)
+
 Exit status: 0 on success; the first failing rank's exit code (128+N for signal N);
 2 for bad input or options; 3 when the pre-flight failed (nothing started);
 4 when a host stopped answering mid-run; 5 when no rank advanced for --hang-timeout seconds;
@@ -112,6 +114,9 @@ _LAST = [
     _flag("dry_run", "--dry-run", "--dry_run", help="Print the plan; start nothing."),
     _flag("json_out", "--json", help="With --dry-run: print the plan as one JSON object."),
     _text("config", "--config", help="YAML job file holding any of these options; the command line wins."),
+    _text("from_plan", "--from-plan", "--from_plan",
+          help="Run the plan a dry run wrote (--dry-run --json > plan.json), in its directory, with all its options; "
+               "nothing starts if the job planned now differs from it. Same as: gaudi-launch run plan.json."),
     _flag("version", "--version", "-V", callback=_version, expose_value=False, is_eager=True,
           help="Print the version and exit."),
     *completion_options(),
@@ -156,11 +161,32 @@ class _LaunchCommand(click.Command):
 
 def _run(**values) -> int:
     ctx = click.get_current_context()
+    if values["from_plan"]:
+        return _replay(ctx, values)
     if values["config"]:
         _apply_config(ctx, values, values["config"])
     if values["no_local_rank"] and values["append_local_rank"]:
         raise UserError("--no_local_rank and --append-local-rank contradict each other", where="--no_local_rank")
     return _launch(values)
+
+
+def _replay(ctx: click.Context, v: dict) -> int:
+    """--from-plan: the plan's options, no others (replay.py)."""
+    from gaudi_launch.replay import enter_cwd, read_plan, spec_from_request
+
+    given = [p.opts[0] if isinstance(p, click.Option) else p.name.upper() for p in ctx.command.params
+             if p.name not in ("from_plan", "dry_run", "json_out")
+             and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE]
+    if given:
+        raise UserError(f"{given[0]}: a plan brings all its options", where="--from-plan",
+                        hint="give only the plan (and --dry-run, --json), or make the plan again with the change")
+    if v["json_out"] and not v["dry_run"]:
+        raise UserError("--json only applies to --dry-run", where="--json")
+    path = os.path.abspath(v["from_plan"])
+    saved = read_plan(path)
+    enter_cwd(saved, path)
+    spec = spec_from_request(saved["request"], os.environ, path)
+    return run_spec(spec, dry_run=v["dry_run"], json_out=v["json_out"], same_as=(saved, path))
 
 
 def command() -> click.Command:
@@ -290,9 +316,13 @@ def _device_env(device: Optional[str]) -> dict:
     return {"GAUDI_LAUNCH_DEVICE": device}
 
 
-def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only: bool = False) -> int:
+def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only: bool = False,
+             same_as: Optional[tuple] = None) -> int:
+    """Show, check or run the job of ``spec``; ``same_as`` (saved plan, its path): only if the plan
+    made now is that one (a replay)."""
     from gaudi_launch.launch import launch, plan_job, preflight_for, prepare
     from gaudi_launch.planner import build_plan
+    from gaudi_launch.replay import check_same
 
     spec = prepare(spec)
     if check_only:
@@ -306,6 +336,8 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
         sys.stdout.write(table if table.endswith("\n") else table + "\n")
         return ExitCode.OK if report.ok else ExitCode.PREFLIGHT
     plan = plan_job(spec, keep_failed_preflight=dry_run)
+    if same_as is not None:
+        check_same(same_as[0], plan.to_dict(), same_as[1])
     if dry_run:  # the plan whatever the pre-flight said, its findings with it; exit 3 if it failed
         sys.stdout.write(plan.to_json() + "\n" if json_out else plan.render_text())
         if plan.preflight is not None and not plan.preflight["ok"]:
@@ -338,6 +370,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(CHECK_HELP, end="")
             return 0
         argv = ["--check-only", *argv[1:]]
+    if argv[:1] == ["run"]:  # `gaudi-launch run [--dry-run [--json]] PLAN.json` = --from-plan PLAN.json
+        plans = [a for a in argv[1:] if not a.startswith("-")]
+        argv = [a for a in argv[1:] if a.startswith("-")] + (["--from-plan", plans[0]] if len(plans) == 1 else [])
+        if len(plans) != 1 and not any(a in ("-h", "--help") for a in argv):
+            print("gaudi-launch: error: run takes one plan: gaudi-launch run [--dry-run [--json]] plan.json\n"
+                  "  hint: make one with: gaudi-launch --dry-run --json [OPTIONS] SCRIPT > plan.json", file=sys.stderr)
+            return ExitCode.USAGE
     if argv[:1] == ["env"]:  # `gaudi-launch env [--json]`: versions and devices, for bug reports
         from gaudi_launch.envreport import main as env_main
 

@@ -57,6 +57,9 @@ class LaunchPlan:
     # nothing about short values, and the values of secret-looking exported variables, to mask.
     job_key: str = field(default_factory=lambda: token_hex(16), repr=False)
     exported_secrets: Dict[str, str] = field(default_factory=dict, repr=False)
+    # The options the plan was made from (JobSpec.as_request): what `gaudi-launch run plan.json`
+    # makes the plan again from (replay.py). Secrets masked in the JSON as everywhere.
+    request: dict = field(default_factory=dict, repr=False)
 
     def secret_values(self) -> Dict[str, str]:
         return {**self.exported_secrets, **{k: v for k, v in self.env.items() if is_secret(k)}}
@@ -76,6 +79,7 @@ class LaunchPlan:
         data["program"] = [mask_text(a, secrets) for a in self.program]
         if self.preflight is None:
             del data["preflight"]  # no pre-flight ran (one host, --no-ssh-check): no key
+        data["request"] = {k: (mask_env(v) if k == "env" else _masked(v, secrets)) for k, v in self.request.items()}
         return data
 
     def to_json(self) -> str:
@@ -114,6 +118,15 @@ class LaunchPlan:
             out.append(f"pre-flight: {verdict}")
             out.extend("  " + line for line in self.preflight["table"].splitlines())
         return "\n".join(out) + "\n"
+
+
+def _masked(value, secrets: Dict[str, str]):
+    """A request value with every secret value in its strings masked. Pure."""
+    if isinstance(value, str):
+        return mask_text(value, secrets)
+    if isinstance(value, list):
+        return [_masked(v, secrets) for v in value]
+    return value
 
 
 def _ids(ids: List[int]) -> str:

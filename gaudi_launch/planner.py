@@ -111,6 +111,7 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
         # whatever the backend).
         plan.env.update(node_device_env([n.devices for n in nodes], parents))
     plan.commands = get_backend(backend).commands(plan, spec, environ)
+    plan.request = spec.as_request(os.getcwd())
     return plan
 
 

@@ -1,16 +1,20 @@
 """JobSpec: what the user asked for, validated, with gaudi_spawn.py's flags mapped onto ours."""
 from __future__ import annotations
 
+import copy
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.options import opt, via
-from gaudi_launch.restarts import MAX_RESTARTS, parse_restart_on
+from gaudi_launch.heartbeats import HEARTBEAT_DIR
+from gaudi_launch.restarts import MAX_RESTARTS, MAX_RESTARTS_VAR, RESTART_COUNT, parse_restart_on
 
 BACKENDS = ("auto", "local", "mpirun", "deepspeed", "slurm")
+# Variables a job sets for its own ranks (prepare/attempt_spec), not options the user gave.
+JOB_OWN_VARS = (HEARTBEAT_DIR, RESTART_COUNT, MAX_RESTARTS_VAR)
 MAX_DEVICES = 65536  # per node: far above any real host, low enough that a plan fits in memory
 
 
@@ -126,6 +130,14 @@ class JobSpec:
              "gaudi_launch.heartbeat() in a script), print where every rank waits, keep their stacks in "
              "--log-dir, and tear the job down (exit 5). Default: off."))
     lost_hosts: List[str] = field(default_factory=list)  # set by the restart loop, not an option
+
+    def as_request(self, cwd: str) -> dict:
+        """What the user asked for, as plain JSON values: the options, without what a job adds to
+        its own environment (restart count, heartbeat directory), and where (``cwd``). Pure."""
+        request = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
+        request["env"] = {k: v for k, v in self.env.items() if k not in JOB_OWN_VARS}
+        request["cwd"] = cwd
+        return request
 
     def validate(self, require_program: bool = True) -> "JobSpec":
         if require_program and not self.program:

@@ -279,6 +279,7 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
     if any(n.devices != list(range(len(n.devices))) for n in nodes):
         plan.env.update(node_device_env([n.devices for n in nodes], [dict(environ)] * len(nodes)))
     plan.commands = commands(plan, spec, environ)
+    plan.request = spec.as_request(os.getcwd())
     return plan
 
 

@@ -217,3 +217,17 @@ def test_dry_run_json_shows_interface_and_exports(cluster, tmp_path):
     argv = plan["commands"][0]["argv"]
     assert argv[argv.index("btl_tcp_if_include") + 1] == "10.213.0.0/24"
     assert "hf_abcdefgh" not in res.stdout
+
+
+def test_a_multi_host_plan_replays_from_its_json(cluster, tmp_path):
+    hostfile = cluster.hostfile(slots=2, hosts=[0, 1])
+    res = cluster.run_on(0, launch_argv(cluster, "mpirun", hostfile, "--dry-run", "--json", SMOKE), env=cluster.env(),
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    plan = tmp_path / "plan.json"
+    plan.write_text(res.stdout)
+    res = cluster.run_on(0, [sys.executable, "-m", "gaudi_launch", "run", str(plan)], env=cluster.env(), cwd="/",
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    ok = [line for line in res.stdout.splitlines() if "all_reduce sum = 10, expected 10: OK" in line]
+    assert sum(" on gl-n0 " in line for line in ok) == 2 and sum(" on gl-n1 " in line for line in ok) == 2

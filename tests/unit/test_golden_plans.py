@@ -41,9 +41,10 @@ def isolated(tmp_path, monkeypatch):
 
 
 def normalized(plan: dict) -> dict:
-    """Stable across runs and machines: no job id, interpreter path or deepspeed path."""
+    """Stable across runs and machines: no job id, interpreter path, deepspeed path or working directory."""
     text = json.dumps(plan).replace(plan["job_id"], "JOB").replace(sys.executable, "PYTHON")
     plan = json.loads(text)
+    plan["request"]["cwd"] = "CWD"
     for cmd in plan["commands"]:
         argv = cmd["argv"]
         if argv[1:3] == ["-m", "gaudi_launch.ds_runner"]:

@@ -1,0 +1,146 @@
+"""`gaudi-launch run plan.json` (--from-plan): the job a dry run showed, run as it was, or nothing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gaudi_launch.replay import differences, spec_from_request
+from gaudi_launch.spec import JobSpec
+from gaudi_launch.errors import UserError
+
+# Each rank records what it was given: its working directory, argv, job id and a secret's check.
+SCRIPT = """import json, os, sys
+rank = os.environ["RANK"]
+with open(os.path.join(os.environ["OUT"], f"rank-{rank}.json"), "w") as f:
+    json.dump({"cwd": os.getcwd(), "argv": sys.argv[1:], "job": os.environ["GAUDI_LAUNCH_JOB_ID"],
+               "world": os.environ["WORLD_SIZE"], "token_ok": os.environ.get("HF_TOKEN") == "hf_replaysecret",
+               "foo": os.environ.get("FOO")}, f)
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+def gl(*args, cwd, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "gaudi_launch", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def job(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    (work / "train.py").write_text(SCRIPT)
+    (work / "hosts").write_text("localhost slots=3\n")
+    return work, out
+
+
+def dry_run(work, out, *extra, env=None):
+    res = gl("--dry-run", "--json", "--hostfile", "hosts", "--num_devices", "2", "-x", f"OUT={out}", "-x", "FOO=bar",
+             *extra, "train.py", "--lr", "0.1", cwd=work, env=env)
+    assert res.returncode == 0, res.stderr
+    path = work / "plan.json"
+    path.write_text(res.stdout)
+    return path, json.loads(res.stdout)
+
+
+def ranks(out):
+    return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
+
+
+def test_a_plan_runs_as_the_dry_run_showed_it_from_anywhere(job, tmp_path):
+    work, out = job
+    path, saved = dry_run(work, out, "-x", "HF_TOKEN", env={"HF_TOKEN": "hf_replaysecret", "EXIT": "3"})
+    assert saved["request"]["env"]["HF_TOKEN"] == "***" and "hf_replaysecret" not in path.read_text()
+    res = gl("run", str(path), cwd=tmp_path, env={"HF_TOKEN": "hf_replaysecret", "EXIT": "3"})
+    assert res.returncode == 3, res.stderr  # the job's own exit code
+    seen = ranks(out)
+    assert sorted(seen) == [0, 1]
+    for r in seen.values():
+        # in the plan's directory, the script's arguments, the job's variables, the secret from this shell
+        assert r["cwd"] == str(work) and r["argv"] == ["--lr", "0.1"] and r["world"] == "2"
+        assert r["token_ok"] and r["foo"] == "bar"
+        assert r["job"] != saved["job_id"]  # a job of its own: a fresh id
+    assert "hf_replaysecret" not in res.stdout + res.stderr
+
+
+def test_a_changed_hostfile_starts_nothing_and_says_what_differs(job, tmp_path):
+    work, out = job
+    path, _ = dry_run(work, out)
+    (work / "hosts").write_text("127.0.0.1 slots=3\n")  # the same host by another name: still another plan
+    res = gl("run", str(path), cwd=tmp_path)
+    assert res.returncode == 2
+    assert f"{path}: the job planned now is not the one in the plan" in res.stderr
+    assert 'nodes: the plan has [{"devices": [0, 1], "host": "localhost"' in res.stderr
+    assert '"host": "127.0.0.1"' in res.stderr
+    assert not list(out.iterdir())  # nothing ran
+
+
+def test_a_masked_secret_must_come_from_the_shell(job, tmp_path):
+    work, out = job
+    path, _ = dry_run(work, out, "-x", "HF_TOKEN", env={"HF_TOKEN": "hf_replaysecret"})
+    env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
+    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "run", str(path)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert f"{path}: HF_TOKEN is masked in the plan" in res.stderr and "export HF_TOKEN" in res.stderr
+    assert not list(out.iterdir())
+
+
+def test_run_dry_run_shows_the_same_plan_with_a_fresh_job(job, tmp_path):
+    work, out = job
+    path, saved = dry_run(work, out)
+    res = gl("run", "--dry-run", "--json", str(path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    again = json.loads(res.stdout)
+    assert differences(saved, again, fixed_port=False) == []
+    assert again["request"] == saved["request"] and again["job_id"] != saved["job_id"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--num_devices", "1"], "--num_devices: a plan brings all its options"),
+    (["train.py"], "SCRIPT: a plan brings all its options"),
+])
+def test_a_plan_takes_no_other_options(job, extra, message):
+    work, out = job
+    path, _ = dry_run(work, out)
+    res = gl("--from-plan", str(path), *extra, cwd=work)
+    assert res.returncode == 2 and message in res.stderr
+
+
+def test_what_is_not_a_plan_is_named_with_its_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "backend": "local",\n  oops\n}\n')
+    res = gl("run", str(bad), cwd=tmp_path)
+    assert res.returncode == 2 and f"{bad}:3: not a plan: invalid JSON" in res.stderr
+    old = tmp_path / "old.json"
+    old.write_text('{"backend": "local"}')
+    res = gl("run", str(old), cwd=tmp_path)
+    assert res.returncode == 2 and "it has no 'request'" in res.stderr
+    res = gl("run", str(tmp_path / "missing.json"), cwd=tmp_path)
+    assert res.returncode == 2 and "cannot read the plan" in res.stderr
+    res = gl("run", cwd=tmp_path)
+    assert res.returncode == 2 and "run takes one plan" in res.stderr
+
+
+def test_every_option_survives_the_round_trip():
+    spec = JobSpec(program=["t.py", "--x"], hostfile="h", include="a:0@b", num_nodes=2, num_devices=4,
+                   backend="mpirun", master_addr="10.0.0.1", master_port=29511, env={"A": "1"}, module=False,
+                   python="/usr/bin/python3", append_local_rank=True, log_dir="/tmp/l", grace=3.0, ssh_port=3022,
+                   ssh_identity="/k", ssh_config="/c", ssh_timeout=4.0, strict_host_keys=True, ssh_check=False,
+                   export_prefixes=["NCCL_"], efa=False, hccl_ofi_wrapper="/w", launcher="openmpi",
+                   launcher_args="-x", console_ranks=[0], max_restarts=2, restart_on="rank",
+                   restart_backoff=0.5, hang_timeout=30.0)
+    request = json.loads(json.dumps(spec.as_request("/somewhere")))
+    assert spec_from_request(request, {}, "p.json") == spec
+
+
+def test_a_request_with_options_unknown_here_is_refused():
+    request = JobSpec(program=["t.py"]).as_request("/")
+    with pytest.raises(UserError, match="does not know: turbo"):
+        spec_from_request({**request, "turbo": True}, {}, "p.json")
+    with pytest.raises(UserError, match="masked in the plan's program"):
+        spec_from_request({**request, "program": ["t.py", "--token", "***"]}, {}, "p.json")
