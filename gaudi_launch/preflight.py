@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from gaudi_launch.fanout import per_host
-from gaudi_launch.sshmux import read_until
-from gaudi_launch.teardown import AGENT_CODE
+from gaudi_launch.sshmux import SESSION_AGENT, read_until
 
 DEFAULT_KEYS = ("id_ed25519", "id_rsa", "id_ecdsa")
 PROBE_TIMEOUT = 60.0  # seconds for the probe command itself, once logged in
@@ -313,13 +312,21 @@ if len(sys.argv) > 3:
 """
 
 
+# The checks as the first part of the session's agent (probe_command's ``agent``): run after the cd.
+_CHECKS_PY_FIRST = "import sys\nsys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
+
+
 def probe_command(python: str, script: Optional[str], cwd: str, master_addr: str,
-                  master_ssh_port: int, check_port: Optional[int], then: Optional[str] = None) -> str:
+                  master_ssh_port: int, check_port: Optional[int], agent: Optional[str] = None) -> str:
     """The one command line run on a host (a POSIX sh script). Pure.
 
     Every value is shlex.quote'd; each probe runs on its own with its errors swallowed, so one
     failing probe never hides the others. Prints ``key=value`` lines between markers, and the
     ``ip -o addr show`` output between its own markers.
+
+    ``agent``: Python code the session goes on with after the probe (sshmux.SESSION_AGENT), in the
+    interpreter that ran the Python checks (one interpreter start, not two): the checks then run
+    last, print the end marker themselves and read the session's stdin afterwards.
     """
     q = shlex.quote
     py = q(python)
@@ -341,13 +348,15 @@ def probe_command(python: str, script: Optional[str], cwd: str, master_addr: str
         "_m=$(command -v mpirun 2>/dev/null || { [ -x /opt/amazon/openmpi/bin/mpirun ] && "
         "echo /opt/amazon/openmpi/bin/mpirun; }); "
         "if [ -n \"$_m\" ]; then echo \"openmpi=$(_t \"$_m\" --version 2>&1 </dev/null | head -n 1 | _one)\"; fi",
-        # python_ok=0 when it printed nothing (did not run); then the master and the port are not known
-        f"_p=$(_t {py} -c {q(_CHECKS_PY)} {q(master_addr)} {q(str(int(master_ssh_port)))}"
-        + (f" {q(str(int(check_port)))}" if check_port is not None else "")
-        + " </dev/null 2>/dev/null); if [ -n \"$_p\" ]; then printf '%s\\n' \"$_p\"; "
-        + "else echo python_ok=0; echo master_reachable=unknown; "
-        + ("echo port_free=unknown; " if check_port is not None else "") + "fi",
     ]
+    py_args = f"{q(master_addr)} {q(str(int(master_ssh_port)))}" + (
+        f" {q(str(int(check_port)))}" if check_port is not None else "")
+    unknown = ("echo python_ok=0; echo master_reachable=unknown; "
+               + ("echo port_free=unknown; " if check_port is not None else ""))
+    if agent is None:
+        # python_ok=0 when it printed nothing (did not run); then the master and the port are not known
+        lines.append(f"_p=$(_t {py} -c {q(_CHECKS_PY)} {py_args} </dev/null 2>/dev/null); "
+                     f"if [ -n \"$_p\" ]; then printf '%s\\n' \"$_p\"; else {unknown}fi")
     # last: cd (python -c puts the cwd on sys.path, and a stray socket.py there must not matter)
     script_test = (f"if [ -f {q(script)} ] && [ -r {q(script)} ]; then echo script_ok=1; "
                    f"else echo script_ok=0; fi; " if script is not None else "")
@@ -357,9 +366,15 @@ def probe_command(python: str, script: Optional[str], cwd: str, master_addr: str
         f"echo {q(_IP_BEGIN)}",
         "ip -o addr show 2>/dev/null",
         f"echo {q(_IP_END)}",
-        f"echo {q(_END)}",
-        then or "exit 0",  # `then`: what the session goes on with (the sweep agent), else it ends
     ]
+    if agent is None:
+        lines += [f"echo {q(_END)}", "exit 0"]
+    else:
+        # After the cd: the interpreter leaves the working directory off sys.path first (a stray
+        # socket.py there must not matter). Its stdin is the session's: the agent's requests. When it
+        # does not run at all, the shell says so and ends the probe itself.
+        code = (_CHECKS_PY_FIRST + _CHECKS_PY + f"print({_END!r})\nsys.stdout.flush()\n" + agent)
+        lines.append(f"{py} -u -c {q(code)} {py_args} 2>/dev/null || {{ {unknown}echo {q(_END)}; }}")
     return "\n".join(lines) + "\n"
 
 
@@ -635,7 +650,7 @@ def _master_run(connections, host: str, command: str, opts: SshOptions) -> tuple
     """Run the probe with OpenSSH as the host's master connection: (stdout, stderr), or (None, stderr)
     when ssh itself failed (exit 255 without the probe's end marker). A connect timeout is raised as
     one, so the host is not waited for twice. After the probe, the session's shell becomes the job's
-    sweep agent (teardown.AGENT_CODE) and this ssh is kept (connections.adopt)."""
+    agent (sshmux.SESSION_AGENT: the sweep, mpirun's daemon) and this ssh is kept (connections.adopt)."""
     proc = subprocess.Popen(connections.master_argv(host, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)  # Ctrl-C is the launcher's to handle
     marker = (_END + "\n").encode()
@@ -803,9 +818,9 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
                     out = None
                     if connections is not None:  # the job's own ssh, left open as its connection
 
-                        agent = f"exec {shlex.quote(python)} -S -u -c {shlex.quote(AGENT_CODE)}"
                         out, err = _master_run(connections, host, probe_command(
-                            python, script, cwd, master_addr, master_probe_port, check_port, then=agent), ssh)
+                            python, script, cwd, master_addr, master_probe_port, check_port,
+                            agent=SESSION_AGENT), ssh)
                     if out is None:  # no connection, or ssh failed before the probe: paramiko says why
                         config_error = config_of()[1]
                         t = target(host)

@@ -6,6 +6,15 @@ ssh to each host becomes that host's master (ControlMaster=yes, ControlPersist),
 after it (mpirun's daemons through plm_rsh_args, DeepSpeed's job file and pdsh, the sweep) runs as a
 session over it (ControlMaster=no: with no master there, ssh simply connects on its own, as before).
 
+The pre-flight's session itself stays too: after its probe, its shell becomes a small interpreter
+(SESSION_AGENT) that answers the job's requests over the session's stdin and stdout: the end-of-job
+sweep, and (OpenMPI 4) the start of mpirun's daemon on that host. mpirun's rsh agent is then
+gaudi_launch/rshagent.py, which hands each daemon's command line to this launcher over a unix socket in
+the job's directory (``serve_rsh``); the launcher passes it to that host's session, which runs it with
+the user's shell (`$SHELL -c`, from the home directory, as sshd would) and answers with its exit status
+and output. So a host costs the job one handshake and one login shell, as under raw mpirun; a host
+without a session (or no launcher to ask) gets a plain ssh over its master instead.
+
 The sockets live in a private directory of the job (0700, short enough for the 108-byte unix socket
 limit), never in a path another job or user shares. The job closes every master (`ssh -O exit`) and
 removes the directory when it ends, on failure and on Ctrl-C as well (atexit, for paths that end
@@ -20,18 +29,76 @@ import os
 import re
 import select
 import shutil
+import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from typing import Dict, List, Optional, Sequence
-from gaudi_launch.teardown import AGENT_DONE
+
+from gaudi_launch.hostnames import bare_host
+from gaudi_launch.teardown import AGENT_DONE, KILL_CODE
 
 PERSIST_S = 60          # a master outliving a killed launcher exits after this long without a session
 SOCKET = "%C"           # ssh's hash of local host, remote host, port and user: 40 characters
 # sun_path holds 108 bytes with its NUL; ssh binds "PATH.XXXXXXXXXXXXXXXX" first, then renames it.
 _MAX_DIR = 107 - 17 - 1 - 40
+
+RSH_SOCKET = "rsh"       # in the job's directory: where rshagent.py asks for a daemon's start
+RSH_AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rshagent.py")
+# What stops a value from travelling in mpirun's plm_rsh_agent, which mpirun splits on spaces.
+_UNSPLITTABLE = re.compile(r"[\s'\"\\]")
+
+# The pre-flight's session after its probe (run as `python -S -u -c SESSION_AGENT`): one request per
+# stdin line, JSON. A list is a sweep: teardown.KILL_CODE's arguments, answered with its output. An
+# object {"run": COMMAND} runs COMMAND as sshd runs a session's command (the user's shell with -c, from
+# the home directory, stdin /dev/null), in this session's environment (what the login shell set up
+# for the probe), as a shell nested in that one (SHLVL one up: bash reads ~/.bashrc again only for
+# the outermost shell of an ssh session, and the environment it set up is already here), and answers one JSON line {"rc", "out", "err"} (bytes as latin-1; rc 255 when the
+# shell died of a signal, as ssh reports it). Its output goes to files, not pipes: mpirun's daemon
+# (orted --daemonize) leaves a child behind that must not keep the answer waiting. Every answer ends
+# with the line AGENT_DONE. The agent exits at end of input (the launcher closed it, or died).
+SESSION_AGENT = (
+    "import contextlib, io, json, os, sys\n"
+    f"code = compile({KILL_CODE!r}, 'sweep', 'exec')\n"
+    "def run(command):\n"
+    "    import subprocess, tempfile\n"
+    "    home = os.environ.get('HOME') or '/'\n"
+    "    env = dict(os.environ)\n"
+    "    try:\n"
+    "        env['SHLVL'] = str(int(env.get('SHLVL') or 0) + 1)\n"
+    "    except ValueError:\n"
+    "        env['SHLVL'] = '1'\n"
+    "    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:\n"
+    "        try:\n"
+    "            rc = subprocess.call([os.environ.get('SHELL') or '/bin/sh', '-c', command], stdin=subprocess.DEVNULL,\n"
+    "                                 stdout=out, stderr=err, cwd=home if os.path.isdir(home) else '/', env=env)\n"
+    "        except OSError as e:\n"
+    "            err.write(('%s\\n' % e).encode())\n"
+    "            rc = 127\n"
+    "        out.seek(0)\n"
+    "        err.seek(0)\n"
+    "        return json.dumps({'rc': rc if rc >= 0 else 255, 'out': out.read().decode('latin-1'),\n"
+    "                           'err': err.read().decode('latin-1')}) + '\\n'\n"
+    "for line in sys.stdin:\n"
+    "    request = None\n"
+    "    try:\n"
+    "        request = json.loads(line)\n"
+    "        if isinstance(request, dict):\n"
+    "            text = run(request['run'])\n"
+    "        else:\n"
+    "            buf = io.StringIO()\n"
+    "            sys.argv = ['sweep'] + [str(a) for a in request]\n"
+    "            with contextlib.redirect_stdout(buf):\n"
+    "                exec(code, {'__name__': '__main__'})\n"
+    "            text = buf.getvalue()\n"
+    "    except BaseException as e:\n"
+    "        text = (json.dumps({'rc': 255, 'out': '', 'err': 'gaudi-launch session agent: %r\\n' % (e,)}) + '\\n'\n"
+    "                if isinstance(request, dict) else '-1\\n')\n"
+    f"    sys.stdout.write(text + {AGENT_DONE!r} + '\\n')\n"
+    "    sys.stdout.flush()\n")
 
 _lock = threading.Lock()
 _by_job: Dict[str, "Connections"] = {}
@@ -62,6 +129,8 @@ class Connections:
         # interpreter (teardown.AGENT_CODE) that sweeps the job at its end without a new session.
         self.agents: Dict[str, subprocess.Popen] = {}
         self._agent_locks: Dict[str, threading.Lock] = {}
+        self._rsh: Optional[socket.socket] = None   # serve_rsh's listening socket
+        self.daemons_started: Dict[str, int] = {}   # per host, commands run through its session (run_command)
         self.closed = False
         _register(self)
 
@@ -94,30 +163,111 @@ class Connections:
     def agent_run(self, host: str, args: List[str], timeout: float) -> Optional[str]:
         """One sweep through ``host``'s agent: KILL_CODE's output, or None (no agent, or it did not
         answer in time: the caller then uses a new ssh session)."""
+        answer, _ = self._ask(host, args, timeout)
+        return answer
+
+    def run_command(self, host: str, command: str, timeout: Optional[float] = None) -> Optional[dict]:
+        """Run ``command`` on ``host`` through its session (SESSION_AGENT's {"run": ...}): {"rc", "out",
+        "err"}; None when there is no session to ask (the caller may use ssh instead). A session that
+        took the command and gave no answer (it died, or ``timeout``) answers rc 255, as ssh would: the
+        command may have run, so it is never run a second time."""
+        answer, sent = self._ask(host, {"run": command}, timeout)
+        if answer is None:
+            if not sent:
+                return None
+            return {"rc": 255, "out": "", "err": f"gaudi-launch: no answer from the job's session to {host}\n"}
+        with _lock:
+            self.daemons_started[host] = self.daemons_started.get(host, 0) + 1
+        try:
+            res = json.loads(answer)
+            return {"rc": int(res["rc"]), "out": str(res.get("out", "")), "err": str(res.get("err", ""))}
+        except (ValueError, KeyError, TypeError):
+            return {"rc": 255, "out": "", "err": f"gaudi-launch: unreadable answer from the job's session to {host}\n"}
+
+    def _ask(self, host: str, request, timeout: Optional[float]):
+        """(the answer before AGENT_DONE or None, whether the request was written)."""
         proc, lock = self.agents.get(host), self._agent_locks.get(host)
         if proc is None or lock is None or proc.poll() is not None:
-            return None
+            return None, False
         with lock:
             try:
-                proc.stdin.write((json.dumps(args) + "\n").encode())
+                proc.stdin.write((json.dumps(request) + "\n").encode())
                 proc.stdin.flush()
             except (OSError, ValueError):
-                return None
+                return None, False
             marker = (AGENT_DONE + "\n").encode()
-            data = read_until(proc.stdout.fileno(), marker, time.monotonic() + timeout)
+            data = read_until(proc.stdout.fileno(), marker, None if timeout is None else time.monotonic() + timeout)
             if marker not in data:
                 proc.kill()  # out of step now: never use it again
                 proc.wait()
-                return None
-            return data[:data.index(marker)].decode("utf-8", "replace")
+                return None, True
+            return data[:data.index(marker)].decode("utf-8", "replace"), True
+
+    def agent_for(self, name: str) -> Optional[str]:
+        """The host (as the pre-flight named it) whose session serves ``name``, a host name as mpirun
+        gives it to its rsh agent (no user part); None when there is none or it is ambiguous."""
+        if name in self.agents:
+            return name
+        found = [h for h in self.agents if bare_host(h) == name]
+        return found[0] if len(found) == 1 else None
+
+    # ---- mpirun's daemons through the sessions (rshagent.py asks here)
+
+    def rsh_socket(self) -> str:
+        return os.path.join(self.dir, RSH_SOCKET)
+
+    def rsh_agent(self, ssh_words: int) -> Optional[str]:
+        """mpirun's plm_rsh_agent value that starts daemons through the sessions (serve_rsh), for
+        ``ssh_words`` words of plm_rsh_args; None when a path in it would not survive mpirun's split
+        on spaces (then mpirun's own ssh over the masters it is)."""
+        words = [sys.executable, "-S", "-I", RSH_AGENT, self.rsh_socket(), str(int(ssh_words))]
+        if any(not w or _UNSPLITTABLE.search(w) for w in words):
+            return None
+        return " ".join(words)
+
+    def serve_rsh(self) -> str:
+        """Listen on the job's rsh socket (0700 directory: only this user) and answer rshagent.py's
+        requests until close(): each one {"host", "command"} is run through that host's session
+        (run_command), or answered {"fallback": true} when it has none. The socket's path."""
+        with _lock:
+            if self.closed:
+                raise RuntimeError("the job's connections are closed")
+            if self._rsh is not None:
+                return self.rsh_socket()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(self.rsh_socket())
+            sock.listen(128)
+            self._rsh = sock
+        threading.Thread(target=self._accept, args=(sock,), name="sshmux-rsh", daemon=True).start()
+        return self.rsh_socket()
+
+    def _accept(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:  # closed: the job is over
+                return
+            threading.Thread(target=self._answer, args=(conn,), name="sshmux-rsh-host", daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                with conn.makefile("rb") as f:
+                    request = json.loads(f.readline(1 << 20) or b"null")
+                host, command = request["host"], request["command"]
+                agent = self.agent_for(host) if isinstance(host, str) and isinstance(command, str) else None
+                answer = self.run_command(agent, command) if agent is not None else None
+                conn.sendall((json.dumps(answer if answer is not None else {"fallback": True}) + "\n").encode())
+            except (OSError, ValueError, KeyError, TypeError):
+                return  # rshagent.py then fails its start (exit 255), as an ssh that lost its connection
 
     def exit_argv(self, host: str) -> List[str]:
         return ["ssh", *self.ssh_args, "-o", f"ControlPath={self.control_path}", "-O", "exit", host]
 
     def live(self) -> List[str]:
-        """The sockets in the directory now (one per open master)."""
+        """The masters' sockets in the directory now (one per open master)."""
         try:
-            return sorted(os.listdir(self.dir))
+            return sorted(n for n in os.listdir(self.dir) if n != RSH_SOCKET)
         except OSError:
             return []
 
@@ -128,6 +278,13 @@ class Connections:
                 return
             self.closed = True
             _by_job.pop(self.job_id, None)
+            rsh, self._rsh = self._rsh, None
+        if rsh is not None:
+            try:
+                rsh.shutdown(socket.SHUT_RDWR)  # wakes the accept() of serve_rsh's thread
+            except OSError:
+                pass
+            rsh.close()
         agents = list(self.agents.values())
         for proc in agents:  # end of input: each agent exits, and its session with it
             try:
@@ -166,12 +323,13 @@ def _reap(procs, seconds: float, least: float) -> None:
             proc.wait()
 
 
-def read_until(fd: int, marker: bytes, deadline: float) -> bytes:
-    """What ``fd`` gives until ``marker`` (included), end of file or ``deadline`` (monotonic)."""
+def read_until(fd: int, marker: bytes, deadline: Optional[float]) -> bytes:
+    """What ``fd`` gives until ``marker`` (included), end of file or ``deadline`` (monotonic; None:
+    no limit)."""
     data = b""
     while marker not in data:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        left = None if deadline is None else deadline - time.monotonic()
+        if (left is not None and left <= 0) or not select.select([fd], [], [], left)[0]:
             break
         chunk = os.read(fd, 65536)
         if not chunk:

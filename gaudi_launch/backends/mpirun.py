@@ -11,7 +11,7 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from gaudi_launch import jobdir, sshmux
 from gaudi_launch.contract import worker_argv
@@ -137,6 +137,21 @@ def over_connections(argv: List[str], client_args: List[str]) -> List[str]:
     i = argv.index("plm_rsh_args") + 1
     argv[i + 1:i + 1] = ["--mca", "plm_rsh_no_tree_spawn", "1"]
     return argv
+
+
+def through_sessions(argv: List[str], agent: Callable[[int], Optional[str]]) -> List[str]:
+    """``over_connections``' argv with the daemons started through the job's sessions (OpenMPI 4):
+    ``agent(n)`` is mpirun's plm_rsh_agent for plm_rsh_args of n words (sshmux.Connections.rsh_agent),
+    or None, and then the argv stays as it is (the daemons' ssh over the open connections). Pure."""
+    i = argv.index("plm_rsh_args") + 1
+    value = agent(len(argv[i].split()))
+    if value is None:
+        return list(argv)
+    return argv[:i + 1] + ["--mca", "plm_rsh_agent", value] + argv[i + 1:]
+
+
+# A user's own rsh agent for mpirun (environment; also under its older names) is theirs to keep.
+_USER_AGENT = ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_orte_rsh_agent", "OMPI_MCA_pls_rsh_agent")
 
 
 def uneven_error(plan: LaunchPlan, spec: JobSpec) -> UserError:
@@ -271,12 +286,18 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
 
     cmd = plan.commands[0]
     argv, ssh_args = cmd.argv, plan.ssh_args
+    env = {**environ, **plan.env, **cmd.env}
     if connections is not None:  # the pre-flight's connections, kept open for the job
         argv = over_connections(argv, connections.client_args())
         ssh_args = [*ssh_args, *connections.client_args()]
+        # OpenMPI 4: each daemon starts through the pre-flight's session on its host (no second
+        # login shell there). OpenMPI 5 (prterun) keeps its own ssh, over the open connections.
+        if openmpi_major() == 4 and not any(env.get(name) for name in _USER_AGENT):
+            connections.serve_rsh()
+            argv = through_sessions(argv, connections.rsh_agent)
     hosts = rank_hosts(plan)
     watch = host_watch(plan, spec, is_local_host)
-    proc = ProcSpec(rank=0, host=cmd.host, argv=argv, env={**environ, **plan.env, **cmd.env},
+    proc = ProcSpec(rank=0, host=cmd.host, argv=argv, env=env,
                     label="mpirun", ranks=hosts, demux=functools.partial(OmpiDemux, openmpi_major()),
                     explain=lambda lines: explain(lines, hosts))
     # mpirun's own teardown misses what left a rank's process group (a setsid daemon): sweep by job id.

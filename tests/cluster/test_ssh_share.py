@@ -1,9 +1,11 @@
 """One SSH handshake per host per job (issue 18): the pre-flight's ssh to each host stays open as the
 job's connection (OpenSSH ControlMaster in a private directory of the job), mpirun's daemons and the
 end-of-job sweep run over it, and the job closes it at the end, also when the job fails or is stopped.
+One session per host, too (one login shell, as under raw mpirun): the pre-flight's session starts
+mpirun's daemon there and sweeps the job at its end.
 
-A cluster of this module's own (glc/222) whose sshd logs at INFO: every handshake is one
-"Accepted publickey" line. The launcher runs "on" glc-n0, so glc-n1 and glc-n2 are the remote hosts."""
+A cluster of this module's own (glc/222) whose sshd logs at VERBOSE: every handshake is one
+"Accepted publickey" line, every session one "Starting session" line. The launcher runs "on" glc-n0, so glc-n1 and glc-n2 are the remote hosts."""
 from __future__ import annotations
 
 import glob
@@ -25,17 +27,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def cluster(tmp_path_factory):
     require_cluster_support()
     c = NetCluster(3, str(tmp_path_factory.mktemp("sharecluster")), prefix="glc", subnet_octet=222,
-                   sshd_log_level="INFO")
+                   sshd_log_level="VERBOSE")
     with running(c):
         yield c
 
 
-def handshakes(cluster) -> list:
+def handshakes(cluster, what: str = "Accepted publickey") -> list:
     out = []
     for h in cluster.hosts:
         with open(h.sshd_log, errors="replace") as f:
-            out.append(sum("Accepted publickey" in line for line in f))
+            out.append(sum(what in line for line in f))
     return out
+
+
+def sessions(cluster) -> list:
+    return handshakes(cluster, "Starting session: ")
 
 
 def masters(job_id: str = "") -> list:
@@ -59,8 +65,8 @@ def job_id(stderr: str) -> str:
     raise AssertionError(f"no job line in: {stderr[-2000:]}")
 
 
-def test_an_mpirun_job_makes_one_handshake_per_remote_host_and_closes_it(cluster, tmp_path):
-    before = handshakes(cluster)
+def test_an_mpirun_job_makes_one_handshake_and_one_session_per_remote_host_and_closes_it(cluster, tmp_path):
+    before, sessions_before = handshakes(cluster), sessions(cluster)
     res = cluster.run_on(0, launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/hostname"),
                          env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -68,6 +74,21 @@ def test_an_mpirun_job_makes_one_handshake_per_remote_host_and_closes_it(cluster
     after = handshakes(cluster)
     # pre-flight, mpirun's daemons and the sweep: one connection to each remote host; none to host 0
     assert [a - b for a, b in zip(after, before)] == [0, 1, 1]
+    # and one session (one login shell): the daemon started through the pre-flight's
+    assert [a - b for a, b in zip(sessions(cluster), sessions_before)] == [0, 1, 1]
+    assert masters(job_id(res.stderr)) == []
+
+
+def test_a_user_rsh_agent_is_kept(cluster, tmp_path):
+    """OMPI_MCA_plm_rsh_agent of the user's: mpirun's daemons go through it (here plain ssh, over the
+    job's connection: still one handshake, but a session of its own per host)."""
+    before, sessions_before = handshakes(cluster), sessions(cluster)
+    res = cluster.run_on(0, launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/true"),
+                         env=cluster.env({**os.environ, "OMPI_MCA_plm_rsh_agent": "ssh"}), cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert [a - b for a, b in zip(handshakes(cluster), before)] == [0, 1, 1]
+    assert [a - b for a, b in zip(sessions(cluster), sessions_before)] == [0, 2, 2]
     assert masters(job_id(res.stderr)) == []
 
 

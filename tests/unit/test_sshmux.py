@@ -100,3 +100,98 @@ def test_a_sigkilled_launchers_empty_directory_is_removed_at_the_next_start():
     finally:
         conn.close()
         shutil.rmtree(tmp_path)
+
+
+def _session_agent(env=None):
+    """sshmux.SESSION_AGENT as the pre-flight leaves it running, here as a local process."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-S", "-u", "-c", sshmux.SESSION_AGENT], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+
+
+def test_the_session_runs_a_command_as_sshd_would(tmp_path):
+    """{"run": ...}: the user's shell with -c, from the home directory, its exit status and output;
+    a shell nested in the session's (SHLVL one up: bash skips ~/.bashrc, which the session ran)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "SHELL": "/bin/sh", "SHLVL": "0", "MARK": "m1"}
+    conn = sshmux.Connections("d00dfeed", [], tmp=str(tmp_path))
+    try:
+        conn.adopt("u@h1", _session_agent(env))
+        res = conn.run_command("u@h1", 'echo "$MARK $SHLVL $(pwd)"; echo oops >&2; exit 7')
+        assert res == {"rc": 7, "out": f"m1 1 {home}\n", "err": "oops\n"}
+        assert conn.run_command("u@h1", "kill -9 $$")["rc"] == 255  # died of a signal: ssh says 255
+        assert conn.run_command("u@h1", "printf '\\377\\001'")["out"].encode("latin-1") == b"\xff\x01"
+        # a daemon that leaves a child behind holding nothing of ours does not keep the answer waiting
+        res = conn.run_command("u@h1", "sleep 30 </dev/null >/dev/null 2>&1 & echo $!", timeout=10)
+        assert res["rc"] == 0
+        os.kill(int(res["out"]), 9)
+        assert conn.agent_for("h1") == "u@h1" and conn.agent_for("h2") is None
+        assert conn.run_command("h2", "true") is None  # no session there: the caller uses ssh
+        assert conn.daemons_started == {"u@h1": 4}
+    finally:
+        conn.close()
+
+
+def _rsh(conn, tmp_path, *args):
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake_ssh = bin_dir / "ssh"  # the fallback: prints what it was given
+    fake_ssh.write_text("#!/bin/sh\necho \"ssh $*\"\nexit 5\n")
+    fake_ssh.chmod(0o755)
+    agent = conn.rsh_agent(2).split()
+    assert agent[:4] == [sys.executable, "-S", "-I", sshmux.RSH_AGENT] and agent[-2:] == [conn.rsh_socket(), "2"]
+    return subprocess.run([*agent, "-o", "BatchMode=yes", *args], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+
+
+def test_mpiruns_rsh_agent_starts_daemons_through_the_sessions(tmp_path):
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SHELL": "/bin/sh"}
+    conn = sshmux.Connections("beadfeed", ["-F", "/cfg"], tmp=str(tmp_path))
+    try:
+        conn.adopt("h1", _session_agent(env))
+        conn.serve_rsh()
+        # mpirun's words: quoted for the remote shell, joined with spaces as ssh joins them
+        done = _rsh(conn, tmp_path, "h1", "echo", '"a b"', "; echo err >&2; exit 3")
+        assert (done.returncode, done.stdout, done.stderr) == (3, "a b\n", "err\n")
+        assert conn.daemons_started == {"h1": 1}
+        # a host without a session: mpirun's own ssh (with its -x), over the options given
+        done = _rsh(conn, tmp_path, "h2", "orted", "-mca", "x")
+        assert (done.returncode, done.stdout) == (5, "ssh -x -o BatchMode=yes h2 orted -mca x\n")
+    finally:
+        conn.close()
+    assert not os.path.exists(conn.rsh_socket())
+    done = _rsh(conn, tmp_path, "h1", "true")  # no launcher to ask: ssh, and nothing was run twice
+    assert (done.returncode, done.stdout) == (5, "ssh -x -o BatchMode=yes h1 true\n")
+
+
+def test_the_rsh_agent_is_left_out_when_mpirun_would_split_its_paths(tmp_path, monkeypatch):
+    conn = sshmux.Connections("cafef00d", [], tmp=str(tmp_path))
+    try:
+        assert conn.rsh_agent(3).endswith(" 3")
+        monkeypatch.setattr(sshmux.sys, "executable", "/opt/my python/bin/python")
+        assert conn.rsh_agent(3) is None
+    finally:
+        conn.close()
+
+
+def test_mpirun_daemons_through_the_sessions_argv():
+    argv = mpirun.over_connections(["mpirun", "--mca", "plm_rsh_args", "-F /c", "/bin/true"],
+                                   ["-o", "ControlPath=/tmp/d/%C", "-o", "ControlMaster=no"])
+    seen = []
+
+    def agent(n):
+        seen.append(n)
+        return "/py -S -I /a.py /tmp/d/rsh 6"
+    out = mpirun.through_sessions(argv, agent)
+    assert seen == [6]  # -F /c -o ControlPath=... -o ControlMaster=no
+    i = out.index("plm_rsh_agent")
+    assert out[i - 1] == "--mca" and out[i + 1] == "/py -S -I /a.py /tmp/d/rsh 6"
+    assert out[out.index("plm_rsh_args") + 1] == "-F /c -o ControlPath=/tmp/d/%C -o ControlMaster=no"
+    assert out[-1] == "/bin/true" and len(out) == len(argv) + 3
+    assert mpirun.through_sessions(argv, lambda n: None) == argv
