@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Callable, Optional, TextIO
+from typing import Any, Callable, Dict, Optional, TextIO
 
 from gaudi_launch.backends import get_backend
 from gaudi_launch.hangs import with_heartbeats
@@ -40,7 +40,7 @@ def launch(spec: JobSpec, plan: Optional[LaunchPlan] = None, *, stdout: Optional
     """Run the job (``plan``: its first plan, already shown or checked) and return the last attempt's
     result. ``announce``: one line per attempt saying what starts where (the CLI's)."""
     spec = prepare(spec)
-    streams = {k: v for k, v in (("stdout", stdout), ("stderr", stderr)) if v is not None}
+    streams: Dict[str, Any] = {k: v for k, v in (("stdout", stdout), ("stderr", stderr)) if v is not None}
 
     def start(p: LaunchPlan, s: JobSpec, **supervisor_options) -> JobResult:
         if announce:

@@ -28,8 +28,10 @@ def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Lis
 
 def proc_specs(plan: LaunchPlan, environ: Mapping[str, str]) -> List[ProcSpec]:
     """Each rank's whole environment: the launcher's, then the job's, then its own contract."""
-    return [ProcSpec(rank=cmd.rank, host=cmd.host, argv=cmd.argv, env={**environ, **plan.env, **cmd.env})
-            for cmd in plan.commands]
+    # ``commands`` above: one command per rank, each with its rank, in rank order
+    return [ProcSpec(rank=i if cmd.rank is None else cmd.rank, host=cmd.host, argv=cmd.argv,
+                     env={**environ, **plan.env, **cmd.env})
+            for i, cmd in enumerate(plan.commands)]
 
 
 def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = None,
