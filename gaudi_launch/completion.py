@@ -9,7 +9,7 @@ their bare words.
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import click
 from click.shell_completion import BashComplete, get_completion_class
@@ -36,14 +36,14 @@ def _shell(value: str) -> str:
     return value or os.path.basename(os.environ.get("SHELL", "")) or "bash"
 
 
-def _show(ctx: click.Context, _param, value: Optional[str]) -> None:
+def _show(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> None:
     if value is None or ctx.resilient_parsing:
         return
     click.echo(script(ctx.command, _shell(value)))
     ctx.exit()
 
 
-def _install(ctx: click.Context, _param, value: Optional[str]) -> None:
+def _install(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> None:
     if value is None or ctx.resilient_parsing:
         return
     shell = _shell(value)
@@ -65,14 +65,17 @@ def _install(ctx: click.Context, _param, value: Optional[str]) -> None:
     ctx.exit()
 
 
+def _option(name: str, callback: Callable[[click.Context, click.Parameter, Optional[str]], None],
+            help: str) -> click.Option:
+    """An eager option with an optional value (the shell): --NAME alone means the current shell."""
+    return click.Option([name.lstrip("-").replace("-", "_"), name], callback=callback, help=help, is_flag=False,
+                        flag_value="", default=None, expose_value=False, is_eager=True, metavar="[SHELL]")
+
+
 def completion_options() -> List[click.Option]:
-    common = dict(is_flag=False, flag_value="", default=None, expose_value=False, is_eager=True,
-                  metavar="[SHELL]")
-    return [click.Option(["install_completion", "--install-completion"], callback=_install,
-                         help="Install completion for the current shell (or bash, zsh, fish).", **common),
-            click.Option(["show_completion", "--show-completion"], callback=_show,
-                         help="Show completion for the current shell, to copy it or customize the installation.",
-                         **common)]
+    return [_option("--install-completion", _install, "Install completion for the current shell (or bash, zsh, fish)."),
+            _option("--show-completion", _show,
+                    "Show completion for the current shell, to copy it or customize the installation.")]
 
 
 def legacy_bash(command: click.Command) -> Optional[str]:

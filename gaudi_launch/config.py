@@ -1,7 +1,7 @@
 """``--config job.yaml``: any command-line option as a YAML key; the command line wins."""
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import yaml
 
@@ -43,7 +43,7 @@ def load_config(path: str) -> List[Tuple[str, Any, str]]:
         raise UserError("a job file is a mapping of option names to values", where=f"{path}:{root.start_mark.line + 1}",
                         hint="e.g.  hostfile: hostfiles/two-nodes  /  num_devices: 8")
     out = []
-    seen = {}
+    seen: Dict[str, str] = {}  # option name -> where it was first given
     for key_node, value_node in root.value:
         where = f"{path}:{key_node.start_mark.line + 1}"
         if not isinstance(key_node, yaml.ScalarNode):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import ChainMap
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Dict, List, Mapping, MutableMapping, Optional, Sequence, cast
 
 if TYPE_CHECKING:  # types only: the rank bootstrap imports this module, and nothing heavier
     from gaudi_launch.plan import LaunchPlan, NodePlan
@@ -25,7 +25,7 @@ def node_var(name: str) -> str:
     return f"GAUDI_LAUNCH_NODE_{name}"
 
 
-def visible_subset(parent: Optional[str], slots: List[int]) -> str:
+def visible_subset(parent: Optional[str], slots: Sequence[int]) -> str:
     """Slots index what the rank would otherwise see: '4,5,6,7' and [1, 3] -> '5,7'.
 
     Without a restriction (or past its end) a slot is the device of that number. Pure.
@@ -34,7 +34,7 @@ def visible_subset(parent: Optional[str], slots: List[int]) -> str:
     return ",".join(ids[s] if s < len(ids) else str(s) for s in slots)
 
 
-def node_device_env(node_slots: List[List[int]], parents: List[Mapping[str, str]]) -> Dict[str, str]:
+def node_device_env(node_slots: Sequence[Sequence[int]], parents: Sequence[Mapping[str, str]]) -> Dict[str, str]:
     """The variables that carry each node's device subset to ranks a single command starts.
 
     ``parents[i]`` is the environment node i's ranks would inherit (the launcher's own on this
@@ -122,7 +122,9 @@ def read_error_file(path: Optional[str]) -> Optional[dict]:
         return {"message": message, "traceback": None}
     if not isinstance(message, dict):
         return None
-    extra = message.get("extraInfo") if isinstance(message.get("extraInfo"), dict) else {}
+    extra = message.get("extraInfo")
+    if not isinstance(extra, dict):
+        extra = {}
     return {"message": str(message.get("message", "")), "traceback": extra.get("py_callstack")}
 
 
@@ -144,7 +146,7 @@ def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
     computed once per node by a caller that plans many ranks (per rank it is linear in the node's
     devices, and planning became quadratic in ranks).
     """
-    contract = {
+    layout: Dict[str, object] = {
         "RANK": node.ranks[local_rank],
         "LOCAL_RANK": local_rank,
         "WORLD_SIZE": plan.world_size,
@@ -158,10 +160,12 @@ def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
         "MASTER_PORT": plan.master_port,
         "GAUDI_LAUNCH_JOB_ID": plan.job_id,
     }
-    contract.update(node_visibility_env(node, inherited) if node_env is None else node_env)
-    contract = {k: str(v) for k, v in contract.items()}
-    # A ChainMap, not a merged copy of the whole environment for every rank.
-    return {**contract, **elastic_env(contract, ChainMap(contract, inherited or {}))}
+    layout.update(node_visibility_env(node, inherited) if node_env is None else node_env)
+    contract = {k: str(v) for k, v in layout.items()}
+    # A ChainMap, not a merged copy of the whole environment for every rank (only read: the cast is
+    # for ChainMap's stub, which asks for mutable maps).
+    environ = ChainMap(contract, cast(MutableMapping[str, str], inherited or {}))
+    return {**contract, **elastic_env(contract, environ)}
 
 
 def worker_argv(spec: JobSpec, python: Optional[str] = None) -> List[str]:

@@ -6,10 +6,12 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Mapping, NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Mapping, Optional
 
 
-class DeviceCount(NamedTuple):
+@dataclass(frozen=True)
+class DeviceCount:
     count: int
     kind: str     # "hpu", "cuda" or "cpu"
     source: str   # how it was found, shown in --dry-run

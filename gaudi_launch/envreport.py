@@ -53,7 +53,7 @@ def _tool(argv: List[str]) -> Optional[str]:
 
 
 def _nics() -> List[Dict[str, str]]:
-    out = []
+    out: List[Dict[str, str]] = []
     try:
         names = sorted(os.listdir("/sys/class/net"))
     except OSError:

@@ -106,7 +106,7 @@ def misplaced_options(script_args: Sequence[str], launcher_options: Iterable[str
 
 def reads_local_rank(script_source: Optional[str]) -> bool:
     """Whether the script parses --local_rank itself (DeepSpeed-era scripts do)."""
-    return bool(script_source) and bool(re.search(r"""add_argument\(\s*['"]--local[_-]rank['"]""", script_source))
+    return script_source is not None and bool(re.search(r"""add_argument\(\s*['"]--local[_-]rank['"]""", script_source))
 
 
 def notes(program: Sequence[str], *, module: bool, no_python: bool, cwd: str, append_local_rank: bool,

@@ -49,6 +49,7 @@ def beat() -> None:
             _state = -1
             return
         _beat_path, _state = rank_file(directory, rank, "beat"), 1
+    assert _beat_path is not None  # set with _state = 1
     try:
         os.utime(_beat_path)
     except FileNotFoundError:

@@ -127,14 +127,15 @@ def parse_selector(expr: str, option: str) -> dict[str, list[int] | None]:
             # DeepSpeed merges a host's parts (worker-0:1@worker-0:0,1 is worker-0:0,1). A whole
             # host and some of its slots have no clear meaning (DeepSpeed takes only the slots).
             first = keys[key]
-            if (result[first] is None) != (slots is None):
+            before = result[first]
+            if (before is None) != (slots is None):
                 raise UserError(
                     f"host '{name}' is named both whole and with slots",
                     where=option,
                     hint=f"write '{first}' for all its slots, or '{first}:0,1' for some",
                 )
-            if slots is not None:
-                result[first] = sorted(set(result[first]) | set(slots))
+            if before is not None and slots is not None:
+                result[first] = sorted(set(before) | set(slots))
             continue
         keys[key] = name
         result[name] = slots

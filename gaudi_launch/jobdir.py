@@ -155,12 +155,18 @@ def is_stale(owner: Optional[str], job_id: str, age_s: float, live_ids: Set[str]
     return pid == 0 or _start_time(pid) != start
 
 
+def _job_id(name: str) -> Optional[str]:
+    """The job id in a job directory's name; None for any other name. Pure."""
+    m = _JOB_DIR_NAME.fullmatch(name[len(PREFIX):]) if name.startswith(PREFIX) else None
+    return m.group(1) if m else None
+
+
 def clean_stale(tmp: Optional[str] = None, now: Optional[float] = None) -> List[str]:
     """Remove this user's job directories whose jobs are over; the paths removed."""
     tmp = tmp or tempfile.gettempdir()
     now = time.time() if now is None else now
     try:
-        names = [n for n in os.listdir(tmp) if n.startswith(PREFIX) and _JOB_DIR_NAME.fullmatch(n[len(PREFIX):])]
+        names = [n for n in os.listdir(tmp) if _job_id(n) is not None]
     except OSError:
         return []
     if not names:
@@ -178,9 +184,9 @@ def clean_stale(tmp: Optional[str] = None, now: Optional[float] = None) -> List[
                 owner: Optional[str] = f.read()
         except OSError:
             owner = None
+        job_id = _job_id(name)
         try:
-            job_id = _JOB_DIR_NAME.fullmatch(name[len(PREFIX):]).group(1)
-            stale = is_stale(owner, job_id, age, live, host)
+            stale = job_id is not None and is_stale(owner, job_id, age, live, host)
         except ValueError:
             stale = False
         if stale:

@@ -17,7 +17,7 @@ from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.hostnames import is_local_host
 from gaudi_launch.plan import LaunchPlan
-from gaudi_launch.preflight import SshOptions, check_hosts
+from gaudi_launch.preflight import HostFacts, SshOptions, check_hosts
 from gaudi_launch.spec import JobSpec
 from gaudi_launch.watch import HostWatch, ssh_endpoints
 
@@ -142,7 +142,7 @@ def pick_remote_port() -> int:
 
 def resolve_ip(addr: str) -> Optional[str]:
     try:
-        return socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0])
     except (socket.gaierror, IndexError, UnicodeError):
         return None
 
@@ -170,11 +170,11 @@ def default_preflight(plan: LaunchPlan, spec: JobSpec):
     return run_preflight(plan, spec, local=is_local_host, progress=progress_printer())
 
 
-def apply_facts(plan: LaunchPlan, facts: Mapping[str, object], environ: Mapping[str, str]) -> None:
+def apply_facts(plan: LaunchPlan, facts: Mapping[str, HostFacts], environ: Mapping[str, str]) -> None:
     """Interface, its network and the CPU budget from what the pre-flight saw on each host."""
-    cpus = [f.ncpus for f in facts.values() if getattr(f, "ncpus", None)]
+    cpus = [f.ncpus for f in facts.values() if f.ncpus]
     plan.cores_per_host = min(cpus) if cpus else None
-    interfaces = {h: fabric.parse_ip_addr(f.ip_addr) for h, f in facts.items() if getattr(f, "ip_addr", "")}
+    interfaces = {h: fabric.parse_ip_addr(f.ip_addr) for h, f in facts.items() if f.ip_addr}
     master_ip = resolve_ip(plan.master_addr)
     user_pick = {**environ, **plan.env}.get("HCCL_SOCKET_IFNAME")
     if user_pick:

@@ -316,9 +316,9 @@ def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
     if xs:
         fig, ax = _figure()
         ax.plot(xs, ys, marker="." if len(xs) < 40 else None, label="samples/s (since warm-up)")
-        final = [s for s in summaries if _number(s.get("train_samples_per_second")) is not None]
+        final = [v for v in (_number(s.get("train_samples_per_second")) for s in summaries) if v is not None]
         if final:
-            avg = _number(final[-1]["train_samples_per_second"])
+            avg = final[-1]
             ax.axhline(avg, linestyle="--", color="C2", label=f"whole run: {_fmt(avg)} samples/s")
             ys = ys + [avg]
         _headroom(ax, ys)
@@ -446,7 +446,12 @@ def plot_seed_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
 
 def plot_launch_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
     baseline = data.get("baseline", "mpirun (raw)")
-    names, vals, lows, highs, notes, colors = [], [], [], [], [], []
+    names: List[str] = []
+    vals: List[Optional[float]] = []
+    lows: List[Optional[float]] = []
+    highs: List[Optional[float]] = []
+    notes: List[str] = []
+    colors: List[str] = []
     scopes = data.get("results", {})
     for scope, table in scopes.items():
         for name, e in table.items():

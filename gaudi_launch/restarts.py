@@ -15,11 +15,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, FrozenSet, List, Optional, Sequence, TextIO, Tuple
+from typing import TYPE_CHECKING, Callable, FrozenSet, List, Optional, Sequence, TextIO, Tuple
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
 from gaudi_launch.hangs import HEARTBEAT_DIR, HangWatch, check_watchable
+
+if TYPE_CHECKING:  # types only: spec.py imports this module
+    from gaudi_launch.plan import LaunchPlan
+    from gaudi_launch.spec import JobSpec
+    from gaudi_launch.supervise import JobResult
 
 CAUSES = ("rank", "host", "hang")  # a rank failed; a host stopped answering; no rank advanced
 MAX_RESTARTS = 1000                # a typo guard, not a policy
@@ -197,8 +202,10 @@ def _wait(seconds: float, announce: Callable[[], None]) -> Optional[int]:
     return got[0] if got else None
 
 
-def run_job(spec, first_plan, *, build: Callable, start: Callable, err: Optional[TextIO] = None,
-            wait: Callable[[float, Callable[[], None]], Optional[int]] = _wait, clock: Callable[[], float] = time.monotonic):
+def run_job(spec: JobSpec, first_plan: LaunchPlan, *, build: Callable[[JobSpec], LaunchPlan],
+            start: Callable[..., JobResult], err: Optional[TextIO] = None,
+            wait: Callable[[float, Callable[[], None]], Optional[int]] = _wait,
+            clock: Callable[[], float] = time.monotonic) -> JobResult:
     """Run the job, and again after a failure while --max-restarts allows; the last JobResult.
 
     ``build(spec) -> plan`` plans a later attempt (the first plan is given: it was shown or checked
@@ -218,7 +225,9 @@ def run_job(spec, first_plan, *, build: Callable, start: Callable, err: Optional
             watch.close()
 
 
-def _attempts(spec, plan, build, start, err, wait, clock, watch):
+def _attempts(spec: JobSpec, plan: LaunchPlan, build: Callable[[JobSpec], LaunchPlan], start: Callable[..., JobResult],
+              err: TextIO, wait: Callable[[float, Callable[[], None]], Optional[int]], clock: Callable[[], float],
+              watch: Optional[HangWatch]) -> JobResult:
     restart_on = parse_restart_on(spec.restart_on)
     attempts: List[Attempt] = []
     lost: List[str] = list(spec.lost_hosts)
@@ -231,11 +240,12 @@ def _attempts(spec, plan, build, start, err, wait, clock, watch):
         began = clock()
         result = start(plan, current, **options)
         attempts.append(describe(result, len(attempts) + 1, clock() - began))
-        if not should_restart(result, len(attempts) - 1, spec.max_restarts, restart_on):
+        cause = attempts[-1].cause
+        if cause is None or not should_restart(result, len(attempts) - 1, spec.max_restarts, restart_on):
             break
         restart = len(attempts)
         attempts[-1].backoff_s = backoff_s(restart, spec.restart_backoff)
-        message = (f"gaudi-launch: attempt {restart} failed ({_CAUSE_WORDS[attempts[-1].cause]}); restart "
+        message = (f"gaudi-launch: attempt {restart} failed ({_CAUSE_WORDS[cause]}); restart "
                    f"{restart} of {spec.max_restarts} in {attempts[-1].backoff_s:g} s")
         signum = wait(attempts[-1].backoff_s, lambda: _say(err, message))
         if signum is not None:
@@ -243,7 +253,7 @@ def _attempts(spec, plan, build, start, err, wait, clock, watch):
             result = dataclasses.replace(result, exit_code=for_signal(signum),
                                          interrupted_by=signal.Signals(signum).name)
             break
-        if attempts[-1].cause == "host":  # left out from now on (a spare, if any, takes its place)
+        if cause == "host":  # left out from now on (a spare, if any, takes its place)
             lost += [h for h in lost_hosts_in(result.lost, [n.host for n in plan.nodes]) if h not in lost]
         current = attempt_spec(spec, restart, lost)
         try:

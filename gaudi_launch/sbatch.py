@@ -79,6 +79,8 @@ def script_text(plan: LaunchPlan, spec: JobSpec, env_file: str, cwd: str) -> str
 
 def write(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Dict[str, str]:
     """The script (0700) and its env file (0600), both new: an existing file is never overwritten."""
+    if not spec.sbatch:
+        raise ValueError("no --sbatch path to write the script to")
     path = os.path.abspath(spec.sbatch)
     env_file = path + ".env"
     for p in (path, env_file):

@@ -157,7 +157,9 @@ def find_culprit(first: ProcResult) -> Culprit:
     """Which rank of the first failing process failed, from the best evidence there is. Pure."""
     if first.records:
         rec = first.records[0]
-        rank = rec.get("rank") if isinstance(rec.get("rank"), int) else first.rank
+        rank = rec.get("rank")
+        if not isinstance(rank, int):
+            rank = first.rank
         status = f"killed by {rec['signal']}" if rec.get("signal") else f"exit code {rec.get('exit_code')}"
         if len(first.rank_hosts) == 1 and not first.launcher and first.returncode is not None:
             status = first.status
@@ -173,7 +175,8 @@ def find_culprit(first: ProcResult) -> Culprit:
         found = first.explain(first.tail)
         if found is not None:
             if not found.excerpt:
-                found.excerpt = failure_excerpt(first.rank_tails.get(found.rank) or first.tail)
+                tail = first.rank_tails.get(found.rank) if found.rank is not None else None
+                found.excerpt = failure_excerpt(tail or first.tail)
             return found
     return Culprit(first.rank, first.host, first.status,
                    failure_excerpt(first.rank_tails.get(first.rank) or first.tail))
@@ -344,12 +347,12 @@ class Supervisor:
             except (OSError, ValueError):
                 pass
 
-    def _log(self, name: str, line: str) -> None:
+    def _log(self, log_dir: str, name: str, line: str) -> None:
         """Append to LOG_DIR/NAME.log (one file per rank); called with the write lock held.
 
         A log that cannot be written (disk full, a planted link) is reported once and dropped:
         the output goes on to the terminal and the job's exit status does not change."""
-        path = os.path.join(self.log_dir, f"{name}.log")
+        path = os.path.join(log_dir, f"{name}.log")
         if name not in self._logs:
             try:
                 self._logs[name] = open_log(path)
@@ -399,7 +402,8 @@ class Supervisor:
             if rank is not None:
                 proc.rank_tails.setdefault(rank, deque(maxlen=TAIL_KEEP)).append(kept)
             if self.log_dir:
-                self._log(f"rank-{rank}" if rank is not None else proc.spec.name.replace(" ", "-"), line)
+                name = f"rank-{rank}" if rank is not None else proc.spec.name.replace(" ", "-")
+                self._log(self.log_dir, name, line)
             if self.console_ranks is not None and rank is not None and rank not in self.console_ranks:
                 return
             try:
@@ -416,7 +420,7 @@ class Supervisor:
         spec = proc.spec
         proc.started = time.monotonic()
         try:
-            proc.popen = subprocess.Popen(
+            popen = subprocess.Popen(
                 spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 preexec_fn=_die_with_parent)
@@ -427,15 +431,15 @@ class Supervisor:
             self._spawn_failed = True
             self._events.put(("exit", proc.index))
             return
-        proc.state = "running"
-        for pipe, sink in ((proc.popen.stdout, self.out), (proc.popen.stderr, self.err)):
+        proc.popen, proc.state = popen, "running"
+        for pipe, sink in ((popen.stdout, self.out), (popen.stderr, self.err)):
             t = threading.Thread(target=self._pump, args=(proc, pipe, sink), daemon=True)
             t.start()
             proc.readers.append(t)
-        threading.Thread(target=self._wait, args=(proc,), daemon=True).start()
+        threading.Thread(target=self._wait, args=(proc, popen), daemon=True).start()
 
-    def _wait(self, proc: _Proc) -> None:
-        proc.returncode = proc.popen.wait()
+    def _wait(self, proc: _Proc, popen: subprocess.Popen) -> None:
+        proc.returncode = popen.wait()
         self._spawn_failed = self._spawn_failed or proc.returncode != 0
         proc.ended = time.monotonic()
         self._events.put(("exit", proc.index))
@@ -615,6 +619,8 @@ class Supervisor:
         first_result = results[first.index] if first else None
         culprit = find_culprit(first_result) if first_result else None
         if first_result is not None:
+            # A failing process's returncode is set: the loop above ends once every started one exited.
+            assert first_result.returncode is not None
             code = exit_code_for(first_result.returncode)
             record_code = first_result.records[0].get("exit_code") if first_result.records else None
             if (len(first_result.rank_hosts) > 1 or first_result.launcher) and isinstance(record_code, int) \

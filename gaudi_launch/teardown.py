@@ -150,8 +150,8 @@ def sweep_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence
         argv = kill_argv(sys.executable, job_id, sig, since) if is_local(host) else \
             remote_argv(host, ssh_args, python, job_id, sig, since)
         try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-            return parse_sweep(out.stdout) if out.returncode == 0 else Sweep(-1, [])
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            return parse_sweep(done.stdout) if done.returncode == 0 else Sweep(-1, [])
         except (OSError, subprocess.SubprocessError, ValueError):
             return Sweep(-1, [])
 

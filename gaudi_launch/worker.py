@@ -145,7 +145,7 @@ def _clean_dead_jobs() -> None:
         pass  # housekeeping only: never a reason for the rank to fail
 
 
-def _hpu_env(script_args: List[str], environ: Mapping[str, str]) -> Dict[str, str]:
+def _hpu_env(script_args: List[str], environ: MutableMapping[str, str]) -> Dict[str, str]:
     # The bridge reads lazy mode and the autocast op lists once, at import, and `import torch`
     # imports it (SynapseAI >= 1.18): they must be in place before the script's first line.
     job = environ.get("GAUDI_LAUNCH_JOB_ID", "")
@@ -359,9 +359,11 @@ def _whole_lines() -> None:
     # One write per line: ranks sharing a pipe (pdsh, mpirun, our supervisor) must not interleave
     # inside a line, as they do when print() writes its pieces separately (python -u).
     for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # io.TextIOWrapper's; a replaced stream may lack it
         try:
-            stream.reconfigure(line_buffering=True, write_through=False)
-        except (AttributeError, ValueError):
+            if reconfigure is not None:
+                reconfigure(line_buffering=True, write_through=False)
+        except ValueError:
             pass
 
 

@@ -18,7 +18,7 @@ import re
 import shlex
 import signal
 import subprocess
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tuple
 
 from gaudi_launch import fabric, slurm
 from gaudi_launch.contract import node_device_env, worker_argv
@@ -153,8 +153,12 @@ def probe_argv(nodes: List[str], job: str, master: str, python: str, script: str
             python, "-c", PROBE, master, script, str(port)]
 
 
+# {node: what the probe saw there (a JSON object)}, or {"error": srun's words} when it could not probe.
+NodeFacts = Dict[str, Any]
+
+
 def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str, str],
-                script: str = "", port: int = 0) -> Optional[Dict[str, dict]]:
+                script: str = "", port: int = 0) -> Optional[NodeFacts]:
     """{node: {"ip_addr", "master_ip", "script", "cwd"}} from the allocation's nodes; None when
     srun cannot tell ({"error": srun's words} when it said why)."""
     import json
@@ -181,7 +185,7 @@ def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str
     return {"error": "; ".join(words)} if words else None
 
 
-def check_nodes(facts: Optional[Dict[str, dict]], script: str, python: str, port: int = 0, needed: int = 0) -> None:
+def check_nodes(facts: Optional[NodeFacts], script: str, python: str, port: int = 0, needed: int = 0) -> None:
     """What would make every rank on a node fail at once: a script the node does not have, or an
     interpreter srun could not start there. Pure."""
     if not facts:
@@ -208,7 +212,7 @@ def check_nodes(facts: Optional[Dict[str, dict]], script: str, python: str, port
                                                       "devices with hl-smi; nothing was started")
 
 
-def apply_node_facts(plan: LaunchPlan, facts: Optional[Dict[str, dict]], environ: Mapping[str, str]) -> None:
+def apply_node_facts(plan: LaunchPlan, facts: Optional[NodeFacts], environ: Mapping[str, str]) -> None:
     """The interface for HCCL/GLOO/NCCL_SOCKET_IFNAME, as for mpirun: the one carrying the master's
     subnet on every node. Pure."""
     if facts and "error" in facts:
@@ -234,7 +238,7 @@ def apply_node_facts(plan: LaunchPlan, facts: Optional[Dict[str, dict]], environ
 
 def build_plan(spec: JobSpec, environ: Mapping[str, str],
                hostnames: Callable[[str, Mapping[str, str]], List[str]] = slurm.scontrol_hostnames,
-               probe: Callable[..., Optional[Dict[str, dict]]] = probe_nodes) -> LaunchPlan:
+               probe: Callable[..., Optional[NodeFacts]] = probe_nodes) -> LaunchPlan:
     """The plan of a Slurm job. Pure except ``hostnames``, ``probe`` (inside an allocation, unless
     --no-ssh-check) and reading the env files (as every plan)."""
     if spec.hostfile is not None:
@@ -363,7 +367,8 @@ class Where:
         self.nodes: Optional[List[str]] = [n.host for n in plan.nodes] if inside else None
         self.lock = threading.Lock()
 
-    def known(self) -> bool:
+    def known(self) -> Optional[List[str]]:
+        """The job's nodes, once Slurm tells them (None until then)."""
         with self.lock:
             if self.nodes is None:
                 listed = _slurm_cmd(["squeue", "--me", "-h", "-s", "-o", "%i %j %N"], self.env) or ""
@@ -375,11 +380,11 @@ class Where:
                             self.job, self.nodes = parts[0].split(".")[0], nodes
                             for node, planned in zip(nodes, self.plan.nodes):
                                 self.ranks.update({r: node for r in planned.ranks})
-            return self.nodes is not None
+            return self.nodes
 
 
 def sweeper(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], where: Where,
-            lost: Callable[[], object] = frozenset):
+            lost: Callable[[], Collection[str]] = frozenset):
     """The job-id sweep on the job's nodes that still answer (once they are known)."""
     import time
 
@@ -387,13 +392,15 @@ def sweeper(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], where: 
     since = time.time() - 60
 
     def sweep(sig: int):
-        if not where.known():
+        nodes = where.known()  # (sets where.job with the nodes)
+        job = where.job
+        if nodes is None or job is None:
             return {}
-        alive = [n for n in where.nodes if n not in lost()]
+        alive = [n for n in nodes if n not in lost()]
         if not alive:
             return {}
         try:
-            out = subprocess.run(sweep_argv(plan, spec, where.job, alive, sig, since), env=env, capture_output=True,
+            out = subprocess.run(sweep_argv(plan, spec, job, alive, sig, since), env=env, capture_output=True,
                                  text=True, timeout=60, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError):
             return {}
@@ -536,9 +543,10 @@ def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = 
 
     def probe() -> Optional[str]:
         if not watches:
-            if not where.known():
+            nodes = where.known()
+            if nodes is None:
                 return None
-            watches.append(node_watch(where.nodes, env))
+            watches.append(node_watch(nodes, env))
         if watches[0] is None:
             return None
         message = watches[0].probe()
