@@ -334,10 +334,15 @@ def probe_command(python: str, script: Optional[str], cwd: str, master_addr: str
         f"echo {q(_BEGIN)}",
         # each external tool gets a time limit when `timeout` exists
         f"_t() {{ if command -v timeout >/dev/null 2>&1; then timeout {_STEP_TIMEOUT} \"$@\"; else \"$@\"; fi; }}",
-        "_one() { tr -d '\\r' | tr '\\n' ' ' | sed 's/ *$//'; }",
-        "echo \"hostname=$( (hostname || uname -n || cat /proc/sys/kernel/hostname) 2>/dev/null | head -n 1 | _one)\"",
-        "echo \"ncpus=$( (nproc || getconf _NPROCESSORS_ONLN) 2>/dev/null | head -n 1 | _one)\"",
-        f"echo \"python_path=$(command -v {py} 2>/dev/null | head -n 1 | _one)\"",
+        # _one TEXT: its first line, without carriage returns or trailing spaces, in $_v: the shell's
+        # own expansions (no head, tr or sed to start: the probe runs on every host of every job)
+        "_nl='\n'",
+        "_cr='\r'",
+        "_one() { _v=$1; while :; do case $_v in *\"$_cr\"*) _v=${_v%%\"$_cr\"*}${_v#*\"$_cr\"};; *) break;; esac; "
+        "done; _v=${_v%%\"$_nl\"*}; while [ \"${_v% }\" != \"$_v\" ]; do _v=${_v% }; done; }",
+        "_one \"$( (hostname || uname -n || cat /proc/sys/kernel/hostname) 2>/dev/null)\"; echo \"hostname=$_v\"",
+        "_one \"$( (nproc || getconf _NPROCESSORS_ONLN) 2>/dev/null)\"; echo \"ncpus=$_v\"",
+        f"_one \"$(command -v {py} 2>/dev/null)\"; echo \"python_path=$_v\"",
     ]
     lines += [
         "if command -v hl-smi >/dev/null 2>&1; then "
@@ -347,7 +352,7 @@ def probe_command(python: str, script: Optional[str], cwd: str, master_addr: str
         "else echo devices=none; fi",
         "_m=$(command -v mpirun 2>/dev/null || { [ -x /opt/amazon/openmpi/bin/mpirun ] && "
         "echo /opt/amazon/openmpi/bin/mpirun; }); "
-        "if [ -n \"$_m\" ]; then echo \"openmpi=$(_t \"$_m\" --version 2>&1 </dev/null | head -n 1 | _one)\"; fi",
+        "if [ -n \"$_m\" ]; then _one \"$(_t \"$_m\" --version 2>&1 </dev/null)\"; echo \"openmpi=$_v\"; fi",
     ]
     py_args = f"{q(master_addr)} {q(str(int(master_ssh_port)))}" + (
         f" {q(str(int(check_port)))}" if check_port is not None else "")
