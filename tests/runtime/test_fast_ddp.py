@@ -67,10 +67,10 @@ def params(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def train(model, opt_cls, rank, reduce):
+def train(model, opt_cls, rank, reduce, set_to_none=False):
     opt = opt_cls(model.parameters(), lr=0.05)
     for step in range(STEPS):
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=set_to_none)
         x, y = batch(rank, step) if rank is not None else full_batch(step)
         loss_fn(model, x, y).backward()
         reduce()
@@ -90,16 +90,24 @@ def rank_main(rank: int, port: int, out_dir: str) -> None:
     model = make_model(0)
     ddp_model = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model))
     loss_fn(model, x, y).backward()
-    FastDDP(model).all_reduce_gradients()
+    reducer = FastDDP(model)
+    reducer.all_reduce_gradients()
     res["fast_fp32"] = grads(model)
+    # On CPU with an fp32 buffer the gradients are now views of the buffer, which is all of them.
+    flat = reducer.flat_gradients()
+    res["flat_is_buffer"] = flat is not None and flat.data_ptr() == reducer._buffer.data_ptr()
+    res["grads_in_buffer"] = [p.grad.untyped_storage().data_ptr() == reducer._buffer.untyped_storage().data_ptr()
+                              for p in model.parameters()]
     loss_fn(ddp_model, x, y).backward()
     res["ddp"] = grads(ddp_model.module)
 
     bf16_model = make_model(0)
     loss_fn(bf16_model, x, y).backward()
     res["local"] = grads(bf16_model)  # this rank's own gradient, before any reduction
-    FastDDP(bf16_model, buffer_dtype=torch.bfloat16).all_reduce_gradients()
+    bf16_reducer = FastDDP(bf16_model, buffer_dtype=torch.bfloat16)
+    bf16_reducer.all_reduce_gradients()
     res["fast_bf16"] = grads(bf16_model)
+    res["bf16_flat"] = bf16_reducer.flat_gradients() is not None  # fp32 grads cannot be bf16 views
 
     # Exactly one all_reduce per step, counted at torch.distributed.all_reduce itself.
     calls = []
@@ -137,6 +145,11 @@ def rank_main(rank: int, port: int, out_dir: str) -> None:
         reducer = FastDDP(m)
         reducer.broadcast_parameters()
         res[f"train_{name}"] = train(m, opt_cls, rank, reducer.all_reduce_gradients)
+    # Gradients freed every step (set_to_none): each new one goes back into the buffer, same result.
+    m = make_model(200 + rank)
+    reducer = FastDDP(m)
+    reducer.broadcast_parameters()
+    res["train_set_to_none"] = train(m, torch.optim.AdamW, rank, reducer.all_reduce_gradients, set_to_none=True)
 
     # A gradient present at the first call and None later is an error, raised before the
     # collective on both ranks (so neither hangs).
@@ -234,6 +247,51 @@ def test_training_keeps_ranks_identical_and_matches_reference(results):
         # Same as one process training rank 0's initial model on the concatenated batches.
         reference = train(make_model(200), opt_cls, None, lambda: None)
         assert_close_all(r0, reference, atol=1e-5)
+
+
+def test_gradients_are_views_of_the_buffer_on_cpu(results):
+    for res in results:
+        assert res["flat_is_buffer"] and all(res["grads_in_buffer"])
+        assert not res["bf16_flat"]
+
+
+def test_gradients_replaced_each_step_are_reduced_too(results):
+    r0, r1 = results[0]["train_set_to_none"], results[1]["train_set_to_none"]
+    assert all(torch.equal(a, b) for a, b in zip(r0, r1))
+    assert_close_all(r0, train(make_model(200), torch.optim.AdamW, None, lambda: None), atol=1e-5)
+
+
+class FakeWork:
+    def __init__(self, done_after: int, error: Exception | None = None) -> None:
+        self.polls, self.waits, self.done_after, self.error = 0, 0, done_after, error
+
+    def is_completed(self) -> bool:
+        self.polls += 1
+        return self.polls > self.done_after
+
+    def wait(self) -> bool:
+        self.waits += 1
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+def test_wait_polling_polls_then_waits_once():
+    work = FakeWork(done_after=3)
+    fast_ddp.wait_polling(work, poll_s=60)
+    assert work.polls == 4 and work.waits == 1  # wait() as well: it raises the collective's error
+
+
+def test_wait_polling_sleeps_in_wait_after_its_budget():
+    work = FakeWork(done_after=10 ** 9)
+    fast_ddp.wait_polling(work, poll_s=0.0)
+    assert work.waits == 1 and work.polls <= 2
+
+
+def test_wait_polling_raises_the_collectives_error():
+    work = FakeWork(done_after=0, error=RuntimeError("gloo: connection closed by peer"))
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        fast_ddp.wait_polling(work)
 
 
 def test_broadcast_parameters_makes_models_equal(results):
