@@ -29,7 +29,7 @@ from gaudi_launch.runtime.device import (DeviceInfo, init_distributed, mark_step
 from gaudi_launch.runtime.fast_ddp import FastDDP
 from gaudi_launch.runtime.graphs import InferenceGraphs, apply_hpu_graphs, compile_model
 from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
-from gaudi_launch.runtime.optim import clip_grad_norm, make_optimizer, make_scheduler
+from gaudi_launch.runtime.optim import clip_flat_grad_norm, clip_grad_norm, make_optimizer, make_scheduler
 from gaudi_launch.runtime.precision import autocast
 
 
@@ -190,7 +190,8 @@ class Trainer:
         apply_hpu_graphs(self.model, info, args)
         if self.world > 1 and args.distribution_strategy == "fast_ddp":
             dtype = args.fast_ddp_buffer_dtype or ("bf16" if info.kind == "hpu" else "fp32")
-            self.fast_ddp = FastDDP(self.model, buffer_dtype=_BUFFER_DTYPES[dtype], wait=info.kind != "hpu")
+            self.fast_ddp = FastDDP(self.model, buffer_dtype=_BUFFER_DTYPES[dtype], wait=info.kind != "hpu",
+                                    grads_as_views=info.kind != "hpu")
             self.fast_ddp.broadcast_parameters()
             self.train_model = self.model
         elif self.world > 1:
@@ -406,8 +407,13 @@ class Trainer:
             self.fast_ddp.all_reduce_gradients()
             mark_step(info)
         if args.max_grad_norm and args.max_grad_norm > 0:
-            params = [p for p in self.model.parameters() if p.grad is not None]
-            _, self._fused_clip = clip_grad_norm(params, args.max_grad_norm, info, self.gaudi_config, self._fused_clip)
+            flat = self.fast_ddp.flat_gradients() if self.fast_ddp is not None else None
+            if flat is not None:
+                clip_flat_grad_norm(flat, args.max_grad_norm)  # every gradient is a view of it
+            else:
+                params = [p for p in self.model.parameters() if p.grad is not None]
+                _, self._fused_clip = clip_grad_norm(params, args.max_grad_norm, info, self.gaudi_config,
+                                                     self._fused_clip)
         self.optimizer.step()
         scheduler.step()
         self.optimizer.zero_grad(set_to_none=grads_to_none(args, self.world))
