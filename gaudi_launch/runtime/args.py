@@ -87,6 +87,8 @@ class TrainingArguments:
     device: Optional[str] = _opt(None, "default: hpu if habana_frameworks imports, else cuda, else cpu",
                                  choices=("hpu", "cuda", "cpu"))
     fast_ddp_buffer_dtype: Optional[str] = _opt(None, "default: bf16 on HPU, fp32 elsewhere", choices=("bf16", "fp32"))
+    fused_kernels: bool = _opt(True, "off HPU, swap a model's slow modules for fused torch equivalents (GPT-2's "
+                                     "gelu_new: one F.gelu kernel, equal up to rounding); false keeps the model's own")
     report_to: str = _opt("none")
     ddp_timeout: int = _opt(1800, "seconds")
     attn_implementation: Optional[str] = _opt(

@@ -28,6 +28,7 @@ from gaudi_launch.runtime.device import (DeviceInfo, init_distributed, mark_step
                                          select_device, set_dynamic_shapes)
 from gaudi_launch.runtime.fast_ddp import FastDDP
 from gaudi_launch.runtime.graphs import InferenceGraphs, apply_hpu_graphs, compile_model
+from gaudi_launch.runtime.kernels import use_fused_kernels
 from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
 from gaudi_launch.runtime.optim import clip_flat_grad_norm, clip_grad_norm, make_optimizer, make_scheduler
 from gaudi_launch.runtime.precision import autocast
@@ -163,6 +164,7 @@ class Trainer:
         self._eval_warned = False
         set_seed(args.seed)
         apply_attention(model, args, self.info)
+        use_fused_kernels(model, self.info, args.fused_kernels)
         if args.gradient_checkpointing:
             enable_checkpointing(model)
         self.model = model.to(self.info.device)
