@@ -94,9 +94,11 @@ def role_hf(args) -> dict:
 
 
 def role_bare(args) -> dict:
-    """The floor of any runtime: the model's forward, backward and AdamW in a plain loop with torch's
-    DDP for the gradient all-reduce, and nothing else (no logging, metrics, clipping, checkpoints):
-    what the model's own step costs, beside which a trainer's overheads show."""
+    """The model's forward, backward and fused AdamW (the kernel both trainers use) in a plain loop
+    with torch's DDP for the gradient all-reduce, and nothing else (no logging, metrics, clipping,
+    checkpoints): what the model's own step costs under DDP, beside which a trainer's overheads
+    show. Not a floor: DDP's own waits (a buffer broadcast in every forward for models with buffers,
+    BERT's position ids; a sleeping wait for the all-reduce) cost more than a trainer's work here."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -111,7 +113,7 @@ def role_bare(args) -> dict:
         sampler = DistributedSampler(dataset, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, shuffle=sampler is None,
                         collate_fn=collator, drop_last=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)  # both trainers' AdamW kernel
     model.train()
     step, start, epoch = 0, None, 0
     while step < args.steps:
