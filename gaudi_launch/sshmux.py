@@ -2,7 +2,7 @@
 
 A handshake (key exchange, authentication, a fresh sshd) is most of what an ssh costs, and a job used
 to make several per host: the pre-flight, mpirun's daemons, the end-of-job sweep. Now the pre-flight's
-ssh to each host becomes that host's master (ControlMaster=yes, ControlPersist), and everything
+ssh to each host becomes that host's master (ControlMaster=yes), and everything
 after it (mpirun's daemons through plm_rsh_args, DeepSpeed's job file and pdsh, the sweep) runs as a
 session over it (ControlMaster=no: with no master there, ssh simply connects on its own, as before).
 
@@ -16,10 +16,12 @@ and output. So a host costs the job one handshake and one login shell, as under 
 without a session (or no launcher to ask) gets a plain ssh over its master instead.
 
 The sockets live in a private directory of the job (0700, short enough for the 108-byte unix socket
-limit), never in a path another job or user shares. The job closes every master (`ssh -O exit`) and
-removes the directory when it ends, on failure and on Ctrl-C as well (atexit, for paths that end
-before a backend runs: --check-only, a failed pre-flight); a launcher killed outright leaves a master
-that exits by itself after PERSIST_S idle seconds.
+limit), never in a path another job or user shares. Each master is the pre-flight's ssh process itself
+(no ControlPersist: no background process, nothing to stop one by one): the job ends its session (end
+of the agent's input) and the master exits once the sessions over it have ended, taking its socket
+along; the directory is removed when the job ends, on failure and on Ctrl-C as well (atexit, for paths
+that end before a backend runs: --check-only, a failed pre-flight). A launcher killed outright closes
+the agents' input all the same (its end of their pipes), so their masters end with their sessions.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from typing import Dict, List, Optional, Sequence
 from gaudi_launch.hostnames import bare_host
 from gaudi_launch.teardown import AGENT_DONE, KILL_CODE
 
-PERSIST_S = 60          # a master outliving a killed launcher exits after this long without a session
+PERSIST_S = 60          # clean_stale leaves a job's directory younger than twice this alone
 SOCKET = "%C"           # ssh's hash of local host, remote host, port and user: 40 characters
 # sun_path holds 108 bytes with its NUL; ssh binds "PATH.XXXXXXXXXXXXXXXX" first, then renames it.
 _MAX_DIR = 107 - 17 - 1 - 40
@@ -143,12 +145,13 @@ class Connections:
         return ["-o", f"ControlPath={self.control_path}", "-o", "ControlMaster=no"]
 
     def master_argv(self, host: str, command: str) -> List[str]:
-        """ssh's argv that runs ``command`` on ``host`` and leaves its connection open as the master."""
+        """ssh's argv that runs ``command`` on ``host`` and serves as the master while it runs (and
+        while sessions over it last)."""
         with _lock:
             if host not in self.hosts:
                 self.hosts.append(host)
         return ["ssh", *self.ssh_args, "-o", f"ControlPath={self.control_path}", "-o", "ControlMaster=yes",
-                "-o", f"ControlPersist={PERSIST_S}", host, command]
+                host, command]
 
     def adopt(self, host: str, proc: subprocess.Popen) -> None:
         """Keep the pre-flight's ssh to ``host`` (its remote side now runs the sweep agent)."""
@@ -250,15 +253,21 @@ class Connections:
             threading.Thread(target=self._answer, args=(conn,), name="sshmux-rsh-host", daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
+        """One rshagent.py request, "HOST\0COMMAND\n"; the answer "fallback\n" (no session for the
+        host) or "RC OUTLEN ERRLEN\n" and the output's bytes, then the error output's."""
         with conn:
             try:
                 with conn.makefile("rb") as f:
-                    request = json.loads(f.readline(1 << 20) or b"null")
-                host, command = request["host"], request["command"]
-                agent = self.agent_for(host) if isinstance(host, str) and isinstance(command, str) else None
+                    line = f.readline(1 << 20)
+                host, sep, command = line.rstrip(b"\n").decode("utf-8", "surrogateescape").partition("\0")
+                agent = self.agent_for(host) if sep and line.endswith(b"\n") else None
                 answer = self.run_command(agent, command) if agent is not None else None
-                conn.sendall((json.dumps(answer if answer is not None else {"fallback": True}) + "\n").encode())
-            except (OSError, ValueError, KeyError, TypeError):
+                if answer is None:
+                    conn.sendall(b"fallback\n")
+                    return
+                out, err = answer["out"].encode("latin-1"), answer["err"].encode("latin-1")
+                conn.sendall(f"{answer['rc']} {len(out)} {len(err)}\n".encode() + out + err)
+            except (OSError, ValueError):
                 return  # rshagent.py then fails its start (exit 255), as an ssh that lost its connection
 
     def exit_argv(self, host: str) -> List[str]:
@@ -286,19 +295,20 @@ class Connections:
                 pass
             rsh.close()
         agents = list(self.agents.values())
-        for proc in agents:  # end of input: each agent exits, and its session with it
+        for proc in agents:  # end of input: each agent exits, its session with it, then its master
             try:
                 proc.stdin.close()
             except OSError:
                 pass
-        _reap(agents, 3, 0.05)
+        _reap(agents, 3, 0.05)  # a master still serving sessions after that is killed with them
         for proc in agents:
             for pipe in (proc.stdout, proc.stderr):
                 if pipe is not None:
                     pipe.close()
         hosts = list(self.hosts) if self.live() else []
-        # All at once, as processes (no threads: this also runs at interpreter exit, where a
-        # thread pool refuses work). `ssh -O exit` only talks to the local master: quick.
+        # Masters not adopted (a pre-flight's ssh still starting, say): all at once, as processes (no
+        # threads: this also runs at interpreter exit, where a thread pool refuses work). `ssh -O
+        # exit` only talks to the local master: quick.
         stopping = []
         try:
             for host in hosts:
@@ -306,7 +316,7 @@ class Connections:
                     stopping.append(subprocess.Popen(self.exit_argv(host), stdin=subprocess.DEVNULL,
                                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                 except OSError:
-                    pass  # its ControlPersist ends it
+                    pass  # the end of its own session ends it
             _reap(stopping, 10, 0.1)
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -45,10 +45,11 @@ def sessions(cluster) -> list:
 
 
 def masters(job_id: str = "") -> list:
-    """ssh masters still running (their title names the socket's directory), and our socket dirs."""
+    """ssh masters still running (the pre-flight's ssh, ControlMaster=yes, or a background master
+    whose title names the socket's directory), and our socket dirs."""
     ps = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    procs = [line for line in ps.splitlines() if "ssh: " in line and f"gaudi-launch-{job_id}" in line
-             and "-ssh/" in line]
+    procs = [line for line in ps.splitlines() if ("ssh: " in line or "ControlMaster=yes" in line)
+             and f"gaudi-launch-{job_id}" in line and "-ssh/" in line]
     return procs + glob.glob(f"/tmp/gaudi-launch-{job_id}*-ssh")
 
 
@@ -121,7 +122,7 @@ def test_ctrl_c_closes_the_connections(cluster, tmp_path):
     try:
         first = proc.stderr.readline()  # "gaudi-launch: job ID: ...", once the pre-flight passed
         job = job_id(first)
-        assert len([m for m in masters(job) if "[mux]" in m]) == 2, "no connection to each remote host"
+        assert len([m for m in masters(job) if "ControlMaster=yes" in m]) == 2, "no connection to each remote host"
         time.sleep(2)  # mpirun's daemons up
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)

@@ -26,7 +26,7 @@ def test_connections_own_a_private_directory_and_close_removes_it(tmp_path):
         assert conn.client_args() == ["-o", f"ControlPath={conn.dir}/%C", "-o", "ControlMaster=no"]
         argv = conn.master_argv("h1", "echo hi")
         assert argv[:3] == ["ssh", "-F", "/cfg"] and argv[-2:] == ["h1", "echo hi"]
-        assert "ControlMaster=yes" in argv and f"ControlPersist={sshmux.PERSIST_S}" in argv
+        assert "ControlMaster=yes" in argv and not any(a.startswith("ControlPersist") for a in argv)
         assert conn.hosts == ["h1"]
         with pytest.raises(FileExistsError):  # a directory that exists is never taken over
             sshmux.Connections("feedf00d", [], tmp=str(tmp_path))
@@ -195,3 +195,19 @@ def test_mpirun_daemons_through_the_sessions_argv():
     assert out[out.index("plm_rsh_args") + 1] == "-F /c -o ControlPath=/tmp/d/%C -o ControlMaster=no"
     assert out[-1] == "/bin/true" and len(out) == len(argv) + 3
     assert mpirun.through_sessions(argv, lambda n: None) == argv
+
+
+def test_rsh_agent_arguments_and_answers():
+    from gaudi_launch import rshagent
+
+    assert rshagent.split(["/s", "2", "-o", "X=y", "h1", "orted", "-mca"]) == ("/s", ["-o", "X=y"], "h1",
+                                                                              ["orted", "-mca"])
+    assert rshagent.split(["/s", "0", "h1", "true"]) == ("/s", [], "h1", ["true"])
+    for bad in (["/s", "3", "-o", "X", "h1"], ["/s", "x", "h1", "true"], ["/s"]):
+        with pytest.raises(ValueError):
+            rshagent.split(bad)
+    assert rshagent.parse_answer(b"fallback\n") == "fallback"
+    assert rshagent.parse_answer(b"3 2 1\nab\xff") == (3, b"ab", b"\xff")
+    assert rshagent.parse_answer(b"0 0 0\n") == (0, b"", b"")
+    for cut in (b"", b"3 2 1\nab", b"3 2\nab", b"nonsense\n"):
+        assert rshagent.parse_answer(cut) is None
