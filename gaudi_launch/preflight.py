@@ -82,7 +82,7 @@ class CheckReport:
 
     def render_table(self) -> str:
         """host | OK/failed | reason (the fix on the next line), then the warnings."""
-        rows = []
+        rows: list[tuple[str, str, str, Optional[str]]] = []
         for f in self.facts.values():
             if f.ok:
                 rows.append((f.host, "OK", _summary(f), None))
@@ -199,8 +199,7 @@ def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
 
     if isinstance(exc, paramiko.AuthenticationException):
         label = "key" if len(keys) + (_AGENT in (key_tried or "")) == 1 else "keys"
-        key = keys[0] if keys else None
-        pub = f"{key}.pub" if key else "~/.ssh/id_ed25519.pub"
+        pub = f"{keys[0]}.pub" if keys else "~/.ssh/id_ed25519.pub"
         copy = f"ssh-copy-id -i {shlex.quote(pub)}{port_opt} {target}"
         return (f"auth refused for {target} (tried {label} {tried})",
                 f"install the public key on {name}: {copy}\n"
@@ -658,6 +657,7 @@ def _master_run(connections, host: str, command: str, opts: SshOptions) -> tuple
     agent (sshmux.SESSION_AGENT: the sweep, mpirun's daemon) and this ssh is kept (connections.adopt)."""
     proc = subprocess.Popen(connections.master_argv(host, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)  # Ctrl-C is the launcher's to handle
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     marker = (_END + "\n").encode()
     data = read_until(proc.stdout.fileno(), marker, time.monotonic() + PROBE_TIMEOUT + 3 * opts.timeout)
     if marker in data:
@@ -856,12 +856,13 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
                     if t.hostname != t.name:
                         facts.reason += f" ({t.name} = {t.hostname} in the ssh config)"
                     return facts
+            assert out is not None  # (every way above gave output or returned)
             probe = parse_probe_output(out)
             _judge(facts, probe, python=python, script=script, cwd=cwd, master_addr=master_addr,
                    master_port=master_port, master_ssh_port=master_probe_port, is_master=is_master,
                    needed=int(devices_needed.get(host, 0) or 0), where=where)
             if not probe.get("complete") and err.strip():
-                facts.reason += f" (stderr: {err.strip().splitlines()[-1][:200]})"
+                facts.reason = (facts.reason or "") + f" (stderr: {err.strip().splitlines()[-1][:200]})"
             return facts
         except subprocess.TimeoutExpired:
             facts.reason = f"the probe did not finish within {PROBE_TIMEOUT:g} s"

@@ -192,6 +192,7 @@ class Connections:
         proc, lock = self.agents.get(host), self._agent_locks.get(host)
         if proc is None or lock is None or proc.poll() is not None:
             return None, False
+        assert proc.stdin is not None and proc.stdout is not None  # adopted with pipes
         with lock:
             try:
                 proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -297,7 +298,8 @@ class Connections:
         agents = list(self.agents.values())
         for proc in agents:  # end of input: each agent exits, its session with it, then its master
             try:
-                proc.stdin.close()
+                if proc.stdin is not None:
+                    proc.stdin.close()
             except OSError:
                 pass
         _reap(agents, 3, 0.05)  # a master still serving sessions after that is killed with them
@@ -355,7 +357,7 @@ def clean_stale(base: str, now: Optional[float] = None) -> List[str]:
     """Remove what a launcher killed outright (SIGKILL: no close) left in ``base``: directories of ours
     with the job's name that are empty (their masters have ended, taking their sockets along) and
     older than twice PERSIST_S. A live job's directory holds its sockets; rmdir never removes more."""
-    removed = []
+    removed: List[str] = []
     now = time.time() if now is None else now
     try:
         names = os.listdir(base)

@@ -11,7 +11,7 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from gaudi_launch import jobdir, sshmux
 from gaudi_launch.contract import worker_argv
@@ -171,7 +171,7 @@ def _mpi_host(host: str) -> str:
     return bare_host(host)
 
 
-def exported_names(plan: LaunchPlan, extra: List[str] = ()) -> List[str]:
+def exported_names(plan: LaunchPlan, extra: Sequence[str] = ()) -> List[str]:
     return sorted(set(plan.env) | set(CONTRACT) | set(extra))
 
 
@@ -210,13 +210,13 @@ class OmpiDemux:
 
     def __call__(self, line: Optional[str]) -> List[Tuple[Optional[int], str]]:
         if line is None:
-            out = [(r, t) for r, t in sorted(self.partial.items()) if t]
+            out: List[Tuple[Optional[int], str]] = [(r, t) for r, t in sorted(self.partial.items()) if t]
             self.partial.clear()
             return out
         if not self.tag.match(line):
             return [(None, line)]
         pieces = self.tag.split(line)  # ['', job, rank, data, job, rank, data, ...]
-        last = None
+        last = -1  # (the tag matched at the start: the loop runs at least once)
         for i in range(1, len(pieces) - 2, 3):
             last = int(pieces[i + 1])
             self.partial[last] = self.partial.get(last, "") + pieces[i + 2]
