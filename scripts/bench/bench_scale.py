@@ -67,6 +67,10 @@ def configs(deepspeed: bool) -> List[Tuple[str, callable]]:
         # the same job without the shared connections: a handshake for every ssh, as before issue 18
         ("gaudi-launch mpirun, no sharing", lambda c, hf, n, wd: ["env", "GAUDI_LAUNCH_SSH_SHARE=0"]
          + gl("--backend", "mpirun", "--no_python", "/bin/true")(c, hf, n, wd)),
+        # mpirun's daemons by its own ssh over the shared connections (a session, so a login shell, of
+        # their own per host), not through the pre-flight's session: a user's OMPI_MCA_plm_rsh_agent is kept
+        ("gaudi-launch mpirun, daemons by ssh", lambda c, hf, n, wd: ["env", "OMPI_MCA_plm_rsh_agent=ssh"]
+         + gl("--backend", "mpirun", "--no_python", "/bin/true")(c, hf, n, wd)),
         (BASELINE, raw_mpirun),
         ("pdsh (raw)", raw_pdsh),
     ]
@@ -138,7 +142,7 @@ def per_host_costs(cluster, env: Dict[str, str], workdir: str, samples: int = 5)
     ssh = ["ssh", "-F", cluster.ssh_config]
     mux = ["-o", f"ControlPath={ctl}/%C"]
     probe = probe_command(sys.executable, None, ROOT, cluster.hosts[0].name, 22, None)
-    rows: Dict[str, List[float]] = {"session": [], "handshake": [], "mux_session": [], "probe": []}
+    rows: Dict[str, List[float]] = {"session": [], "handshake": [], "mux_session": [], "probe": [], "rsh_agent": []}
     cpu: Dict[str, List[float]] = {k: [] for k in rows}
     targets = [h.name for h in cluster.hosts[1:]][:samples] or [cluster.hosts[0].name]
 
@@ -157,6 +161,9 @@ def per_host_costs(cluster, env: Dict[str, str], workdir: str, samples: int = 5)
             one("handshake", ssh + mux + ["-o", "ControlMaster=yes", "-o", "ControlPersist=30", "-fN", host])
             one("mux_session", ssh + mux + ["-o", "ControlMaster=no", host, "true"])
             one("probe", ssh + mux + ["-o", "ControlMaster=no", host, probe])
+            # what a daemon's start through the pre-flight's session costs this side: our rsh agent's
+            # interpreter and imports (gaudi_launch/rshagent.py; its request is one line over a socket)
+            one("rsh_agent", [sys.executable, "-S", "-I", "-c", "import _socket, os, sys"])
     finally:
         for host in targets:
             cluster.run_on(0, ssh + mux + ["-O", "exit", host], env=env, capture_output=True)
@@ -210,20 +217,23 @@ def model(costs: Dict[str, float], fit: Dict[str, Tuple[float, float]], sizes=(1
       `radix` daemons, each of them the next level; every level costs one full ssh session and a
       daemon start; the fixed part is mpirun's own start-up (intercept of the fit);
     - gaudi-launch: the pre-flight opens one ControlMaster per host in rounds of `pool` (handshake +
-      probe), mpirun's daemons are sessions over those connections (no handshake, no tree: one
-      level), the end-of-job sweep is one line to the interpreter the pre-flight's session left
-      running (taken as 0.05 s), then the connections close; fixed part: our start-up.
+      probe), mpirun's daemons start through the pre-flight's session on each host (our rsh agent
+      here, one line to the interpreter the session left running there: no handshake, no new
+      session, no tree: one level), the end-of-job sweep is one more line to it (taken as 0.05 s),
+      then the connections close; fixed part: our start-up.
     """
     hs, sess, mux, probe = costs["handshake"], costs["session"], costs["mux_session"], costs["probe"]
     c_hs = costs.get("handshake_local_cpu", 0.0)
     c_mux = costs.get("mux_session_local_cpu", 0.0)
+    rsh, c_rsh = costs.get("rsh_agent", 0.0), costs.get("rsh_agent_local_cpu", 0.0)
     mpirun_fixed = max(0.0, fit[BASELINE][0]) if BASELINE in fit else 0.3
     ours_fixed = max(0.0, fit["gaudi-launch mpirun"][0] - fit[BASELINE][0]) if "gaudi-launch mpirun" in fit else 0.3
     daemon = max(0.0, mux)  # a session's shell; the daemon's own start is inside mpirun's fixed part
     lines = [
         f"measured per host here (median, from host 0): full ssh session {sess:.3f} s, handshake "
         f"(ControlMaster open) {hs:.3f} s, session over an open connection {mux:.3f} s, pre-flight probe "
-        f"over it {probe:.3f} s; launcher-side CPU per handshake {c_hs:.3f} s, per multiplexed session {c_mux:.3f} s",
+        f"over it {probe:.3f} s, our rsh agent (a daemon's start through the session) {rsh:.3f} s; launcher-side "
+        f"CPU per handshake {c_hs:.3f} s, per multiplexed session {c_mux:.3f} s, per rsh agent {c_rsh:.3f} s",
         f"fixed parts (intercepts of the fits here): raw mpirun {mpirun_fixed:.2f} s, gaudi-launch's own "
         f"start-up over that {ours_fixed:.2f} s",
         f"assumed: every host its own machine (remote work in parallel), a launcher with {launcher_cores} cores, "
@@ -239,7 +249,7 @@ def model(costs: Dict[str, float], fit: Dict[str, Tuple[float, float]], sizes=(1
                                               + direct * c_hs / launcher_cores)
         rounds = math.ceil(n / pool)
         pre = rounds * (hs + probe) + n * (c_hs + c_mux) / launcher_cores
-        job = mux + daemon + n * c_mux / launcher_cores          # daemons over the open connections
+        job = rsh + n * c_rsh / launcher_cores          # daemons through the pre-flight's sessions
         sweep = 0.05
         out["gaudi-launch (ControlMaster)"][n] = mpirun_fixed + ours_fixed + pre + job + sweep
         # today's shape without sharing: a handshake for every one of them, and mpirun's tree

@@ -141,7 +141,7 @@ def test_bench_seed_prints_the_guides_table_and_writes_json(tmp_path):
 
 
 SCALE_ROWS = ["gaudi-launch --check-only", "gaudi-launch mpirun", "gaudi-launch mpirun --no-ssh-check",
-              "gaudi-launch mpirun, no sharing", "mpirun (raw)", "pdsh (raw)"]
+              "gaudi-launch mpirun, no sharing", "gaudi-launch mpirun, daemons by ssh", "mpirun (raw)", "pdsh (raw)"]
 
 
 def test_bench_scale_tiny(tmp_path):
@@ -159,4 +159,5 @@ def test_bench_scale_tiny(tmp_path):
         assert all(positive(data["launches"][name][n]["median"]) for n in ("2", "3")), name
         assert name in data["fits"]
     assert positive(data["costs"]["handshake"]) and positive(data["costs"]["mux_session"])
+    assert positive(data["costs"]["rsh_agent"])
     assert set(data["model"]["predicted"]["gaudi-launch (ControlMaster)"]) == {"16", "128", "1024"}
