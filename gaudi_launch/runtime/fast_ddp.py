@@ -9,38 +9,11 @@ CPU tests check it against DDP for real.
 """
 from __future__ import annotations
 
-import os
-import time
 import weakref
 from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-
-
-# How long a CPU rank polls a collective before it sleeps in wait() after all (a peer that is
-# evaluating or saving a checkpoint): far longer than any step's skew, far shorter than such pauses.
-POLL_S = 1.0
-_yield = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
-
-
-def wait_polling(work, poll_s: Optional[float] = None) -> None:
-    """Wait for a collective on CPU tensors (gloo) without putting this thread to sleep.
-
-    A rank that computes on its cores and then blocks in ``work.wait()`` gives them up; when the
-    peer's data arrives it is runnable again, but on a host whose cores are shared (two ranks on two
-    cores next to other work) the scheduler makes a CPU-bound thread that has used its share wait
-    its turn, several milliseconds per wake-up. Polling ``is_completed()`` and yielding the core to
-    any other runnable thread in between (gloo's own threads, which do the transfer) keeps the rank
-    on its core. On this project's 2-core machine, shared with other work, a tiny GPT-2 step with 2
-    ranks went from 38 to 23 ms at one load and from 21.9 to 20.5 ms at a quieter one (README,
-    training throughput). After ``poll_s`` seconds it sleeps in ``wait()`` as before. ``wait()`` is always called
-    at the end: it raises the collective's error (a timeout, a peer gone) like a plain wait.
-    """
-    deadline = time.monotonic() + (POLL_S if poll_s is None else poll_s)
-    while not work.is_completed() and time.monotonic() < deadline:
-        _yield()
-    work.wait()
 
 
 class FastDDP:
@@ -53,8 +26,7 @@ class FastDDP:
     ``buffer_dtype`` is the fusion buffer's dtype (default float32; the Trainer passes bfloat16
     on HPU like upstream, halving the bytes on the wire at the cost of bf16 rounding).
     ``wait`` waits on the collective's work handle before copying the result back; only HPU's
-    lazy mode orders the copy after the collective by itself, everywhere else it is required. On
-    CPU (gloo) the wait polls instead of sleeping (:func:`wait_polling`).
+    lazy mode orders the copy after the collective by itself, everywhere else it is required.
     ``grads_as_views`` makes the gradients views of the buffer when it has their dtype, so nothing
     is copied per step (default: off HPU, which keeps optimum-habana's copies).
 
@@ -187,10 +159,7 @@ class FastDDP:
                 self._buffer.mul_(scale)  # the same products as scaling each gradient
         work = dist.all_reduce(self._buffer, group=self.group, async_op=True)
         if self.wait:
-            if self._buffer.device.type == "cpu":
-                wait_polling(work)
-            else:
-                work.wait()  # nccl: orders the streams, the host does not block
+            work.wait()
         if self._bound:
             return  # the gradients are the buffer
         for _, p, view in self._entries:

@@ -261,39 +261,6 @@ def test_gradients_replaced_each_step_are_reduced_too(results):
     assert_close_all(r0, train(make_model(200), torch.optim.AdamW, None, lambda: None), atol=1e-5)
 
 
-class FakeWork:
-    def __init__(self, done_after: int, error: Exception | None = None) -> None:
-        self.polls, self.waits, self.done_after, self.error = 0, 0, done_after, error
-
-    def is_completed(self) -> bool:
-        self.polls += 1
-        return self.polls > self.done_after
-
-    def wait(self) -> bool:
-        self.waits += 1
-        if self.error is not None:
-            raise self.error
-        return True
-
-
-def test_wait_polling_polls_then_waits_once():
-    work = FakeWork(done_after=3)
-    fast_ddp.wait_polling(work, poll_s=60)
-    assert work.polls == 4 and work.waits == 1  # wait() as well: it raises the collective's error
-
-
-def test_wait_polling_sleeps_in_wait_after_its_budget():
-    work = FakeWork(done_after=10 ** 9)
-    fast_ddp.wait_polling(work, poll_s=0.0)
-    assert work.waits == 1 and work.polls <= 2
-
-
-def test_wait_polling_raises_the_collectives_error():
-    work = FakeWork(done_after=0, error=RuntimeError("gloo: connection closed by peer"))
-    with pytest.raises(RuntimeError, match="closed by peer"):
-        fast_ddp.wait_polling(work)
-
-
 def test_broadcast_parameters_makes_models_equal(results):
     b0, b1 = results[0]["before_broadcast"], results[1]["before_broadcast"]
     assert not torch.equal(b0[0], b1[0]) and not torch.equal(b0[-1], b1[-1])

@@ -301,8 +301,8 @@ TWO_RANKS = TASK + textwrap.dedent("""
 
 
 def test_two_rank_fast_ddp_with_clipping_trains_as_ddp_does(tmp_path):
-    # fast_ddp off HPU: gradients are views of its buffer, clipped there at once, and the all-reduce
-    # is waited for by polling; the loss curve is DDP's (the clip binds: max_grad_norm 0.05).
+    # fast_ddp off HPU: gradients are views of its buffer and clipped there at once; the loss curve
+    # is DDP's (the clip binds: max_grad_norm 0.05).
     script = tmp_path / "two_ranks.py"
     script.write_text(TWO_RANKS)
     res = subprocess.run([sys.executable, "-m", "gaudi_launch", "--num_devices", "2", str(script), str(tmp_path)],
