@@ -355,8 +355,9 @@ _DIR_NAME = re.compile(r"gaudi-launch-[0-9a-f]{8,64}-ssh")
 
 def clean_stale(base: str, now: Optional[float] = None) -> List[str]:
     """Remove what a launcher killed outright (SIGKILL: no close) left in ``base``: directories of ours
-    with the job's name that are empty (their masters have ended, taking their sockets along) and
-    older than twice PERSIST_S. A live job's directory holds its sockets; rmdir never removes more."""
+    with the job's name, older than twice PERSIST_S, that are empty (their masters have ended, taking
+    their sockets along) but for an rsh socket nobody listens on any more. A live job's directory holds
+    its sockets; rmdir never removes more."""
     removed: List[str] = []
     now = time.time() if now is None else now
     try:
@@ -371,11 +372,33 @@ def clean_stale(base: str, now: Optional[float] = None) -> List[str]:
             st = os.lstat(path)
             if st.st_uid != os.geteuid() or not stat.S_ISDIR(st.st_mode) or now - st.st_mtime < 2 * PERSIST_S:
                 continue
+            if os.listdir(path) == [RSH_SOCKET] and _abandoned(os.path.join(path, RSH_SOCKET)):
+                os.unlink(os.path.join(path, RSH_SOCKET))
             os.rmdir(path)  # fails on a directory that is not empty
             removed.append(path)
         except OSError:
             continue
     return removed
+
+
+def _abandoned(path: str) -> bool:
+    """Whether ``path`` is a unix socket of ours that no process listens on (its launcher is gone)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        return False  # a launcher answers there: its job runs
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 def _register(conn: Connections) -> None:

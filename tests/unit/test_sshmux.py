@@ -86,18 +86,29 @@ def test_a_sigkilled_launchers_empty_directory_is_removed_at_the_next_start():
     young_empty = tmp_path / "gaudi-launch-4567abcd-ssh"
     old_full = tmp_path / "gaudi-launch-89abcdef-ssh"
     other = tmp_path / "gaudi-launch-0123abcd"  # a DeepSpeed job directory: jobdir's to handle
-    for d in (old_empty, young_empty, old_full, other):
+    old_rsh = tmp_path / "gaudi-launch-76543210-ssh"  # left by a SIGKILLed launcher: its rsh socket, deaf
+    live_rsh = tmp_path / "gaudi-launch-fedc0123-ssh"  # a job still running: its launcher listens there
+    for d in (old_empty, young_empty, old_full, other, old_rsh, live_rsh):
         d.mkdir(mode=0o700)
     (old_full / "socket").write_text("")
+    import socket
+    deaf = socket.socket(socket.AF_UNIX)
+    deaf.bind(str(old_rsh / sshmux.RSH_SOCKET))
+    deaf.close()  # the socket file stays, with nobody behind it
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(live_rsh / sshmux.RSH_SOCKET))
+    listening.listen(1)
     past = time.time() - 10 * sshmux.PERSIST_S
-    for d in (old_empty, old_full, other):
+    for d in (old_empty, old_full, other, old_rsh, live_rsh):
         os.utime(d, (past, past))
     conn = sshmux.Connections("fedcba98", [], tmp=str(tmp_path))
     try:
-        assert not old_empty.exists()
+        assert not old_empty.exists() and not old_rsh.exists()
         assert young_empty.exists() and old_full.exists() and other.exists()
+        assert (live_rsh / sshmux.RSH_SOCKET).exists()
         assert conn.dir.startswith(str(tmp_path))
     finally:
+        listening.close()
         conn.close()
         shutil.rmtree(tmp_path)
 
