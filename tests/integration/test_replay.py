@@ -13,12 +13,17 @@ from gaudi_launch.spec import JobSpec
 from gaudi_launch.errors import UserError
 
 # Each rank records what it was given: its working directory, argv, job id and a secret's check.
-SCRIPT = """import json, os, sys
-rank = os.environ["RANK"]
-with open(os.path.join(os.environ["OUT"], f"rank-{rank}.json"), "w") as f:
+SCRIPT = """import json, os, sys, time
+rank, out = os.environ["RANK"], os.environ["OUT"]
+with open(os.path.join(out, f"rank-{rank}.tmp"), "w") as f:
     json.dump({"cwd": os.getcwd(), "argv": sys.argv[1:], "job": os.environ["GAUDI_LAUNCH_JOB_ID"],
                "world": os.environ["WORLD_SIZE"], "token_ok": os.environ.get("HF_TOKEN") == "hf_replaysecret",
                "foo": os.environ.get("FOO")}, f)
+os.replace(os.path.join(out, f"rank-{rank}.tmp"), os.path.join(out, f"rank-{rank}.json"))
+# A failing rank tears the others down: fail only once every rank has written its record.
+deadline = time.time() + 60
+while len([n for n in os.listdir(out) if n.endswith(".json")]) < int(os.environ["WORLD_SIZE"]) and time.time() < deadline:
+    time.sleep(0.02)
 sys.exit(int(os.environ.get("EXIT", "0")))
 """
 
