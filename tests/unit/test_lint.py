@@ -1,4 +1,5 @@
-"""ruff (pyflakes and syntax errors, [tool.ruff] in pyproject.toml) finds nothing in gaudi_launch."""
+"""Static checks find nothing: ruff (pyflakes and syntax errors, [tool.ruff]) in gaudi_launch, and mypy
+([tool.mypy] in pyproject.toml: the launcher, gaudi_launch but its runtime)."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,11 +13,22 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_ruff_finds_nothing():
-    if importlib.util.find_spec("ruff") is None:
+def run_tool(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m module args`` in the repository; a missing tool fails under CI, else skips."""
+    if importlib.util.find_spec(module) is None:
         if os.environ.get("CI") == "true":
-            pytest.fail("ruff is not installed (pip install -e '.[dev]')")
-        pytest.skip("ruff is not installed (pip install -e '.[dev]')")
-    res = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "gaudi_launch"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+            pytest.fail(f"{module} is not installed (pip install -e '.[dev]')")
+        pytest.skip(f"{module} is not installed (pip install -e '.[dev]')")
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_ruff_finds_nothing():
+    res = run_tool("ruff", "check", "--no-cache", "gaudi_launch", timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_mypy_finds_nothing():
+    # The files and options are the config's alone; a note (e.g. an unchecked function body) fails too.
+    res = run_tool("mypy", "--no-error-summary", timeout=600)
+    assert res.returncode == 0 and not res.stdout.strip(), res.stdout + res.stderr
