@@ -15,7 +15,7 @@ import os
 from dataclasses import fields
 from typing import List, Mapping
 
-from gaudi_launch.envfile import MASK, is_secret, mask_env
+from gaudi_launch.envfile import MASK, is_secret
 from gaudi_launch.errors import UserError
 from gaudi_launch.spec import JOB_OWN_VARS, JobSpec
 
@@ -72,19 +72,12 @@ def spec_from_request(request: dict, environ: Mapping[str, str], path: str) -> J
                 raise UserError(f"{name} is masked in the plan (plans never hold secrets) and not set here", where=path,
                                 hint=f"export {name} in this shell, then run the plan again")
             env[name] = environ[name]
-    masked = [k for k in ("program", "launcher_args", "slurm_args")
-              if any(MASK in str(v) for v in _strings(request.get(k)))]
+    masked = [k for k in ("program", "launcher_args", "slurm_args") if MASK in json.dumps(request.get(k))]
     if masked:
         raise UserError(f"a secret was masked in the plan's {masked[0].replace('_', ' ')} ({MASK}); a plan "
                         f"cannot carry it", where=path,
                         hint="pass secrets in environment variables (-x NAME), not on the command line")
     return JobSpec(**{**request, "env": env})
-
-
-def _strings(value) -> List[str]:
-    if value is None:
-        return []
-    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
 
 def differences(saved: dict, fresh: dict, fixed_port: bool) -> List[str]:
@@ -100,8 +93,9 @@ def differences(saved: dict, fresh: dict, fixed_port: bool) -> List[str]:
 
 
 def _comparable(key: str, value):
+    """Both plans are JSON, secrets already masked; a job's own variables are fresh each run."""
     if key == "env" and isinstance(value, dict):
-        return mask_env({k: v for k, v in value.items() if k not in JOB_OWN_VARS})
+        return {k: v for k, v in value.items() if k not in JOB_OWN_VARS}
     return value
 
 
