@@ -17,13 +17,13 @@ import torch
 from .device import DeviceInfo
 
 
-def _swaps():
-    """(slow class, factory of its fused equivalent) pairs known here; none without transformers."""
+def _swaps() -> dict:
+    """{slow class: factory of its fused equivalent} known here; none without transformers."""
     try:
         from transformers.activations import GELUTanh, NewGELUActivation
     except ImportError:
-        return []
-    return [(NewGELUActivation, GELUTanh)]
+        return {}
+    return {NewGELUActivation: GELUTanh}
 
 
 def use_fused_kernels(model: torch.nn.Module, info: DeviceInfo, enabled: bool = True) -> List[str]:
@@ -34,8 +34,8 @@ def use_fused_kernels(model: torch.nn.Module, info: DeviceInfo, enabled: bool = 
     replaced = []
     for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
-            for slow, fused in swaps:
-                if type(child) is slow:  # exactly: a subclass may compute something else
-                    setattr(parent, name, fused())
-                    replaced.append(f"{parent_name}.{name}" if parent_name else name)
+            fused = swaps.get(type(child))  # the exact class: a subclass may compute something else
+            if fused is not None:
+                setattr(parent, name, fused())
+                replaced.append(f"{parent_name}.{name}" if parent_name else name)
     return replaced

@@ -192,8 +192,7 @@ class Trainer:
         apply_hpu_graphs(self.model, info, args)
         if self.world > 1 and args.distribution_strategy == "fast_ddp":
             dtype = args.fast_ddp_buffer_dtype or ("bf16" if info.kind == "hpu" else "fp32")
-            self.fast_ddp = FastDDP(self.model, buffer_dtype=_BUFFER_DTYPES[dtype], wait=info.kind != "hpu",
-                                    grads_as_views=info.kind != "hpu")
+            self.fast_ddp = FastDDP(self.model, buffer_dtype=_BUFFER_DTYPES[dtype], wait=info.kind != "hpu")
             self.fast_ddp.broadcast_parameters()
             self.train_model = self.model
         elif self.world > 1:
