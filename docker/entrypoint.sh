@@ -107,7 +107,7 @@ ensure_keypair() {
 }
 
 # ssh_probe HOST PORT: 0 when an SSH server answers there (its banner); otherwise prints why not.
-ssh_probe() { "$PYTHON" -m gaudi_launch.hostwait "$1" "$2"; }
+ssh_probe() { "$PYTHON" -m gaudi_launch.remote.hostwait "$1" "$2"; }
 
 # ------------------------------------------------------------------ sshd (worker and leader)
 
@@ -125,9 +125,9 @@ setup_host_keys() {
 }
 
 # The leader's key appended to SSHD_AUTHORIZED_KEYS once (by key, not by line), keys there kept:
-# gaudi_launch/authkeys.py, which reads AUTHORIZED_KEY / AUTHORIZED_KEYS_FILE. Exit 2 on bad keys.
+# gaudi_launch/remote/authkeys.py, which reads AUTHORIZED_KEY / AUTHORIZED_KEYS_FILE. Exit 2 on bad keys.
 setup_authorized_keys() {  # REQUIRED [EXTRA_PUBKEY_FILE]
-    ENTRYPOINT_LOG_TAG="$PROG$ROLE_TAG" "$PYTHON" -m gaudi_launch.authkeys "$@" || exit 2
+    ENTRYPOINT_LOG_TAG="$PROG$ROLE_TAG" "$PYTHON" -m gaudi_launch.remote.authkeys "$@" || exit 2
 }
 
 resolve_sshd() {
@@ -212,7 +212,7 @@ check_hostfile() {
     local out
     [ -e "$HOSTFILE" ] ||
         die 2 "no hostfile at HOSTFILE=$HOSTFILE: mount one (docker run -v \$PWD/hostfile:$HOSTFILE:ro ...) or set HOSTFILE"
-    out=$("$PYTHON" -m gaudi_launch.hostfile "$HOSTFILE" 2>&1) ||
+    out=$("$PYTHON" -m gaudi_launch.inputs.hostfile "$HOSTFILE" 2>&1) ||
         die 2 "bad hostfile: ${out:-$PYTHON cannot run gaudi_launch: set PYTHON to the interpreter gaudi-launch is installed for}"
 }
 

@@ -17,8 +17,8 @@ from gaudi_launch import __version__
 from gaudi_launch.completion import completion_options, legacy_bash
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
-from gaudi_launch.options import default_of, option_fields
-from gaudi_launch.spec import JobSpec, resolve_compat
+from gaudi_launch.inputs.options import default_of, option_fields
+from gaudi_launch.inputs.spec import JobSpec, resolve_compat
 
 
 HELP = """Launch SCRIPT on every selected device of every host, one process per device.
@@ -172,7 +172,7 @@ def _run(**values) -> int:
 
 def _replay(ctx: click.Context, v: dict) -> int:
     """--from-plan: the plan's options, no others (replay.py)."""
-    from gaudi_launch.replay import enter_cwd, read_plan, spec_from_request
+    from gaudi_launch.plan.replay import enter_cwd, read_plan, spec_from_request
 
     given = [p.opts[0] if isinstance(p, click.Option) else p.name.upper() for p in ctx.command.params
              if p.name not in ("from_plan", "dry_run", "json_out")
@@ -196,7 +196,7 @@ def command() -> click.Command:
 
 
 def _apply_config(ctx: click.Context, values: dict, path: str) -> None:
-    from gaudi_launch.config import load_config
+    from gaudi_launch.inputs.config import load_config
 
     params = {p.name: p for p in ctx.command.params}
     for name, raw, where in load_config(path):
@@ -242,7 +242,7 @@ def _config_value(ctx: click.Context, param: click.Parameter, name: str, raw, wh
 
 def _check_env_items(items: list, where: str) -> None:
     """A job file's env items, checked here so that errors name the job file's line."""
-    from gaudi_launch.envfile import parse_assignments
+    from gaudi_launch.inputs.envfile import parse_assignments
 
     hint = 'env: {NAME: "value"} or env: ["NAME=value"]'
     if not all(isinstance(v, str) for v in items):
@@ -254,12 +254,12 @@ def _check_env_items(items: list, where: str) -> None:
 
 
 def _launch(v: dict) -> int:
-    from gaudi_launch.envfile import parse_assignments
+    from gaudi_launch.inputs.envfile import parse_assignments
 
     if not v["script"] and not v["check_only"]:
         raise UserError("no training script given", where="SCRIPT",
                         hint="gaudi-launch [OPTIONS] train.py [SCRIPT_ARGS]...  (see --help)")
-    from gaudi_launch import habits
+    from gaudi_launch.inputs import habits
 
     num_devices, num_nodes = v["num_devices"], v["num_nodes"]
     if v["nproc_per_node"] is not None:
@@ -321,8 +321,8 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
     """Show, check or run the job of ``spec``; ``same_as`` (saved plan, its path): only if the plan
     made now is that one (a replay)."""
     from gaudi_launch.launch import launch, plan_job, preflight_for, prepare
-    from gaudi_launch.planner import build_plan
-    from gaudi_launch.replay import check_same
+    from gaudi_launch.plan.planner import build_plan
+    from gaudi_launch.plan.replay import check_same
 
     spec = prepare(spec)
     if check_only:
@@ -346,7 +346,7 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
             return ExitCode.PREFLIGHT
         return 0
     if spec.sbatch:  # a batch script for the job, nothing started
-        from gaudi_launch.sbatch import write
+        from gaudi_launch.plan.sbatch import write
 
         if plan.backend != "slurm":
             raise UserError("--sbatch writes a Slurm batch script", where="--sbatch", hint="add --backend slurm")
@@ -378,11 +378,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                   "  hint: make one with: gaudi-launch --dry-run --json [OPTIONS] SCRIPT > plan.json", file=sys.stderr)
             return ExitCode.USAGE
     if argv[:1] == ["env"]:  # `gaudi-launch env [--json]`: versions and devices, for bug reports
-        from gaudi_launch.envreport import main as env_main
+        from gaudi_launch.reports.environment import main as env_main
 
         return env_main(argv[1:])
     if argv[:1] == ["report"]:  # `gaudi-launch report RUN_DIR [--out DIR]`: plots (matplotlib, imported there)
-        from gaudi_launch.report import main as report_main
+        from gaudi_launch.reports.plots import main as report_main
 
         return report_main(argv[1:])
     launch = command()
@@ -398,7 +398,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.NoSuchOption as exc:
-        from gaudi_launch.habits import torchrun_option_error
+        from gaudi_launch.inputs.habits import torchrun_option_error
 
         known = torchrun_option_error(exc.option_name)
         if known is None:

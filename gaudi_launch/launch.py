@@ -10,14 +10,14 @@ import sys
 from typing import Any, Callable, Dict, Optional, TextIO
 
 from gaudi_launch.backends import get_backend
-from gaudi_launch.hangs import with_heartbeats
-from gaudi_launch.hostwait import before
-from gaudi_launch.multinode import default_preflight
-from gaudi_launch.plan import LaunchPlan
-from gaudi_launch.planner import build_plan
-from gaudi_launch.restarts import attempt_spec, run_job
-from gaudi_launch.spec import JobSpec
-from gaudi_launch.supervise import JobResult
+from gaudi_launch.process.hangs import with_heartbeats
+from gaudi_launch.remote.hostwait import before
+from gaudi_launch.plan.multinode import default_preflight
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.process.restarts import attempt_spec, run_job
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.process.supervise import JobResult
 
 
 def prepare(spec: JobSpec) -> JobSpec:

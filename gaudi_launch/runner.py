@@ -15,11 +15,11 @@ from typing import List, Optional, Sequence, Union
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.launch import launch, prepare
-from gaudi_launch.options import default_of, option_fields
-from gaudi_launch.plan import LaunchPlan
-from gaudi_launch.planner import build_plan
-from gaudi_launch.spec import JobSpec, resolve_compat
-from gaudi_launch.supervise import JobResult
+from gaudi_launch.inputs.options import default_of, option_fields
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.inputs.spec import JobSpec, resolve_compat
+from gaudi_launch.process.supervise import JobResult
 
 Command = Union[str, Sequence[str]]
 # Every JobSpec option is a keyword, with the command line's default; hostfile and master_port are

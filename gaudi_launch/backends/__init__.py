@@ -11,9 +11,9 @@ import importlib
 from typing import TYPE_CHECKING, List, Mapping, Optional, Protocol, cast
 
 if TYPE_CHECKING:
-    from gaudi_launch.plan import Command, LaunchPlan
-    from gaudi_launch.spec import JobSpec
-    from gaudi_launch.supervise import JobResult
+    from gaudi_launch.plan.launchplan import Command, LaunchPlan
+    from gaudi_launch.inputs.spec import JobSpec
+    from gaudi_launch.process.supervise import JobResult
 
 NAMES = ("local", "mpirun", "deepspeed", "slurm")
 

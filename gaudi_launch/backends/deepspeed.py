@@ -1,4 +1,4 @@
-"""Backend ``deepspeed``: DeepSpeed's launcher (pdsh or openmpi runner) starts gaudi_launch.worker.
+"""Backend ``deepspeed``: DeepSpeed's launcher (pdsh or openmpi runner) starts gaudi_launch.process.worker.
 
 No value reaches DeepSpeed's command lines: the job's environment, the script's argv and the working
 directory travel in a private job file (jobdir.py) on every host, and argv names only its path and
@@ -18,18 +18,18 @@ import shutil
 import subprocess
 from typing import Dict, List, Mapping, Optional
 
-from gaudi_launch import jobdir, sshmux
-from gaudi_launch.contract import node_sizes_env
+from gaudi_launch.remote import jobdir, sshmux
+from gaudi_launch.plan.contract import node_sizes_env
 from gaudi_launch.errors import UserError
-from gaudi_launch.fanout import per_host
-from gaudi_launch.hostnames import is_local_host
-from gaudi_launch.multinode import host_watch
-from gaudi_launch.plan import Command, LaunchPlan
-from gaudi_launch.relay import untag
-from gaudi_launch.spec import JobSpec
-from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
-from gaudi_launch.teardown import job_sweeper, signal_job
-from gaudi_launch.worker import job_argv
+from gaudi_launch.remote.fanout import per_host
+from gaudi_launch.inputs.hostnames import is_local_host
+from gaudi_launch.plan.multinode import host_watch
+from gaudi_launch.plan.launchplan import Command, LaunchPlan
+from gaudi_launch.process.relay import untag
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
+from gaudi_launch.remote.teardown import job_sweeper, signal_job
+from gaudi_launch.process.worker import job_argv
 
 # The runner's whole environment comes from these names (plus what commands() sets): none starts
 # with a prefix DeepSpeed re-exports to the remote shell line (PYTHON, MLFLOW, MV2, UCX, NCCL).
@@ -100,7 +100,7 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
     check_safe(plan.master_addr, _ADDR, "--master_addr", "host name or address")
     check_safe(directory, jobdir.SAFE_PATH, "TMPDIR", "directory path")
     check_safe(spec.python, jobdir.SAFE_PATH, "--python", "interpreter path")  # pdsh's line runs it
-    argv = [spec.python, "-m", "gaudi_launch.ds_runner"]
+    argv = [spec.python, "-m", "gaudi_launch.backends.ds_runner"]
     if single_local(plan):
         # One local node: DeepSpeed's single-node mode (given a hostfile it insists on ssh to
         # localhost). A device subset then travels in the job file (GAUDI_LAUNCH_NODE_DEVICES).
@@ -118,7 +118,7 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
     if not spec.append_local_rank:
         argv.append("--no_local_rank")
     job = jobdir.digest(job_payload(plan, spec, environ))
-    return argv + ["--module", "gaudi_launch.worker", *job_argv(os.path.join(directory, jobdir.JOB_FILE), job)]
+    return argv + ["--module", "gaudi_launch.process.worker", *job_argv(os.path.join(directory, jobdir.JOB_FILE), job)]
 
 
 def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
@@ -188,7 +188,7 @@ def ship_job(plan: LaunchPlan, spec: JobSpec, directory: str, job: bytes) -> Lis
     remote = [n.host for n in plan.nodes if not is_local_host(n.host)]
     if not remote:
         return []
-    receive = [spec.python, "-m", "gaudi_launch.jobdir", "receive", directory, jobdir.digest(job)]
+    receive = [spec.python, "-m", "gaudi_launch.remote.jobdir", "receive", directory, jobdir.digest(job)]
     failed = on_hosts(remote, receive, plan.ssh_args, job)
     if failed:
         host, why = next(iter(failed.items()))
@@ -231,7 +231,7 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], **supervis
         shutil.rmtree(directory, ignore_errors=True)
         remote = [h for h in remote if not (watch and h in watch.lost)]
         if remote:
-            on_hosts(remote, [spec.python, "-m", "gaudi_launch.jobdir", "remove", directory], plan.ssh_args,
+            on_hosts(remote, [spec.python, "-m", "gaudi_launch.remote.jobdir", "remove", directory], plan.ssh_args,
                      timeout=max(5.0, spec.ssh_timeout))
 
 

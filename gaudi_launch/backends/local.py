@@ -5,11 +5,11 @@ import os
 import sys
 from typing import List, Mapping, Optional
 
-from gaudi_launch.plan import Command, LaunchPlan
-from gaudi_launch.contract import node_visibility_env, rank_contract, worker_argv
-from gaudi_launch.spec import JobSpec
-from gaudi_launch.supervise import JobResult, ProcSpec, Supervisor
-from gaudi_launch.teardown import job_sweeper
+from gaudi_launch.plan.launchplan import Command, LaunchPlan
+from gaudi_launch.plan.contract import node_visibility_env, rank_contract, worker_argv
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
+from gaudi_launch.remote.teardown import job_sweeper
 
 
 def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:

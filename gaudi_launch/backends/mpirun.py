@@ -1,6 +1,6 @@
 """Backend ``mpirun`` (OpenMPI 4 and 5): one mpirun on this host starts every rank on every node.
 
-Ranks start through gaudi_launch.worker, which maps OMPI_COMM_WORLD_* to torchrun's names.
+Ranks start through gaudi_launch.process.worker, which maps OMPI_COMM_WORLD_* to torchrun's names.
 Environment values never appear on the command line: ``-x NAME`` exports the value mpirun itself
 has, and we give mpirun the job's environment.
 """
@@ -13,15 +13,15 @@ import shutil
 import subprocess
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from gaudi_launch import jobdir, sshmux
-from gaudi_launch.contract import worker_argv
+from gaudi_launch.remote import jobdir, sshmux
+from gaudi_launch.plan.contract import worker_argv
 from gaudi_launch.errors import UserError
-from gaudi_launch.hostnames import bare_host, is_local_host
-from gaudi_launch.multinode import host_watch
-from gaudi_launch.plan import Command, LaunchPlan
-from gaudi_launch.spec import JobSpec
-from gaudi_launch.supervise import Culprit, JobResult, ProcSpec, Supervisor, signal_name
-from gaudi_launch.teardown import job_sweeper
+from gaudi_launch.inputs.hostnames import bare_host, is_local_host
+from gaudi_launch.plan.multinode import host_watch
+from gaudi_launch.plan.launchplan import Command, LaunchPlan
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.process.supervise import Culprit, JobResult, ProcSpec, Supervisor, signal_name
+from gaudi_launch.remote.teardown import job_sweeper
 
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", "GAUDI_LAUNCH_JOB_ID")
 # The tag before each piece of a rank's output: OpenMPI 4 (ORTE) writes "[1,0]<stdout>:text";

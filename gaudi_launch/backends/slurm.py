@@ -1,4 +1,4 @@
-"""Backend ``slurm``: one ``srun`` starts every rank through gaudi_launch.worker.
+"""Backend ``slurm``: one ``srun`` starts every rank through gaudi_launch.process.worker.
 
 Inside an allocation (salloc, sbatch: SLURM_JOB_ID set) the allocation is the hostfile: its nodes
 come from ``scontrol show hostnames $SLURM_JOB_NODELIST`` and --include/--exclude/--num_nodes select
@@ -20,17 +20,19 @@ import signal
 import subprocess
 from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tuple
 
-from gaudi_launch import fabric, slurm
-from gaudi_launch.contract import node_device_env, worker_argv
-from gaudi_launch.envfile import is_secret, load_env_files
+from gaudi_launch.plan import fabric
+
+from gaudi_launch.inputs import slurm
+from gaudi_launch.plan.contract import node_device_env, worker_argv
+from gaudi_launch.inputs.envfile import is_secret, load_env_files
 from gaudi_launch.errors import UserError
-from gaudi_launch.hostfile import Host
-from gaudi_launch.hostselect import select
-from gaudi_launch.plan import Command, LaunchPlan, layout
-from gaudi_launch.spec import JobSpec
-from gaudi_launch.supervise import Culprit, ProcSpec, Supervisor
-from gaudi_launch.teardown import kill_argv, parse_sweep
-from gaudi_launch.watch import HostWatch
+from gaudi_launch.inputs.hostfile import Host
+from gaudi_launch.inputs.hostselect import select
+from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.process.supervise import Culprit, ProcSpec, Supervisor
+from gaudi_launch.remote.teardown import kill_argv, parse_sweep
+from gaudi_launch.remote.watch import HostWatch
 
 LATER = "(allocated by srun)"   # a node's name in a plan made before srun allocated the nodes
 FIRST_NODE = "(first node of the step)"  # the master, when srun picks the nodes

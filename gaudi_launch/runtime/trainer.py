@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from gaudi_launch.heartbeats import beat
-from gaudi_launch.restarts import restart_count
+from gaudi_launch.process.heartbeats import beat
+from gaudi_launch.process.restarts import restart_count
 from gaudi_launch.runtime import checkpoint as ckpt
 from gaudi_launch.runtime.attention import apply_attention
 from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments

@@ -136,12 +136,12 @@ def per_host_costs(cluster, env: Dict[str, str], workdir: str, samples: int = 5)
     """Median wall time (and this side's CPU) of: a full ssh session (handshake + remote shell), opening
     a ControlMaster (handshake only), a session over it (remote shell only), the pre-flight's probe over
     it, measured from host 0 to the others one at a time. The remote shell includes the login files."""
-    from gaudi_launch.preflight import probe_command
+    from gaudi_launch.remote import probe
 
     ctl = tempfile.mkdtemp(prefix="glb-", dir="/tmp")
     ssh = ["ssh", "-F", cluster.ssh_config]
     mux = ["-o", f"ControlPath={ctl}/%C"]
-    probe = probe_command(sys.executable, None, ROOT, cluster.hosts[0].name, 22, None)
+    probe_line = probe.command(sys.executable, None, ROOT, cluster.hosts[0].name, 22, None)
     rows: Dict[str, List[float]] = {"session": [], "handshake": [], "mux_session": [], "probe": [], "rsh_agent": []}
     cpu: Dict[str, List[float]] = {k: [] for k in rows}
     targets = [h.name for h in cluster.hosts[1:]][:samples] or [cluster.hosts[0].name]
@@ -160,9 +160,9 @@ def per_host_costs(cluster, env: Dict[str, str], workdir: str, samples: int = 5)
             one("session", ssh + [host, "true"])
             one("handshake", ssh + mux + ["-o", "ControlMaster=yes", "-o", "ControlPersist=30", "-fN", host])
             one("mux_session", ssh + mux + ["-o", "ControlMaster=no", host, "true"])
-            one("probe", ssh + mux + ["-o", "ControlMaster=no", host, probe])
+            one("probe", ssh + mux + ["-o", "ControlMaster=no", host, probe_line])
             # what a daemon's start through the pre-flight's session costs this side: our rsh agent's
-            # interpreter and imports (gaudi_launch/rshagent.py; its request is one line over a socket)
+            # interpreter and imports (gaudi_launch/remote/rshagent.py; its request is one line over a socket)
             one("rsh_agent", [sys.executable, "-S", "-I", "-c", "import _socket, os, sys"])
     finally:
         for host in targets:

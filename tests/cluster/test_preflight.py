@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from gaudi_launch.fabric import parse_ip_addr
-from gaudi_launch.preflight import CheckReport, SshOptions, check_hosts
+from gaudi_launch.plan.fabric import parse_ip_addr
+from gaudi_launch.remote.preflight import CheckReport, SshOptions, check_hosts
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = "tests/cluster/netcluster.py"  # exists on every host (they share this filesystem)
@@ -45,8 +45,8 @@ def check(cluster, ssh: SshOptions, hosts=None, script=SCRIPT, python=sys.execut
 
 _IN_HOST = textwrap.dedent("""
     import dataclasses, json, sys
-    from gaudi_launch.hostnames import is_local_host
-    from gaudi_launch.preflight import SshOptions, check_hosts
+    from gaudi_launch.inputs.hostnames import is_local_host
+    from gaudi_launch.remote.preflight import SshOptions, check_hosts
     kw = json.loads(sys.argv[1])
     kw["ssh"] = SshOptions(**kw["ssh"])
     report = check_hosts(local=is_local_host, **kw)

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from gaudi_launch.ports import pick_free_port
+from gaudi_launch.inputs.ports import pick_free_port
 from tests.helpers import all_gone, alive, read_pids, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,7 +14,7 @@ import tempfile
 
 import pytest
 
-from gaudi_launch.ports import pick_free_port
+from gaudi_launch.inputs.ports import pick_free_port
 
 # Launchers gaudi-launch is compared on: the local backend and mpirun on this host (the worker
 # fills in the contract there, as it does for DeepSpeed's ranks).

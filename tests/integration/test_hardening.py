@@ -212,7 +212,7 @@ def test_a_huge_line_is_shown_whole_but_kept_cut_in_the_summary(tmp_path):
 def test_supervisor_tails_hold_at_most_200_cut_lines(tmp_path):
     import io
 
-    from gaudi_launch.supervise import TAIL_KEEP, TAIL_LINE_CHARS, ProcSpec, Supervisor
+    from gaudi_launch.process.supervise import TAIL_KEEP, TAIL_LINE_CHARS, ProcSpec, Supervisor
     code = "for i in range(400): print(str(i) * 50000)"
     spec = ProcSpec(rank=0, host="localhost", argv=[sys.executable, "-c", code], env=dict(os.environ))
     result = Supervisor([spec], stdout=io.StringIO(), stderr=io.StringIO(), handle_signals=False).run()
@@ -361,8 +361,8 @@ def test_sixteen_thousand_local_ranks_are_planned_with_their_contract(tmp_path):
 
 def test_local_planning_computes_device_visibility_once_per_node(monkeypatch, tmp_path):
     from gaudi_launch.backends import local
-    from gaudi_launch.planner import build_plan
-    from gaudi_launch.spec import JobSpec
+    from gaudi_launch.plan.planner import build_plan
+    from gaudi_launch.inputs.spec import JobSpec
 
     calls = []
     real = local.node_visibility_env
@@ -399,8 +399,8 @@ def test_error_records_kept_per_process_are_bounded():
     import io
     import json
 
-    from gaudi_launch.supervise import RECORDS_KEEP, ProcSpec, Supervisor
-    from gaudi_launch.wire import ERROR_MARKER
+    from gaudi_launch.process.supervise import RECORDS_KEEP, ProcSpec, Supervisor
+    from gaudi_launch.process.wire import ERROR_MARKER
     record = json.dumps({"rank": 0, "exit_code": 1, "traceback": "x" * 10000})
     code = f"import sys\nfor i in range(3000): print({ERROR_MARKER + record!r})\nsys.exit(1)"
     spec = ProcSpec(rank=0, host="localhost", argv=[sys.executable, "-c", code], env=dict(os.environ))

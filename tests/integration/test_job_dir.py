@@ -33,7 +33,7 @@ def test_a_rank_whose_output_reader_is_gone_ends_its_group_even_ignoring_sigterm
     read_end, write_end = os.pipe()
     env = {**os.environ, "GAUDI_LAUNCH_JOB_ID": "feedbeef", "GAUDI_LAUNCH_GRACE": "1", "RANK": "0",
            "WORLD_SIZE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "gaudi_launch.worker", str(script), str(tmp_path), "--ignore-term"],
+    proc = subprocess.Popen([sys.executable, "-m", "gaudi_launch.process.worker", str(script), str(tmp_path), "--ignore-term"],
                             stdout=write_end, stderr=write_end, env=env, start_new_session=True)
     os.close(write_end)
     try:

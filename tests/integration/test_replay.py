@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from gaudi_launch.replay import differences, spec_from_request
-from gaudi_launch.spec import JobSpec
+from gaudi_launch.plan.replay import differences, spec_from_request
+from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.errors import UserError
 
 # Each rank records what it was given: its working directory, argv, job id and a secret's check.

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gaudi_launch.supervise import ProcSpec, Supervisor, failure_excerpt, format_summary
+from gaudi_launch.process.supervise import ProcSpec, Supervisor, failure_excerpt, format_summary
 from tests.helpers import all_gone, alive, read_pids, wait_for
 
 RANK = os.path.join(os.path.dirname(__file__), "rank_behaviour.py")
@@ -157,7 +157,7 @@ def test_failure_excerpt_prefers_the_last_traceback():
 
 
 def test_format_summary_names_root_cause_first():
-    from gaudi_launch.supervise import ProcResult, find_culprit
+    from gaudi_launch.process.supervise import ProcResult, find_culprit
 
     first = ProcResult(1, "h1", "rank 1", 11, 3, "failed", 2.0, tail=["bad"])
     other = ProcResult(0, "h0", "rank 0", 10, -15, "torn down", 2.1)
@@ -169,7 +169,7 @@ def test_format_summary_names_root_cause_first():
 
 
 def test_culprit_of_a_multi_rank_process_comes_from_the_first_error_record():
-    from gaudi_launch.supervise import ProcResult, find_culprit
+    from gaudi_launch.process.supervise import ProcResult, find_culprit
 
     mpirun = ProcResult(0, "n0", "mpirun", 5, 1, "failed", 3.0, tail=["x"],
                         rank_hosts={0: "n0", 1: "n0", 2: "n1", 3: "n1"},

@@ -15,7 +15,7 @@ import pytest
 from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
 from gaudi_launch.runtime.hpu_env import (BF16_OPS_VAR, FP32_OPS_VAR, LAZY_VAR, hpu_env_for_script,
                                           prepare_hpu_env, script_hpu_flags)
-from gaudi_launch.worker import uses_hpu
+from gaudi_launch.process.worker import uses_hpu
 from tests.standin.fixture import STAND_IN_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def test_stand_in_worker_sets_the_bridge_env_before_the_scripts_first_import(tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith("PT_HPU_")}
     env.update(PYTHONPATH=os.pathsep.join([STAND_IN_DIR, str(ROOT)]), GAUDI_LAUNCH_JOB_ID=job, TMPDIR=str(tmp_path))
     argv = ["--bf16", "--gaudi_config_name", config_dir, "--use_lazy_mode", "false"]
-    out = subprocess.run([sys.executable, "-m", "gaudi_launch.worker", str(script), *argv], env=env,
+    out = subprocess.run([sys.executable, "-m", "gaudi_launch.process.worker", str(script), *argv], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -153,7 +153,7 @@ def test_stand_in_worker_registers_hccl_for_a_plain_torch_script(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith("PT_HPU_")}
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([STAND_IN_DIR, str(ROOT)]))
-        procs.append(subprocess.Popen([sys.executable, "-m", "gaudi_launch.worker", str(script)], env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "gaudi_launch.process.worker", str(script)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         outs = [p.communicate(timeout=120) for p in procs]
@@ -175,7 +175,7 @@ def test_worker_imports_no_torch_off_gaudi(tmp_path):
     script.write_text("import sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PYTHONPATH=str(ROOT), WORLD_SIZE="2", RANK="0")
-    out = subprocess.run([sys.executable, "-m", "gaudi_launch.worker", str(script), "--bf16"], env=env,
+    out = subprocess.run([sys.executable, "-m", "gaudi_launch.process.worker", str(script), "--bf16"], env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -187,7 +187,7 @@ def test_stand_in_worker_that_cannot_write_op_lists_says_so_and_runs_the_script(
     env = {k: v for k, v in os.environ.items() if not k.startswith("PT_HPU_")}
     env.update(PYTHONPATH=os.pathsep.join([STAND_IN_DIR, str(ROOT)]), GAUDI_LAUNCH_JOB_ID="j1", TMPDIR=str(tmp_path))
     (tmp_path / "gaudi-launch-j1").write_text("a file where the job's directory should be")
-    out = subprocess.run([sys.executable, "-m", "gaudi_launch.worker", str(script), "--bf16",
+    out = subprocess.run([sys.executable, "-m", "gaudi_launch.process.worker", str(script), "--bf16",
                           "--gaudi_config_name", config_dir], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ran"

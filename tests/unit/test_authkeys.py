@@ -1,11 +1,11 @@
-"""gaudi_launch.authkeys: the container's authorized_keys, with the real ssh-keygen."""
+"""gaudi_launch.remote.authkeys: the container's authorized_keys, with the real ssh-keygen."""
 from __future__ import annotations
 
 import subprocess
 
 import pytest
 
-from gaudi_launch.authkeys import BadKey, key_blob, setup, to_append
+from gaudi_launch.remote.authkeys import BadKey, key_blob, setup, to_append
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from gaudi_launch import jobdir
+from gaudi_launch.remote import jobdir
 from gaudi_launch.backends import deepspeed, mpirun
-from gaudi_launch.plan import LaunchPlan, NodePlan
-from gaudi_launch.spec import JobSpec
-from gaudi_launch.teardown import signal_job
-from gaudi_launch.watch import HostWatch, reachable
-from gaudi_launch.worker import normalize_env, read_job_argv
+from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.remote.teardown import signal_job
+from gaudi_launch.remote.watch import HostWatch, reachable
+from gaudi_launch.process.worker import normalize_env, read_job_argv
 
 
 def two_node_plan(**kw) -> LaunchPlan:
@@ -32,7 +32,7 @@ def test_mpirun_argv_openmpi4_without_core_count():
     assert argv[argv.index("--bind-to") + 1] == "none"
     assert argv[argv.index("--rank-by") + 1] == "slot"
     assert "--tag-output" in argv and "--output" not in argv
-    assert argv[-5:] == ["/py", "-u", "-m", "gaudi_launch.worker", "t.py"]
+    assert argv[-5:] == ["/py", "-u", "-m", "gaudi_launch.process.worker", "t.py"]
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "-x"] == ["A", "MASTER_ADDR"]
 
 
@@ -100,7 +100,7 @@ def test_deepspeed_argv_names_a_job_file_and_a_hostfile_of_the_selection(tmp_pat
     spec = JobSpec(program=["t.py", "a b", "$(x)"], python="/nowhere/py", launcher_args="-l root", grace=3)
     environ = {"HCCL_X": "v w", "OTHER": "no"}
     argv = deepspeed.build_argv(plan, spec, environ, str(tmp_path))
-    assert argv[:6] == ["/nowhere/py", "-m", "gaudi_launch.ds_runner", "--hostfile", f"{tmp_path}/hostfile",
+    assert argv[:6] == ["/nowhere/py", "-m", "gaudi_launch.backends.ds_runner", "--hostfile", f"{tmp_path}/hostfile",
                         "--force_multi"]
     # No --include (DeepSpeed splits it on '@', user@host too): the hostfile holds the selection's
     # rank counts, the device subset travels in the job file.
@@ -176,7 +176,7 @@ def test_signal_job_touches_only_its_own_job():
 
 def test_host_watch_reports_a_host_after_consecutive_misses(monkeypatch):
     answers = {"a": [True, False, False, False], "b": [True, True, True, True]}
-    monkeypatch.setattr("gaudi_launch.watch.reachable", lambda addr, port, timeout: answers[addr].pop(0))
+    monkeypatch.setattr("gaudi_launch.remote.watch.reachable", lambda addr, port, timeout: answers[addr].pop(0))
     watch = HostWatch([("a", "a", 22), ("b", "b", 22)], misses=3)
     assert [watch.probe() for _ in range(3)] == [None, None, None]
     message = watch.probe()

@@ -19,7 +19,7 @@ from gaudi_launch import __version__
 from tests.unit.cli_helpers import plan_of, run_cli, user_error
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER = [sys.executable, "-u", "-m", "gaudi_launch.worker"]
+WORKER = [sys.executable, "-u", "-m", "gaudi_launch.process.worker"]
 CONTRACT_KEYS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "NODE_RANK",
                  "GROUP_RANK", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "GAUDI_LAUNCH_JOB_ID",
@@ -131,7 +131,7 @@ def test_two_host_hostfile_is_mpirun(capsys, two_hosts):
     exported = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
     assert {"MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", "GAUDI_LAUNCH_JOB_ID"} <= set(exported)
     assert all("=" not in name for name in exported)  # values never on the command line
-    assert "gaudi_launch.worker" in argv
+    assert "gaudi_launch.process.worker" in argv
     assert argv[-3:] == ["train.py", "--lr", "1"]
     assert cmd["env"] == {"MASTER_ADDR": "worker-0", "MASTER_PORT": str(plan["master_port"]),
                           "CROSS_SIZE": "2", "GAUDI_LAUNCH_JOB_ID": plan["job_id"]}
@@ -173,7 +173,7 @@ def test_include_slots_on_remote_host_mpirun(capsys, two_hosts):
 def test_include_slots_on_remote_host_mpirun_reach_the_ranks(capsys, two_hosts):
     # One mpirun starts every node alike, so each node's device subset travels in one exported
     # variable that the worker turns into HABANA_VISIBLE_MODULES for its node.
-    from gaudi_launch.worker import normalize_env
+    from gaudi_launch.process.worker import normalize_env
 
     plan = plan_of(capsys, "--hostfile", two_hosts, "--include", "worker-1:1,3", "--backend", "mpirun",
                    "train.py")
@@ -233,7 +233,7 @@ def test_script_args_pass_through_byte_exact(capsys, backend):
     for cmd in plan["commands"]:
         if backend == "deepspeed":
             # DeepSpeed and pdsh re-quote arguments for a remote shell: they travel in the job file.
-            assert cmd["argv"][-4:-2] == ["--module", "gaudi_launch.worker"]
+            assert cmd["argv"][-4:-2] == ["--module", "gaudi_launch.process.worker"]
             assert cmd["argv"][-2].startswith("--job-file=") and cmd["argv"][-1].startswith("--job-sha256=")
             assert not any(a in " ".join(cmd["argv"]) for a in TRICKY_ARGS if len(a) > 2)
         else:
@@ -281,7 +281,7 @@ def test_no_python_argv_is_the_program(capsys):
 
 def test_python_option_sets_interpreter(capsys):
     plan = plan_of(capsys, "--num_devices", "1", "--python", "/opt/py/bin/python3", "train.py")
-    assert plan["commands"][0]["argv"] == ["/opt/py/bin/python3", "-u", "-m", "gaudi_launch.worker",
+    assert plan["commands"][0]["argv"] == ["/opt/py/bin/python3", "-u", "-m", "gaudi_launch.process.worker",
                                            "train.py"]
 
 
@@ -363,10 +363,10 @@ def test_use_deepspeed(capsys, flag, two_hosts):
     assert plan["backend"] == "deepspeed"
     (cmd,) = plan["commands"]
     argv = cmd["argv"]
-    assert argv[1:3] == ["-m", "gaudi_launch.ds_runner"]
+    assert argv[1:3] == ["-m", "gaudi_launch.backends.ds_runner"]
     assert "--no_local_rank" in argv
     i = argv.index("--module")
-    assert argv[i:i + 2] == ["--module", "gaudi_launch.worker"]
+    assert argv[i:i + 2] == ["--module", "gaudi_launch.process.worker"]
     assert argv[i + 2].startswith("--job-file=") and len(argv) == i + 4
     assert plan["program"] == ["train.py", "--bf16"]
     assert argv[argv.index("--master_addr") + 1] == "worker-0"
@@ -657,7 +657,7 @@ def test_text_dry_run(capsys, two_hosts):
     assert "worker-1" in node_lines[1] and "ranks 4-7" in node_lines[1]
     cmd_lines = [x for x in lines if x.startswith("  [")]
     assert len(cmd_lines) == 1
-    assert "mpirun" in cmd_lines[0] and "gaudi_launch.worker train.py --lr 1" in cmd_lines[0]
+    assert "mpirun" in cmd_lines[0] and "gaudi_launch.process.worker train.py --lr 1" in cmd_lines[0]
     assert any(x.startswith("note: ") for x in lines)
 
 

@@ -1,4 +1,4 @@
-"""``--config job.yaml``: gaudi_launch.config.load_config and its use by the command line."""
+"""``--config job.yaml``: gaudi_launch.inputs.config.load_config and its use by the command line."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.cli_helpers import plan_of, run_cli, user_error
-from gaudi_launch.config import load_config, normalize_key
+from gaudi_launch.inputs.config import load_config, normalize_key
 from gaudi_launch.errors import UserError
 
 

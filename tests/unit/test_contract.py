@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gaudi_launch.contract import elastic_env, node_device_env, node_layout, node_sizes_env, read_error_file, \
+from gaudi_launch.plan.contract import elastic_env, node_device_env, node_layout, node_sizes_env, read_error_file, \
     visible_subset
-from gaudi_launch.worker import normalize_env
+from gaudi_launch.process.worker import normalize_env
 from tests.unit.cli_helpers import plan_of
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from gaudi_launch.errors import UserError
-from gaudi_launch.hostfile import Host
-from gaudi_launch.hostselect import select
+from gaudi_launch.inputs.hostfile import Host
+from gaudi_launch.inputs.hostselect import select
 
 ONE = [Host("worker-0", 4, 1)]
 TWO = [Host("worker-0", 4, 1), Host("worker-1", 4, 2)]

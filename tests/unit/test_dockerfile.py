@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from gaudi_launch.fabric import efa_env
+from gaudi_launch.plan.fabric import efa_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCKERFILE = os.path.join(ROOT, "docker", "Dockerfile")

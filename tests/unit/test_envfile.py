@@ -6,7 +6,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gaudi_launch.envfile import (
+from gaudi_launch.inputs.envfile import (
     DEFAULT_NAME,
     is_secret,
     load_env_files,
@@ -432,7 +432,7 @@ def test_byte_exact_values_from_file(dirs):
 
 
 def test_unreadable_file_simulated(dirs, monkeypatch):
-    import gaudi_launch.envfile as envfile
+    import gaudi_launch.inputs.envfile as envfile
 
     home, cwd = dirs
     p = write(cwd / DEFAULT_NAME, "A=1")

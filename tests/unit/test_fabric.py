@@ -5,9 +5,9 @@ import subprocess
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gaudi_launch import fabric
+from gaudi_launch.plan import fabric
 from gaudi_launch.errors import UserError
-from gaudi_launch.fabric import (
+from gaudi_launch.plan.fabric import (
     AMAZON_LIBS,
     DEFAULT_OFI_WRAPPER,
     IFNAME_HINT,

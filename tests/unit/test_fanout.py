@@ -1,4 +1,4 @@
-"""The one per-host fan-out (gaudi_launch/fanout.py) and its users."""
+"""The one per-host fan-out (gaudi_launch/remote/fanout.py) and its users."""
 from __future__ import annotations
 
 import threading
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gaudi_launch import fanout
+from gaudi_launch.remote import fanout
 
 
 def test_pool_is_as_wide_as_the_hosts_within_the_open_file_limit():
@@ -71,7 +71,9 @@ def test_the_per_host_loops_all_use_it():
     """Issue 15: one fan-out helper, not a thread loop per module."""
     import inspect
 
-    from gaudi_launch import envreport, preflight, teardown
+    from gaudi_launch.reports import environment as envreport
+
+    from gaudi_launch.remote import preflight, teardown
     from gaudi_launch.backends import deepspeed
 
     for module in (envreport, preflight, teardown, deepspeed):

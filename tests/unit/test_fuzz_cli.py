@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gaudi_launch.cli import main
-from gaudi_launch.envfile import mask_env, parse_env_text
+from gaudi_launch.inputs.envfile import mask_env, parse_env_text
 
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -47,7 +47,7 @@ def normalized(plan: dict) -> dict:
     plan["request"]["cwd"] = "CWD"
     for cmd in plan["commands"]:
         argv = cmd["argv"]
-        if argv[1:3] == ["-m", "gaudi_launch.ds_runner"]:
+        if argv[1:3] == ["-m", "gaudi_launch.backends.ds_runner"]:
             argv[4] = "TMP/" + os.path.basename(argv[4])
             argv[-2] = "--job-file=TMP/" + os.path.basename(argv[-2])
             argv[-1] = "--job-sha256=DIGEST"  # covers a random key

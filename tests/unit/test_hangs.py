@@ -9,17 +9,17 @@ import time
 import pytest
 
 from gaudi_launch.errors import UserError
-from gaudi_launch.hangs import (HangWatch, check_watchable, main_thread, parse_stacks, rank_ranges, summarize,
+from gaudi_launch.process.hangs import (HangWatch, check_watchable, main_thread, parse_stacks, rank_ranges, summarize,
                                 where_waiting, with_heartbeats)
-from gaudi_launch.heartbeats import HEARTBEAT_DIR
-from gaudi_launch.spec import JobSpec
+from gaudi_launch.process.heartbeats import HEARTBEAT_DIR
+from gaudi_launch.inputs.spec import JobSpec
 from tests.unit.cli_helpers import plan_of, user_error
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 
 DUMP = """\
 Thread 0x00007f13ffdff6c0 (most recent call first):
-  File "/opt/gl/gaudi_launch/worker.py", line 319 in watch
+  File "/opt/gl/gaudi_launch/process/worker.py", line 319 in watch
   File "/usr/lib/python3.11/threading.py", line 982 in run
   File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
 
@@ -29,7 +29,7 @@ Current thread 0x00007f1401068b80 (most recent call first):
   File "/home/u/train.py", line 41 in step
   File "/home/u/train.py", line 60 in <module>
   File "<frozen runpy>", line 88 in _run_code
-  File "/opt/gl/gaudi_launch/worker.py", line 417 in _run
+  File "/opt/gl/gaudi_launch/process/worker.py", line 417 in _run
 """
 SOURCE = {("/home/u/train.py", 41): "        dist.all_reduce(t)\n", ("/home/u/train.py", 30): "    time.sleep(600)\n"}
 
@@ -102,7 +102,7 @@ def test_heartbeat_directory_reaches_the_ranks_and_bad_timeouts_are_refused(caps
 
 
 def test_hang_detection_needs_a_rank_on_this_host(tmp_path):
-    from gaudi_launch.planner import build_plan
+    from gaudi_launch.plan.planner import build_plan
 
     hosts = tmp_path / "hosts"
     hosts.write_text("worker-1 slots=2\n")
@@ -116,7 +116,7 @@ def test_only_the_ranks_own_live_processes_are_asked_for_stacks(tmp_path):
     import socket
     import subprocess
 
-    from gaudi_launch.heartbeats import start_time
+    from gaudi_launch.process.heartbeats import start_time
 
     sleeper = subprocess.Popen(["sleep", "30"])
     try:

@@ -1,4 +1,4 @@
-"""Tests for gaudi_launch.hostfile: parsing hostfiles, selectors and host selection."""
+"""Tests for gaudi_launch.inputs.hostfile: parsing hostfiles, selectors and host selection."""
 from __future__ import annotations
 
 import re
@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gaudi_launch.errors import UserError
-from gaudi_launch.hostfile import Host, parse_hostfile, read_hostfile
-from gaudi_launch.hostselect import parse_selector, select
+from gaudi_launch.inputs.hostfile import Host, parse_hostfile, read_hostfile
+from gaudi_launch.inputs.hostselect import parse_selector, select
 
 SRC = "hosts.txt"
 
@@ -273,7 +273,7 @@ class TestReadHostfile:
 
     def test_unreadable(self, tmp_path, monkeypatch):
         # Tests run as root (CI too), which reads anything: fake the permission error instead.
-        import gaudi_launch.hostfile as hostfile_module
+        import gaudi_launch.inputs.hostfile as hostfile_module
 
         path = tmp_path / "hostfile"
         path.write_text("a slots=1\n", encoding="utf-8")

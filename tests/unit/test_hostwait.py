@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from gaudi_launch.exitcodes import ExitCode
-from gaudi_launch.hostwait import HostsUnreachable, probe_ssh, wait_for
+from gaudi_launch.remote.hostwait import HostsUnreachable, probe_ssh, wait_for
 
 
 def serve_once(payload: bytes) -> int:

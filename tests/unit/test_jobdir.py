@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from gaudi_launch import jobdir
+from gaudi_launch.remote import jobdir
 from gaudi_launch.backends import deepspeed
 from gaudi_launch.errors import UserError
-from gaudi_launch.plan import LaunchPlan, NodePlan
-from gaudi_launch.spec import JobSpec
+from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
+from gaudi_launch.inputs.spec import JobSpec
 
 
 def plan_of(**kw) -> LaunchPlan:
@@ -102,11 +102,11 @@ def test_receive_accepts_the_same_file_on_a_shared_filesystem_and_refuses_anothe
 def test_receive_over_stdin_as_ssh_runs_it(tmp_path):
     path = str(tmp_path / "gaudi-launch-0123abcd")
     data = b'{"secret": "s3cr3t"}'
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch.jobdir", "receive", path, jobdir.digest(data)],
+    res = subprocess.run([sys.executable, "-m", "gaudi_launch.remote.jobdir", "receive", path, jobdir.digest(data)],
                          input=data, capture_output=True)
     assert res.returncode == 0, res.stderr
     assert open(os.path.join(path, "job.json"), "rb").read() == data
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch.jobdir", "remove", path], capture_output=True)
+    res = subprocess.run([sys.executable, "-m", "gaudi_launch.remote.jobdir", "remove", path], capture_output=True)
     assert res.returncode == 0 and not os.path.exists(path)
 
 
@@ -146,7 +146,7 @@ def test_runner_environment_is_scrubbed():
 
 
 def test_exported_secrets_are_masked_and_never_shown(monkeypatch):
-    from gaudi_launch.multinode import finish_plan
+    from gaudi_launch.plan.multinode import finish_plan
 
     plan = plan_of()
     environ = {"MYAPP_API_TOKEN": "tok-1234567", "MYAPP_MODE": "fast", "PATH": "/bin"}
@@ -159,7 +159,7 @@ def test_exported_secrets_are_masked_and_never_shown(monkeypatch):
 
 def test_ds_runner_never_installs_deepspeeds_handler():
     code = ("import signal, types, sys\n"
-            "from gaudi_launch import ds_runner\n"
+            "from gaudi_launch.backends import ds_runner\n"
             "s = ds_runner._without_handlers(signal)\n"
             "s.signal(signal.SIGTERM, lambda *a: print('pkill'))\n"
             "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
@@ -169,7 +169,7 @@ def test_ds_runner_never_installs_deepspeeds_handler():
 
 
 def test_the_launchers_directory_replaces_the_job_dir_on_pythonpath():
-    from gaudi_launch.worker import cwd_on_path
+    from gaudi_launch.process.worker import cwd_on_path
 
     ds = {"PYTHONPATH": "/tmp/gaudi-launch-0123abcd"}  # what DeepSpeed's runner exported
     assert cwd_on_path({}, ds, "/tmp/gaudi-launch-0123abcd", "/work") == {"PYTHONPATH": "/work"}
@@ -182,7 +182,7 @@ def test_a_worker_given_another_job_file_refuses_to_start(tmp_path):
     os.chmod(tmp_path, 0o700)
     data = jobdir.payload({}, ["t.py"], False, str(tmp_path), "k")
     jobdir.write_private(str(tmp_path / "job.json"), data)
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch.worker", f"--job-file={tmp_path}/job.json",
+    res = subprocess.run([sys.executable, "-m", "gaudi_launch.process.worker", f"--job-file={tmp_path}/job.json",
                           "--job-sha256=" + "0" * 64], capture_output=True, text=True)
     assert res.returncode == 2
     assert "cannot start from the job file" in res.stderr and "digest" in res.stderr
@@ -192,7 +192,7 @@ def test_a_worker_given_another_job_file_refuses_to_start(tmp_path):
 def test_the_workers_job_dir_is_made_private_and_an_open_one_refused(tmp_path, monkeypatch):
     import tempfile
 
-    from gaudi_launch.worker import _private_job_dir
+    from gaudi_launch.process.worker import _private_job_dir
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     path = _private_job_dir("0123abcd")

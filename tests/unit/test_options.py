@@ -1,4 +1,4 @@
-"""Options declared once (gaudi_launch/options.py): every JobSpec option is a command-line option and
+"""Options declared once (gaudi_launch/inputs/options.py): every JobSpec option is a command-line option and
 a DistributedRunner keyword, with one default, and reaches the same JobSpec from both."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 
 from gaudi_launch import cli
 from gaudi_launch.errors import UserError
-from gaudi_launch.options import default_of, option_fields
+from gaudi_launch.inputs.options import default_of, option_fields
 from gaudi_launch.runner import DistributedRunner
-from gaudi_launch.spec import JobSpec
+from gaudi_launch.inputs.spec import JobSpec
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 

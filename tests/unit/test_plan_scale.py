@@ -10,10 +10,10 @@ import subprocess
 
 import pytest
 
-from gaudi_launch import jobdir
+from gaudi_launch.remote import jobdir
 from gaudi_launch.backends import mpirun
-from gaudi_launch.planner import build_plan
-from gaudi_launch.spec import JobSpec
+from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.inputs.spec import JobSpec
 
 ARG_MAX_ONE = 128 * 1024  # Linux MAX_ARG_STRLEN
 
@@ -82,7 +82,7 @@ def test_host_key_policy_from_ssh_config_without_parsing_when_unset(tmp_path, mo
     that StrictHostKeyChecking is set nowhere; a plain read of the files now says so."""
     import sys
 
-    from gaudi_launch import multinode
+    from gaudi_launch.plan import multinode
 
     hosts = [f"node{i}" for i in range(1000)]
     inc = tmp_path / "conf.d"

@@ -1,17 +1,15 @@
-"""The SSH pre-flight's pure parts: error classification, the probe command, its parser, the report."""
+"""The SSH pre-flight's pure parts: error classification, judging a probe's result, the report."""
 from __future__ import annotations
 
 import errno
-import os
 import socket
-import subprocess
-import sys
 
 import paramiko
 import pytest
 
-from gaudi_launch.preflight import (CheckReport, HostFacts, SshOptions, _judge, _policies, _versions_warning,
-                                    _warnings, classify_ssh_error, parse_probe_output, probe_command)
+from gaudi_launch.remote.probe import ProbeResult
+from gaudi_launch.remote.preflight import (CheckReport, HostFacts, SshOptions, _judge, _policies, _versions_warning,
+                                    _warnings, classify_ssh_error)
 
 OPTS = SshOptions(port=22, identity="/keys/id_ed25519", timeout=7.0, known_hosts="/tmp/kh")
 KEY = "/home/u/.ssh/id_ed25519"
@@ -152,115 +150,6 @@ def test_banner_and_other_errors():
     assert "weird" in reason and "ssh -v u@h true" in fix
 
 
-# ---------------------------------------------------------------- probe_command + parse_probe_output
-
-
-def run_probe(cmd: str) -> dict:
-    done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return parse_probe_output(done.stdout)
-
-
-def test_probe_with_awkward_paths_stays_one_argument(tmp_path):
-    odd = tmp_path / "dir with 'quotes' and \"dq\" $(touch PWNED) `x` ;"
-    odd.mkdir()
-    script = odd / "my script 'v2'.py"
-    script.write_text("print(1)\n")
-    fake_py = odd / "py thon's"
-    os.symlink(sys.executable, fake_py)
-    cmd = probe_command(str(fake_py), script.name, str(odd), "127.0.0.1", 9, None)
-    got = run_probe(cmd)
-    assert got["complete"] is True
-    assert got["python_ok"] is True and got["cwd_ok"] is True and got["script_ok"] is True
-    assert got["python_path"] == str(fake_py)
-    assert got["hostname"] == socket.gethostname()
-    assert got["ncpus"] == os.cpu_count() or got["ncpus"] >= 1
-    assert "port_free" not in got
-    assert not list(tmp_path.rglob("PWNED")) and not os.path.exists("PWNED")
-
-
-def test_probe_reports_missing_python_script_and_cwd(tmp_path):
-    got = run_probe(probe_command(str(tmp_path / "no python"), "train.py", str(tmp_path), "127.0.0.1", 9, None))
-    assert got["python_ok"] is False and "python_path" not in got
-    assert got["script_ok"] is False and got["cwd_ok"] is True
-    assert "master_reachable" not in got  # no python: not known, not failed
-    assert got["complete"] is True
-    got = run_probe(probe_command(sys.executable, "train.py", str(tmp_path / "gone"), "127.0.0.1", 9, None))
-    assert got["cwd_ok"] is False and got["script_ok"] is False and got["python_ok"] is True
-    got = run_probe(probe_command(sys.executable, None, str(tmp_path), "127.0.0.1", 9, None))
-    assert "script_ok" not in got
-
-
-def test_probe_master_reachable_and_port_free():
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        port = listener.getsockname()[1]
-        got = run_probe(probe_command(sys.executable, None, "/", "127.0.0.1", port, port))
-        assert got["master_reachable"] is True
-        assert got["port_free"] is False and "port_error" in got
-    got = run_probe(probe_command(sys.executable, None, "/", "127.0.0.1", port, port))
-    assert got["master_reachable"] is False and "refused" in got["master_error"].lower()
-    assert got["port_free"] is True
-
-
-def test_probe_master_address_is_argv_not_code():
-    evil = "127.0.0.1'); import os; os.system('touch /tmp/preflight-PWNED'); ('"
-    got = run_probe(probe_command(sys.executable, None, "/", evil, 22, None))
-    assert got["master_reachable"] is False
-    assert not os.path.exists("/tmp/preflight-PWNED")
-
-
-def test_probe_ip_block_and_devices(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "hl-smi"
-    smi.write_text("#!/bin/sh\n[ \"$*\" = '-Q module_id -f csv,noheader' ] || exit 3\nprintf '0\\n1\\n2\\n3\\n'\n")
-    smi.chmod(0o755)
-    ip = bin_dir / "ip"
-    ip.write_text("#!/bin/sh\necho '2: eth0    inet 10.9.0.5/24 brd 10.9.0.255 scope global eth0'\n")
-    ip.chmod(0o755)
-    cmd = probe_command(sys.executable, None, "/", "127.0.0.1", 9, None)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env, timeout=60)
-    got = parse_probe_output(done.stdout)
-    assert got["devices"] == 4
-    assert got["ip_addr"] == "2: eth0    inet 10.9.0.5/24 brd 10.9.0.255 scope global eth0\n"
-    smi.write_text("#!/bin/sh\nexit 1\n")
-    got = parse_probe_output(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env).stdout)
-    assert got["devices"] == 0 and "hl-smi failed" in got["devices_error"]
-
-
-def test_probe_without_hl_smi_says_none():
-    env = {**os.environ, "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(["sh", "-c", probe_command(sys.executable, None, "/", "127.0.0.1", 9, None)],
-                          capture_output=True, text=True, env=env, timeout=60)
-    got = parse_probe_output(done.stdout)
-    if os.path.exists("/usr/bin/hl-smi") or os.path.exists("/bin/hl-smi"):
-        pytest.skip("this machine has hl-smi")
-    assert "devices" in got and got["devices"] is None
-
-
-@pytest.mark.parametrize("text", [
-    "", "\x00\x01\xff", "=\n==\nncpus=\nncpus=abc\ndevices=-3\npython_ok=maybe\n",
-    "@@ip-addr begin\nno end", "garbage " * 1000, "key=value=more\n\r\n\t",
-])
-def test_parse_garbage(text):
-    got = parse_probe_output(text)
-    assert isinstance(got, dict) and got["complete"] is False
-    assert "ncpus" not in got and "devices" not in got and "python_ok" not in got
-
-
-def test_parse_skips_login_banner_and_unknown_keys():
-    text = ("Welcome! hostname=evil\nncpus=999\n@@gaudi-launch-probe begin\r\nhostname=gl-n1\r\nncpus=4\n"
-            "python_ok=1\nweird_key=1\nmaster_reachable=unknown\ndevices=none\n@@gaudi-launch-probe end\n")
-    got = parse_probe_output(text)
-    assert got["hostname"] == "gl-n1" and got["ncpus"] == 4 and got["python_ok"] is True
-    assert got["devices"] is None and "master_reachable" not in got and "weird_key" not in got
-    assert got["complete"] is True
-    assert parse_probe_output(b"ncpus=3\n")["ncpus"] == 3
-
-
 # ---------------------------------------------------------------- judging, warnings, the report
 
 
@@ -269,7 +158,7 @@ def judge(probe, **kw):
     args = dict(python="/py", script="train.py", cwd="/work", master_addr="10.0.0.1", master_port=29500,
                 master_ssh_port=22, is_master=False, needed=0, where="gl-n1")
     args.update(kw)
-    _judge(f, {"complete": True, **probe}, **args)
+    _judge(f, ProbeResult(**{"complete": True, **probe}), **args)
     return f
 
 

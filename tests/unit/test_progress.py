@@ -1,5 +1,5 @@
-"""Splitting output into finished lines and carriage-return progress states (gaudi_launch/progress.py)."""
-from gaudi_launch.progress import LineSplitter
+"""Splitting output into finished lines and carriage-return progress states (gaudi_launch/process/progress.py)."""
+from gaudi_launch.process.progress import LineSplitter
 
 
 def pieces(*chunks: bytes):

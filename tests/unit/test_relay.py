@@ -2,8 +2,8 @@
 (issue 10 items 3 and 10). The relay on real processes: tests/integration/test_deepspeed_backend.py."""
 from __future__ import annotations
 
-from gaudi_launch import relay
-from gaudi_launch.worker import take_local_rank
+from gaudi_launch.process import relay
+from gaudi_launch.process.worker import take_local_rank
 
 
 def test_lines_are_whole_and_the_rest_waits_for_its_newline():

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from gaudi_launch import cli, report
+from gaudi_launch import cli
+
+from gaudi_launch.reports import plots as report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -225,7 +227,7 @@ def test_usage_errors_exit_2_through_the_cli(capsys):
 def test_the_launcher_imports_neither_matplotlib_nor_torch():
     code = ("import sys\nfrom gaudi_launch import cli\n"
             "rc = cli.main(['--help'])\n"
-            "bad = [m for m in ('matplotlib', 'torch', 'gaudi_launch.report') if m in sys.modules]\n"
+            "bad = [m for m in ('matplotlib', 'torch', 'gaudi_launch.reports.plots') if m in sys.modules]\n"
             "print('LOADED', bad)\nsys.exit(rc)\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr

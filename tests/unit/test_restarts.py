@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from gaudi_launch.contract import elastic_env
+from gaudi_launch.plan.contract import elastic_env
 from gaudi_launch.errors import UserError
-from gaudi_launch.restarts import (Attempt, HostsExhausted, attempt_spec, backoff_s, failure_cause, format_attempts,
+from gaudi_launch.process.restarts import (Attempt, HostsExhausted, attempt_spec, backoff_s, failure_cause, format_attempts,
                                    hosts_for_attempt, lost_hosts_in, parse_restart_on, restart_count,
                                    should_restart)
-from gaudi_launch.spec import JobSpec
-from gaudi_launch.supervise import Culprit, JobResult, ProcResult
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.process.supervise import Culprit, JobResult, ProcResult
 from tests.unit.cli_helpers import plan_of, user_error
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py

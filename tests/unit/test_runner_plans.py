@@ -12,7 +12,7 @@ from gaudi_launch.errors import UserError
 from gaudi_launch.runner import command_to_program
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER_HEAD = ["-u", "-m", "gaudi_launch.worker"]
+WORKER_HEAD = ["-u", "-m", "gaudi_launch.process.worker"]
 
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
@@ -39,7 +39,7 @@ def test_distributed_runner_is_exported():
 def test_import_gaudi_launch_does_not_import_torch(tmp_path):
     code = ("import sys, gaudi_launch\n"
             "from gaudi_launch import DistributedRunner\n"
-            "import gaudi_launch.runner, gaudi_launch.planner, gaudi_launch.backends.local\n"
+            "import gaudi_launch.runner, gaudi_launch.plan.planner, gaudi_launch.backends.local\n"
             "plans = DistributedRunner(['t.py --x'], world_size=2, master_port=None).plans()\n"
             "assert plans[0].world_size == 2\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'deepspeed'))\n"
@@ -140,7 +140,7 @@ def test_use_mpi_single_host():
 def test_use_deepspeed_is_deepspeed():
     (plan,) = runner(["train.py --z"], world_size=2, use_deepspeed=True).plans()
     assert plan.backend == "deepspeed"
-    assert plan.commands[0].argv[1:3] == ["-m", "gaudi_launch.ds_runner"]
+    assert plan.commands[0].argv[1:3] == ["-m", "gaudi_launch.backends.ds_runner"]
     assert plan.program == ["train.py", "--z"]
 
 

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from gaudi_launch import slurm
+from gaudi_launch.inputs import slurm
 from gaudi_launch.backends import slurm as backend
 from gaudi_launch.cli import main
 from gaudi_launch.errors import UserError
-from gaudi_launch.planner import build_plan
-from gaudi_launch.spec import JobSpec
-from gaudi_launch.worker import normalize_env
+from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.process.worker import normalize_env
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden")
 ALLOC = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gn[01-03]", "SLURM_TASKS_PER_NODE": "2(x3)",
@@ -62,7 +62,7 @@ def test_plan_inside_allocation_from_slurm_facts():
     assert cmd.argv[:9] == ["srun", f"--job-name=gaudi-launch-{plan.job_id}", "--nodes=3", "--ntasks=6",
                             "--ntasks-per-node=2", "--nodelist=gn01,gn02,gn03", "--kill-on-bad-exit=1",
                             "--label", f"--export=ALL,GAUDI_LAUNCH_JOB_ID={plan.job_id}"]
-    assert cmd.argv[9:] == [sys.executable, "-u", "-m", "gaudi_launch.worker", "train.py", "--bf16"]
+    assert cmd.argv[9:] == [sys.executable, "-u", "-m", "gaudi_launch.process.worker", "train.py", "--bf16"]
     assert cmd.env["MASTER_ADDR"] == "gn01" and cmd.env["MASTER_PORT"] == "24242"
     # sbatch --cpus-per-task reaches the ranks' step (srun no longer inherits it since Slurm 22.05)
     argv = plan_for(environ={**ALLOC, "SLURM_CPUS_PER_TASK": "10"}).commands[0].argv
@@ -264,14 +264,14 @@ def test_check_only_and_job_file_with_slurm(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("value", ['x $(y) `z` "q" \'s\'', "a\nb\tc\\n\\", "", "$HOME ${X}", "ünï\r\n"])
 def test_sbatch_env_file_reads_back_exactly(value):
-    from gaudi_launch.envfile import parse_env_text
-    from gaudi_launch.sbatch import env_file_text
+    from gaudi_launch.inputs.envfile import parse_env_text
+    from gaudi_launch.plan.sbatch import env_file_text
 
     assert parse_env_text(env_file_text({"V": value, "W": "1"}), "f") == {"V": value, "W": "1"}
 
 
 def test_sbatch_script_for_the_job(tmp_path, monkeypatch):
-    from gaudi_launch import sbatch
+    from gaudi_launch.plan import sbatch
 
     monkeypatch.chdir(tmp_path)
     plan = plan_for(environ={}, num_nodes=2, num_devices=8, partition="gaudi2", time="1:00:00",

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from gaudi_launch import sshmux
+from gaudi_launch.remote import sshmux
 from gaudi_launch.backends import mpirun
 
 
@@ -52,7 +52,7 @@ def test_the_sweep_runs_through_the_kept_session(tmp_path):
     import subprocess
     import sys
 
-    from gaudi_launch import teardown
+    from gaudi_launch.remote import teardown
 
     job = "abad1dea"
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
@@ -209,7 +209,7 @@ def test_mpirun_daemons_through_the_sessions_argv():
 
 
 def test_rsh_agent_arguments_and_answers():
-    from gaudi_launch import rshagent
+    from gaudi_launch.remote import rshagent
 
     assert rshagent.split(["/s", "2", "-o", "X=y", "h1", "orted", "-mca"]) == ("/s", ["-o", "X=y"], "h1",
                                                                               ["orted", "-mca"])

@@ -1,0 +1,337 @@
+"""Environment files (DeepSpeed's ``.deepspeed_env``), ``-x KEY=VALUE`` options and secret masking.
+
+DeepSpeed reads ``~/.deepspeed_env`` and ``./.deepspeed_env`` (the file name can be changed with
+``DS_ENV_FILE``), splits each line on the first ``=`` and hands the pair to a remote shell. Here the
+same files are read with strict dotenv rules instead, so a value arrives byte-exact on every node:
+
+* blank lines and whole-line ``#`` comments are skipped; an optional leading ``export`` is allowed;
+* ``NAME=VALUE`` is split on the first ``=``; NAME must match ``[A-Za-z_][A-Za-z0-9_]*``;
+* an unquoted value is stripped and ends at whitespace followed by ``#`` (a trailing comment);
+* ``'single quoted'`` values are literal; ``"double quoted"`` values understand ``\\\\ \\" \\n \\t \\$``
+  and keep everything else as written; nothing is ever expanded (``$HOME``, ``$(cmd)``, backticks);
+* after a closing quote only whitespace and an optional ``# comment`` may follow.
+
+Any problem is a :class:`UserError` naming ``file:line``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from typing import Iterable, Mapping
+
+from gaudi_launch.errors import UserError
+
+__all__ = [
+    "DEFAULT_NAME",
+    "parse_env_text",
+    "load_env_files",
+    "parse_assignments",
+    "is_secret",
+    "mask_env",
+    "mask_text",
+]
+
+DEFAULT_NAME = ".deepspeed_env"
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Whitespace that is stripped around names and unquoted values. Deliberately ASCII only, so that
+# unusual characters in a value (NBSP, U+2028, ...) are kept byte-exact.
+_WS = " \t\r\f\v"
+_EXPORT_RE = re.compile(r"export[ \t]+")
+_COMMENT_RE = re.compile(r"[ \t\f\v\r]#")
+_DQ_ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "$": "$"}
+
+_NAME_HINT = "a variable name starts with a letter or '_' and contains only letters, digits and '_'"
+_QUOTE_HINT = (
+    "values cannot span lines; close the quote on the same line "
+    "(inside double quotes write a newline as \\n)"
+)
+
+
+def _check_name(name: str) -> bool:
+    return _NAME_RE.fullmatch(name) is not None
+
+
+def _parse_double_quoted(body: str) -> tuple[str, str] | None:
+    """``body`` is the text after the opening ``"``; return (value, rest after the closing quote)."""
+    out: list[str] = []
+    i, n = 0, len(body)
+    while i < n:
+        ch = body[i]
+        if ch == '"':
+            return "".join(out), body[i + 1:]
+        if ch == "\\" and i + 1 < n:
+            nxt = body[i + 1]
+            if nxt in _DQ_ESCAPES:
+                out.append(_DQ_ESCAPES[nxt])
+            else:  # unknown escape: keep both characters as written
+                out.append(ch)
+                out.append(nxt)
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return None
+
+
+def _parse_value(raw: str, where: str) -> str:
+    """Parse the part of a line after the first ``=``."""
+    stripped = raw.lstrip(_WS)
+    if stripped[:1] in ("'", '"'):
+        quote = stripped[0]
+        if quote == "'":
+            end = stripped.find("'", 1)
+            if end < 0:
+                raise UserError("unterminated single quote", where=where, hint=_QUOTE_HINT)
+            value, rest = stripped[1:end], stripped[end + 1:]
+        else:
+            parsed = _parse_double_quoted(stripped[1:])
+            if parsed is None:
+                raise UserError("unterminated double quote", where=where, hint=_QUOTE_HINT)
+            value, rest = parsed
+        rest = rest.strip(_WS)
+        if rest and not rest.startswith("#"):
+            raise UserError(
+                f"unexpected text after the closing quote: {rest!r}",
+                where=where,
+                hint="quote the whole value, e.g. NAME='a b c'; only a '# comment' may follow it",
+            )
+        return value
+    match = _COMMENT_RE.search(raw)
+    if match is not None:
+        raw = raw[: match.start()]
+    return raw.strip(_WS)
+
+
+def parse_env_text(text: str, source: str) -> dict[str, str]:
+    """Parse the text of an env file; ``source`` (usually its path) is used in error messages."""
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    env: dict[str, str] = {}
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        where = f"{source}:{lineno}"
+        line = line.strip(_WS)  # also drops the \r of CRLF line endings
+        if not line or line.startswith("#"):
+            continue
+        export = _EXPORT_RE.match(line)
+        body = line[export.end():] if export is not None else line
+        name, sep, raw = body.partition("=")
+        if not sep:
+            raise UserError(
+                f"expected NAME=VALUE, got {line!r}",
+                where=where,
+                hint="write NAME=VALUE (or comment the line out with '#')",
+            )
+        name = name.strip(_WS)
+        if not name:
+            raise UserError("missing variable name before '='", where=where, hint=_NAME_HINT)
+        if not _check_name(name):
+            raise UserError(f"invalid variable name {name!r}", where=where, hint=_NAME_HINT)
+        value = _parse_value(raw, where)
+        if "\0" in value:
+            raise UserError(
+                f"the value of {name} contains a NUL character",
+                where=where,
+                hint="environment variables cannot hold NUL characters; remove it",
+            )
+        env[name] = value  # a later duplicate overrides the earlier one
+    return env
+
+
+def _read_env_file(path: str) -> dict[str, str]:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except IsADirectoryError:
+        raise UserError("is a directory, not an env file", where=path,
+                        hint="point at a file of NAME=VALUE lines") from None
+    except PermissionError:
+        raise UserError("permission denied while reading the env file", where=path,
+                        hint="make the file readable by this user (e.g. chmod u+r)") from None
+    except OSError as exc:
+        raise UserError(f"cannot read the env file: {exc.strerror or exc}", where=path,
+                        hint="check that the path is a readable file") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise UserError("the env file is not valid UTF-8", where=f"{path}:{line}",
+                        hint="save the file as UTF-8") from None
+    return parse_env_text(text, path)
+
+
+def _expand_home(path: str, home: str) -> str:
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return os.path.join(home, path[2:])
+    return path
+
+
+def _require_file(path: str, where: str, what: str) -> None:
+    if os.path.isfile(path):
+        return
+    if os.path.isdir(path):
+        raise UserError(f"{what} {path} is a directory, not a file", where=where,
+                        hint="point at a file of NAME=VALUE lines")
+    if os.path.lexists(path):
+        if os.path.islink(path):
+            raise UserError(f"{what} {path} is a broken symbolic link", where=where,
+                            hint="fix or remove the link")
+        raise UserError(f"{what} {path} is not a regular file", where=where,
+                        hint="point at a file of NAME=VALUE lines")
+    raise UserError(f"{what} {path} does not exist", where=where,
+                    hint="check the path, or leave the option out to use ~/.deepspeed_env and "
+                         "./.deepspeed_env")
+
+
+def load_env_files(
+    *,
+    explicit: str | None = None,
+    name: str | None = None,
+    cwd: str | None = None,
+    home: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[dict[str, str], list[str]]:
+    """Read the env files the way DeepSpeed finds them; return (merged values, paths read in order).
+
+    ``explicit`` (``--env-file PATH``) is the only file read when given, and it must exist.
+    Otherwise the file name is ``name``, else ``$DS_ENV_FILE``, else :data:`DEFAULT_NAME`; a
+    relative name is looked up in ``home`` and then ``cwd`` (the latter wins key by key), an
+    absolute one is read on its own and must exist.
+    """
+    if environ is None:
+        environ = os.environ
+    if home is None:
+        home = os.path.expanduser("~")
+    if cwd is None:
+        cwd = os.getcwd()
+
+    if explicit is not None:
+        path = _expand_home(explicit, home)
+        if path and not os.path.isabs(path):
+            path = os.path.join(cwd, path)
+        _require_file(path, "--env-file", "env file")
+        return _read_env_file(path), [path]
+
+    if name:
+        fname, where = name, None
+    elif environ.get("DS_ENV_FILE"):
+        fname, where = environ["DS_ENV_FILE"], "DS_ENV_FILE"
+    else:
+        fname, where = DEFAULT_NAME, None
+    fname = _expand_home(fname, home)
+
+    if os.path.isabs(fname):
+        _require_file(fname, where or fname, "env file")
+        return _read_env_file(fname), [fname]
+
+    merged: dict[str, str] = {}
+    read: list[str] = []
+    for base in (home, cwd):
+        path = os.path.join(base, fname)
+        if not os.path.lexists(path):
+            continue
+        _require_file(path, path, "env file")
+        if any(_same_file(path, earlier) for earlier in read):
+            continue
+        merged.update(_read_env_file(path))
+        read.append(path)
+    return merged, read
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def parse_assignments(items: Iterable[str], option: str = "-x",
+                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Parse ``KEY=VALUE`` items from the command line (values byte-exact, later wins).
+
+    With ``environ``, a bare ``KEY`` passes that variable's value from it, as mpirun's ``-x KEY``
+    does: ``-x KEY="$KEY"`` would put the value in gaudi-launch's own argv, which ``ps`` shows.
+    """
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep and environ is not None and _check_name(name):
+            if name not in environ:
+                raise UserError(f"{name} is not set in this environment", where=option,
+                                hint=f"export {name} first, or write {option} {name}=VALUE")
+            value = environ[name]
+        elif not sep:
+            raise UserError(
+                f"expected KEY=VALUE, got {item!r}",
+                where=option,
+                hint=f"write {option} NAME=VALUE",
+            )
+        if not _check_name(name):
+            shown = f"{name}=..." if value else f"{name}="
+            raise UserError(f"invalid variable name {name!r} in {shown!r}", where=option,
+                            hint=_NAME_HINT)
+        if "\0" in value:
+            raise UserError(f"the value of {name} contains a NUL character", where=option,
+                            hint="environment variables cannot hold NUL characters")
+        env[name] = value
+    return env
+
+
+_SECRET_PARTS = frozenset({
+    "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "KEY", "APIKEY", "CREDENTIAL",
+    "CREDENTIALS", "PRIVATE",
+})
+_SECRET_SUBSTRINGS = ("TOKEN", "SECRET", "PASSWORD")
+MASK = "***"
+
+
+def is_secret(name: str) -> bool:
+    """True when the variable name looks like it holds a credential (HF_TOKEN, DB_PASSWORD, ...)."""
+    upper = name.upper()
+    if any(part in _SECRET_PARTS for part in upper.split("_")):
+        return True
+    return any(word in upper for word in _SECRET_SUBSTRINGS)
+
+
+def mask_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``env`` with the values of secret-looking names replaced by ``***``."""
+    return {k: (MASK if v and is_secret(k) else v) for k, v in env.items()}
+
+
+_SHORT = 4  # values shorter than this are masked only where they stand as a whole word
+# A one-character value is never masked: hiding every standalone "1" would garble rank numbers and
+# exit codes in every summary, and hides nothing a guess would not find.
+_TOO_SHORT = 1
+
+
+def _forms(value: str) -> set[str]:
+    """How a value may show up in text: as is, shell-quoted, and line by line (output is masked a
+    line at a time, so a multi-line secret arrives in pieces)."""
+    forms = {value, shlex.quote(value)}
+    if "\n" in value or "\r" in value:
+        forms.update(re.split(r"\r?\n|\r", value))
+    return {f for f in forms if len(f.strip()) > _TOO_SHORT}
+
+
+def mask_text(text: str, env: Mapping[str, str]) -> str:
+    """Replace every occurrence of a secret value in ``text`` with ``***``.
+
+    Also its shell-quoted form and, for a multi-line value, each of its lines. A value (or line)
+    shorter than 4 characters is masked where it stands as a whole word, not inside other words;
+    one of a single character is not masked.
+    """
+    long_forms: set[str] = set()
+    short_forms: set[str] = set()
+    for name, value in env.items():
+        if value and is_secret(name):
+            for form in _forms(value):
+                (long_forms if len(form) >= _SHORT else short_forms).add(form)
+    if not text or not (long_forms or short_forms):
+        return text
+    # one pass, longest first, so a secret that contains another is masked as a whole
+    parts = [re.escape(s) for s in sorted(long_forms, key=len, reverse=True)]
+    parts += [rf"(?<!\w){re.escape(s)}(?!\w)" for s in sorted(short_forms, key=len, reverse=True)]
+    return re.sub("|".join(parts), MASK, text)

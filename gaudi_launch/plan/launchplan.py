@@ -1,0 +1,152 @@
+"""The launch plan: plain data saying exactly what will run where, and how it is shown.
+
+A plan is built without side effects on the job (see planner.py), printed by ``--dry-run`` and
+executed by a backend. Secrets are masked in everything rendered here.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+from secrets import token_hex
+from typing import Dict, List, Optional, Tuple
+
+from gaudi_launch.inputs.envfile import is_secret, mask_env, mask_text
+
+
+@dataclass
+class NodePlan:
+    host: str
+    node_rank: int
+    devices: List[int]
+    ranks: List[int]
+
+
+@dataclass
+class Command:
+    """One process the launcher starts. ``env`` is what it adds on top of the job env."""
+
+    host: str
+    argv: List[str]
+    env: Dict[str, str] = field(default_factory=dict)
+    rank: Optional[int] = None  # None when one process (mpirun, deepspeed) starts many ranks
+
+
+@dataclass
+class LaunchPlan:
+    backend: str
+    world_size: int
+    master_addr: str
+    master_port: int
+    nodes: List[NodePlan]
+    env: Dict[str, str]            # what every rank sees on top of the inherited environment
+    commands: List[Command]
+    program: List[str]             # the user's script (or module) and its arguments
+    notes: List[str] = field(default_factory=list)
+    job_id: str = ""
+    # Multi-node details, filled from the options and the pre-flight's findings.
+    exported: List[str] = field(default_factory=list)   # launcher env names remote ranks also get
+    ssh_args: List[str] = field(default_factory=list)   # options for every ssh the backend runs
+    ifname: Optional[str] = None                        # interface carrying the master's subnet
+    tcp_cidr: Optional[str] = None                      # its network, for mpirun's tcp_if_include
+    cores_per_host: Optional[int] = None                # fewest cores of any host, for CPU binding
+    # What the pre-flight found (multinode.findings), when one ran: a dry run shows it even when
+    # it failed, so the plan of a job whose hosts cannot be reached is still visible.
+    preflight: Optional[dict] = None
+    # Never shown (to_dict drops them): a random key that makes a job file's digest on argv say
+    # nothing about short values, and the values of secret-looking exported variables, to mask.
+    job_key: str = field(default_factory=lambda: token_hex(16), repr=False)
+    exported_secrets: Dict[str, str] = field(default_factory=dict, repr=False)
+    # The options the plan was made from (JobSpec.as_request): what `gaudi-launch run plan.json`
+    # makes the plan again from (replay.py). Secrets masked in the JSON as everywhere.
+    request: dict = field(default_factory=dict, repr=False)
+
+    def secret_values(self) -> Dict[str, str]:
+        return {**self.exported_secrets, **{k: v for k, v in self.env.items() if is_secret(k)}}
+
+    def mask(self, text: str) -> str:
+        return mask_text(text, self.secret_values())
+
+    def to_dict(self) -> dict:
+        """The JSON form (secrets masked): stable keys that tests and tools may rely on."""
+        secrets = self.secret_values()
+        data = asdict(self)
+        del data["job_key"], data["exported_secrets"]
+        data["env"] = mask_env(self.env)
+        data["commands"] = [
+            {"host": c.host, "rank": c.rank, "argv": [mask_text(a, secrets) for a in c.argv],
+             "env": mask_env(c.env)} for c in self.commands]
+        data["program"] = [mask_text(a, secrets) for a in self.program]
+        if self.preflight is None:
+            del data["preflight"]  # no pre-flight ran (one host, --no-ssh-check): no key
+        data["request"] = {k: (mask_env(v) if k == "env" else _masked(v, secrets)) for k, v in self.request.items()}
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def render_text(self) -> str:
+        """A readable dry run: who runs what, with which environment."""
+        secrets = self.secret_values()
+        out = [f"backend: {self.backend}    world size: {self.world_size}    "
+               f"master: {self.master_addr}:{self.master_port}    job: {self.job_id}"]
+        out.append("nodes:")
+        for n in self.nodes:
+            out.append(f"  node {n.node_rank}  {n.host:<24} devices {_ids(n.devices):<16} ranks {_ids(n.ranks)}")
+        if self.env:
+            out.append("environment for every rank (in addition to the launcher's):")
+            for k, v in sorted(mask_env(self.env).items()):
+                out.append(f"  {k}={v}")
+        out.append("commands:")
+        for c in self.commands:
+            who = f"rank {c.rank}" if c.rank is not None else "all ranks"
+            extra = " ".join(f"{k}={v}" for k, v in mask_env(c.env).items())
+            line = shlex.join(mask_text(a, secrets) for a in c.argv)  # mask before quoting
+            out.append(f"  [{c.host}, {who}] {extra + ' ' if extra else ''}{line}")
+        if any(c.rank is None for c in self.commands):
+            out.append("what the ranks see (set by the backend and the rank bootstrap):")
+            for n in self.nodes:
+                out.append(f"  {n.host}: RANK={_ids(n.ranks)} LOCAL_RANK={_ids(list(range(len(n.ranks))))} "
+                           f"WORLD_SIZE={self.world_size} LOCAL_WORLD_SIZE={len(n.ranks)} NODE_RANK={n.node_rank} "
+                           f"MASTER_ADDR={self.master_addr} MASTER_PORT={self.master_port}")
+            if self.exported:
+                out.append("  and from this shell: " + ", ".join(self.exported))
+        for note in self.notes:
+            out.append(f"note: {note}")
+        if self.preflight is not None:
+            verdict = "OK" if self.preflight["ok"] else "FAILED: a real run would start nothing (exit 3)"
+            out.append(f"pre-flight: {verdict}")
+            out.extend("  " + line for line in self.preflight["table"].splitlines())
+        return "\n".join(out) + "\n"
+
+
+def _masked(value, secrets: Dict[str, str]):
+    """A request value with every secret value in its strings masked. Pure."""
+    if isinstance(value, str):
+        return mask_text(value, secrets)
+    if isinstance(value, list):
+        return [_masked(v, secrets) for v in value]
+    return value
+
+
+def _ids(ids: List[int]) -> str:
+    """[0,1,2,3,6] -> '0-3,6': short and unambiguous."""
+    parts: List[str] = []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(parts) or "-"
+
+
+def layout(selected: List[Tuple[str, List[int]]]) -> List[NodePlan]:
+    """Global ranks are handed out node by node, devices in order. Pure."""
+    nodes, rank = [], 0
+    for node_rank, (host, devices) in enumerate(selected):
+        ranks = list(range(rank, rank + len(devices)))
+        rank += len(devices)
+        nodes.append(NodePlan(host=host, node_rank=node_rank, devices=list(devices), ranks=ranks))
+    return nodes

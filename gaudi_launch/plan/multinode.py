@@ -1,0 +1,233 @@
+"""What a multi-node plan adds: SSH options, the pre-flight, the interface pick, EFA/HCCL env.
+
+Decisions are pure functions of the spec, the launcher's environment and the pre-flight's facts;
+``run_preflight`` is the one place that talks to the hosts.
+"""
+from __future__ import annotations
+
+import os
+import random
+import socket
+import sys
+from typing import List, Mapping, Optional
+
+from gaudi_launch.plan import fabric
+
+from gaudi_launch.remote import sshmux
+from gaudi_launch.inputs.envfile import is_secret
+from gaudi_launch.errors import UserError
+from gaudi_launch.exitcodes import ExitCode
+from gaudi_launch.inputs.hostnames import is_local_host
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.remote.preflight import HostFacts, SshOptions, check_hosts
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
+
+class PreflightFailed(UserError):
+    exit_code = ExitCode.PREFLIGHT
+
+    def __init__(self, report):
+        super().__init__("pre-flight failed: nothing was started\n" + report.render_table().rstrip(),
+                         hint="fix the hosts marked failed, or skip the SSH checks with --no-ssh-check")
+        self.report = report
+
+
+def findings(report) -> dict:
+    """The pre-flight's report as plain data for the plan (JSON and the dry run's text). Pure."""
+    return {"ok": report.ok,
+            "hosts": [{"host": f.host, "ok": f.ok, "reason": f.reason, "fix": f.fix} for f in report.facts.values()],
+            "warnings": list(report.warnings), "table": report.render_table()}
+
+
+def ssh_args(spec: JobSpec, configured_host_keys: Optional[str] = None) -> List[str]:
+    """Options for every `ssh` a backend runs (mpirun's plm_rsh_args, pdsh, teardown). Pure.
+
+    An -o option beats ssh_config, so StrictHostKeyChecking is given only where the user's
+    config does not decide (``configured_host_keys``: its value for the job's hosts, if any):
+    --strict-host-keys means yes for every ssh; otherwise the default is accept-new. Agent
+    forwarding is always off: a user's ForwardAgent yes would hand the agent to every host.
+    """
+    args = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(spec.ssh_timeout))}",
+            "-o", "ForwardAgent=no"]
+    if spec.strict_host_keys:
+        args += ["-o", "StrictHostKeyChecking=yes"]
+    elif not configured_host_keys:
+        args += ["-o", "StrictHostKeyChecking=accept-new"]
+    if spec.ssh_port:
+        args += ["-p", str(spec.ssh_port)]
+    if spec.ssh_identity:
+        args += ["-i", spec.ssh_identity, "-o", "IdentitiesOnly=yes"]
+    if spec.ssh_config:
+        args += ["-F", spec.ssh_config]
+    return args
+
+
+def configured_host_keys(hosts: List[str], config_path: Optional[str]) -> Optional[str]:
+    """StrictHostKeyChecking as the ssh config files that ssh reads set it for any of ``hosts``."""
+    if config_path:
+        paths = [os.path.expanduser(config_path)]  # ssh -F reads that file only
+    else:
+        paths = [os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config"]
+    for path in paths:
+        value = _config_value(path, hosts, "stricthostkeychecking")
+        if value:
+            return value
+    return None
+
+
+def _config_value(path: str, hosts: List[str], key: str, depth: int = 0) -> Optional[str]:
+    """``key`` from one ssh config file for any of ``hosts``, following its Include lines (which
+    paramiko leaves to the caller; distributions keep settings in /etc/ssh/ssh_config.d)."""
+    import glob
+
+    if not _mentions(path, key):
+        return None  # the usual case: no need for paramiko (a third of a second) or a lookup per host
+    import paramiko  # multi-host plans only
+
+    try:
+        config = paramiko.SSHConfig.from_path(path)
+    except Exception:  # missing or unreadable: ssh itself reports a bad -F file
+        return None
+    for host in hosts:
+        try:
+            found = config.lookup(host.rsplit("@", 1)[-1].strip("[]"))
+        except Exception:  # Match exec and other lookups paramiko cannot evaluate
+            continue
+        if found.get(key):
+            return str(found[key])
+        for pattern in str(found.get("include", "")).split() if depth < 8 else ():
+            base = os.path.dirname(path) if path.startswith("/etc/") else os.path.expanduser("~/.ssh")
+            for included in sorted(glob.glob(os.path.join(base, os.path.expanduser(pattern)))):
+                value = _config_value(included, [host], key, depth + 1)
+                if value:
+                    return value
+    return None
+
+
+def _mentions(path: str, key: str, depth: int = 0) -> bool:
+    """Whether ``key`` is set on any line (not a comment) of an ssh config file or a file it
+    includes. A plain read: when it says no, nothing needs parsing."""
+    import glob
+
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f]
+    except OSError:
+        return False
+    base = os.path.dirname(path) if path.startswith("/etc/") else os.path.expanduser("~/.ssh")
+    for line in lines:
+        words = line.replace("=", " ", 1).split()
+        if not words or words[0].startswith("#"):
+            continue
+        if words[0].lower() == key:
+            return True
+        if words[0].lower() == "include" and depth < 8:
+            for pattern in words[1:]:
+                for included in sorted(glob.glob(os.path.join(base, os.path.expanduser(pattern)))):
+                    if _mentions(included, key, depth + 1):
+                        return True
+    return False
+
+
+def master_host(plan: LaunchPlan) -> str:
+    """The selected host that is the master (the first one unless --master_addr names another)."""
+    for node in plan.nodes:
+        if node.host.rsplit("@", 1)[-1] == plan.master_addr:
+            return node.host
+    return plan.nodes[0].host
+
+
+def pick_remote_port() -> int:
+    # The pre-flight then checks on the master that nothing listens there.
+    return random.randint(20000, 40000)
+
+
+def resolve_ip(addr: str) -> Optional[str]:
+    try:
+        return str(socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0])
+    except (socket.gaierror, IndexError, UnicodeError):
+        return None
+
+
+def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, share: bool = True):
+    """The pre-flight of ``plan``'s hosts. With ``share``, its ssh to each remote host stays open as
+    the job's connection to it (sshmux), used by every later ssh of the job and closed at its end."""
+    connections = None
+    hosts = [n.host for n in plan.nodes]
+    if share and any(not local(h) for h in hosts) and os.environ.get("GAUDI_LAUNCH_SSH_SHARE", "1") != "0":
+        connections = sshmux.open_for(plan.job_id, ssh_args(spec, configured_host_keys(hosts, spec.ssh_config)))
+    script = spec.program[0] if spec.program and not spec.module else None
+    report = check_hosts(
+        [n.host for n in plan.nodes], python=spec.python if not spec.no_python else "python3",
+        script=script, cwd=os.getcwd(), master_host=master_host(plan), master_addr=plan.master_addr,
+        master_port=plan.master_port, devices_needed={n.host: len(n.devices) for n in plan.nodes},
+        ssh=SshOptions(port=spec.ssh_port, identity=spec.ssh_identity, config=spec.ssh_config,
+                       timeout=spec.ssh_timeout, strict=spec.strict_host_keys),
+        local=local, progress=progress, connections=connections)
+    return report
+
+
+def default_preflight(plan: LaunchPlan, spec: JobSpec):
+    """The pre-flight as the CLI and DistributedRunner run it (progress lines on a terminal)."""
+    return run_preflight(plan, spec, local=is_local_host, progress=progress_printer())
+
+
+def apply_facts(plan: LaunchPlan, facts: Mapping[str, HostFacts], environ: Mapping[str, str]) -> None:
+    """Interface, its network and the CPU budget from what the pre-flight saw on each host."""
+    cpus = [f.ncpus for f in facts.values() if f.ncpus]
+    plan.cores_per_host = min(cpus) if cpus else None
+    interfaces = {h: fabric.parse_ip_addr(f.ip_addr) for h, f in facts.items() if f.ip_addr}
+    master_ip = resolve_ip(plan.master_addr)
+    user_pick = {**environ, **plan.env}.get("HCCL_SOCKET_IFNAME")
+    if user_pick:
+        plan.ifname = user_pick
+        plan.notes.append(f"interface {user_pick}: HCCL_SOCKET_IFNAME as you set it")
+    elif interfaces and master_ip:
+        plan.ifname, how = fabric.choose_interface(master_ip, interfaces)
+        plan.notes.append(f"interface {plan.ifname}: " + (
+            f"carries the master's subnet ({master_ip}) on every host" if how == "subnet"
+            else "no host has an address on the master's subnet: first common interface (fallback)"))
+    if plan.ifname and master_ip:
+        mine = interfaces.get(master_host(plan), [])
+        plan.tcp_cidr = fabric.subnet_cidr(master_ip, mine, plan.ifname)
+
+
+def finish_plan(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, report=None) -> None:
+    """Everything multi-node and fabric-related that goes into the plan, from the pre-flight's report
+    (the one other look at the world: whether this host has EFA devices, unless --efa/--no-efa)."""
+    if plan.backend != "local":
+        plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
+        plan.exported_secrets = {n: environ[n] for n in plan.exported if is_secret(n) and environ[n]}
+        plan.ssh_args = ssh_args(spec, configured_host_keys([n.host for n in plan.nodes], spec.ssh_config))
+        if report is not None:
+            apply_facts(plan, report.facts, environ)
+        else:
+            plan.notes.append("no pre-flight (--no-ssh-check): interface and CPU binding are left to defaults")
+            if "StrictHostKeyChecking=accept-new" in plan.ssh_args:
+                plan.notes.append("host keys: ssh accepts and remembers the key of a host it has not seen "
+                                  "(accept-new); --strict-host-keys, or StrictHostKeyChecking yes in your ssh "
+                                  "config, refuses it")
+    efa = spec.efa if spec.efa is not None else fabric.efa_present()
+    if efa:
+        plan.notes.append("EFA: HCCL_OVER_OFI=1 and the EFA libraries on LD_LIBRARY_PATH"
+                          + ("" if spec.efa else " (EFA devices found on this host)"))
+    plan.env.update(fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname,
+                                      wrapper_dir=spec.hccl_ofi_wrapper))
+
+
+def progress_printer(stream=None):
+    stream = stream or sys.stderr
+    if not getattr(stream, "isatty", lambda: False)():
+        return None
+
+    def show(host: str, status: str) -> None:
+        stream.write(f"  pre-flight {host}: {status}\n")
+        stream.flush()
+    return show
+
+
+
+def host_watch(plan: LaunchPlan, spec: JobSpec, is_local):
+    """A watch over the remote hosts of a running job, or None when every host is this one."""
+    remote = [n.host for n in plan.nodes if not is_local(n.host)]
+    return HostWatch(lambda: ssh_endpoints(remote, spec.ssh_port, spec.ssh_config)) if remote else None

@@ -1,0 +1,125 @@
+"""JobSpec -> LaunchPlan. Reads the hostfile and env files and picks a port; starts nothing."""
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Callable, List, Mapping, Optional, Tuple
+
+from gaudi_launch.backends import get_backend, slurm
+from gaudi_launch.plan.contract import node_device_env
+from gaudi_launch.inputs.devices import DeviceCount, detect_local_devices
+from gaudi_launch.inputs.envfile import load_env_files
+from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.hostfile import Host, read_hostfile
+from gaudi_launch.inputs.hostnames import bare_host, is_local_host
+from gaudi_launch.inputs.hostselect import select
+from gaudi_launch.plan.multinode import PreflightFailed, findings, finish_plan, pick_remote_port
+from gaudi_launch.plan.launchplan import LaunchPlan, layout
+from gaudi_launch.inputs.ports import check_port, pick_free_port
+from gaudi_launch.process.restarts import hosts_for_attempt
+from gaudi_launch.inputs.spec import JobSpec
+
+def resolve_hosts(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices
+                  ) -> Tuple[List[Tuple[str, List[int]]], List[Host], List[str]]:
+    """The selected (host, device ids), the hostfile's hosts, and notes for the dry run."""
+    notes: List[str] = []
+    if spec.hostfile is not None:
+        hosts = read_hostfile(spec.hostfile)
+        num_devices = spec.num_devices
+    else:
+        found = detect()
+        slots = spec.num_devices or found.count
+        if not spec.num_devices:
+            notes.append(f"no hostfile: this host only, {found.count} {found.kind} device(s) ({found.source})")
+        hosts = [Host(name="localhost", slots=slots, line=0)]
+        num_devices = None  # already applied as the slot count
+    selected = select(hosts, include=spec.include or None, exclude=spec.exclude or None,
+                      num_nodes=spec.num_nodes, num_devices=num_devices)
+    if spec.spare_hosts or spec.lost_hosts:
+        selected, note = hosts_for_attempt(selected, spec.lost_hosts, spec.spare_hosts, spec.min_nodes)
+        if note:
+            notes.append(note)
+    return selected, hosts, notes
+
+
+def choose_backend(spec: JobSpec, selected, hosts: List[Host]) -> str:
+    all_local = all(is_local_host(h) for h, _ in selected)
+    if spec.backend == "auto":
+        return "local" if len(selected) == 1 and all_local else "mpirun"
+    if spec.backend == "local" and not all_local:
+        remote = next(h for h, _ in selected if not is_local_host(h))
+        line = next((x.line for x in hosts if x.name == remote), 0)
+        where = f"{spec.hostfile}:{line}" if spec.hostfile and line else "--backend"
+        raise UserError(f"the local backend runs on this host only, but '{remote}' is another host",
+                        where=where, hint="use --backend mpirun or --backend deepspeed for several hosts")
+    return spec.backend
+
+
+def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices,
+               environ: Optional[Mapping[str, str]] = None, preflight: Optional[Callable] = None,
+               require_program: bool = True, keep_failed_preflight: bool = False) -> LaunchPlan:
+    """``preflight(plan, spec) -> CheckReport`` runs for multi-host backends unless --no-ssh-check.
+
+    A failed pre-flight raises PreflightFailed, unless ``keep_failed_preflight`` (a dry run): the
+    plan is then completed with what the hosts that answered told, and carries the findings.
+    """
+    environ = os.environ if environ is None else environ
+    spec.validate(require_program)
+    if slurm.wanted(spec, environ):  # the allocation (or srun's) is the hostfile: no ssh, no pre-flight
+        return slurm.build_plan(spec, environ)
+    selected, hosts, notes = resolve_hosts(spec, detect)
+    backend = choose_backend(spec, selected, hosts)
+    if spec.master_addr:
+        master_addr = spec.master_addr
+    elif backend == "local":
+        master_addr = "127.0.0.1"
+    else:
+        master_addr = bare_host(selected[0][0])
+    master_local = is_local_host(master_addr)
+    if spec.master_port is not None:
+        if master_local:
+            check_port(spec.master_port)
+        master_port = spec.master_port
+    elif master_local:
+        master_port = pick_free_port()
+    else:
+        master_port = pick_remote_port()
+    env, sources = load_env_files(explicit=spec.env_file, environ=environ)
+    env.update(spec.env)
+    if sources:
+        notes.append("environment files read: " + ", ".join(sources))
+    nodes = layout(selected)
+    plan = LaunchPlan(
+        backend=backend, world_size=sum(len(n.ranks) for n in nodes), master_addr=master_addr,
+        master_port=master_port, nodes=nodes, env=env, commands=[], program=list(spec.program),
+        notes=notes, job_id=secrets.token_hex(4))
+    report = None
+    if backend != "local" and spec.ssh_check and preflight is not None:
+        report = preflight(plan, spec)
+        if not report.ok and not keep_failed_preflight:
+            raise PreflightFailed(report)
+        plan.preflight = findings(report)
+        plan.notes.extend(report.warnings)
+    finish_plan(plan, spec, environ, report=report)
+    parents = [inherited_env(plan, n.host, environ) for n in nodes]
+    subset = any(n.devices != list(range(len(n.devices))) for n in nodes)
+    # DeepSpeed's launch.py sets CUDA_VISIBLE_DEVICES to slot numbers even for whole hosts.
+    rewritten = backend == "deepspeed" and any(p.get("CUDA_VISIBLE_DEVICES", "").strip() for p in parents)
+    if backend != "local" and (subset or rewritten):
+        # One command starts every node: each node's device subset travels in job variables,
+        # mapped onto the visibility its ranks inherit (a selected index is the same device
+        # whatever the backend).
+        plan.env.update(node_device_env([n.devices for n in nodes], parents))
+    plan.commands = get_backend(backend).commands(plan, spec, environ)
+    plan.request = spec.as_request(os.getcwd())
+    return plan
+
+
+def inherited_env(plan: LaunchPlan, host: str, environ: Mapping[str, str]) -> dict:
+    """What a rank on ``host`` inherits: the job's variables, and the launcher's own here or, on
+    another host, the part of it that is exported there. Pure."""
+    if is_local_host(host):
+        return {**environ, **plan.env}
+    return {**{k: environ[k] for k in plan.exported if k in environ}, **plan.env}
+
+

@@ -1,0 +1,95 @@
+"""``--sbatch job.sh``: a batch script that runs this same job inside its own allocation.
+
+The allocation's options become #SBATCH lines; the script then runs gaudi-launch, which inside the
+allocation is the slurm backend. The job's values (env files, -x) go to a private env file beside
+the script (0600, never on a command line, never through a shell: gaudi-launch reads it with
+--env-file); the one command line of the script is quoted from a list (shlex), so bash takes every
+word literally.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Dict, List, Mapping
+
+from gaudi_launch.backends.slurm import LATER, _node_names
+from gaudi_launch.errors import UserError
+from gaudi_launch.remote.jobdir import write_private
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.inputs.spec import JobSpec
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """NAME="value" lines that gaudi-launch's env-file reader turns back into exactly ``env``. Pure."""
+    def quote(value: str) -> str:
+        return '"' + (value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+                      .replace("\t", "\\t").replace("$", "\\$")) + '"'
+    return "".join(f"{name}={quote(value)}\n" for name, value in sorted(env.items()))
+
+
+def sbatch_lines(plan: LaunchPlan, spec: JobSpec, cwd: str) -> List[str]:
+    """The allocation: nodes, tasks per node and the login-node options. Pure."""
+    lines = [f"--job-name=gaudi-launch-{plan.job_id}", f"--nodes={len(plan.nodes)}",
+             f"--ntasks-per-node={len(plan.nodes[0].ranks)}", f"--chdir={cwd}"]
+    named = [n.host for n in plan.nodes if n.host != LATER]
+    if named:
+        lines.append("--nodelist=" + ",".join(named))
+    if spec.exclude:
+        lines.append("--exclude=" + ",".join(_node_names(spec.exclude, "--exclude")))
+    for option, value in (("--partition", spec.partition), ("--time", spec.time), ("--account", spec.account)):
+        if value:
+            lines.append(f"{option}={value}")
+    if spec.slurm_args:
+        lines += shlex.split(spec.slurm_args)
+    bad = [line for line in lines if "\n" in line]
+    if bad:
+        raise UserError(f"{bad[0]!r} cannot go on an #SBATCH line", where="--sbatch")
+    return lines
+
+
+def launcher_argv(plan: LaunchPlan, spec: JobSpec, env_file: str) -> List[str]:
+    """gaudi-launch inside the allocation, with this job's options. Pure."""
+    argv = [spec.python, "-m", "gaudi_launch", "--backend", "slurm", "--num_devices", str(len(plan.nodes[0].ranks)),
+            "--grace", repr(float(spec.grace)), "--env-file", env_file]
+    if spec.master_port:
+        argv += ["--master_port", str(spec.master_port)]
+    if spec.log_dir:
+        argv += ["--log-dir", os.path.abspath(spec.log_dir)]
+    for prefix in spec.export_prefixes:
+        argv += ["--export-prefix", prefix]
+    if spec.efa is not None:
+        argv.append("--efa" if spec.efa else "--no-efa")
+    if spec.hccl_ofi_wrapper:
+        argv += ["--hccl-ofi-wrapper", spec.hccl_ofi_wrapper]
+    if not spec.ssh_check:
+        argv.append("--no-ssh-check")
+    argv += ["--python", spec.python]
+    argv += ["-m"] if spec.module else ["--no_python"] if spec.no_python else []
+    return argv + list(spec.program)
+
+
+def script_text(plan: LaunchPlan, spec: JobSpec, env_file: str, cwd: str) -> str:
+    lines = ["#!/bin/bash", "# Written by gaudi-launch --sbatch; submit it with: sbatch " + shlex.quote(spec.sbatch or ""),
+             "# Inside the allocation gaudi-launch runs one srun for the whole job; the job's environment",
+             f"# is in {env_file} (private to you)."]
+    lines += [f"#SBATCH {line}" for line in sbatch_lines(plan, spec, cwd)]
+    lines.append("exec " + shlex.join(launcher_argv(plan, spec, env_file)))
+    return "\n".join(lines) + "\n"
+
+
+def write(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Dict[str, str]:
+    """The script (0700) and its env file (0600), both new: an existing file is never overwritten."""
+    if not spec.sbatch:
+        raise ValueError("no --sbatch path to write the script to")
+    path = os.path.abspath(spec.sbatch)
+    env_file = path + ".env"
+    for p in (path, env_file):
+        if os.path.lexists(p):
+            raise UserError(f"{p} exists already", where="--sbatch", hint="give a new file name, or remove it")
+    try:
+        write_private(env_file, env_file_text({k: v for k, v in plan.env.items()}).encode())
+        write_private(path, script_text(plan, spec, env_file, os.getcwd()).encode())
+        os.chmod(path, 0o700)
+    except OSError as exc:
+        raise UserError(f"cannot write {exc.filename}: {exc.strerror}", where="--sbatch") from None
+    return {"script": path, "env_file": env_file}

@@ -1,0 +1,275 @@
+"""The launcher side of hang detection (--hang-timeout S).
+
+When no rank advanced (heartbeats.py) for S seconds, every rank on this host is asked for its
+Python stacks (faulthandler, DUMP_SIGNAL), and one line says where they wait, grouped: "rank 3 in
+time.sleep at train.py:30; ranks 0-2 in all_reduce at train.py:41". The full stacks go to the log
+directory; then the job is torn down like any failure (and restarted with --restart-on hang).
+Ranks on other hosts cannot be reached for stacks (their heartbeats stay on their host): they are
+named as such. Parsing and grouping are pure functions.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import secrets
+import shutil
+import socket
+import sysconfig
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from gaudi_launch.errors import UserError
+from gaudi_launch.process.heartbeats import DUMP_SIGNAL, HEARTBEAT_DIR, start_time
+from gaudi_launch.inputs.hostnames import is_local_host
+from gaudi_launch.remote.jobdir import create, path_for
+
+SETTLE_S = 5.0  # how long the ranks get to write their stacks
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
+_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+_CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+_LIBRARY_DIRS = tuple(p for p in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")} if p)
+_OURS = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    func: str
+
+
+@dataclass
+class Thread:
+    ident: str
+    current: bool            # the thread the signal was delivered to
+    frames: List[Frame]      # innermost first, as faulthandler writes them
+
+
+def parse_stacks(text: str) -> List[Thread]:
+    """faulthandler's output (several dumps: the last one) -> its threads. Pure."""
+    threads: List[Thread] = []
+    for line in text.splitlines():
+        m = _THREAD.match(line)
+        if m:
+            if m.group(2) in {t.ident for t in threads}:
+                threads = []  # a second dump of the same process: keep the newest
+            threads.append(Thread(m.group(2), m.group(1) == "Current thread", []))
+            continue
+        f = _FRAME.match(line)
+        if f and threads:
+            threads[-1].frames.append(Frame(f.group(1), int(f.group(2)), f.group(3)))
+    return threads
+
+
+def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
+    """The thread running the user's script: the one runpy started it in (the bootstrap's own
+    watchdog thread and the script's threads start in threading's _bootstrap). Pure."""
+    for t in threads:
+        if any(f.func == "_run_code" for f in t.frames):
+            return t
+    for t in threads:
+        if t.frames and t.frames[-1].func != "_bootstrap":
+            return t
+    return next((t for t in threads if t.current), threads[0] if threads else None)
+
+
+def is_user_code(path: str) -> bool:
+    """The script's own files and our training runtime, not Python's or installed libraries. Pure."""
+    if path.startswith("<") or "site-packages" in path or "dist-packages" in path:
+        return os.path.join("gaudi_launch", "runtime") in path
+    if path.startswith(_OURS):
+        return path.startswith(os.path.join(_OURS, "runtime"))
+    return not any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS)
+
+
+def where_waiting(frames: Sequence[Frame], source: Callable[[str, int], str] = linecache.getline
+                  ) -> Tuple[str, str, str]:
+    """(what it waits in, file:line of the user's code, that line's text) for a main thread. Pure
+    but for reading the source line. Waiting inside a library: the innermost Python function;
+    inside C code (time.sleep, a C++ collective): the call on the user's line."""
+    for i, frame in enumerate(frames):
+        if is_user_code(frame.file):
+            text = source(frame.file, frame.line).strip()
+            if i:
+                what = frames[0].func
+            else:
+                call = _CALL.search(text)
+                what = call.group(1) if call else frame.func
+            return what, f"{os.path.basename(frame.file)}:{frame.line}", text
+    if frames:
+        inner = frames[0]
+        return inner.func, f"{os.path.basename(inner.file)}:{inner.line}", ""
+    return "?", "no Python frame", ""
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> 'ranks 0-2,5'; [3] -> 'rank 3'. Pure."""
+    ranks = sorted(set(ranks))
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
+
+
+def summarize(places: Dict[int, Tuple[str, str, str]], world_size: int, stalled_s: float) -> str:
+    """One line: the ranks grouped by where they wait, the odd ones out first. Pure."""
+    groups: Dict[Tuple[str, str], List[int]] = {}
+    for rank, (what, where, _) in places.items():
+        groups.setdefault((what, where), []).append(rank)
+    ordered = sorted(groups.items(), key=lambda kv: (len(kv[1]), min(kv[1])))
+    parts = [f"{rank_ranges(ranks)} in {what} at {where}" for (what, where), ranks in ordered]
+    missing = [r for r in range(world_size) if r not in places]
+    if missing:
+        parts.append(f"{rank_ranges(missing)}: no stack (on another host, or not running)")
+    return f"no rank advanced for {stalled_s:.0f} s: " + "; ".join(parts)
+
+
+def with_heartbeats(spec):
+    """The spec with the ranks' heartbeat directory in their environment (--hang-timeout); the
+    directory itself is made when the job starts (HangWatch.create)."""
+    import dataclasses
+
+
+    if not spec.hang_timeout or HEARTBEAT_DIR in spec.env:
+        return spec
+    return dataclasses.replace(spec, env={**spec.env, HEARTBEAT_DIR: path_for(secrets.token_hex(8))})
+
+
+def check_watchable(plan) -> None:
+    """Heartbeats and stacks are read on this host: some rank must run here. Pure."""
+    if plan.backend == "slurm" or not any(is_local_host(n.host) for n in plan.nodes):
+        raise UserError("--hang-timeout watches the ranks on this host, and none runs here", where="--hang-timeout",
+                        hint="run gaudi-launch on one of the job's hosts (the first host of the hostfile)")
+
+
+class HangWatch:
+    """Owns the heartbeat directory of a job (all its attempts) and decides when it hangs."""
+
+    def __init__(self, timeout: float, directory: str, log_dir: Optional[str] = None,
+                 clock: Callable[[], float] = time.time, signal_rank: Callable[[int, int], None] = os.kill):
+        self.timeout = timeout
+        self.log_dir = log_dir
+        # Made by jobdir.create, with an owner record: other jobs' clean-up leaves it alone while we live.
+        self.directory = directory
+        self.clock = clock
+        self.signal_rank = signal_rank
+        self.world_size = 0
+        self.job_id = ""
+        self.started = 0.0
+        self.fired = False
+        self.stacks_file: Optional[str] = None
+
+    @property
+    def interval(self) -> float:
+        return min(2.0, self.timeout / 4)
+
+    def create(self) -> None:
+        create(self.directory)
+
+    def begin(self, world_size: int, job_id: str) -> None:
+        """A new attempt: the last one's beats, pids and stacks are gone."""
+        for name in os.listdir(self.directory):
+            if name.startswith("rank-"):
+                os.unlink(os.path.join(self.directory, name))
+        self.world_size, self.job_id = world_size, job_id
+        self.started, self.fired, self.stacks_file = self.clock(), False, None
+
+    def last_progress(self) -> float:
+        newest = self.started
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return newest
+        for name in names:
+            if name.endswith(".beat"):
+                try:
+                    newest = max(newest, os.stat(os.path.join(self.directory, name)).st_mtime)
+                except OSError:
+                    pass
+        return newest
+
+    def check(self) -> Optional[str]:
+        """None while some rank advanced in the last `timeout` seconds; else, once, the summary."""
+        if self.fired:
+            return None
+        stalled = self.clock() - self.last_progress()
+        if stalled < self.timeout:
+            return None
+        self.fired = True
+        return self.dump(stalled)
+
+    def _pids(self) -> Dict[int, int]:
+        pids, me = {}, socket.gethostname()
+        for rank in range(self.world_size):
+            try:
+                with open(os.path.join(self.directory, f"rank-{rank}.pid")) as f:
+                    host, pid, started = f.read().split()
+            except (OSError, ValueError):
+                continue
+            # A shared filesystem may hold other hosts' pids; a rank that ended may have left its pid
+            # to another process, which SIGUSR2 would kill.
+            if host == me and pid.isdigit() and started.isdigit() and start_time(int(pid)) == int(started):
+                pids[rank] = int(pid)
+        return pids
+
+    def _stack(self, rank: int) -> str:
+        try:
+            with open(os.path.join(self.directory, f"rank-{rank}.stack"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def dump(self, stalled: float) -> str:
+        pids = self._pids()
+        for rank, pid in pids.items():
+            try:
+                self.signal_rank(pid, DUMP_SIGNAL)
+            except OSError:
+                pids[rank] = 0  # already gone
+        texts: Dict[int, str] = {}
+        deadline = self.clock() + SETTLE_S
+        while True:  # faulthandler writes from the signal handler: done when the file stops growing
+            now = {r: self._stack(r) for r, pid in pids.items() if pid}
+            if now == texts and all(now.values()) or self.clock() >= deadline:
+                texts = now
+                break
+            texts = now
+            time.sleep(0.3)
+        places = {}
+        for rank, text in texts.items():
+            thread = main_thread(parse_stacks(text))
+            if thread is not None:
+                places[rank] = where_waiting(thread.frames)
+        summary = summarize(places, self.world_size, stalled)
+        lines = [summary]
+        for rank, (what, where, code) in sorted(places.items()):
+            if code:
+                lines.append(f"  rank {rank} at {where}: {code}")
+        self.stacks_file = self._write_stacks(summary, texts)
+        lines.append(f"every rank's stacks: {self.stacks_file}" if self.stacks_file else
+                     "(--log-dir DIR keeps every rank's full stacks)")
+        return "\n".join(lines)
+
+    def _write_stacks(self, summary: str, texts: Dict[int, str]) -> Optional[str]:
+        if not self.log_dir:
+            return None
+        path = os.path.join(self.log_dir, f"hang-{self.job_id or 'job'}.txt")
+        try:
+            os.makedirs(self.log_dir, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(summary + "\n")
+                for rank in range(self.world_size):
+                    f.write(f"\n===== rank {rank} =====\n")
+                    f.write(texts.get(rank) or "(no stack: on another host, or not running)\n")
+        except OSError:
+            return None
+        return path
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,666 @@
+"""The supervisor: owns every process of a job from spawn to reap.
+
+Each process gets its own session (so its process group is ours to signal and a terminal's Ctrl-C
+reaches only the launcher), its output is streamed line by line with a ``[rank N]`` prefix, and the
+first non-zero exit tears the rest down: SIGTERM to every other process group, SIGKILL after the
+grace period. Signals to the launcher (INT, TERM, HUP) tear the job down the same way. The result is
+a record (``JobResult``) with one failure summary, root cause first.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Deque, Dict, List, Optional, Sequence, TextIO, Tuple
+
+from gaudi_launch.exitcodes import ExitCode, for_signal
+from gaudi_launch.process.logfiles import open_log, prepare_log_dir
+from gaudi_launch.process.progress import LineSplitter
+from gaudi_launch.remote.teardown import describe_unseen
+from gaudi_launch.process.wire import ERROR_MARKER, parse_record
+
+TAIL_KEEP = 200          # lines of output remembered per process for the summary
+TAIL_LINE_CHARS = 2000   # each remembered line is cut to this: tails stay bounded in bytes too
+LINE_READ_MAX = 1 << 20  # bytes read as one line at most (a line without newline never ends)
+RECORDS_KEEP = 1024      # error records kept per process (one per failing rank; a loop could print more)
+SUMMARY_LINES = 25       # lines shown when there is no traceback
+TRACEBACK_LINES = 60     # at most this much of a traceback
+_COLORS = ["36", "33", "35", "32", "34", "31", "96", "93"]
+
+
+@dataclass
+class ProcSpec:
+    """One process to run. ``env`` is its whole environment."""
+
+    rank: int
+    host: str
+    argv: List[str]
+    env: Dict[str, str]
+    cwd: Optional[str] = None
+    label: Optional[str] = None
+    # For one process that starts many ranks (mpirun, deepspeed): rank -> host, a function that
+    # tells which rank a line of output came from, and one that reads the process's own report of
+    # which rank failed.
+    ranks: Optional[Dict[int, str]] = None
+    demux: Optional[Callable[[], Callable[[Optional[str]], List[Tuple[Optional[int], str]]]]] = None
+    explain: Optional[Callable[[List[str]], Optional["Culprit"]]] = None
+    # Stops the ranks this process started elsewhere (job-scoped, on every host). With it, the
+    # local process group gets only SIGKILL: its own SIGTERM handler may do harm (DeepSpeed's
+    # runner pkills by pattern on every host).
+    stop: Optional[Callable[[int], None]] = None
+    # A line of this process's own output that means one of its ranks failed (pdsh's "ssh exited
+    # with exit code 1"): the job is torn down then, not when the process gets round to exiting.
+    alarm: Optional[Callable[[str], bool]] = None
+
+    @property
+    def name(self) -> str:
+        return self.label or f"rank {self.rank}"
+
+    @property
+    def rank_hosts(self) -> Dict[int, str]:
+        return self.ranks or {self.rank: self.host}
+
+
+@dataclass
+class Culprit:
+    """The rank that failed first, as far as anyone can tell."""
+
+    rank: Optional[int]
+    host: str
+    status: str
+    excerpt: List[str]
+    exit_code: Optional[int] = None  # its own code, when its launcher returns another (srun: 143)
+
+
+@dataclass
+class ProcResult:
+    rank: int
+    host: str
+    name: str
+    pid: Optional[int]
+    returncode: Optional[int]  # Popen convention: -N means killed by signal N
+    state: str                 # "ok", "failed", "torn down", "not started"
+    runtime_s: float
+    tail: List[str] = field(default_factory=list)       # all output lines, in order
+    killed: bool = False       # needed SIGKILL after the grace period
+    rank_tails: Dict[int, List[str]] = field(default_factory=dict)
+    records: List[dict] = field(default_factory=list)   # workers' error records, in arrival order
+    rank_hosts: Dict[int, str] = field(default_factory=dict)
+    explain: Optional[Callable[[List[str]], Optional[Culprit]]] = None
+    launcher: bool = False     # it started ranks (mpirun, deepspeed), even a single one
+
+    def __post_init__(self):
+        self.rank_hosts = self.rank_hosts or {self.rank: self.host}
+
+    @property
+    def status(self) -> str:
+        return describe_returncode(self.returncode)
+
+
+@dataclass
+class JobResult:
+    exit_code: int
+    procs: List[ProcResult]
+    first_failure: Optional[ProcResult]
+    culprit: Optional[Culprit]
+    interrupted_by: Optional[str]
+    summary: str
+    hung: Optional[str] = None  # --hang-timeout: where the ranks waited when no rank advanced
+    lost: Optional[str] = None  # a host that stopped answering (watch.py's message)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def exit_codes(self) -> Dict[int, Optional[int]]:
+        return {p.rank: p.returncode for p in self.procs}
+
+
+def exit_code_for(returncode: int) -> int:
+    """Shell convention: a signal N becomes 128+N."""
+    return for_signal(-returncode) if returncode < 0 else returncode
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_returncode(returncode: Optional[int]) -> str:
+    if returncode is None:
+        return "not started"
+    if returncode < 0:
+        return f"killed by {signal_name(-returncode)}"
+    return f"exit code {returncode}"
+
+
+def failure_excerpt(tail: List[str]) -> List[str]:
+    """The Python traceback at the end of the output when there is one, else the last lines."""
+    for i in range(len(tail) - 1, -1, -1):
+        if tail[i].startswith("Traceback (most recent call last)"):
+            return tail[i:][-TRACEBACK_LINES:]
+    return tail[-SUMMARY_LINES:]
+
+
+def find_culprit(first: ProcResult) -> Culprit:
+    """Which rank of the first failing process failed, from the best evidence there is. Pure."""
+    if first.records:
+        rec = first.records[0]
+        rank = rec.get("rank")
+        if not isinstance(rank, int):
+            rank = first.rank
+        status = f"killed by {rec['signal']}" if rec.get("signal") else f"exit code {rec.get('exit_code')}"
+        if len(first.rank_hosts) == 1 and not first.launcher and first.returncode is not None:
+            status = first.status
+        if rec.get("exc_type"):
+            status += f" ({rec['exc_type']}: {rec.get('message', '')})"
+        if rec.get("traceback"):
+            excerpt = str(rec["traceback"]).rstrip("\n").splitlines()[-TRACEBACK_LINES:]
+        else:
+            excerpt = failure_excerpt(first.rank_tails.get(rank) or first.tail)
+        host = first.rank_hosts.get(rank) or rec.get("host") or first.host
+        return Culprit(rank, host, status, excerpt)
+    if first.explain is not None:
+        found = first.explain(first.tail)
+        if found is not None:
+            if not found.excerpt:
+                tail = first.rank_tails.get(found.rank) if found.rank is not None else None
+                found.excerpt = failure_excerpt(tail or first.tail)
+            return found
+    return Culprit(first.rank, first.host, first.status,
+                   failure_excerpt(first.rank_tails.get(first.rank) or first.tail))
+
+
+def format_summary(first: Optional[ProcResult], culprit: Optional[Culprit], procs: List[ProcResult],
+                   interrupted_by: Optional[str], exit_code: int, log_dir: Optional[str],
+                   lost: Optional[str] = None, hung: Optional[str] = None) -> str:
+    """One failure summary, root cause first. Pure: built from results only."""
+    # Ctrl-C or a scheduler's SIGTERM with every rank still healthy: the job was stopped, not broken.
+    title = " gaudi-launch: job interrupted " if interrupted_by and first is None and not (lost or hung) else \
+        " gaudi-launch: job hung " if hung and first is None else " gaudi-launch: job failed "
+    lines = ["", title.center(74, "=")]
+    if lost and first is None:
+        lines.append(f"first failure: {lost}")
+    if hung and first is None and not lost:
+        lines.append(f"first failure: {hung}")
+    if first is not None and culprit is not None:
+        who = f"rank {culprit.rank}" if culprit.rank is not None else first.name
+        via = f" (through {first.name}, pid {first.pid})" if len(first.rank_hosts) > 1 else f" (pid {first.pid})"
+        lines.append(f"first failure: {who} on {culprit.host}{via}, {culprit.status} after {first.runtime_s:.1f} s")
+        if culprit.excerpt:
+            lines.append(f"last output of {who}:")
+            lines.extend("  | " + line for line in culprit.excerpt)
+        else:
+            lines.append(f"{who} printed nothing")
+    if interrupted_by:
+        lines.append(f"the launcher received {interrupted_by} and stopped the job")
+    also = [p.name + f" ({p.status})" for p in procs if p.state == "failed" and p is not first]
+    if first is not None:
+        also += [f"rank {r['rank']}" for r in first.records[1:] if isinstance(r.get("rank"), int)]
+    if also:
+        lines.append("also failed: " + ", ".join(also))
+    torn = [f"{p.name} ({'SIGKILL after grace period' if p.killed else p.status})"
+            for p in procs if p.state == "torn down"]
+    if first is not None and len(first.rank_hosts) > 1:
+        failed = {r.get("rank") for r in first.records} | {culprit.rank if culprit else None}
+        rest = [r for r in sorted(first.rank_hosts) if r not in failed]
+        if rest:
+            torn.append(", ".join(f"rank {r}" for r in rest) + f" (stopped by {first.name})")
+    if torn:
+        lines.append("torn down as a consequence: " + ", ".join(torn))
+    never = [p.name for p in procs if p.state == "not started"]
+    if never:
+        lines.append("never started: " + ", ".join(never))
+    if log_dir:
+        lines.append(f"per-rank logs: {log_dir}")
+    lines.append(f"exit code: {exit_code}")
+    lines.append("=" * 74)
+    return "\n".join(lines) + "\n"
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: a SIGKILLed launcher leaves no orphans
+    except Exception:
+        pass
+
+
+class _Proc:
+    def __init__(self, index: int, spec: ProcSpec):
+        self.index = index
+        self.spec = spec
+        self.popen: Optional[subprocess.Popen] = None
+        self.started = 0.0
+        self.ended: Optional[float] = None
+        self.returncode: Optional[int] = None
+        self.tail: Deque[str] = deque(maxlen=TAIL_KEEP)
+        self.rank_tails: Dict[int, Deque[str]] = {}
+        self.records: List[dict] = []
+        self.readers: List[threading.Thread] = []
+        self.state = "not started"
+        self.killed = False
+
+
+class Supervisor:
+    def __init__(self, specs: List[ProcSpec], *, grace: float = 10.0, log_dir: Optional[str] = None,
+                 stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
+                 color: Optional[bool] = None, mask: Callable[[str], str] = lambda s: s,
+                 handle_signals: bool = True, watch: Optional[Callable[[], Optional[str]]] = None,
+                 watch_interval: float = 3.0, sweep: Optional[Callable[[int], dict]] = None,
+                 console_ranks: Optional[Sequence[int]] = None,
+                 hang_check: Optional[Callable[[], Optional[str]]] = None, hang_interval: float = 2.0):
+        self.procs = [_Proc(i, s) for i, s in enumerate(specs)]
+        self.grace = grace
+        self.log_dir = log_dir
+        self.out = stdout or sys.stdout
+        self.err = stderr or sys.stderr
+        if color is None:
+            color = _isatty(self.out) and not os.environ.get("NO_COLOR")
+        self.color = color
+        self.mask = mask
+        self.handle_signals = handle_signals and threading.current_thread() is threading.main_thread()
+        self._events: "queue.Queue[tuple]" = queue.Queue()
+        self._write_lock = threading.Lock()
+        self._stop_signal = 0
+        self._logs: Dict[str, Optional[TextIO]] = {}  # None: could not be written (reported once)
+        self.watch = watch
+        self.watch_interval = watch_interval
+        self._done = threading.Event()
+        self.lost: Optional[str] = None
+        # --hang-timeout (hangs.HangWatch.check): a text when no rank advanced for too long.
+        self.hang_check = hang_check
+        self.hang_interval = hang_interval
+        self.hung: Optional[str] = None
+        # The job-id sweep (teardown.job_sweeper): signals every process that carries the job's id on
+        # every host, which reaches what left its process group (a rank's setsid/double-fork daemon).
+        self.sweep = sweep
+        self._swept_kill = False
+        self._spawn_failed = False  # a process failed to start, or already exited non-zero
+        self._unseen_reported: set = set()
+        # --ranks / --local-ranks-filter: the console shows these ranks only; logs and tails keep all.
+        self.console_ranks = None if console_ranks is None else frozenset(console_ranks)
+        self._rewriting: set = set()  # ids of terminals whose current line holds a progress state
+
+    # ---- output -------------------------------------------------------------------------------
+    def _prefix(self, proc: _Proc, rank: Optional[int]) -> str:
+        text = f"[rank {rank}]" if rank is not None else f"[{proc.spec.name}]"
+        if self.color:
+            color = _COLORS[(rank if rank is not None else proc.index) % len(_COLORS)]
+            text = f"\x1b[{color}m{text}\x1b[0m"
+        return text + " "
+
+    def _pump(self, proc: _Proc, pipe, sink: TextIO) -> None:
+        spec = proc.spec
+        # A demuxer turns physical lines of a multi-rank process into (rank, line) pairs; it is
+        # called with None at the end of the stream to flush what it holds.
+        own = spec.rank if spec.ranks is None else None  # a multi-rank process without a demuxer
+        if not spec.demux:
+            self._pump_live(proc, own, pipe, sink)
+            return
+        demux = spec.demux()
+        for raw in iter(lambda: pipe.readline(LINE_READ_MAX), b""):
+            for rank, text in demux(raw.decode("utf-8", errors="replace").rstrip("\r\n")):
+                self._emit(proc, rank, text, sink)
+        for rank, text in demux(None):
+            self._emit(proc, rank, text, sink)
+        pipe.close()
+
+    def _pump_live(self, proc: _Proc, rank: Optional[int], pipe, sink: TextIO) -> None:
+        """One rank's own pipe: lines as they end, and progress states (\r) as they come."""
+        splitter = LineSplitter(LINE_READ_MAX)
+        fd = pipe.fileno()
+        while True:
+            try:
+                data = os.read(fd, 65536)  # whatever has arrived: no waiting for a newline
+            except OSError:
+                break
+            if not data:
+                break
+            for text, final in splitter.feed(data):
+                (self._emit if final else self._progress)(proc, rank, text, sink)
+        for text, _ in splitter.close():
+            self._emit(proc, rank, text, sink)
+        pipe.close()
+
+    def _progress(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
+        """A progress state: rewrites its line on a terminal; elsewhere only the finished line is kept."""
+        if not _isatty(sink) or (self.console_ranks is not None and rank is not None
+                                 and rank not in self.console_ranks):
+            return
+        with self._write_lock:
+            try:
+                sink.write("\r" + self._prefix(proc, rank) + self.mask(text)[:4000] + "\x1b[K")
+                sink.flush()
+                self._rewriting.add(id(sink))
+            except (OSError, ValueError):
+                pass
+
+    def _log(self, log_dir: str, name: str, line: str) -> None:
+        """Append to LOG_DIR/NAME.log (one file per rank); called with the write lock held.
+
+        A log that cannot be written (disk full, a planted link) is reported once and dropped:
+        the output goes on to the terminal and the job's exit status does not change."""
+        path = os.path.join(log_dir, f"{name}.log")
+        if name not in self._logs:
+            try:
+                self._logs[name] = open_log(path)
+            except OSError as exc:
+                self._log_failed(name, path, exc)
+        f = self._logs[name]
+        if f is None:
+            return
+        try:
+            f.write(line + "\n")
+            f.flush()
+        except (OSError, ValueError) as exc:
+            self._log_failed(name, path, exc)
+
+    def _log_failed(self, name: str, path: str, exc: Exception) -> None:
+        old = self._logs.get(name)
+        self._logs[name] = None
+        if old is not None:
+            try:
+                old.close()
+            except OSError:
+                pass  # the unflushed rest fails again: already reported
+        why = "it is a symbolic link (not followed)" if getattr(exc, "errno", None) == errno.ELOOP else \
+            (getattr(exc, "strerror", None) or str(exc))
+        try:
+            self.err.write(f"gaudi-launch: cannot write {path}: {why}; its output goes on to the terminal only\n")
+            self.err.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _emit(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
+        if text.startswith(ERROR_MARKER):
+            record = parse_record(text[len(ERROR_MARKER):])
+            if record is not None:
+                with self._write_lock:
+                    if len(proc.records) < RECORDS_KEEP:
+                        proc.records.append(record)
+                if proc.spec.ranks is not None:
+                    self._events.put(("rank failed", proc.index))  # don't wait for the others
+                return
+        if proc.spec.alarm is not None and proc.spec.alarm(text):
+            self._events.put(("rank failed", proc.index))
+        line = self.mask(text)
+        kept = _clip(line)
+        with self._write_lock:
+            proc.tail.append(kept)
+            if rank is not None:
+                proc.rank_tails.setdefault(rank, deque(maxlen=TAIL_KEEP)).append(kept)
+            if self.log_dir:
+                name = f"rank-{rank}" if rank is not None else proc.spec.name.replace(" ", "-")
+                self._log(self.log_dir, name, line)
+            if self.console_ranks is not None and rank is not None and rank not in self.console_ranks:
+                return
+            try:
+                if id(sink) in self._rewriting:  # a progress state is on this line: replace it
+                    self._rewriting.discard(id(sink))
+                    sink.write("\r\x1b[K")
+                sink.write(self._prefix(proc, rank) + line + "\n")
+                sink.flush()
+            except (OSError, ValueError):
+                pass  # our own stdout is gone (closed pipe); keep draining the child
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def _spawn(self, proc: _Proc) -> None:
+        spec = proc.spec
+        proc.started = time.monotonic()
+        try:
+            popen = subprocess.Popen(
+                spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=_die_with_parent)
+        except OSError as exc:
+            proc.tail.append(f"gaudi-launch could not start {spec.argv[0]!r}: {exc.strerror or exc}")
+            proc.returncode = ExitCode.CANNOT_EXECUTE
+            proc.ended = proc.started
+            self._spawn_failed = True
+            self._events.put(("exit", proc.index))
+            return
+        proc.popen, proc.state = popen, "running"
+        for pipe, sink in ((popen.stdout, self.out), (popen.stderr, self.err)):
+            t = threading.Thread(target=self._pump, args=(proc, pipe, sink), daemon=True)
+            t.start()
+            proc.readers.append(t)
+        threading.Thread(target=self._wait, args=(proc, popen), daemon=True).start()
+
+    def _wait(self, proc: _Proc, popen: subprocess.Popen) -> None:
+        proc.returncode = popen.wait()
+        self._spawn_failed = self._spawn_failed or proc.returncode != 0
+        proc.ended = time.monotonic()
+        self._events.put(("exit", proc.index))
+
+    def _signal_groups(self, sig: int, only_running: bool = True) -> None:
+        for proc in self.procs:
+            if proc.popen is None or (only_running and proc.returncode is not None):
+                continue
+            if proc.spec.stop is not None:
+                proc.spec.stop(sig)
+                if sig != signal.SIGKILL:
+                    continue
+            try:
+                os.killpg(proc.popen.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _poll(self, interval: float, check: Callable[[], Optional[str]], event: str) -> None:
+        """Ask ``check`` every ``interval`` seconds until the job ends; its first message is the event."""
+        while not self._done.wait(interval):
+            message = check()
+            if message:
+                self._events.put((event, message))
+                return
+
+    def _kill_remaining(self) -> None:
+        for proc in self.procs:
+            if proc.popen is not None and proc.returncode is None:
+                proc.killed = True
+        self._signal_groups(signal.SIGKILL)
+        if not self._swept_kill:
+            self._swept_kill = True
+            self._sweep(signal.SIGKILL)
+
+    def _sweep(self, sig: int) -> int:
+        """Run the job-id sweep; say once per process what it could not inspect. Processes hit."""
+        if self.sweep is None:
+            return 0
+
+        hits = 0
+        for host, found in sorted(self.sweep(sig).items()):
+            hits += max(found.hit, 0)
+            new = [u for u in found.unseen if (host, u.split(" (")[0]) not in self._unseen_reported]
+            self._unseen_reported.update((host, u.split(" (")[0]) for u in new)
+            if new:
+                try:
+                    self.err.write(describe_unseen(host, new) + "\n")
+                    self.err.flush()
+                except (OSError, ValueError):
+                    pass
+        return hits
+
+    def _final_sweep(self) -> None:
+        """After every process we started is reaped: whatever still carries the job's id goes too,
+        SIGTERM first, SIGKILL once the grace period is over."""
+        if self.sweep is None or not self._sweep(signal.SIGTERM):
+            return
+        deadline = time.monotonic() + self.grace
+        while time.monotonic() < deadline and self._sweep(0):
+            time.sleep(0.2)
+        self._sweep(signal.SIGKILL)
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._stop_signal = signum
+        self._events.put(("signal", signum))
+
+    def run(self) -> JobResult:
+        if self.log_dir:
+            prepare_log_dir(self.log_dir)
+        old_handlers = {}
+        if self.handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                old_handlers[sig] = signal.signal(sig, self._on_signal)
+        if self.watch is not None:
+            threading.Thread(target=self._poll, args=(self.watch_interval, self.watch, "lost"), daemon=True).start()
+        if self.hang_check is not None:
+            threading.Thread(target=self._poll, args=(self.hang_interval, self.hang_check, "hung"),
+                             daemon=True).start()
+        try:
+            return self._run()
+        finally:
+            self._done.set()
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            for f in self._logs.values():
+                if f is not None:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass  # reported when the write failed
+
+    def _run(self) -> JobResult:
+        first: Optional[_Proc] = None
+        interrupted: Optional[str] = None
+        deadline: Optional[float] = None  # set once teardown starts
+
+        def teardown() -> None:
+            nonlocal deadline
+            if deadline is None:
+                deadline = time.monotonic() + self.grace
+                for p in self.procs:
+                    if p.state == "running" and p.returncode is None:
+                        p.state = "torn down"
+                self._signal_groups(signal.SIGTERM)
+                self._sweep(signal.SIGTERM)
+
+        for proc in self.procs:
+            # A signal or a failure while spawning: start nothing more (the main loop tears down).
+            if self._stop_signal or self._spawn_failed:  # (a flag: a scan per spawn is quadratic in ranks)
+                break
+            self._spawn(proc)
+        pending = {p.index for p in self.procs if p.popen is not None or p.returncode is not None}
+        while pending:
+            now = time.monotonic()
+            timeout = 0.5 if deadline is None else min(0.5, max(0.0, deadline - now))
+            if deadline is not None and now >= deadline:
+                self._kill_remaining()  # past the grace period (again each turn: harmless)
+            try:
+                kind, value = self._events.get(timeout=timeout)
+            except queue.Empty:
+                continue
+            if kind == "rank failed":
+                proc = self.procs[value]
+                if proc.state == "running":
+                    proc.state = "failed"
+                    if first is None and interrupted is None and self.lost is None:
+                        first = proc
+                    teardown()
+                continue
+            if kind == "lost":
+                if first is None and interrupted is None and self.lost is None and self.hung is None:
+                    self.lost = value
+                teardown()
+                continue
+            if kind == "hung":
+                if first is None and interrupted is None and self.lost is None and deadline is None:
+                    self.hung = value
+                    teardown()
+                continue
+            if kind == "signal":
+                if deadline is not None:
+                    self._kill_remaining()  # a signal during teardown: no more waiting
+                interrupted = interrupted or signal_name(value)
+                teardown()
+                continue
+            proc = self.procs[value]
+            pending.discard(value)
+            if proc.returncode == 0:
+                if proc.state == "running":
+                    proc.state = "ok"
+            elif proc.state == "running" or (proc.state == "not started" and proc.popen is None):
+                # (a process already marked failed by a rank's record keeps that verdict)
+                proc.state = "failed"
+                if first is None and interrupted is None:
+                    first = proc
+                teardown()
+        if self._stop_signal and interrupted is None and first is None:
+            interrupted = signal_name(self._stop_signal)  # arrived before anything was running
+        # Every direct child is reaped; kill whatever their process groups left behind.
+        self._signal_groups(signal.SIGKILL, only_running=False)
+        self._final_sweep()
+        for proc in self.procs:
+            for t in proc.readers:
+                t.join(timeout=5)
+        return self._result(first, interrupted)
+
+    def _result(self, first: Optional[_Proc], interrupted: Optional[str]) -> JobResult:
+        now = time.monotonic()
+        results = [ProcResult(
+            rank=p.spec.rank, host=p.spec.host, name=p.spec.name,
+            pid=p.popen.pid if p.popen else None, returncode=p.returncode, state=p.state,
+            runtime_s=((p.ended or now) - p.started) if p.started else 0.0,
+            tail=list(p.tail), killed=p.killed,
+            rank_tails={r: list(t) for r, t in p.rank_tails.items()}, records=list(p.records),
+            rank_hosts=p.spec.rank_hosts, explain=p.spec.explain, launcher=p.spec.ranks is not None)
+            for p in self.procs]
+        first_result = results[first.index] if first else None
+        culprit = find_culprit(first_result) if first_result else None
+        if first_result is not None:
+            # A failing process's returncode is set: the loop above ends once every started one exited.
+            assert first_result.returncode is not None
+            code = exit_code_for(first_result.returncode)
+            record_code = first_result.records[0].get("exit_code") if first_result.records else None
+            if (len(first_result.rank_hosts) > 1 or first_result.launcher) and isinstance(record_code, int) \
+                    and record_code:
+                code = record_code  # the failing rank's own code, not its launcher's
+            elif culprit is not None and culprit.exit_code:
+                code = culprit.exit_code
+        elif self.lost:
+            code = ExitCode.HOST_LOST
+        elif self.hung:
+            code = ExitCode.HUNG
+        elif interrupted:
+            code = for_signal(signal.Signals[interrupted])
+        else:
+            code = 0
+        summary = ""
+        if code != 0:
+            summary = self.mask(format_summary(first_result, culprit, results, interrupted, code, self.log_dir,
+                                               lost=self.lost, hung=self.hung))
+            try:
+                self.err.write(summary)
+                self.err.flush()
+            except (OSError, ValueError):
+                pass
+        return JobResult(exit_code=code, procs=results, first_failure=first_result, culprit=culprit,
+                         interrupted_by=interrupted, summary=summary, hung=self.hung, lost=self.lost)
+
+
+def _clip(line: str) -> str:
+    if len(line) <= TAIL_LINE_CHARS:
+        return line
+    return line[:TAIL_LINE_CHARS] + f" ... [{len(line) - TAIL_LINE_CHARS} more characters]"
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def supervise(specs: List[ProcSpec], **kwargs) -> JobResult:
+    return Supervisor(specs, **kwargs).run()

@@ -1,0 +1,448 @@
+"""Rank bootstrap: ``python -m gaudi_launch.process.worker [-m] SCRIPT [ARGS...]``.
+
+Runs on every rank, whatever started it (our local backend, mpirun, the DeepSpeed launcher):
+normalises the environment to torchrun's contract, then runs the user's script in this process as
+``__main__`` with sys.argv as given. (Started from a job file, by the deepspeed backend, it forks
+first: the child is the rank, this process relays its output and reports its end, see relay.py.)
+An uncaught exception is written as a structured error record (rank, host, time, traceback) as one
+marker line on stderr, which the supervisor takes out of the output stream for its failure summary;
+it works through any backend (pipes, mpirun, pdsh).
+On a Gaudi host it also puts the bridge's import-time settings (lazy mode, per-job autocast op
+lists) in the environment from the script's flags, before the script can import torch, and for a
+multi-rank job registers the "hccl" process-group backend, so a script written for torchrun or
+optimum-habana runs unchanged. Elsewhere this module imports no torch; the process group itself is
+the script's (``init_process_group``) or the runtime's (``gaudi_launch.runtime.device``), with the
+device's backend (hccl, nccl, gloo) and --ddp_timeout.
+"""
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import re
+import runpy
+import select
+import shutil
+import signal
+import socket
+import stat
+import sys
+import tempfile
+import time
+import traceback
+from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
+
+from gaudi_launch.process import relay
+from gaudi_launch.plan.contract import elastic_env, node_layout, node_visibility, read_error_file
+from gaudi_launch.process.heartbeats import HEARTBEAT_DIR, install_stack_dump
+from gaudi_launch.remote.jobdir import JobDirError, check_private_dir, clean_stale, path_for, read_job
+from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
+from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
+from gaudi_launch.process.wire import TORN_DOWN, record_line
+
+# Where other launchers put the rank layout, in order of preference for each torchrun name.
+_SOURCES = {
+    "RANK": ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"),
+    "WORLD_SIZE": ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
+    "LOCAL_RANK": ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
+    "LOCAL_WORLD_SIZE": ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"),
+    # Not OMPI_COMM_WORLD_NODE_RANK: despite its name it is a rank within the node.
+    "NODE_RANK": ("NODE_RANK", "GROUP_RANK", "CROSS_RANK"),
+}
+
+
+def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Dict[str, str]:
+    """The torchrun names (plus DeepSpeed's aliases) filled in from whichever launcher ran us. Pure."""
+    if env.get("GAUDI_LAUNCH_RANKS_FROM") == "slurm":
+        # srun started us (the slurm backend): its task variables are the layout, whatever
+        # RANK/LOCAL_RANK/... came along in srun's environment.
+        layout = rank_layout(env)
+        merged = {**env, **layout, "GAUDI_LAUNCH_RANKS_FROM": ""}
+        combined = {**layout, **normalize_env(merged, cpu_count)}
+        return {k: v for k, v in combined.items() if env.get(k) != v}
+    out: Dict[str, str] = {}
+    for name, sources in _SOURCES.items():
+        for src in sources:
+            if env.get(src, "") != "":
+                out[name] = env[src]
+                break
+    out.update(node_layout({**env, **out}))  # uneven nodes under DeepSpeed: its LOCAL_RANK is off
+    if "NODE_RANK" not in out and "RANK" in out and "LOCAL_WORLD_SIZE" in out:
+        # Homogeneous nodes (mpirun ppr:K:node): node rank follows from the global rank.
+        out["NODE_RANK"] = str(int(out["RANK"]) // max(1, int(out["LOCAL_WORLD_SIZE"])))
+    if "NODE_RANK" in out:
+        out.setdefault("GROUP_RANK", out["NODE_RANK"])
+        out.setdefault("CROSS_RANK", out["NODE_RANK"])
+    if "LOCAL_WORLD_SIZE" in out:
+        out.setdefault("LOCAL_SIZE", out["LOCAL_WORLD_SIZE"])
+    if "CROSS_SIZE" not in env and "WORLD_SIZE" in out and "LOCAL_WORLD_SIZE" in out:
+        out["CROSS_SIZE"] = str(int(out["WORLD_SIZE"]) // max(1, int(out["LOCAL_WORLD_SIZE"])))
+    # A backend that starts every node alike (mpirun, deepspeed) passes each node's device subset,
+    # already mapped onto the visibility the ranks inherit: set exactly that.
+    out.update(node_visibility(env, out.get("NODE_RANK")))
+    out.update(elastic_env({**env, **out}, env))
+    if cpu_count and not env.get("OMP_NUM_THREADS"):
+        # Ranks sharing a host share its cores: without this each one starts a thread per core and
+        # they slow each other down several times over (torchrun sets it too).
+        local = int(out.get("LOCAL_WORLD_SIZE", "1") or 1)
+        out["OMP_NUM_THREADS"] = str(max(1, cpu_count // max(1, local)))
+    out.setdefault("MASTER_ADDR", env.get("MASTER_ADDR", "127.0.0.1"))
+    out.setdefault("MASTER_PORT", env.get("MASTER_PORT", "29500"))
+    return {k: v for k, v in out.items() if env.get(k) != v}
+
+
+# A job file (see jobdir.py) instead of values on argv: `ps` shows argv to every user of a host.
+JOB_FILE_FLAG = "--job-file="
+JOB_DIGEST_FLAG = "--job-sha256="
+# Read by the dynamic loader or the interpreter at start-up: changing them needs a fresh process.
+_STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")
+
+
+def take_local_rank(argv: List[str]) -> Tuple[Optional[str], List[str]]:
+    """DeepSpeed's launch.py puts ``--local_rank=N`` before our own arguments (--append-local-rank):
+    take it off, to go after the script as DeepSpeed gives it. Pure."""
+    if len(argv) > 1 and argv[1].startswith(JOB_FILE_FLAG) and re.fullmatch(r"--local_rank=\d+", argv[0]):
+        return argv[0], argv[1:]
+    return None, argv
+
+
+def job_argv(path: str, digest: str) -> List[str]:
+    """What a backend puts on argv for the job file: its path and digest, no value."""
+    return [JOB_FILE_FLAG + path, JOB_DIGEST_FLAG + digest]
+
+
+def read_job_argv(argv: List[str]) -> dict:
+    """The job file named by argv[0:2] (``job_argv``), checked: ours, private, the right digest."""
+    if len(argv) < 2 or not argv[1].startswith(JOB_DIGEST_FLAG):
+        raise JobDirError(f"{JOB_FILE_FLAG}PATH must be followed by {JOB_DIGEST_FLAG}DIGEST")
+    return read_job(argv[0][len(JOB_FILE_FLAG):], argv[1][len(JOB_DIGEST_FLAG):])
+
+
+def uses_hpu(environ: Mapping[str, str]) -> bool:
+    """The Gaudi stack is installed (found, not imported) and --device did not say otherwise."""
+    return (environ.get("GAUDI_LAUNCH_DEVICE", "hpu") == "hpu"
+            and importlib.util.find_spec("habana_frameworks") is not None)
+
+
+def _private_job_dir(job: str) -> str:
+    """The per-job directory, made 0700 if absent; OSError for one that is not ours and private."""
+    path = path_for(job)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        try:
+            check_private_dir(path)
+        except JobDirError as exc:
+            raise OSError(str(exc)) from None
+    return path
+
+
+def _clean_dead_jobs() -> None:
+    """One rank per host and job removes what SIGKILLed jobs left in the temporary directory."""
+    try:
+        clean_stale()
+    except OSError:
+        pass  # housekeeping only: never a reason for the rank to fail
+
+
+def _hpu_env(script_args: List[str], environ: MutableMapping[str, str]) -> Dict[str, str]:
+    # The bridge reads lazy mode and the autocast op lists once, at import, and `import torch`
+    # imports it (SynapseAI >= 1.18): they must be in place before the script's first line.
+    job = environ.get("GAUDI_LAUNCH_JOB_ID", "")
+    try:
+        job_dir = _private_job_dir(job) if job else None
+        return hpu_env_for_script(script_args, environ, job_dir)
+    except OSError as exc:  # e.g. an unwritable TMPDIR: the runtime tries again, later
+        print(f"gaudi-launch worker: could not write the autocast op lists ({exc}); set TMPDIR to a "
+              "writable directory", file=sys.stderr)
+        return {}
+
+
+def _register_hccl() -> None:
+    """Make dist.init_process_group("hccl") work for any script, as the bridge's autoload does on
+    SynapseAI >= 1.18 (older stacks need this import, and scripts for torchrun lack it)."""
+    try:
+        importlib.import_module("habana_frameworks.torch.distributed.hccl")
+    except Exception as exc:  # the script may not need it: say so and go on
+        print(f"gaudi-launch worker: the HCCL backend did not load ({type(exc).__name__}: {exc}); "
+              "init_process_group('hccl') will fail on this rank", file=sys.stderr)
+
+
+def error_record(environ: Mapping[str, str], exc: Optional[BaseException] = None,
+                 exit_code: Optional[int] = None) -> dict:
+    record = {
+        "rank": int(environ["RANK"]) if environ.get("RANK", "").isdigit() else None,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "exit_code": exit_code,
+    }
+    if exc is not None:
+        record.update(exc_type=type(exc).__name__, message=str(exc), traceback=format_user_traceback(exc))
+    elastic = read_error_file(environ.get("TORCHELASTIC_ERROR_FILE"))
+    if elastic:  # torch's @record wrote it: report what torchrun would, its traceback verbatim
+        record["error_file"] = environ["TORCHELASTIC_ERROR_FILE"]
+        if elastic["traceback"]:
+            record["traceback"] = elastic["traceback"]
+        if "exc_type" not in record:
+            kind, _, message = elastic["message"].partition(": ")
+            record.update(exc_type=kind, message=message)
+    return record
+
+
+def format_user_traceback(exc: BaseException) -> str:
+    """The traceback as `python script.py` would print it: without our and runpy's frames."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
+                              or tb.tb_frame.f_code.co_filename.endswith("runpy.py")):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+def emit_error_record(record: dict) -> None:
+    try:
+        sys.stderr.write(record_line(record))
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # stderr is gone: the exit code still tells
+
+
+def _term_whole_group(signum, _frame) -> None:
+    # We lead our own process group: take the rank's children (data loader workers, helpers) with
+    # us, whoever sent the SIGTERM (our supervisor, mpirun's orted, DeepSpeed's launch.py).
+    # Ignored until the group has it: a second SIGTERM (the parent-death signal comes again as a
+    # killed launcher's threads exit one by one) would otherwise end us before our children.
+    signal.signal(signum, signal.SIG_IGN)
+    if _RELAYED:  # tell the relay (relay.py) this rank is torn down, not failing on its own
+        try:
+            os.write(2, (TORN_DOWN + "\n").encode())
+        except OSError:
+            pass
+    if _ERROR_DIR:
+        shutil.rmtree(_ERROR_DIR, ignore_errors=True)
+    os.killpg(0, signum)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _close_process_group() -> None:
+    """A script that leaves its process group open makes gloo abort at exit ("terminate called
+    without an active exception"): close it for the script, only if torch is already in use."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            # First free the script's DDP models left in reference cycles: a reducer that holds the
+            # last reference to the group frees it holding the GIL, while gloo's worker thread may
+            # need the GIL to free its last work, and both wait for ever.
+            gc.collect()
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def _end_group() -> None:
+    """The rank is done: whatever it started in its group (our group) ends with it."""
+    if os.getpgrp() == os.getpid():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            os.killpg(0, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
+    try:
+        return _run(argv, environ)
+    finally:
+        _close_process_group()
+        if _ERROR_DIR:
+            shutil.rmtree(_ERROR_DIR, ignore_errors=True)
+        _end_group()
+
+
+_ERROR_DIR: Optional[str] = None
+_RELAYED = False  # our output goes through a relay (relay.py): ranks started from a job file
+_RELAYED_FLAG = "--gaudi-launch-relayed"
+
+
+def _error_file(environ: Mapping[str, str]) -> Dict[str, str]:
+    """A private TORCHELASTIC_ERROR_FILE per rank, as torchrun gives, for torch's @record."""
+    global _ERROR_DIR
+    if not environ.get("GAUDI_LAUNCH_JOB_ID"):
+        return {}
+    try:
+        _ERROR_DIR = tempfile.mkdtemp(prefix=f"gaudi-launch-{environ['GAUDI_LAUNCH_JOB_ID']}-"
+                                             f"rank{environ.get('RANK', '')}-")
+    except OSError:
+        return {}
+    return {"TORCHELASTIC_ERROR_FILE": os.path.join(_ERROR_DIR, "error.json")}
+
+
+def _grace(environ: Mapping[str, str]) -> float:
+    try:
+        grace = float(environ.get("GAUDI_LAUNCH_GRACE", "10"))
+    except ValueError:
+        return 10.0
+    return grace if 0 <= grace < 3600 else 10.0
+
+
+def watch_launcher(grace: float) -> bool:
+    """End this rank's group when whatever reads its output is gone (the launcher, or the ssh session
+    and pdsh that carried it, were killed): SIGTERM, then SIGKILL after ``grace`` seconds.
+
+    Nothing signals a remote rank when the launcher is SIGKILLed, but its stdout/stderr pipe (or
+    socket) then loses its reader, which poll() reports as POLLERR/POLLHUP without polling for
+    anything. A terminal or a file has no such reader: no watch then. True when watching.
+
+    The watch is a forked process, not a thread: a rank hung in a C++ collective can hold the GIL
+    for good, and then neither its SIGTERM handler nor any thread of it runs again. Forked here,
+    before the script runs, the process has no other threads to worry about.
+    """
+    fds = []
+    for fd in (1, 2):
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+                fds.append(os.dup(fd))  # the script may close or redirect its own stdout
+        except OSError:
+            pass
+    if not fds:
+        return False
+    rank_gone, rank_alive = os.pipe()  # not inherited by exec'd children: HUP when the rank ends
+    if os.fork() == 0:
+        try:
+            os.close(rank_alive)
+            _watch(fds, rank_gone, grace)
+        finally:
+            os._exit(0)
+    os.close(rank_gone)
+    for fd in fds:
+        os.close(fd)
+    return True
+
+
+def _watch(fds: List[int], rank_gone: int, grace: float) -> None:
+    """The watcher process: in the rank's group, so that whatever ends the group ends it too, but
+    deaf to the stop signals the group gets, so that its SIGKILL follows its SIGTERM."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, 0)  # POLLERR and POLLHUP are reported whatever is asked for
+    poller.register(rank_gone, select.POLLIN)
+    while True:
+        events = dict(poller.poll())
+        if events.get(rank_gone):
+            return  # the rank ended on its own (or by the group's teardown)
+        if any(ev & (select.POLLERR | select.POLLHUP) for ev in events.values()):
+            break
+    group = os.getpgrp()
+    os.killpg(group, signal.SIGTERM)
+    waiter = select.poll()
+    waiter.register(rank_gone, select.POLLIN)
+    if not waiter.poll(grace * 1000):
+        os.killpg(group, signal.SIGKILL)
+
+
+def cwd_on_path(env: Mapping[str, str], environ: Mapping[str, str], job_dir: str, cwd: str) -> Dict[str, str]:
+    """DeepSpeed's multi-node runners put their working directory first on the ranks' PYTHONPATH;
+    ours is the job directory, so put the launcher's directory there instead, as `deepspeed` would. Pure."""
+    if job_dir not in environ.get("PYTHONPATH", "").split(os.pathsep):
+        return dict(env)
+    rest = env.get("PYTHONPATH")
+    if rest is None:
+        rest = os.pathsep.join(p for p in environ["PYTHONPATH"].split(os.pathsep) if p != job_dir)
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (cwd, rest) if p)}
+
+
+def _whole_lines() -> None:
+    # One write per line: ranks sharing a pipe (pdsh, mpirun, our supervisor) must not interleave
+    # inside a line, as they do when print() writes its pieces separately (python -u).
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # io.TextIOWrapper's; a replaced stream may lack it
+        try:
+            if reconfigure is not None:
+                reconfigure(line_buffering=True, write_through=False)
+        except ValueError:
+            pass
+
+
+def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
+    global _RELAYED
+    if argv[:1] == [_RELAYED_FLAG]:  # re-executed below, with the relay already in place
+        _RELAYED, argv = True, argv[1:]
+    local_rank, argv = take_local_rank(argv)
+    if argv and argv[0].startswith(JOB_FILE_FLAG):
+        try:
+            job = read_job_argv(argv)
+            os.chdir(job["cwd"])  # the launcher's; never pasted into a remote shell line
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"gaudi-launch worker on {socket.gethostname()}: cannot start from the job file: {exc}",
+                  file=sys.stderr)
+            return 2
+        job_dir = os.path.dirname(argv[0][len(JOB_FILE_FLAG):])
+        program = list(job["argv"])
+        if local_rank and program:  # script --local_rank=N args..., as DeepSpeed runs it
+            fixed = node_layout({**environ, **job["env"]}).get("LOCAL_RANK")
+            program.insert(1, f"--local_rank={fixed}" if fixed else local_rank)
+        env, argv = job["env"], (["-m"] if job["module"] else []) + program
+        env = cwd_on_path(env, environ, job_dir, job["cwd"])
+        relay.start(environ.get("RANK", ""))  # from here on we are the rank, our output relayed
+        _RELAYED = True
+        if any(env.get(k, environ.get(k)) != environ.get(k) for k in _STARTUP_VARS):
+            os.execve(sys.executable, [sys.executable, "-u", "-m", "gaudi_launch.process.worker", _RELAYED_FLAG, *argv],
+                      {**environ, **env})
+        environ.update(env)
+    _whole_lines()
+    if not argv or argv == ["-m"]:
+        print("usage: python -m gaudi_launch.process.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    environ.update(normalize_env(environ, os.cpu_count()))
+    if environ.get("GAUDI_LAUNCH_JOB_ID") and environ.get("LOCAL_RANK") == "0":
+        _clean_dead_jobs()
+    environ.update(_error_file(environ))
+    if environ.get(HEARTBEAT_DIR):  # --hang-timeout: the launcher may ask for this rank's stacks
+        install_stack_dump(environ)
+    try:
+        os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
+    except OSError:
+        pass  # already a session leader (our local backend): nothing to do
+    if environ.get("GAUDI_LAUNCH_RANKS_FROM") == "slurm":
+        wait_alone_in_group()  # the first task of a node leads the group srun put them all in
+    if os.getpgrp() == os.getpid():
+        signal.signal(signal.SIGTERM, _term_whole_group)
+        if environ.get("GAUDI_LAUNCH_JOB_ID"):
+            watch_launcher(_grace(environ))
+    as_module = argv[0] == "-m"
+    target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
+    if uses_hpu(environ):
+        environ.update(_hpu_env(args, environ))
+        if int(environ.get("WORLD_SIZE", "1") or 1) > 1:
+            _register_hccl()
+    try:
+        if as_module:
+            sys.argv = [target, *args]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [target, *args]
+            sys.path[0] = os.path.dirname(os.path.abspath(target))  # as `python script.py` does
+            runpy.run_path(os.path.abspath(target), run_name="__main__")  # __file__ absolute, as python does
+    except SystemExit as exc:
+        code = exc.code
+        if code is None or isinstance(code, int):
+            if code:
+                emit_error_record(error_record(environ, exit_code=code))
+            return code or 0
+        print(code, file=sys.stderr)
+        emit_error_record(error_record(environ, exit_code=1))
+        return 1
+    except BaseException as exc:
+        sys.stderr.write(format_user_traceback(exc))
+        emit_error_record(error_record(environ, exc, exit_code=1))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))

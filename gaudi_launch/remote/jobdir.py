@@ -1,0 +1,222 @@
+"""The per-job directory and the job file: how a job's environment reaches ranks without argv.
+
+``ps`` shows every process's argv to every user of a host, so values (tokens, passwords) travel in
+a file instead: ``$TMPDIR/gaudi-launch-<job id>/job.json``, created 0600 with O_EXCL in a directory
+created fresh 0700. Remote hosts get the same path, written by ``python -m gaudi_launch.remote.jobdir
+receive`` over ssh's stdin; argv carries only the path and a SHA-256 digest (of a payload with a
+random key, so the digest reveals nothing about short values). A directory left behind by a killed
+job is removed at the next start on that host, once nothing carries its job id any more.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+import time
+from typing import Iterable, List, Mapping, Optional, Set
+
+PREFIX = "gaudi-launch-"
+JOB_FILE = "job.json"
+OWNER_FILE = "owner"
+STALE_AFTER_S = 120.0   # a directory this young may belong to a job whose ranks are still starting
+# What a path on DeepSpeed's pdsh line may contain: it is pasted into a remote shell unquoted.
+SAFE_PATH = re.compile(r"[A-Za-z0-9_./-]+")
+# What follows PREFIX in a job's directories: its id, or its id and a rank's private directory
+# (the worker's TORCHELASTIC_ERROR_FILE, from mkdtemp), left behind when that rank was SIGKILLed.
+_JOB_DIR_NAME = re.compile(r"([0-9a-f]{8,64})(-rank[0-9]*-[A-Za-z0-9_]+)?")
+
+
+class JobDirError(ValueError):
+    """The per-job directory or file is not what this job created: refuse to use it."""
+
+
+def path_for(job_id: str, tmp: Optional[str] = None) -> str:
+    return os.path.join(tmp or tempfile.gettempdir(), PREFIX + job_id)
+
+
+def payload(env: Mapping[str, str], argv: List[str], module: bool, cwd: str, key: str) -> bytes:
+    """What a rank needs and no launcher may mangle. Deterministic for one plan. Pure."""
+    return json.dumps({"env": dict(env), "argv": list(argv), "module": module, "cwd": cwd, "key": key},
+                      sort_keys=True).encode()
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_private_dir(path: str) -> None:
+    """An existing directory is usable only if it is a real directory of ours that nobody else can enter."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise JobDirError(f"{path} exists and is not a directory")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise JobDirError(f"{path} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, "
+                          "not to this user with mode 700")
+
+
+def create(path: str) -> None:
+    """The launcher's job directory: fresh (an existing one is never reused), 0700, with an owner record."""
+    os.mkdir(path, 0o700)
+    os.chmod(path, 0o700)  # whatever the umask
+    write_private(os.path.join(path, OWNER_FILE), owner_record().encode())
+
+
+def owner_record(pid: Optional[int] = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()} {pid} {_start_time(pid) or 0}\n"
+
+
+def write_private(path: str, data: bytes) -> None:
+    """A new file only this user can read; never follows a link, never overwrites."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def read_job(path: str, want: str) -> dict:
+    """The job file, only if it is ours, private, and has the digest the launcher put on argv."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise JobDirError(f"{path} is not a private file of this user")
+        data = f.read()
+    if digest(data) != want:
+        raise JobDirError(f"{path} does not have the digest the launcher gave (another job's file?)")
+    return json.loads(data)
+
+
+def receive(directory: str, want: str, data: bytes) -> None:
+    """On a remote host: put the job file in place. A directory that exists already is accepted only
+    when it is ours and private (a filesystem shared with the launcher's host), and an existing job
+    file only when it is the very same file."""
+    if digest(data) != want:
+        raise JobDirError("the job file arrived damaged (digest mismatch)")
+    clean_stale(os.path.dirname(directory))
+    try:
+        os.mkdir(directory, 0o700)
+        os.chmod(directory, 0o700)
+        write_private(os.path.join(directory, OWNER_FILE), owner_record(0).encode())
+    except FileExistsError:
+        check_private_dir(directory)
+    path = os.path.join(directory, JOB_FILE)
+    try:
+        write_private(path, data)
+    except FileExistsError:
+        read_job(path, want)
+
+
+# ---------------------------------------------------------------- leftovers of killed jobs
+
+def _start_time(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def live_job_ids() -> Set[str]:
+    """The job ids that processes of this user on this host still carry."""
+    ids: Set[str] = set()
+    needle = b"GAUDI_LAUNCH_JOB_ID="
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        for item in env.split(b"\0"):
+            if item.startswith(needle):
+                ids.add(item[len(needle):].decode(errors="replace"))
+    return ids
+
+
+def is_stale(owner: Optional[str], job_id: str, age_s: float, live_ids: Set[str], hostname: str) -> bool:
+    """Whether a job directory belongs to a job that is over. Pure.
+
+    ``owner`` is its owner record ('host pid start'), None when it has none. A directory another
+    host's launcher made (a filesystem shared across hosts) is not ours to judge.
+    """
+    if job_id in live_ids or age_s < STALE_AFTER_S:
+        return False
+    if owner is None:
+        return True
+    parts = owner.split()
+    if len(parts) != 3 or parts[0] != hostname:
+        return False
+    pid, start = int(parts[1]), int(parts[2])
+    return pid == 0 or _start_time(pid) != start
+
+
+def _job_id(name: str) -> Optional[str]:
+    """The job id in a job directory's name; None for any other name. Pure."""
+    m = _JOB_DIR_NAME.fullmatch(name[len(PREFIX):]) if name.startswith(PREFIX) else None
+    return m.group(1) if m else None
+
+
+def clean_stale(tmp: Optional[str] = None, now: Optional[float] = None) -> List[str]:
+    """Remove this user's job directories whose jobs are over; the paths removed."""
+    tmp = tmp or tempfile.gettempdir()
+    now = time.time() if now is None else now
+    try:
+        names = [n for n in os.listdir(tmp) if _job_id(n) is not None]
+    except OSError:
+        return []
+    if not names:
+        return []
+    live, host, removed = live_job_ids(), socket.gethostname(), []
+    for name in names:
+        path = os.path.join(tmp, name)
+        try:
+            check_private_dir(path)
+            age = now - os.lstat(path).st_mtime
+        except (OSError, JobDirError):
+            continue  # not ours: leave it alone
+        try:
+            with open(os.path.join(path, OWNER_FILE)) as f:
+                owner: Optional[str] = f.read()
+        except OSError:
+            owner = None
+        job_id = _job_id(name)
+        try:
+            stale = job_id is not None and is_stale(owner, job_id, age, live, host)
+        except ValueError:
+            stale = False
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def remove(directories: Iterable[str]) -> None:
+    for d in directories:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def main(argv: List[str]) -> int:
+    """``receive DIR DIGEST`` (the job file on stdin) or ``remove DIR``: run on remote hosts over ssh."""
+    try:
+        if argv[:1] == ["receive"] and len(argv) == 3:
+            receive(argv[1], argv[2], sys.stdin.buffer.read())
+            return 0
+        if argv[:1] == ["remove"] and len(argv) == 2:
+            if os.path.basename(argv[1]).startswith(PREFIX) and os.path.lexists(argv[1]):
+                check_private_dir(argv[1])
+                remove([argv[1]])
+            return 0
+    except (OSError, JobDirError) as exc:
+        print(f"gaudi-launch: {exc}", file=sys.stderr)
+        return 1
+    print("usage: python -m gaudi_launch.remote.jobdir receive DIR DIGEST | remove DIR", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,105 @@
+"""The pre-flight's probe: what runs on each host (scripts/probe.sh and scripts/probe_checks.py, package
+data, shellchecked by the tests) and what it found, as a typed result.
+
+``command`` is the one remote command line: ``set --`` with every value shlex-quoted, then the static
+script. ``parse`` reads its output. Both pure; preflight.py does the I/O and judges the result.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from importlib import resources
+from typing import Optional, Union
+
+BEGIN = "@@gaudi-launch-probe begin"
+END = "@@gaudi-launch-probe end"
+IP_BEGIN = "@@ip-addr begin"
+IP_END = "@@ip-addr end"
+# The agent's interpreter leaves the working directory off sys.path before the checks (after the cd, a
+# stray socket.py there must not matter).
+_AGENT_FIRST = "import sys\nsys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
+
+
+@dataclass
+class ProbeResult:
+    """What the probe said. None: not said (the probe stopped early, or the check could not run)."""
+
+    complete: bool = False                 # the end marker was seen
+    hostname: Optional[str] = None
+    ncpus: Optional[int] = None
+    python_path: Optional[str] = None      # `command -v` of the workers' python
+    python_ok: Optional[bool] = None       # the python ran
+    python_version: Optional[str] = None
+    deepspeed: Optional[str] = None        # its deepspeed's version
+    openmpi: Optional[str] = None          # `mpirun --version`, first line
+    devices: Optional[int] = None          # hl-smi's count; None also when there is no hl-smi
+    devices_error: Optional[str] = None
+    cwd_ok: Optional[bool] = None
+    script_ok: Optional[bool] = None       # None when no script was given
+    master_reachable: Optional[bool] = None
+    master_error: Optional[str] = None
+    port_free: Optional[bool] = None       # asked on the master only
+    port_error: Optional[str] = None
+    ip_addr: str = ""                      # `ip -o addr show`, raw
+
+
+@lru_cache(maxsize=None)
+def _script(name: str) -> str:
+    return resources.files("gaudi_launch.remote").joinpath("scripts").joinpath(name).read_text(encoding="utf-8")
+
+
+def command(python: str, script: Optional[str], cwd: str, master_addr: str, master_ssh_port: int,
+            check_port: Optional[int], agent: Optional[str] = None) -> str:
+    """The probe's command line for one host (POSIX sh). Pure.
+
+    ``agent``: Python code the session goes on with after the probe (sshmux.SESSION_AGENT), in the
+    interpreter that ran the checks (one start, not two): the checks then run last, print the end
+    marker themselves and read the session's stdin afterwards.
+    """
+    checks = _script("probe_checks.py")
+    code = checks if agent is None else f"{_AGENT_FIRST}{checks}print({END!r})\nsys.stdout.flush()\n{agent}"
+    argv = [python, cwd, script or "", code, "0" if agent is None else "1", master_addr, str(int(master_ssh_port))]
+    if check_port is not None:
+        argv.append(str(int(check_port)))
+    return f"set -- {shlex.join(argv)}\n{_script('probe.sh')}"
+
+
+_BOOLS = {"1": True, "0": False, "true": True, "false": False, "yes": True, "no": False}
+_TYPES = {f.name: str(f.type) for f in fields(ProbeResult)}
+
+
+def parse(text: Union[str, bytes]) -> ProbeResult:
+    """The probe's output as a ProbeResult. Pure; unknown keys, bad values and garbage are skipped, and
+    whatever a login script printed before the begin marker is ignored."""
+    out = ProbeResult()
+    if not isinstance(text, str):
+        text = bytes(text).decode("utf-8", "replace")
+    lines = text.replace("\r\n", "\n").split("\n")
+    stripped = [line.strip() for line in lines]
+    if BEGIN in stripped:
+        lines = lines[stripped.index(BEGIN) + 1:]
+    in_ip, ip_lines = False, []
+    for raw in lines:
+        line = raw.strip()
+        if line in (IP_BEGIN, IP_END):
+            in_ip = line == IP_BEGIN
+        elif in_ip:
+            ip_lines.append(raw)
+        elif line == END:
+            out.complete = True
+        elif "=" in line:
+            key, value = (part.strip() for part in line.split("=", 1))
+            if key in _TYPES and key not in ("complete", "ip_addr"):
+                setattr(out, key, _value(_TYPES[key], value, getattr(out, key)))
+    out.ip_addr = "\n".join(ip_lines) + ("\n" if ip_lines else "")
+    return out
+
+
+def _value(kind: str, value: str, before):
+    """A field's value from its text, or what it was when the text does not fit. Pure."""
+    if "int" in kind:
+        return int(value) if value.isdigit() else before
+    if "bool" in kind:
+        return _BOOLS.get(value.lower(), before)
+    return value or before

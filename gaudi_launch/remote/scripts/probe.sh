@@ -1,0 +1,67 @@
+# The pre-flight's probe (gaudi_launch/remote/probe.py), run by each host's login shell. It arrives as
+# one command line: `set -- ARGS` (each shlex-quoted) followed by this text, so no value is ever code.
+# It prints key=value lines between markers (probe.parse reads them); every check runs on its own with
+# its errors swallowed, so one failing check never hides the others. The shell's own expansions do the
+# text work: no head, tr or sed to start, since the probe runs on every host of every job.
+#
+# $1 the workers' python   $2 working directory   $3 script ("" for none)
+# $4 Python code: probe_checks.py, followed by the session agent when $5 is 1
+# $5 1: the interpreter stays on as the session's agent (stdin is the session's)
+# $6... the checks' argv: MASTER_ADDR MASTER_SSH_PORT [PORT_TO_CHECK]
+py=$1 cwd=$2 script=$3 code=$4 agent=$5
+shift 5
+echo '@@gaudi-launch-probe begin'
+# each external tool gets a time limit when `timeout` exists
+_t() { if command -v timeout >/dev/null 2>&1; then timeout 20 "$@"; else "$@"; fi; }
+# _one TEXT: its first line, without carriage returns or trailing spaces, in $_v
+_nl='
+'
+_cr=$(printf '\r')
+_one() {
+    _v=$1
+    while :; do case $_v in *"$_cr"*) _v=${_v%%"$_cr"*}${_v#*"$_cr"};; *) break;; esac; done
+    _v=${_v%%"$_nl"*}
+    while [ "${_v% }" != "$_v" ]; do _v=${_v% }; done
+}
+# when the checks cannot run: python_ok=0, and what they would have said is not known
+_unknown() {
+    echo python_ok=0
+    echo master_reachable=unknown
+    if [ $# -gt 2 ]; then echo port_free=unknown; fi
+}
+_one "$( (hostname || uname -n || cat /proc/sys/kernel/hostname) 2>/dev/null)"; echo "hostname=$_v"
+_one "$( (nproc || getconf _NPROCESSORS_ONLN) 2>/dev/null)"; echo "ncpus=$_v"
+_one "$(command -v "$py" 2>/dev/null)"; echo "python_path=$_v"
+if command -v hl-smi >/dev/null 2>&1; then
+    _o=$(_t hl-smi -Q module_id -f csv,noheader 2>/dev/null); _rc=$?
+    if [ "$_rc" = 0 ]; then echo "devices=$(printf '%s\n' "$_o" | grep -c '[^[:space:]]')"
+    else echo devices=0; echo "devices_error=hl-smi failed (exit $_rc)"; fi
+else echo devices=none; fi
+_m=$(command -v mpirun 2>/dev/null || { [ -x /opt/amazon/openmpi/bin/mpirun ] && echo /opt/amazon/openmpi/bin/mpirun; })
+if [ -n "$_m" ]; then _one "$(_t "$_m" --version 2>&1 </dev/null)"; echo "openmpi=$_v"; fi
+if [ "$agent" != 1 ]; then
+    # before the cd: python -c puts the working directory on sys.path, where a stray socket.py must not
+    # matter. Printing nothing means it did not run.
+    _p=$(_t "$py" -c "$code" "$@" </dev/null 2>/dev/null)
+    if [ -n "$_p" ]; then printf '%s\n' "$_p"; else _unknown "$@"; fi
+fi
+if cd "$cwd" 2>/dev/null; then
+    echo cwd_ok=1
+    if [ -n "$script" ]; then
+        if [ -f "$script" ] && [ -r "$script" ]; then echo script_ok=1; else echo script_ok=0; fi
+    fi
+else
+    echo cwd_ok=0
+    if [ -n "$script" ]; then echo script_ok=0; fi
+fi
+echo '@@ip-addr begin'
+ip -o addr show 2>/dev/null
+echo '@@ip-addr end'
+if [ "$agent" != 1 ]; then
+    echo '@@gaudi-launch-probe end'
+    exit 0
+fi
+# The agent: the checks run last in the interpreter that stays on (one start, not two), leave the
+# working directory off sys.path first, print the end marker and then read the session's requests.
+# When it does not run at all, the shell ends the probe itself.
+"$py" -u -c "$code" "$@" 2>/dev/null || { _unknown "$@"; echo '@@gaudi-launch-probe end'; }

@@ -1,0 +1,56 @@
+# The pre-flight probe's checks that need Python, run by the workers' interpreter on each host (probe.sh
+# passes this text to `python -c`): one interpreter start does them all, since each start costs tens of
+# milliseconds of the host's CPU and a job probes every host. Stdlib only; prints key=value lines.
+# argv: MASTER_ADDR MASTER_SSH_PORT [PORT_TO_CHECK]
+import socket
+import sys
+
+print("python_ok=1")
+print("python_version=%s" % sys.version.split()[0])
+try:
+    import importlib.util
+
+    found_spec = importlib.util.find_spec("deepspeed")
+    if found_spec is None:
+        raise ImportError
+    try:
+        # the dist-info beside the package names the version (importlib.metadata would read every
+        # installed distribution's metadata first: a tenth of a second per host)
+        import glob
+        import os
+
+        site = os.path.dirname(list(found_spec.submodule_search_locations or [])[0])
+        found = sorted(glob.glob(os.path.join(site, "deepspeed-*.dist-info")))
+        if len(found) == 1:
+            print("deepspeed=%s" % os.path.basename(found[0])[len("deepspeed-"):-len(".dist-info")])
+        else:
+            from importlib.metadata import version
+
+            print("deepspeed=%s" % version("deepspeed"))
+    except Exception:
+        print("deepspeed=unknown")
+except Exception:
+    pass
+sys.stdout.flush()
+addr, port = sys.argv[1], int(sys.argv[2])
+try:
+    socket.create_connection((addr, port), 3).close()
+    print("master_reachable=1")
+except socket.gaierror as e:
+    print("master_reachable=0")
+    print("master_error=%s does not resolve (%s)" % (addr, e))
+except Exception as e:
+    print("master_reachable=0")
+    print("master_error=%s" % (e,))
+sys.stdout.flush()
+if len(sys.argv) > 3:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("", int(sys.argv[3])))
+        print("port_free=1")
+    except Exception as e:
+        print("port_free=0")
+        print("port_error=%s" % (e,))
+    finally:
+        s.close()

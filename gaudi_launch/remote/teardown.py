@@ -1,0 +1,181 @@
+"""Job-scoped teardown on every host: signal exactly the processes of one job, nothing else.
+
+Every rank (and everything it starts) inherits GAUDI_LAUNCH_JOB_ID, so on each host we signal the
+processes whose environment carries this job's id: never a pattern match on command lines, which
+kills other users' jobs (DeepSpeed #6807). Runs over plain ssh, in parallel, with the job's options.
+"""
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+from typing import Callable, Collection, Dict, List, NamedTuple, Optional, Sequence
+
+from gaudi_launch.remote.fanout import per_host
+
+# Run by the remote interpreter; argv: JOB_ID SIGNAL [SINCE]. Prints how many processes it
+# signalled, then one line "pid<TAB>name<TAB>uid<TAB>why" per process it could not inspect or signal
+# that may be the job's: one of ours whose environment is closed to us (not dumpable: setuid,
+# prctl) and that started after SINCE (epoch seconds), or a match it was not allowed to signal.
+# Signal 0 only counts.
+KILL_CODE = r"""
+import os, sys
+needle = b"\0GAUDI_LAUNCH_JOB_ID=" + sys.argv[1].encode() + b"\0"
+sig, me, uid, hit, unseen = int(sys.argv[2]), os.getpid(), os.getuid(), 0, []
+since = float(sys.argv[3]) if len(sys.argv) > 3 else None
+def facts(pid):
+    with open("/proc/%s/stat" % pid) as f:
+        stat = f.read()
+    name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+    with open("/proc/stat") as f:
+        btime = next(int(l.split()[1]) for l in f if l.startswith("btime "))
+    with open("/proc/%s/status" % pid) as f:
+        ruid = next(int(l.split()[1]) for l in f if l.startswith("Uid:"))
+    return name, ruid, btime + int(rest[19]) / os.sysconf("SC_CLK_TCK"), rest[0]
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == me:
+        continue
+    try:
+        with open("/proc/%s/environ" % pid, "rb") as f:
+            env = b"\0" + f.read()
+    except PermissionError:
+        try:
+            name, ruid, started, state = facts(pid)
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+        if since is not None and ruid == uid and started >= since and state != "Z":  # a zombie is gone
+            unseen.append("%s\t%s\t%d\tits environment cannot be read" % (pid, name, ruid))
+        continue
+    except OSError:
+        continue
+    if needle in env or env.endswith(needle[:-1]):
+        try:
+            os.kill(int(pid), sig)
+            hit += 1
+        except PermissionError:
+            try:
+                name, ruid = facts(pid)[:2]
+            except (OSError, StopIteration, ValueError, IndexError):
+                name, ruid = "?", -1
+            unseen.append("%s\t%s\t%d\tnot allowed to signal it" % (pid, name, ruid))
+        except OSError:
+            pass
+print(hit)
+for line in unseen:
+    print(line)
+"""
+
+
+# The sweep's other way in: a remote interpreter the pre-flight left running in its ssh session
+# (sshmux.Connections.agent_run), so the end of a job costs no new session (no login shell, no
+# interpreter start) per host. Each stdin line is KILL_CODE's argv as JSON; its output follows,
+# then AGENT_DONE. It exits at end of input (the launcher closed the session, or died).
+AGENT_DONE = "@@gaudi-launch-sweep-done"
+AGENT_CODE = (
+    "import contextlib, io, json, sys\n"
+    f"code = compile({KILL_CODE!r}, 'sweep', 'exec')\n"
+    "for line in sys.stdin:\n"
+    "    buf = io.StringIO()\n"
+    "    sys.argv = ['sweep'] + [str(a) for a in json.loads(line)]\n"
+    "    try:\n"
+    "        with contextlib.redirect_stdout(buf):\n"
+    "            exec(code, {'__name__': '__main__'})\n"
+    "    except BaseException:\n"
+    "        buf = io.StringIO('-1\\n')\n"
+    f"    sys.stdout.write(buf.getvalue() + {AGENT_DONE!r} + '\\n')\n"
+    "    sys.stdout.flush()\n")
+
+
+class Sweep(NamedTuple):
+    """One host's answer: processes signalled (-1 when unknown) and those it could not inspect or
+    signal that may be the job's, as "pid N (name, uid U): why"."""
+
+    hit: int
+    unseen: List[str]
+
+
+def parse_sweep(text: str) -> Sweep:
+    """KILL_CODE's output. Pure."""
+    lines = text.strip().splitlines()
+    hit = int(lines[0]) if lines and lines[0].strip().lstrip("-").isdigit() else -1
+    unseen = []
+    for line in lines[1:]:
+        parts = line.split("\t")
+        if len(parts) == 4:
+            unseen.append(f"pid {parts[0]} ({parts[1]}, uid {parts[2]}): {parts[3]}")
+    return Sweep(hit, unseen)
+
+
+def describe_unseen(host: str, unseen: List[str]) -> str:
+    """The warning for processes the teardown could not inspect or signal. Pure."""
+    return (f"gaudi-launch: on {host}, {len(unseen)} process(es) that may belong to this job could not be "
+            f"inspected or signalled and may still run: " + "; ".join(unseen))
+
+
+def kill_argv(python: str, job_id: str, sig: int, since: Optional[float] = None) -> List[str]:
+    # -S: no site module (KILL_CODE needs os and sys only): a third of the interpreter's start-up,
+    # on every host at the end of every job
+    return [python, "-S", "-c", KILL_CODE, *kill_args(job_id, sig, since)]
+
+
+def kill_args(job_id: str, sig: int, since: Optional[float] = None) -> List[str]:
+    """KILL_CODE's own arguments. Pure."""
+    return [job_id, str(int(sig))] + ([repr(float(since))] if since is not None else [])
+
+
+def remote_argv(host: str, ssh_args: Sequence[str], python: str, job_id: str, sig: int,
+                since: Optional[float] = None) -> List[str]:
+    """ssh's argv; the one remote command line is built with shlex.quote from a list."""
+    return ["ssh", *ssh_args, host, shlex.join(kill_argv(python, job_id, sig, since))]
+
+
+Via = Callable[[str, List[str], float], Optional[str]]
+
+
+def sweep_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence[str], python: str,
+              is_local: Callable[[str], bool], timeout: float = 15.0,
+              since: Optional[float] = None, via: Optional[Via] = None) -> Dict[str, Sweep]:
+    """Signal the job's processes on every host at once (this host with our own interpreter).
+    ``via(host, args, timeout)``: KILL_CODE's output from a remote agent (AGENT_CODE), or None to
+    use a new ssh session instead."""
+    if not job_id:
+        raise ValueError("a job id is required: without one every process would match")
+
+    def one(host: str) -> Sweep:
+        if via is not None and not is_local(host):
+            out = via(host, kill_args(job_id, sig, since), timeout)
+            if out is not None:
+                return parse_sweep(out)
+        argv = kill_argv(sys.executable, job_id, sig, since) if is_local(host) else \
+            remote_argv(host, ssh_args, python, job_id, sig, since)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            return parse_sweep(done.stdout) if done.returncode == 0 else Sweep(-1, [])
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return Sweep(-1, [])
+
+    return per_host(hosts, one, timeout=timeout + 5, default=lambda _: Sweep(-1, []), name="sweep")
+
+
+def signal_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence[str], python: str,
+               is_local: Callable[[str], bool], timeout: float = 15.0, via: Optional[Via] = None) -> Dict[str, int]:
+    """Signal the job's processes on every host at once; {host: processes signalled, -1 if unknown}."""
+    swept = sweep_job(hosts, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, timeout=timeout,
+                      via=via)
+    return {host: s.hit for host, s in swept.items()}
+
+
+def job_sweeper(hosts: Sequence[str], job_id: str, *, ssh_args: Sequence[str], python: str,
+                is_local: Callable[[str], bool], lost: Callable[[], Collection[str]] = frozenset,
+                via: Optional[Via] = None) -> Callable[[int], Dict[str, Sweep]]:
+    """The sweep a Supervisor runs at teardown and at the end of every job, for every backend.
+    Processes of ours that are closed to inspection are reported when they started at most a
+    minute before now (clock skew between hosts): older ones cannot be this job's."""
+    since = time.time() - 60
+
+    def sweep(sig: int) -> Dict[str, Sweep]:
+        alive = [h for h in hosts if h not in lost()]
+        return sweep_job(alive, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, since=since,
+                         via=via)
+    return sweep

@@ -1,0 +1,1 @@
+"""Commands beside the launch itself: `gaudi-launch report` (plots) and `gaudi-launch env`."""

@@ -1,0 +1,194 @@
+"""``gaudi-launch env [--json]``: what this machine runs, for bug reports (like ``ds_report`` or
+``accelerate env``). Torch-free: package versions come from their metadata, tools from their own
+``--version``; nothing is imported that would load a device.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from typing import Any, Dict, List, Optional, Tuple
+from gaudi_launch.inputs.devices import detect_local_devices
+from gaudi_launch.errors import UserError
+from gaudi_launch.plan.fabric import efa_present
+from gaudi_launch.remote.fanout import per_host
+from gaudi_launch.inputs.hostfile import read_hostfile
+from gaudi_launch.inputs.hostnames import is_local_host
+from gaudi_launch.plan.multinode import ssh_args
+from gaudi_launch.inputs.spec import JobSpec
+
+PACKAGES = ("gaudi-launch", "torch", "habana-torch-plugin", "habana-torch-dataloader", "optimum-habana",
+            "transformers", "tokenizers", "accelerate", "deepspeed", "numpy", "paramiko", "click")
+TOOLS = (("OpenMPI", ["mpirun", "--version"]), ("pdsh", ["pdsh", "-V"]), ("Slurm", ["srun", "--version"]),
+         ("OpenSSH", ["ssh", "-V"]), ("hl-smi", ["hl-smi", "-v"]), ("fi_info", ["fi_info", "--version"]))
+
+
+def _package(name: str) -> Optional[str]:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _tool(argv: List[str]) -> Optional[str]:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"present, {argv[0]} failed: {exc}"
+    lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    # the line with a version number, not a complaint printed before it (srun without SLURM_CONF)
+    versioned = [line for line in lines if re.search(r"\d+\.\d+", line) and "error" not in line.lower()]
+    if not versioned and done.returncode != 0:
+        return f"present ({' '.join(argv)} failed: {lines[-1] if lines else 'no output'})"
+    return (versioned or lines or ["present"])[0]
+
+
+def _nics() -> List[Dict[str, str]]:
+    out: List[Dict[str, str]] = []
+    try:
+        names = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        return out
+    for name in names:
+        try:
+            with open(f"/sys/class/net/{name}/operstate") as f:
+                state = f.read().strip()
+        except OSError:
+            state = "?"
+        out.append({"name": name, "state": state})
+    return out
+
+
+def collect() -> Dict[str, Any]:
+
+    devices = detect_local_devices()
+    return {
+        "host": platform.node(),
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "cpus": os.cpu_count(),
+        "packages": {name: _package(name) for name in PACKAGES},
+        "tools": {name: _tool(argv) for name, argv in TOOLS},
+        "devices": {"count": devices.count, "kind": devices.kind, "source": devices.source},
+        "efa": efa_present(),
+        "nics": _nics(),
+        "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("HABANA_VISIBLE", "PT_HPU_LAZY",
+                                                                               "HCCL_SOCKET", "HCCL_OVER_OFI"))},
+    }
+
+
+def render(info: Dict[str, Any]) -> str:
+    lines = [f"gaudi-launch env ({info['host']})", ""]
+    lines.append(f"{'OS':24} {info['os']}")
+    lines.append(f"{'Python':24} {info['python']}")
+    lines.append(f"{'CPUs':24} {info['cpus']}")
+    dev = info["devices"]
+    lines.append(f"{'devices':24} {dev['count']} {dev['kind']} ({dev['source']})")
+    lines.append(f"{'EFA':24} {'yes' if info['efa'] else 'no'}")
+    lines.append(f"{'NICs':24} " + ", ".join(f"{n['name']} ({n['state']})" for n in info["nics"]))
+    lines += ["", "packages:"]
+    lines += [f"  {name:22} {version or 'not installed'}" for name, version in info["packages"].items()]
+    lines += ["", "tools:"]
+    lines += [f"  {name:22} {version or 'not found'}" for name, version in info["tools"].items()]
+    if info["env"]:
+        lines += ["", "environment:"] + [f"  {k}={v}" for k, v in info["env"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def flatten(info: Dict[str, Any]) -> Dict[str, str]:
+    """One text value per line of the per-host table. Pure."""
+    dev = info["devices"]
+    rows = {"OS": info["os"], "Python": info["python"].split(" (")[0], "CPUs": str(info["cpus"]),
+            "devices": f"{dev['count']} {dev['kind']}", "EFA": "yes" if info["efa"] else "no",
+            "NICs": ", ".join(n["name"] for n in info["nics"])}
+    rows.update({name: version or "-" for name, version in info["packages"].items()})
+    rows.update({name: version or "-" for name, version in info["tools"].items()})
+    rows.update({k: v for k, v in info["env"].items()})
+    return rows
+
+
+def render_hosts(per_host: Dict[str, Dict[str, Any]], failed: Dict[str, str]) -> str:
+    """A row per fact, a column per host; '*' marks what differs between hosts. Pure."""
+    hosts = list(per_host)
+    flat = {h: flatten(i) for h, i in per_host.items()}
+    keys = list(dict.fromkeys(k for h in hosts for k in flat[h]))
+    lines = [f"gaudi-launch env: {len(hosts)} host(s); * marks what differs between them", ""]
+    width = max([len(k) for k in keys] + [8]) + 2
+    lines.append(" " * (width + 2) + " | ".join(hosts))
+    for key in keys:
+        values = [flat[h].get(key, "-") for h in hosts]
+        mark = "*" if len(set(values)) > 1 else " "
+        lines.append(f"{mark} {key:{width}}" + " | ".join(values))
+    for host, why in failed.items():
+        lines.append(f"! {host}: {why}")
+    return "\n".join(lines) + "\n"
+
+
+def collect_hosts(hostfile: str, ssh_options: List[str], python: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
+    """Every hostfile host's report: this machine's directly, the others' over ssh (the same
+    gaudi-launch there, as for a job). Returns (reports by host, why it failed by host)."""
+
+    names = [h.name for h in read_hostfile(hostfile)]
+
+    def one(host: str) -> Any:
+        if is_local_host(host):
+            return collect()
+        remote = shlex.join([python, "-m", "gaudi_launch", "env", "--json"])
+        try:
+            done = subprocess.run(["ssh", *ssh_options, host, remote], capture_output=True, text=True, timeout=60,
+                                  stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"ssh failed: {exc}"
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return f"ssh exited {done.returncode}: {last}"
+        try:
+            return json.loads(done.stdout)
+        except ValueError:
+            return "its gaudi-launch env printed no JSON"
+
+    results = per_host(names, one, name="env")
+    return ({h: r for h, r in results.items() if isinstance(r, dict)},
+            {h: r for h, r in results.items() if not isinstance(r, dict)})
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gaudi-launch env",
+                                     description="Versions, devices and network of this machine (or of every "
+                                                 "host of a hostfile), for bug reports.")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    parser.add_argument("--hostfile", help="report every host of this hostfile, differences marked")
+    parser.add_argument("--ssh-config", "--ssh_config", dest="ssh_config")
+    parser.add_argument("--ssh-port", "--ssh_port", dest="ssh_port", type=int)
+    parser.add_argument("--ssh-identity", "--ssh_identity", dest="ssh_identity")
+    parser.add_argument("--python", default=sys.executable, help="gaudi-launch's interpreter on the hosts")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if not args.hostfile:
+        info = collect()
+        sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else render(info))
+        return 0
+
+    spec = JobSpec(program=[], hostfile=args.hostfile, ssh_config=args.ssh_config, ssh_port=args.ssh_port,
+                   ssh_identity=args.ssh_identity)
+    try:
+        per_host, failed = collect_hosts(args.hostfile, ssh_args(spec), args.python)
+    except UserError as exc:
+        print(f"gaudi-launch env: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if args.json:
+        sys.stdout.write(json.dumps({"hosts": per_host, "unreachable": failed}, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_hosts(per_host, failed))
+    return 3 if failed else 0

