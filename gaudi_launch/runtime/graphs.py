@@ -57,6 +57,24 @@ def compile_model(model: Any, info: DeviceInfo, args: Any) -> Any:
     return model
 
 
+def mark_batch_dynamic(batch: Any, info: DeviceInfo, args: Any) -> None:
+    """With --torch_compile off HPU, the batch dimension of every input tensor is dynamic from the
+    first step: a short last batch (dataloader_drop_last false) or an evaluation batch of another
+    size then runs the graph compiled at the first step. Left static, the first new size recompiles
+    the forward and backward in the middle of training (5-20 s each here, for a tiny GPT-2 or T5,
+    every time a new size comes), and the steps that wait for it count in the throughput.
+    ``maybe_mark_dynamic`` never fails: a model that needs a fixed batch size gets it specialised.
+    HPU keeps static shapes, as optimum-habana does (its trainer and accelerate wrapper mark no
+    dimension dynamic; Gaudi's graph compiler wants fixed shapes), and so does --compile_dynamic false."""
+    if not getattr(args, "torch_compile", False) or info.kind == "hpu":
+        return
+    if getattr(args, "compile_dynamic", None) is False:
+        return
+    for value in batch.values():
+        if torch.is_tensor(value) and value.dim() > 0:
+            torch._dynamo.maybe_mark_dynamic(value, 0)
+
+
 class InferenceGraphs:
     """HPU graphs for evaluation outside training (--use_hpu_graphs_for_inference), as optimum-habana
     uses them: wrap_in_hpu_graph replaces the model's forward in place, and its replay keeps no

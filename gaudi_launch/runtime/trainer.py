@@ -27,7 +27,7 @@ from gaudi_launch.runtime.ds_config import load_ds_config, resolve_ds_config
 from gaudi_launch.runtime.device import (DeviceInfo, init_distributed, mark_step, memory_stats, prepare_hpu_env,
                                          select_device, set_dynamic_shapes)
 from gaudi_launch.runtime.fast_ddp import FastDDP
-from gaudi_launch.runtime.graphs import InferenceGraphs, apply_hpu_graphs, compile_model
+from gaudi_launch.runtime.graphs import InferenceGraphs, apply_hpu_graphs, compile_model, mark_batch_dynamic
 from gaudi_launch.runtime.kernels import use_fused_kernels
 from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
 from gaudi_launch.runtime.optim import clip_flat_grad_norm, clip_grad_norm, make_optimizer, make_scheduler
@@ -258,7 +258,9 @@ class Trainer:
 
     def _to_device(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         nb = self.args.non_blocking_data_copy
-        return {k: v.to(self.info.device, non_blocking=nb) if torch.is_tensor(v) else v for k, v in batch.items()}
+        moved = {k: v.to(self.info.device, non_blocking=nb) if torch.is_tensor(v) else v for k, v in batch.items()}
+        mark_batch_dynamic(moved, self.info, self.args)  # --torch_compile: one graph for every batch size
+        return moved
 
     # ---- training ------------------------------------------------------------------------------
     def _mean_across_ranks(self, value: torch.Tensor) -> float:
