@@ -42,10 +42,10 @@ def launch(spec: JobSpec, plan: Optional[LaunchPlan] = None, *, stdout: Optional
     spec = prepare(spec)
     streams: Dict[str, Any] = {k: v for k, v in (("stdout", stdout), ("stderr", stderr)) if v is not None}
 
-    def start(p: LaunchPlan, s: JobSpec, **supervisor_options) -> JobResult:
+    def start(p: LaunchPlan, **supervisor_options) -> JobResult:
         if announce:
             print(f"gaudi-launch: job {p.job_id}: {p.world_size} rank(s) on {len(p.nodes)} host(s), backend "
                   f"{p.backend}, master {p.master_addr}:{p.master_port}", file=stderr or sys.stderr, flush=True)
-        return get_backend(p.backend).run(p, s, **streams, **supervisor_options)
+        return get_backend(p.backend).run(p, **streams, **supervisor_options)
 
     return run_job(spec, plan if plan is not None else plan_job(spec), build=plan_job, start=start, err=stderr)

@@ -1,9 +1,11 @@
 """Backends turn a plan into processes, behind one interface (``Backend``), found by name.
 
-A backend is a module of this package with a pure ``commands(plan, spec, environ)`` (what it would
-start: the dry run shows it) and ``run(plan, spec, environ=None, **supervisor_options)`` (starts
-them, supervises the job, tears it down; returns a JobResult). Modules are imported on first use,
-so a job pays only for its own backend.
+A backend is a module of this package with three functions that read the plan only (its ``job`` is
+the JobSpec it was made from): ``detect(plan, environ)``, the backend's one look at this host while
+planning (it records what it found in the plan); a pure ``commands(plan, environ)`` (what it would
+start: the dry run shows it); and ``run(plan, environ=None, **supervisor_options)``, the I/O: starts
+the commands, supervises the job, tears it down and returns a JobResult. Modules are imported on
+first use, so a job pays only for its own backend.
 """
 from __future__ import annotations
 
@@ -12,16 +14,17 @@ from typing import TYPE_CHECKING, List, Mapping, Optional, Protocol, cast
 
 if TYPE_CHECKING:
     from gaudi_launch.plan.launchplan import Command, LaunchPlan
-    from gaudi_launch.inputs.spec import JobSpec
     from gaudi_launch.process.supervise import JobResult
 
 NAMES = ("local", "mpirun", "deepspeed", "slurm")
 
 
 class Backend(Protocol):
-    def commands(self, plan: "LaunchPlan", spec: "JobSpec", environ: Mapping[str, str]) -> "List[Command]": ...
+    def detect(self, plan: "LaunchPlan", environ: Mapping[str, str]) -> None: ...
 
-    def run(self, plan: "LaunchPlan", spec: "JobSpec", environ: Optional[Mapping[str, str]] = None,
+    def commands(self, plan: "LaunchPlan", environ: Mapping[str, str]) -> "List[Command]": ...
+
+    def run(self, plan: "LaunchPlan", environ: Optional[Mapping[str, str]] = None,
             **supervisor_options) -> "JobResult": ...
 
 

@@ -121,7 +121,13 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
     return argv + ["--module", "gaudi_launch.process.worker", *job_argv(os.path.join(directory, jobdir.JOB_FILE), job)]
 
 
-def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
+def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
+    """Nothing to look at while planning: whether DeepSpeed and pdsh are here is run()'s check
+    (a dry run shows the plan on a machine without them)."""
+
+
+def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> List[Command]:
+    spec = plan.job
     directory = job_dir(plan)
     env = {"DS_ENV_FILE": os.path.join(directory, "job.env")}
     if plan.ssh_args:
@@ -198,8 +204,8 @@ def ship_job(plan: LaunchPlan, spec: JobSpec, directory: str, job: bytes) -> Lis
     return remote
 
 
-def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = None,
-        **supervisor_options) -> JobResult:
+def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervisor_options) -> JobResult:
+    spec = plan.job
     environ = os.environ if environ is None else environ
     if not (os.path.exists(deepspeed_exe(spec.python)) or shutil.which("deepspeed")):
         raise UserError("DeepSpeed is not installed beside the ranks' Python", where="--backend deepspeed",

@@ -7,12 +7,16 @@ from typing import List, Mapping, Optional
 
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.plan.contract import node_visibility_env, rank_contract, worker_argv
-from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.remote.teardown import job_sweeper
 
 
-def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
+def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
+    """Nothing to look at: the ranks start as this host's own processes."""
+
+
+def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> List[Command]:
+    spec = plan.job
     out = []
     base = worker_argv(spec)
     # Device ids index what the ranks would inherit: the launcher's environment, then the job's.
@@ -34,8 +38,8 @@ def proc_specs(plan: LaunchPlan, environ: Mapping[str, str]) -> List[ProcSpec]:
             for i, cmd in enumerate(plan.commands)]
 
 
-def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = None,
-        **supervisor_options) -> JobResult:
+def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervisor_options) -> JobResult:
+    spec = plan.job
     environ = os.environ if environ is None else environ
     # A rank's daemon (setsid, double fork) leaves its process group but keeps the job id.
     sweep = job_sweeper(["localhost"], plan.job_id, ssh_args=[], python=sys.executable, is_local=lambda _: True)

@@ -175,12 +175,18 @@ def exported_names(plan: LaunchPlan, extra: Sequence[str] = ()) -> List[str]:
     return sorted(set(plan.env) | set(CONTRACT) | set(extra))
 
 
-def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
+def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
+    """This host's OpenMPI (4 or 5: their flags differ), into the plan; None when there is none."""
+    plan.openmpi = openmpi_major()
+
+
+def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> List[Command]:
+    spec = plan.job
     if spec.append_local_rank:
         raise UserError("--append-local-rank is not available with mpirun: ranks read LOCAL_RANK",
                         where="--append-local-rank")
     check_rsh_paths(spec)
-    version = openmpi_major()
+    version = plan.openmpi
     if version is None:
         plan.notes.append("mpirun (OpenMPI) not found on this host: showing OpenMPI 4 flags")
     argv = build_argv(plan, spec, version=version or 4, root=os.geteuid() == 0,
@@ -243,13 +249,13 @@ def rank_hosts(plan: LaunchPlan) -> Dict[int, str]:
     return {r: n.host for n in plan.nodes for r in n.ranks}
 
 
-def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = None,
-        **supervisor_options) -> JobResult:
+def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervisor_options) -> JobResult:
+    spec = plan.job
     environ = os.environ if environ is None else environ
     if environ.get("OMPI_COMM_WORLD_SIZE"):
         raise UserError("gaudi-launch is running inside an MPI job (OMPI_COMM_WORLD_SIZE is set)",
                         where="--backend mpirun", hint="run gaudi-launch directly, not under mpirun")
-    if openmpi_major() is None:
+    if plan.openmpi is None:
         raise UserError("mpirun (OpenMPI) is not installed on this host", where="--backend mpirun",
                         hint="install OpenMPI (Debian: apt-get install openmpi-bin), or use --backend deepspeed")
     connections = sshmux.for_job(plan.job_id)
@@ -292,13 +298,13 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
         ssh_args = [*ssh_args, *connections.client_args()]
         # OpenMPI 4: each daemon starts through the pre-flight's session on its host (no second
         # login shell there). OpenMPI 5 (prterun) keeps its own ssh, over the open connections.
-        if openmpi_major() == 4 and not any(env.get(name) for name in _USER_AGENT):
+        if plan.openmpi == 4 and not any(env.get(name) for name in _USER_AGENT):
             connections.serve_rsh()
             argv = through_sessions(argv, connections.rsh_agent)
     hosts = rank_hosts(plan)
     watch = host_watch(plan, spec, is_local_host)
     proc = ProcSpec(rank=0, host=cmd.host, argv=argv, env=env,
-                    label="mpirun", ranks=hosts, demux=functools.partial(OmpiDemux, openmpi_major()),
+                    label="mpirun", ranks=hosts, demux=functools.partial(OmpiDemux, plan.openmpi),
                     explain=lambda lines: explain(lines, hosts))
     # mpirun's own teardown misses what left a rank's process group (a setsid daemon): sweep by job id.
     sweep = job_sweeper(list(dict.fromkeys(hosts.values())), plan.job_id, ssh_args=ssh_args,

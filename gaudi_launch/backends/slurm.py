@@ -30,7 +30,7 @@ from gaudi_launch.inputs.hostfile import Host
 from gaudi_launch.inputs.hostselect import select
 from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
 from gaudi_launch.inputs.spec import JobSpec
-from gaudi_launch.process.supervise import Culprit, ProcSpec, Supervisor
+from gaudi_launch.process.supervise import Culprit, JobResult, ProcSpec, Supervisor
 from gaudi_launch.remote.teardown import kill_argv, parse_sweep
 from gaudi_launch.remote.watch import HostWatch
 
@@ -284,7 +284,8 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
                                       wrapper_dir=spec.hccl_ofi_wrapper))
     if any(n.devices != list(range(len(n.devices))) for n in nodes):
         plan.env.update(node_device_env([n.devices for n in nodes], [dict(environ)] * len(nodes)))
-    plan.commands = commands(plan, spec, environ)
+    plan.spec = spec
+    plan.commands = commands(plan, environ)
     plan.request = spec.as_request(os.getcwd())
     return plan
 
@@ -322,7 +323,12 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool, cpus_per_task: 
     return argv + worker_argv(spec)
 
 
-def commands(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> List[Command]:
+def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
+    """Nothing more to look at: build_plan reads the allocation and probes its nodes."""
+
+
+def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> List[Command]:
+    spec = plan.job
     inside = slurm.in_allocation(environ)
     env = {slurm.RANKS_FROM: "slurm", "GAUDI_LAUNCH_GRACE": str(spec.grace)}
     if plan.master_addr != FIRST_NODE:
@@ -526,10 +532,10 @@ def stopper(name: str, env: Mapping[str, str]) -> Callable[[int], None]:
     return stop
 
 
-def run(plan: LaunchPlan, spec: JobSpec, environ: Optional[Mapping[str, str]] = None,
-        **supervisor_options):
+def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervisor_options) -> JobResult:
     import shutil
 
+    spec = plan.job
     environ = os.environ if environ is None else environ
     env = srun_env(plan, environ)
     if shutil.which("srun", path=env.get("PATH")) is None:

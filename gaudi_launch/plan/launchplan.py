@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from secrets import token_hex
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from gaudi_launch.inputs.envfile import is_secret, mask_env, mask_text
+
+if TYPE_CHECKING:
+    from gaudi_launch.inputs.spec import JobSpec
 
 
 @dataclass
@@ -60,6 +63,19 @@ class LaunchPlan:
     # The options the plan was made from (JobSpec.as_request): what `gaudi-launch run plan.json`
     # makes the plan again from (replay.py). Secrets masked in the JSON as everywhere.
     request: dict = field(default_factory=dict, repr=False)
+    # What the planner detected on this host for the backend: mpirun's OpenMPI major version (4, 5), or
+    # None when there is no OpenMPI mpirun here (the plan then shows OpenMPI 4's flags). Not shown when None.
+    openmpi: Optional[int] = None
+    # The JobSpec itself, for the backend (grace, log dir, interpreter, ssh settings): the plan is all a
+    # backend reads. Never shown: its JSON form is ``request``.
+    spec: Optional["JobSpec"] = field(default=None, repr=False, compare=False)
+
+    @property
+    def job(self) -> "JobSpec":
+        """The JobSpec this plan was made from (the planner sets it)."""
+        if self.spec is None:
+            raise ValueError("this plan was not made by the planner: it carries no JobSpec")
+        return self.spec
 
     def secret_values(self) -> Dict[str, str]:
         return {**self.exported_secrets, **{k: v for k, v in self.env.items() if is_secret(k)}}
@@ -70,8 +86,10 @@ class LaunchPlan:
     def to_dict(self) -> dict:
         """The JSON form (secrets masked): stable keys that tests and tools may rely on."""
         secrets = self.secret_values()
-        data = asdict(self)
-        del data["job_key"], data["exported_secrets"]
+        data = asdict(replace(self, spec=None))  # the spec is shown as request
+        del data["job_key"], data["exported_secrets"], data["spec"]
+        if self.openmpi is None:
+            del data["openmpi"]
         data["env"] = mask_env(self.env)
         data["commands"] = [
             {"host": c.host, "rank": c.rank, "argv": [mask_text(a, secrets) for a in c.argv],

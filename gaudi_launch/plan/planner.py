@@ -110,7 +110,10 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
         # mapped onto the visibility its ranks inherit (a selected index is the same device
         # whatever the backend).
         plan.env.update(node_device_env([n.devices for n in nodes], parents))
-    plan.commands = get_backend(backend).commands(plan, spec, environ)
+    plan.spec = spec
+    chosen = get_backend(backend)
+    chosen.detect(plan, environ)
+    plan.commands = chosen.commands(plan, environ)
     plan.request = spec.as_request(os.getcwd())
     return plan
 

@@ -209,7 +209,7 @@ def run_job(spec: JobSpec, first_plan: LaunchPlan, *, build: Callable[[JobSpec],
     """Run the job, and again after a failure while --max-restarts allows; the last JobResult.
 
     ``build(spec) -> plan`` plans a later attempt (the first plan is given: it was shown or checked
-    already); ``start(plan, spec, **supervisor_options) -> JobResult`` runs one attempt through its
+    already); ``start(plan, **supervisor_options) -> JobResult`` runs one attempt (plan.job is its spec) through its
     backend. With --hang-timeout the job's heartbeat directory lives as long as this call.
     """
     err = err or sys.stderr
@@ -238,7 +238,7 @@ def _attempts(spec: JobSpec, plan: LaunchPlan, build: Callable[[JobSpec], Launch
             watch.begin(plan.world_size, plan.job_id)
             options = dict(hang_check=watch.check, hang_interval=watch.interval)
         began = clock()
-        result = start(plan, current, **options)
+        result = start(plan, **options)
         attempts.append(describe(result, len(attempts) + 1, clock() - began))
         cause = attempts[-1].cause
         if cause is None or not should_restart(result, len(attempts) - 1, spec.max_restarts, restart_on):

@@ -15,7 +15,7 @@ def parameters(fn):
 @pytest.mark.parametrize("name", NAMES)
 def test_backend_module_matches_the_protocol(name):
     module = get_backend(name)
-    for function in ("commands", "run"):
+    for function in ("detect", "commands", "run"):
         wanted = parameters(getattr(Backend, function))[1:]  # without self
         assert parameters(getattr(module, function)) == wanted, (name, function)
 
