@@ -2,15 +2,18 @@
 batch size per device, samples/s with the warm-up steps excluded, our runtime (fast_ddp) beside
 transformers' Trainer (DDP) on the same tiny model, data, batch, steps and ranks, run interleaved.
 
-    .venv/bin/python scripts/bench/bench_seed.py [--steps 30] [--warmup 5] [--repeats 1] [--json out.json]
+    .venv/bin/python scripts/bench/bench_seed.py [--steps 30] [--warmup 5] [--repeats 1] [--torch_compile]
+        [--json out.json]
 
 The guide's own figures (BERT-Large phase 1, 8 devices: Gaudi2 1580.2 / 1835.8 samples/s at batch
 32 / 64, A100 981.6 / 1082.6) are printed beside ours for reference: different hardware and models,
 not a comparison. The "plain loop" column is the same model's forward, backward and fused AdamW with
 torch's DDP and no trainer at all (each batch collated on the hot path), and "plain/hf" its ratio to
 transformers' Trainer: the model's own step under DDP (not a floor: DDP's waits cost more than a
-trainer's work on a shared CPU). It is a benchmark, not a
-test: it never passes or fails on time.
+trainer's work on a shared CPU). --torch_compile adds a column: our runtime with its --torch_compile
+(the model compiled by inductor at the first step, which is warm-up, so its compile time is not in
+the figure; transformers' Trainer stays as it is). It is a benchmark, not a test: it never passes or
+fails on time.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ GUIDE = {("mlm", 32): "Gaudi2 1580.2, A100 981.6 (BERT-Large, 8 devices)",
          ("mlm", 64): "Gaudi2 1835.8, A100 1082.6 (BERT-Large, 8 devices)"}
 SIDES = [("ours", ["--role", "ours", "--strategy", "fast_ddp"]), ("transformers", ["--role", "hf"]),
          ("plain loop", ["--role", "bare"])]  # the model's own step under torch DDP, no trainer
+COMPILED = ("ours, compiled", ["--role", "ours", "--strategy", "fast_ddp", "--torch_compile"])
 
 
 def main() -> None:
@@ -42,23 +46,27 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--workloads", default="clm,mlm,t5")
     p.add_argument("--batch-scale", type=float, default=1.0, help="scale the batch sizes (a quick run: 0.25)")
+    p.add_argument("--torch_compile", action="store_true",
+                   help="also our runtime with --torch_compile (a column of its own)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    sides = SIDES + [COMPILED] if args.torch_compile else SIDES
     env = environment()
     chosen = [w for w in WORKLOADS if w[0] in args.workloads.split(",")]
     runs = {}
     for _ in range(args.repeats):  # interleaved: machine noise hits every configuration alike
         for workload, _, batches, block in chosen:
             for batch in batches:
-                for side, extra in SIDES:
+                for side, extra in sides:
                     cfg = argparse.Namespace(ranks=args.ranks, steps=args.steps, warmup=args.warmup, block=block,
                                              batch=max(1, int(batch * args.batch_scale)), workload=workload)
                     runs.setdefault((workload, batch, side), []).append(run_config(extra, cfg)["samples_per_s"])
     print(f"seed workloads: {args.ranks} ranks on {env['device']}, {args.steps} steps, first {args.warmup} "
           f"excluded, {args.repeats} repeat(s), samples/s median")
     print(environment_line(env))
+    compiled_head = f" {'compiled':>9} {'ratio':>6}" if args.torch_compile else ""
     print(f"{'workload':38} {'batch/device':>12} {'devices':>7} {'ours':>9} {'transformers':>12} {'ratio':>6} "
-          f"{'plain loop':>10} {'plain/hf':>8}  guide")
+          f"{'plain loop':>10} {'plain/hf':>8}{compiled_head}  guide")
     rows = []
     for workload, name, batches, block in chosen:
         for batch in batches:
@@ -66,12 +74,19 @@ def main() -> None:
             hf = statistics.median(runs[(workload, batch, "transformers")])
             bare = statistics.median(runs[(workload, batch, "plain loop")])
             used = max(1, int(batch * args.batch_scale))
-            rows.append({"workload": workload, "model": name, "batch_per_device": used, "devices": args.ranks,
-                         "tokens_per_sample": block, "ours_samples_per_s": ours, "transformers_samples_per_s": hf,
-                         "ratio": ours / hf, "plain_loop_samples_per_s": bare, "plain_ratio": bare / hf,
-                         "guide": GUIDE.get((workload, batch), "")})
+            row = {"workload": workload, "model": name, "batch_per_device": used, "devices": args.ranks,
+                   "tokens_per_sample": block, "ours_samples_per_s": ours, "transformers_samples_per_s": hf,
+                   "ratio": ours / hf, "plain_loop_samples_per_s": bare, "plain_ratio": bare / hf,
+                   "guide": GUIDE.get((workload, batch), ""),
+                   "runs": {side: runs[(workload, batch, side)] for side, _ in sides}}
+            compiled = ""
+            if args.torch_compile:
+                row["ours_compiled_samples_per_s"] = statistics.median(runs[(workload, batch, COMPILED[0])])
+                row["compiled_ratio"] = row["ours_compiled_samples_per_s"] / hf
+                compiled = f" {row['ours_compiled_samples_per_s']:9.1f} {row['compiled_ratio']:5.2f}x"
+            rows.append(row)
             print(f"{name:38} {used:12d} {args.ranks:7d} {ours:9.1f} {hf:12.1f} {ours / hf:5.2f}x "
-                  f"{bare:10.1f} {bare / hf:7.2f}x  {GUIDE.get((workload, batch), '')}")
+                  f"{bare:10.1f} {bare / hf:7.2f}x{compiled}  {GUIDE.get((workload, batch), '')}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bench": "seed", "config": vars(args), "environment": env, "rows": rows}, f, indent=2)

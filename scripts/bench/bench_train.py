@@ -52,7 +52,11 @@ def common(args):
         return (AutoModelForMaskedLM.from_config(config), data.BlockDataset(blocks),
                 mlm.MLMCollator(mask_id, len(tokenizer), 0.15, [tokenizer.pad_token_id]))
     config = AutoConfig.from_pretrained(os.path.join(data.ASSETS, "tiny-gpt2"))
-    return AutoModelForCausalLM.from_config(config), data.BlockDataset(blocks), data.causal_lm_collator
+    model = AutoModelForCausalLM.from_config(config)
+    # As run_clm.py: transformers 5 warns on every forward otherwise (and under torch.compile the
+    # warning's logging call breaks the graph in three).
+    model.loss_type = "ForCausalLM"
+    return model, data.BlockDataset(blocks), data.causal_lm_collator
 
 
 def role_ours(args) -> dict:
@@ -62,7 +66,8 @@ def role_ours(args) -> dict:
     model, dataset, collator = common(args)
     targs = TrainingArguments(output_dir=args.out, per_device_train_batch_size=args.batch, max_steps=args.steps,
                               learning_rate=1e-3, logging_steps=10 ** 9, save_steps=0, device="cpu",
-                              distribution_strategy=args.strategy, throughput_warmup_steps=args.warmup)
+                              distribution_strategy=args.strategy, throughput_warmup_steps=args.warmup,
+                              torch_compile=args.torch_compile)
     trainer = Trainer(model, targs, train_dataset=dataset, data_collator=collator, tokens_per_sample=args.block,
                       log=lambda s: None)
     m = trainer.train().metrics
@@ -197,6 +202,7 @@ def main() -> None:
     p.add_argument("--block", type=int, default=64)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--torch_compile", action="store_true", help="--role ours: the runtime's --torch_compile")
     p.add_argument("--out", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()

@@ -140,6 +140,17 @@ def test_bench_seed_prints_the_guides_table_and_writes_json(tmp_path):
     report(path, tmp_path / "plots")
 
 
+def test_bench_seed_torch_compile_adds_our_compiled_column(tmp_path):
+    path = tmp_path / "seed.json"
+    out = run_bench("bench_seed.py", "--steps", "4", "--warmup", "1", "--batch-scale", "0.25", "--workloads", "clm",
+                    "--torch_compile", "--json", str(path), timeout=600)
+    assert "compiled" in out.splitlines()[2]  # the table's header
+    (row,) = json.loads(path.read_text())["rows"]
+    assert positive(row["ours_compiled_samples_per_s"])
+    assert row["compiled_ratio"] == pytest.approx(row["ours_compiled_samples_per_s"] / row["transformers_samples_per_s"])
+    assert set(row["runs"]) == {"ours", "transformers", "plain loop", "ours, compiled"}  # every run, not only medians
+
+
 SCALE_ROWS = ["gaudi-launch --check-only", "gaudi-launch mpirun", "gaudi-launch mpirun --no-ssh-check",
               "gaudi-launch mpirun, no sharing", "gaudi-launch mpirun, daemons by ssh", "mpirun (raw)", "pdsh (raw)"]
 
