@@ -3,6 +3,7 @@
 The launcher side (everything importable from here) never imports torch; the worker and the
 runtime do.
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"

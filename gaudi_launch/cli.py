@@ -2,13 +2,14 @@
 
 Everything after SCRIPT is the script's own argv and is passed on untouched. No torch here.
 """
+
 from __future__ import annotations
 
 import os
 import signal
 import sys
 import typing
-from typing import List, Optional
+from typing import Optional
 
 import click
 from click.core import ParameterSource
@@ -19,7 +20,6 @@ from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
 from gaudi_launch.inputs.options import default_of, option_fields
 from gaudi_launch.inputs.spec import JobSpec, resolve_compat
-
 
 HELP = """Launch SCRIPT on every selected device of every host, one process per device.
 
@@ -82,47 +82,81 @@ def _text(name: str, *flags: str, help: str, kind=str) -> click.Option:
 _AFTER = {
     "num_devices": [
         _text("world_size", "--world_size", "--world-size", kind=int, help="gaudi_spawn.py's name for --num_devices."),
-        _text("nproc_per_node", "--nproc-per-node", "--nproc_per_node",
-              help="torchrun's name for --num_devices; also auto or gpu (the devices found) and cpu (this "
-                   "machine's CPUs)."),
+        _text(
+            "nproc_per_node",
+            "--nproc-per-node",
+            "--nproc_per_node",
+            help="torchrun's name for --num_devices; also auto or gpu (the devices found) and cpu (this "
+            "machine's CPUs).",
+        ),
         _text("nnodes", "--nnodes", help="torchrun's name for --num_nodes."),
         _flag("standalone", "--standalone", help="torchrun's: accepted (one host needs no rendezvous service)."),
-        _text("ranks_filter", "--local-ranks-filter", "--local_ranks_filter", "--ranks",
-              help="Show only these ranks on the console, e.g. 0 or 0,3 (every rank still goes to --log-dir "
-                   "and to the failure summary)."),
+        _text(
+            "ranks_filter",
+            "--local-ranks-filter",
+            "--local_ranks_filter",
+            "--ranks",
+            help="Show only these ranks on the console, e.g. 0 or 0,3 (every rank still goes to --log-dir "
+            "and to the failure summary).",
+        ),
     ],
     "backend": [
         _flag("use_mpi", "--use_mpi", "--use-mpi", help="gaudi_spawn.py: same as --backend mpirun."),
-        _flag("use_deepspeed", "--use_deepspeed", "--use-deepspeed", help="gaudi_spawn.py: same as --backend deepspeed."),
+        _flag(
+            "use_deepspeed", "--use_deepspeed", "--use-deepspeed", help="gaudi_spawn.py: same as --backend deepspeed."
+        ),
     ],
     "append_local_rank": [
-        _flag("no_local_rank", "--no_local_rank", "--no-local-rank",
-              help="Accepted for DeepSpeed compatibility: this is already the default."),
+        _flag(
+            "no_local_rank",
+            "--no_local_rank",
+            "--no-local-rank",
+            help="Accepted for DeepSpeed compatibility: this is already the default.",
+        ),
     ],
     "strict_host_keys": [
         _flag("no_ssh_check", "--no-ssh-check", "--no_ssh_check", help="Skip the SSH pre-flight of every host."),
     ],
     "wait_hosts": [
-        _flag("check_only", "--check-only", "--check_only",
-              help="Run the pre-flight only and print its table (exit 3 when a check fails)."),
+        _flag(
+            "check_only",
+            "--check-only",
+            "--check_only",
+            help="Run the pre-flight only and print its table (exit 3 when a check fails).",
+        ),
     ],
     "slurm_args": [
-        _text("device", "--device", help="hpu, cuda or cpu for the ranks' training runtime (default: what the host has)."),
+        _text(
+            "device", "--device", help="hpu, cuda or cpu for the ranks' training runtime (default: what the host has)."
+        ),
     ],
 }
 _LAST = [
     _flag("dry_run", "--dry-run", "--dry_run", help="Print the plan; start nothing."),
     _flag("json_out", "--json", help="With --dry-run: print the plan as one JSON object."),
     _text("config", "--config", help="YAML job file holding any of these options; the command line wins."),
-    _text("from_plan", "--from-plan", "--from_plan",
-          help="Run the plan a dry run wrote (--dry-run --json > plan.json), in its directory, with all its options; "
-               "nothing starts if the job planned now differs from it. Same as: gaudi-launch run plan.json."),
-    _flag("version", "--version", "-V", callback=_version, expose_value=False, is_eager=True,
-          help="Print the version and exit."),
+    _text(
+        "from_plan",
+        "--from-plan",
+        "--from_plan",
+        help="Run the plan a dry run wrote (--dry-run --json > plan.json), in its directory, with all its options; "
+        "nothing starts if the job planned now differs from it. Same as: gaudi-launch run plan.json.",
+    ),
+    _flag(
+        "version",
+        "--version",
+        "-V",
+        callback=_version,
+        expose_value=False,
+        is_eager=True,
+        help="Print the version and exit.",
+    ),
     *completion_options(),
 ]
-_ARGUMENTS = [("SCRIPT", "Training script (or module with -m)."),
-              ("[SCRIPT_ARGS]...", "Passed to the script untouched.")]
+_ARGUMENTS = [
+    ("SCRIPT", "Training script (or module with -m)."),
+    ("[SCRIPT_ARGS]...", "Passed to the script untouched."),
+]
 # Names that are no option in a job file (the job file itself, the version, completion).
 _NOT_IN_CONFIG = ("config", "version", "show_completion", "install_completion")
 
@@ -135,13 +169,19 @@ def _spec_option(f, option, hint) -> click.Option:
     many = typing.get_origin(kind) in (list, dict)  # repeatable text items (-x KEY=VALUE, --export-prefix P)
     if kind is bool:
         return click.Option([f.name, *option.flags], is_flag=True, default=default, help=option.help)
-    return click.Option([f.name, *option.flags], type=str if many else kind, multiple=many, default=default,
-                        help=option.help, show_default=default is not None)
+    return click.Option(
+        [f.name, *option.flags],
+        type=str if many else kind,
+        multiple=many,
+        default=default,
+        help=option.help,
+        show_default=default is not None,
+    )
 
 
-def _params() -> List[click.Parameter]:
+def _params() -> list[click.Parameter]:
     hints = typing.get_type_hints(JobSpec)
-    params: List[click.Parameter] = [
+    params: list[click.Parameter] = [
         click.Argument(["script"], required=False, metavar="[SCRIPT]"),
         click.Argument(["script_args"], nargs=-1, required=False, metavar="[SCRIPT_ARGS]..."),
     ]
@@ -174,12 +214,18 @@ def _replay(ctx: click.Context, v: dict) -> int:
     """--from-plan: the plan's options, no others (replay.py)."""
     from gaudi_launch.plan.replay import enter_cwd, read_plan, spec_from_request
 
-    given = [p.opts[0] if isinstance(p, click.Option) else p.name.upper() for p in ctx.command.params
-             if p.name not in ("from_plan", "dry_run", "json_out")
-             and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE]
+    given = [
+        p.opts[0] if isinstance(p, click.Option) else p.name.upper()
+        for p in ctx.command.params
+        if p.name not in ("from_plan", "dry_run", "json_out")
+        and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE
+    ]
     if given:
-        raise UserError(f"{given[0]}: a plan brings all its options", where="--from-plan",
-                        hint="give only the plan (and --dry-run, --json), or make the plan again with the change")
+        raise UserError(
+            f"{given[0]}: a plan brings all its options",
+            where="--from-plan",
+            hint="give only the plan (and --dry-run, --json), or make the plan again with the change",
+        )
     if v["json_out"] and not v["dry_run"]:
         raise UserError("--json only applies to --dry-run", where="--json")
     path = os.path.abspath(v["from_plan"])
@@ -191,8 +237,13 @@ def _replay(ctx: click.Context, v: dict) -> int:
 
 def command() -> click.Command:
     """The launch command (``check``, ``env`` and ``report`` are dispatched before it, in main)."""
-    return _LaunchCommand("gaudi-launch", params=_params(), callback=_run, help=HELP,
-                          context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]})
+    return _LaunchCommand(
+        "gaudi-launch",
+        params=_params(),
+        callback=_run,
+        help=HELP,
+        context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
+    )
 
 
 def _apply_config(ctx: click.Context, values: dict, path: str) -> None:
@@ -202,8 +253,11 @@ def _apply_config(ctx: click.Context, values: dict, path: str) -> None:
     for name, raw, where in load_config(path):
         param = params.get(name)
         if param is None or name in _NOT_IN_CONFIG:
-            raise UserError(f"unknown option '{name}'", where=where,
-                            hint="keys are the long option names, e.g. hostfile, num_devices, master_port")
+            raise UserError(
+                f"unknown option '{name}'",
+                where=where,
+                hint="keys are the long option names, e.g. hostfile, num_devices, master_port",
+            )
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
             continue  # the command line wins
         if name == "script_args" and ctx.get_parameter_source("script") not in (ParameterSource.DEFAULT, None):
@@ -257,8 +311,11 @@ def _launch(v: dict) -> int:
     from gaudi_launch.inputs.envfile import parse_assignments
 
     if not v["script"] and not v["check_only"]:
-        raise UserError("no training script given", where="SCRIPT",
-                        hint="gaudi-launch [OPTIONS] train.py [SCRIPT_ARGS]...  (see --help)")
+        raise UserError(
+            "no training script given",
+            where="SCRIPT",
+            hint="gaudi-launch [OPTIONS] train.py [SCRIPT_ARGS]...  (see --help)",
+        )
     from gaudi_launch.inputs import habits
 
     num_devices, num_nodes = v["num_devices"], v["num_nodes"]
@@ -270,36 +327,56 @@ def _launch(v: dict) -> int:
         if num_nodes is not None:
             raise UserError("--nnodes and --num_nodes say the same thing: give one", where="--nnodes")
         num_nodes = habits.nnodes(v["nnodes"])
-    backend, num_devices = resolve_compat(backend=v["backend"], use_mpi=v["use_mpi"],
-                                          use_deepspeed=v["use_deepspeed"], world_size=v["world_size"],
-                                          num_devices=num_devices)
+    backend, num_devices = resolve_compat(
+        backend=v["backend"],
+        use_mpi=v["use_mpi"],
+        use_deepspeed=v["use_deepspeed"],
+        world_size=v["world_size"],
+        num_devices=num_devices,
+    )
     if v["json_out"] and not v["dry_run"]:
         raise UserError("--json only applies to --dry-run", where="--json")
     program = [v["script"], *(v["script_args"] or [])] if v["script"] else []
-    if (program and not v["dry_run"] and not v["hostfile"] and backend in ("auto", "local")
-            and not os.environ.get("SLURM_JOB_ID")):
+    if (
+        program
+        and not v["dry_run"]
+        and not v["hostfile"]
+        and backend in ("auto", "local")
+        and not os.environ.get("SLURM_JOB_ID")
+    ):
         # this machine runs the ranks: a script that is not here fails now, not once per rank
         habits.check_program(program, module=v["module"], no_python=v["no_python"], cwd=os.getcwd())
     if program and not v["dry_run"]:
-        for note in habits.notes(program, module=v["module"], no_python=v["no_python"], cwd=os.getcwd(),
-                                 append_local_rank=v["append_local_rank"], launcher_options=_option_names()):
+        for note in habits.notes(
+            program,
+            module=v["module"],
+            no_python=v["no_python"],
+            cwd=os.getcwd(),
+            append_local_rank=v["append_local_rank"],
+            launcher_options=_option_names(),
+        ):
             print(f"gaudi-launch: note: {note}", file=sys.stderr)
     # Every JobSpec option from its own flag; the rest from the command-line-only spellings above.
     given = {f.name: v[f.name] for f, option in option_fields(JobSpec) if option.flags}
     if not given["python"]:
         del given["python"]  # this interpreter
     given.update(
-        program=program, num_nodes=num_nodes, num_devices=num_devices, backend=backend,
+        program=program,
+        num_nodes=num_nodes,
+        num_devices=num_devices,
+        backend=backend,
         env={**parse_assignments(v["env"] or [], "-x", environ=os.environ), **_device_env(v["device"])},
-        export_prefixes=list(v["export_prefixes"] or []), ssh_check=not v["no_ssh_check"],
-        console_ranks=_ranks(v["ranks_filter"]))
+        export_prefixes=list(v["export_prefixes"] or []),
+        ssh_check=not v["no_ssh_check"],
+        console_ranks=_ranks(v["ranks_filter"]),
+    )
     spec = JobSpec(**given)
     if v["check_only"] and v["no_ssh_check"]:
         raise UserError("--check-only and --no-ssh-check contradict each other", where="--check-only")
     return run_spec(spec, dry_run=v["dry_run"], json_out=v["json_out"], check_only=v["check_only"])
 
 
-def _ranks(text: Optional[str]) -> Optional[List[int]]:
+def _ranks(text: Optional[str]) -> Optional[list[int]]:
     if text is None:
         return None
     parts = [p.strip() for p in text.split(",")]
@@ -316,8 +393,9 @@ def _device_env(device: Optional[str]) -> dict:
     return {"GAUDI_LAUNCH_DEVICE": device}
 
 
-def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only: bool = False,
-             same_as: Optional[tuple] = None) -> int:
+def run_spec(
+    spec, *, dry_run: bool = False, json_out: bool = False, check_only: bool = False, same_as: Optional[tuple] = None
+) -> int:
     """Show, check or run the job of ``spec``; ``same_as`` (saved plan, its path): only if the plan
     made now is that one (a replay)."""
     from gaudi_launch.launch import launch, plan_job, preflight_for, prepare
@@ -328,9 +406,11 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
     if check_only:
         plan = build_plan(spec, require_program=False)
         if plan.backend == "slurm":  # no hostfile, no ssh: the nodes are probed through srun
-            raise UserError("the pre-flight checks a hostfile's hosts over ssh; a Slurm job has neither",
-                            where="--check-only", hint="inside the allocation, --dry-run shows what srun found "
-                                                       "on the nodes (interface, addresses)")
+            raise UserError(
+                "the pre-flight checks a hostfile's hosts over ssh; a Slurm job has neither",
+                where="--check-only",
+                hint="inside the allocation, --dry-run shows what srun found on the nodes (interface, addresses)",
+            )
         report = preflight_for(spec)(plan, spec)
         table = report.render_table()
         sys.stdout.write(table if table.endswith("\n") else table + "\n")
@@ -341,8 +421,10 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
     if dry_run:  # the plan whatever the pre-flight said, its findings with it; exit 3 if it failed
         sys.stdout.write(plan.to_json() + "\n" if json_out else plan.render_text())
         if plan.preflight is not None and not plan.preflight["ok"]:
-            print("gaudi-launch: pre-flight failed: a real run would start nothing (findings in the plan)",
-                  file=sys.stderr)
+            print(
+                "gaudi-launch: pre-flight failed: a real run would start nothing (findings in the plan)",
+                file=sys.stderr,
+            )
             return ExitCode.PREFLIGHT
         return 0
     if spec.sbatch:  # a batch script for the job, nothing started
@@ -352,18 +434,21 @@ def run_spec(spec, *, dry_run: bool = False, json_out: bool = False, check_only:
             raise UserError("--sbatch writes a Slurm batch script", where="--sbatch", hint="add --backend slurm")
 
         written = write(plan, spec, os.environ)
-        print(f"gaudi-launch: wrote {written['script']} and {written['env_file']}; submit with: sbatch "
-              f"{written['script']}", file=sys.stderr)
+        print(
+            f"gaudi-launch: wrote {written['script']} and {written['env_file']}; submit with: sbatch "
+            f"{written['script']}",
+            file=sys.stderr,
+        )
         return 0
     return launch(spec, plan, announce=True).exit_code
 
 
-def _option_names() -> List[str]:
+def _option_names() -> list[str]:
     """Every long option of the launch command (for the 'option after the script' note)."""
     return [name for p in command().params for name in getattr(p, "opts", []) if name.startswith("--")]
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check"]:  # `gaudi-launch check [OPTIONS] [SCRIPT]` = --check-only
         if any(a in ("-h", "--help") for a in argv[1:]):
@@ -374,8 +459,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         plans = [a for a in argv[1:] if not a.startswith("-")]
         argv = [a for a in argv[1:] if a.startswith("-")] + (["--from-plan", plans[0]] if len(plans) == 1 else [])
         if len(plans) != 1 and not any(a in ("-h", "--help") for a in argv):
-            print("gaudi-launch: error: run takes one plan: gaudi-launch run [--dry-run [--json]] plan.json\n"
-                  "  hint: make one with: gaudi-launch --dry-run --json [OPTIONS] SCRIPT > plan.json", file=sys.stderr)
+            print(
+                "gaudi-launch: error: run takes one plan: gaudi-launch run [--dry-run [--json]] plan.json\n"
+                "  hint: make one with: gaudi-launch --dry-run --json [OPTIONS] SCRIPT > plan.json",
+                file=sys.stderr,
+            )
             return ExitCode.USAGE
     if argv[:1] == ["env"]:  # `gaudi-launch env [--json]`: versions and devices, for bug reports
         from gaudi_launch.reports.environment import main as env_main
@@ -415,7 +503,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as exc:  # a bug of ours: say so briefly; the traceback on request
         if os.environ.get("GAUDI_LAUNCH_DEBUG"):
             raise
-        print(f"gaudi-launch: internal error: {type(exc).__name__}: {exc}\n"
-              "  hint: rerun with GAUDI_LAUNCH_DEBUG=1 for the traceback and please report it",
-              file=sys.stderr)
+        print(
+            f"gaudi-launch: internal error: {type(exc).__name__}: {exc}\n"
+            "  hint: rerun with GAUDI_LAUNCH_DEBUG=1 for the traceback and please report it",
+            file=sys.stderr,
+        )
         return ExitCode.INTERNAL

@@ -6,10 +6,11 @@ The shell's completion function calls ``gaudi-launch`` with ``_GAUDI_LAUNCH_COMP
 reads it. Scripts installed by versions built on typer ask with ``complete_bash``; they still get
 their bare words.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
 import click
 from click.shell_completion import BashComplete, get_completion_class
@@ -19,16 +20,17 @@ from gaudi_launch.errors import UserError
 PROG = "gaudi-launch"
 VAR = "_GAUDI_LAUNCH_COMPLETE"
 # Where each shell finds the script: (file under $HOME, start-up file that must source it or None).
-_INSTALL = {"bash": (".bash_completions/gaudi-launch.sh", ".bashrc"),
-            "zsh": (".zfunc/gaudi-launch.zsh", ".zshrc"),
-            "fish": (".config/fish/completions/gaudi-launch.fish", None)}
+_INSTALL = {
+    "bash": (".bash_completions/gaudi-launch.sh", ".bashrc"),
+    "zsh": (".zfunc/gaudi-launch.zsh", ".zshrc"),
+    "fish": (".config/fish/completions/gaudi-launch.fish", None),
+}
 
 
 def script(command: click.Command, shell: str) -> str:
     cls = get_completion_class(shell) if shell in _INSTALL else None
     if cls is None:
-        raise UserError(f"no completion for the shell {shell!r}", where="--show-completion",
-                        hint="bash, zsh or fish")
+        raise UserError(f"no completion for the shell {shell!r}", where="--show-completion", hint="bash, zsh or fish")
     return cls(command, {}, PROG, VAR).source()
 
 
@@ -65,17 +67,32 @@ def _install(ctx: click.Context, _param: click.Parameter, value: Optional[str]) 
     ctx.exit()
 
 
-def _option(name: str, callback: Callable[[click.Context, click.Parameter, Optional[str]], None],
-            help: str) -> click.Option:
+def _option(
+    name: str, callback: Callable[[click.Context, click.Parameter, Optional[str]], None], help: str
+) -> click.Option:
     """An eager option with an optional value (the shell): --NAME alone means the current shell."""
-    return click.Option([name.lstrip("-").replace("-", "_"), name], callback=callback, help=help, is_flag=False,
-                        flag_value="", default=None, expose_value=False, is_eager=True, metavar="[SHELL]")
+    return click.Option(
+        [name.lstrip("-").replace("-", "_"), name],
+        callback=callback,
+        help=help,
+        is_flag=False,
+        flag_value="",
+        default=None,
+        expose_value=False,
+        is_eager=True,
+        metavar="[SHELL]",
+    )
 
 
-def completion_options() -> List[click.Option]:
-    return [_option("--install-completion", _install, "Install completion for the current shell (or bash, zsh, fish)."),
-            _option("--show-completion", _show,
-                    "Show completion for the current shell, to copy it or customize the installation.")]
+def completion_options() -> list[click.Option]:
+    return [
+        _option("--install-completion", _install, "Install completion for the current shell (or bash, zsh, fish)."),
+        _option(
+            "--show-completion",
+            _show,
+            "Show completion for the current shell, to copy it or customize the installation.",
+        ),
+    ]
 
 
 def legacy_bash(command: click.Command) -> Optional[str]:

@@ -1,4 +1,5 @@
 """Errors a user can cause and fix: printed as one clear message, never a traceback."""
+
 from __future__ import annotations
 
 

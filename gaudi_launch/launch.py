@@ -4,20 +4,21 @@
 ``plan_job`` builds the plan with the pre-flight (waiting for the hosts first with --wait-hosts);
 ``launch`` runs it through its backend, again after a failure while --max-restarts allows.
 """
+
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Dict, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
 from gaudi_launch.backends import get_backend
-from gaudi_launch.process.hangs import with_heartbeats
-from gaudi_launch.remote.hostwait import before
-from gaudi_launch.plan.multinode import default_preflight
-from gaudi_launch.plan.launchplan import LaunchPlan
-from gaudi_launch.plan.planner import build_plan
-from gaudi_launch.process.restarts import attempt_spec, run_job
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.plan.multinode import default_preflight
+from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.process.hangs import with_heartbeats
+from gaudi_launch.process.restarts import attempt_spec, run_job
 from gaudi_launch.process.supervise import JobResult
+from gaudi_launch.remote.hostwait import before
 
 
 def prepare(spec: JobSpec) -> JobSpec:
@@ -35,17 +36,27 @@ def plan_job(spec: JobSpec, *, keep_failed_preflight: bool = False) -> LaunchPla
     return build_plan(spec, preflight=preflight_for(spec), keep_failed_preflight=keep_failed_preflight)
 
 
-def launch(spec: JobSpec, plan: Optional[LaunchPlan] = None, *, stdout: Optional[TextIO] = None,
-           stderr: Optional[TextIO] = None, announce: bool = False) -> JobResult:
+def launch(
+    spec: JobSpec,
+    plan: Optional[LaunchPlan] = None,
+    *,
+    stdout: Optional[TextIO] = None,
+    stderr: Optional[TextIO] = None,
+    announce: bool = False,
+) -> JobResult:
     """Run the job (``plan``: its first plan, already shown or checked) and return the last attempt's
     result. ``announce``: one line per attempt saying what starts where (the CLI's)."""
     spec = prepare(spec)
-    streams: Dict[str, Any] = {k: v for k, v in (("stdout", stdout), ("stderr", stderr)) if v is not None}
+    streams: dict[str, Any] = {k: v for k, v in (("stdout", stdout), ("stderr", stderr)) if v is not None}
 
     def start(p: LaunchPlan, **supervisor_options) -> JobResult:
         if announce:
-            print(f"gaudi-launch: job {p.job_id}: {p.world_size} rank(s) on {len(p.nodes)} host(s), backend "
-                  f"{p.backend}, master {p.master_addr}:{p.master_port}", file=stderr or sys.stderr, flush=True)
+            print(
+                f"gaudi-launch: job {p.job_id}: {p.world_size} rank(s) on {len(p.nodes)} host(s), backend "
+                f"{p.backend}, master {p.master_addr}:{p.master_port}",
+                file=stderr or sys.stderr,
+                flush=True,
+            )
         return get_backend(p.backend).run(p, **streams, **supervisor_options)
 
     return run_job(spec, plan if plan is not None else plan_job(spec), build=plan_job, start=start, err=stderr)

@@ -4,6 +4,7 @@ Same constructor as upstream, plus our own keywords. Differences that matter: no
 a command (each string is split with shlex, or pass an argv list), ``run()`` returns an int (0 on
 success), ``os.environ`` is never modified, and the whole result is kept in ``self.result``.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -11,14 +12,15 @@ import os
 import re
 import shlex
 import sys
-from typing import List, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Optional, Union
 
 from gaudi_launch.errors import UserError
-from gaudi_launch.launch import launch, prepare
 from gaudi_launch.inputs.options import default_of, option_fields
+from gaudi_launch.inputs.spec import JobSpec, resolve_compat
+from gaudi_launch.launch import launch, prepare
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
-from gaudi_launch.inputs.spec import JobSpec, resolve_compat
 from gaudi_launch.process.supervise import JobResult
 
 Command = Union[str, Sequence[str]]
@@ -42,10 +44,22 @@ def command_to_program(command: Command) -> tuple:
 
 
 class DistributedRunner:
-    def __init__(self, command_list: Optional[List[Command]] = None, world_size: int = 1,
-                 hostfile: Optional[str] = None, use_mpi: bool = False, use_deepspeed: bool = False,
-                 master_port: Optional[int] = 29500, use_env: bool = False, map_by: str = "socket",
-                 multi_hls=None, *, stdout=None, stderr=None, **options):
+    def __init__(
+        self,
+        command_list: Optional[list[Command]] = None,
+        world_size: int = 1,
+        hostfile: Optional[str] = None,
+        use_mpi: bool = False,
+        use_deepspeed: bool = False,
+        master_port: Optional[int] = 29500,
+        use_env: bool = False,
+        map_by: str = "socket",
+        multi_hls=None,
+        *,
+        stdout=None,
+        stderr=None,
+        **options,
+    ):
         """optimum-habana's parameters, then every JobSpec option as a keyword (listed in the signature,
         with the command line's defaults), then where the ranks' output goes."""
         # use_env and map_by are accepted for compatibility: ranks always get the env contract,
@@ -58,21 +72,32 @@ class DistributedRunner:
         # world_size is devices per node; the default 1 means "every slot" with a hostfile, and gives
         # way to num_devices (two different numbers are refused).
         per_node = None if (hostfile or given["num_devices"] is not None) and world_size == 1 else world_size
-        backend, num_devices = resolve_compat(backend=given["backend"], use_mpi=use_mpi, use_deepspeed=use_deepspeed,
-                                              world_size=per_node, num_devices=given["num_devices"])
-        given.update(hostfile=hostfile, master_port=master_port, num_devices=num_devices, backend=backend,
-                     env=dict(given["env"] or {}), export_prefixes=list(given["export_prefixes"] or []))
+        backend, num_devices = resolve_compat(
+            backend=given["backend"],
+            use_mpi=use_mpi,
+            use_deepspeed=use_deepspeed,
+            world_size=per_node,
+            num_devices=given["num_devices"],
+        )
+        given.update(
+            hostfile=hostfile,
+            master_port=master_port,
+            num_devices=num_devices,
+            backend=backend,
+            env=dict(given["env"] or {}),
+            export_prefixes=list(given["export_prefixes"] or []),
+        )
         self.python = given.pop("python") or sys.executable
         self._template = given
         self._streams = dict(stdout=stdout, stderr=stderr)
         self.result: Optional[JobResult] = None
-        self.results: List[JobResult] = []
+        self.results: list[JobResult] = []
 
     def spec_for(self, command: Command) -> JobSpec:
         interpreter, program = command_to_program(command)
         return JobSpec(program=program, python=interpreter or self.python, **self._template).validate()
 
-    def plans(self) -> List[LaunchPlan]:
+    def plans(self) -> list[LaunchPlan]:
         """The plan of every command, without running anything (a dry run)."""
 
         return [build_plan(prepare(self.spec_for(c))) for c in self.command_list]
@@ -92,8 +117,10 @@ class DistributedRunner:
 def _signature(init) -> inspect.Signature:
     """__init__'s signature with ``**options`` spelled out, so help() and editors show every keyword."""
     params = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
-    options = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_TYPES[name])
-               for name, default in _KEYWORDS.items()]
+    options = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_TYPES[name])
+        for name, default in _KEYWORDS.items()
+    ]
     upstream = [p for p in params if p.kind is not p.KEYWORD_ONLY]
     return inspect.Signature(upstream + options + [p for p in params if p.kind is p.KEYWORD_ONLY])
 

@@ -3,6 +3,7 @@
 Launch it with gaudi-launch (it reads the env contract: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT):
     gaudi-launch --num_devices 2 scripts/allreduce_smoke.py
 """
+
 import datetime
 import os
 import socket
@@ -19,8 +20,11 @@ def main() -> int:
     dist.all_reduce(t)
     expected = world * (world + 1) / 2
     ok = t.item() == expected
-    print(f"rank {rank}/{world} on {socket.gethostname()} (local rank {os.environ['LOCAL_RANK']}): "
-          f"all_reduce sum = {t.item():g}, expected {expected:g}: {'OK' if ok else 'WRONG'}", flush=True)
+    print(
+        f"rank {rank}/{world} on {socket.gethostname()} (local rank {os.environ['LOCAL_RANK']}): "
+        f"all_reduce sum = {t.item():g}, expected {expected:g}: {'OK' if ok else 'WRONG'}",
+        flush=True,
+    )
     dist.barrier()
     dist.destroy_process_group()
     return 0 if ok else 1

@@ -11,6 +11,7 @@ and pad. Training is single-threaded so that the merges, and hence the files, co
 the same on every run and machine. The model configs take their vocab size and token ids
 from the tokenizer, so they are written here as well. Needs only `tokenizers`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 # Before importing tokenizers: its rayon thread pool reads this once.
 os.environ["RAYON_NUM_THREADS"] = "1"
@@ -111,15 +113,18 @@ def build_files(vocab_size: int) -> dict[str, str]:
     return files
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
     parser.add_argument("--check", action="store_true", help="compare with the files on disk; write nothing")
     args = parser.parse_args(argv)
 
     files = build_files(args.vocab_size)
-    stale = [rel for rel, text in files.items()
-             if not (ASSETS / rel).is_file() or (ASSETS / rel).read_text(encoding="utf-8") != text]
+    stale = [
+        rel
+        for rel, text in files.items()
+        if not (ASSETS / rel).is_file() or (ASSETS / rel).read_text(encoding="utf-8") != text
+    ]
     if args.check:
         for rel in stale:
             print(f"out of date: {ASSETS / rel}", file=sys.stderr)

@@ -1,4 +1,5 @@
 """Fixtures shared across test folders."""
+
 import importlib.util
 import sys
 from pathlib import Path

@@ -1,11 +1,12 @@
 """Helpers for tests that run real processes."""
+
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
 import time
-from typing import Iterable, List
+from collections.abc import Iterable
 
 
 def alive(pid: int) -> bool:
@@ -27,7 +28,7 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
     return predicate()
 
 
-def read_pids(directory: str) -> List[int]:
+def read_pids(directory: str) -> list[int]:
     """PIDs that test ranks wrote, one file each (*.pid), one PID per line."""
     pids = []
     for name in sorted(os.listdir(directory)):
@@ -42,11 +43,12 @@ def all_gone(pids: Iterable[int], timeout: float = 10.0) -> bool:
     return wait_for(lambda: not any(alive(p) for p in pids), timeout=timeout)
 
 
-def run_whole(cmd: List[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+def run_whole(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run(cmd, capture_output=True, text=True), but a timeout kills everything cmd
     started in its session (a driver's launcher too), not cmd alone, so nothing outlives the test."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kwargs)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -7,10 +7,12 @@ start: the dry run shows it); and ``run(plan, environ=None, **supervisor_options
 the commands, supervises the job, tears it down and returns a JobResult. Modules are imported on
 first use, so a job pays only for its own backend.
 """
+
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, List, Mapping, Optional, Protocol, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Optional, Protocol, cast
 
 if TYPE_CHECKING:
     from gaudi_launch.plan.launchplan import Command, LaunchPlan
@@ -20,12 +22,11 @@ NAMES = ("local", "mpirun", "deepspeed", "slurm")
 
 
 class Backend(Protocol):
-    def detect(self, plan: "LaunchPlan", environ: Mapping[str, str]) -> None: ...
+    def detect(self, plan: LaunchPlan, environ: Mapping[str, str]) -> None: ...
 
-    def commands(self, plan: "LaunchPlan", environ: Mapping[str, str]) -> "List[Command]": ...
+    def commands(self, plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]: ...
 
-    def run(self, plan: "LaunchPlan", environ: Optional[Mapping[str, str]] = None,
-            **supervisor_options) -> "JobResult": ...
+    def run(self, plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervisor_options) -> JobResult: ...
 
 
 def get_backend(name: str) -> Backend:

@@ -8,6 +8,7 @@ MLFLOW*, MV2*, UCX* inside "..." on the remote shell line), runs in the job dire
 working directory unquoted into that line) and never installs its SIGTERM handler, which pkills by
 pattern on every host (ds_runner.py). Teardown is ours and job-scoped (teardown.signal_job).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,25 +17,38 @@ import re
 import shlex
 import shutil
 import subprocess
-from typing import Dict, List, Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
-from gaudi_launch.remote import jobdir, sshmux
-from gaudi_launch.plan.contract import node_sizes_env
 from gaudi_launch.errors import UserError
-from gaudi_launch.remote.fanout import per_host
 from gaudi_launch.inputs.hostnames import is_local_host
-from gaudi_launch.plan.multinode import host_watch
-from gaudi_launch.plan.launchplan import Command, LaunchPlan
-from gaudi_launch.process.relay import untag
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.contract import node_sizes_env
+from gaudi_launch.plan.launchplan import Command, LaunchPlan
+from gaudi_launch.plan.multinode import host_watch
+from gaudi_launch.process.relay import untag
 from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
-from gaudi_launch.remote.teardown import job_sweeper, signal_job
 from gaudi_launch.process.worker import job_argv
+from gaudi_launch.remote import jobdir, sshmux
+from gaudi_launch.remote.fanout import per_host
+from gaudi_launch.remote.teardown import job_sweeper, signal_job
 
 # The runner's whole environment comes from these names (plus what commands() sets): none starts
 # with a prefix DeepSpeed re-exports to the remote shell line (PYTHON, MLFLOW, MV2, UCX, NCCL).
-RUNNER_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
-              "LD_LIBRARY_PATH", "SSH_AUTH_SOCK", "DS_ACCELERATOR")
+RUNNER_ENV = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "LD_LIBRARY_PATH",
+    "SSH_AUTH_SOCK",
+    "DS_ACCELERATOR",
+)
 # OpenMPI's own settings, for DeepSpeed's openmpi runner (mpirun reads them; DeepSpeed exports none).
 RUNNER_PREFIXES = ("OMPI_", "PRTE_", "PMIX_")
 # Host names, IPv4, IPv6 (with a zone id): what may stand after --master_addr= on pdsh's shell line.
@@ -74,29 +88,36 @@ def rank_env(plan: LaunchPlan, environ: Mapping[str, str], grace: Optional[float
 def job_payload(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> bytes:
     """The job file's content: the same bytes every time for one plan and working directory (its
     digest is on argv)."""
-    return jobdir.payload(rank_env(plan, environ, spec.grace), list(spec.program), spec.module,
-                          os.getcwd(), plan.job_key)
+    return jobdir.payload(
+        rank_env(plan, environ, spec.grace), list(spec.program), spec.module, os.getcwd(), plan.job_key
+    )
 
 
 def single_local(plan: LaunchPlan) -> bool:
     return len(plan.nodes) == 1 and is_local_host(plan.nodes[0].host)
 
 
-def check_safe(value: str, pattern: "re.Pattern", where: str, what: str) -> str:
+def check_safe(value: str, pattern: re.Pattern, where: str, what: str) -> str:
     if not pattern.fullmatch(value):
-        raise UserError(f"{value!r} is not a valid {what}: DeepSpeed pastes it into a remote shell line",
-                        where=where, hint=f"give a plain {what}, without spaces or shell characters")
+        raise UserError(
+            f"{value!r} is not a valid {what}: DeepSpeed pastes it into a remote shell line",
+            where=where,
+            hint=f"give a plain {what}, without spaces or shell characters",
+        )
     return value
 
 
-def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], directory: str) -> List[str]:
+def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], directory: str) -> list[str]:
     """Pure: DeepSpeed's command line for this plan (run by ds_runner in the ranks' interpreter)."""
     if spec.no_python:
         raise UserError("the deepspeed backend runs Python programs only", where="--no_python")
     full = all(n.devices == list(range(len(n.devices))) for n in plan.nodes)
     if spec.launcher == "openmpi" and not full:
-        raise UserError("DeepSpeed's openmpi runner cannot select devices", where="--include",
-                        hint="use --backend mpirun (it honours --include/--exclude), or the pdsh runner")
+        raise UserError(
+            "DeepSpeed's openmpi runner cannot select devices",
+            where="--include",
+            hint="use --backend mpirun (it honours --include/--exclude), or the pdsh runner",
+        )
     check_safe(plan.master_addr, _ADDR, "--master_addr", "host name or address")
     check_safe(directory, jobdir.SAFE_PATH, "TMPDIR", "directory path")
     check_safe(spec.python, jobdir.SAFE_PATH, "--python", "interpreter path")  # pdsh's line runs it
@@ -109,8 +130,7 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
         # --force_multi: with one selected host DeepSpeed would take its local path and run the
         # ranks here, whatever host the hostfile names.
         argv += ["--hostfile", os.path.join(directory, "hostfile"), "--force_multi"]
-    argv += ["--master_addr", plan.master_addr, "--master_port", str(plan.master_port),
-             "--launcher", spec.launcher]
+    argv += ["--master_addr", plan.master_addr, "--master_port", str(plan.master_port), "--launcher", spec.launcher]
     if spec.launcher_args:
         argv.append(f"--launcher_args={spec.launcher_args}")  # '=' form: a value may start with '-'
     if spec.ssh_port:
@@ -126,7 +146,7 @@ def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
     (a dry run shows the plan on a machine without them)."""
 
 
-def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> List[Command]:
+def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
     spec = plan.job
     directory = job_dir(plan)
     env = {"DS_ENV_FILE": os.path.join(directory, "job.env")}
@@ -143,7 +163,7 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> List[Command]:
     return [Command(host=plan.nodes[0].host, argv=build_argv(plan, spec, environ, directory), env=env)]
 
 
-def runner_env(environ: Mapping[str, str], extra: Mapping[str, str]) -> Dict[str, str]:
+def runner_env(environ: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
     """The runner's whole environment: a few plain variables of the launcher's, then ours. Pure."""
     env = {k: v for k, v in environ.items() if k in RUNNER_ENV or k.startswith(RUNNER_PREFIXES)}
     env.update(extra)
@@ -156,8 +176,11 @@ def write_job_dir(plan: LaunchPlan, directory: str, job: bytes) -> None:
     try:
         jobdir.create(directory)
     except FileExistsError:
-        raise UserError(f"{directory} exists already; a job directory is never reused", where="TMPDIR",
-                        hint="remove it if no job of yours is running, or set TMPDIR elsewhere") from None
+        raise UserError(
+            f"{directory} exists already; a job directory is never reused",
+            where="TMPDIR",
+            hint="remove it if no job of yours is running, or set TMPDIR elsewhere",
+        ) from None
     os.mkdir(os.path.join(directory, "bin"), 0o700)
     jobdir.write_private(os.path.join(directory, "hostfile"), hostfile_text(plan).encode())
     jobdir.write_private(os.path.join(directory, "job.env"), f"GAUDI_LAUNCH_JOB_ID={plan.job_id}\n".encode())
@@ -169,27 +192,30 @@ def write_job_dir(plan: LaunchPlan, directory: str, job: bytes) -> None:
         os.chmod(wrapper, 0o700)
 
 
-def on_hosts(hosts: List[str], remote_argv: List[str], ssh_args: List[str], data: bytes = b"",
-             timeout: float = 60.0) -> Dict[str, str]:
+def on_hosts(
+    hosts: list[str], remote_argv: list[str], ssh_args: list[str], data: bytes = b"", timeout: float = 60.0
+) -> dict[str, str]:
     """Run one command on every host at once over ssh (the one remote line quoted from a list),
     ``data`` on its stdin; {host: what went wrong} for the hosts where it failed."""
 
     def one(host: str) -> Optional[str]:
         try:
-            out = subprocess.run(["ssh", *ssh_args, host, shlex.join(remote_argv)], input=data,
-                                 capture_output=True, timeout=timeout)
+            out = subprocess.run(
+                ["ssh", *ssh_args, host, shlex.join(remote_argv)], input=data, capture_output=True, timeout=timeout
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             return str(exc)
         if out.returncode != 0:
             return out.stderr.decode(errors="replace").strip() or f"exit code {out.returncode}"
         return None
 
-    done = per_host(hosts, one, timeout=timeout + 5, default=lambda _: f"no answer within {timeout:g} s",
-                    name="on-hosts")
+    done = per_host(
+        hosts, one, timeout=timeout + 5, default=lambda _: f"no answer within {timeout:g} s", name="on-hosts"
+    )
     return {host: why for host, why in done.items() if why is not None}
 
 
-def ship_job(plan: LaunchPlan, spec: JobSpec, directory: str, job: bytes) -> List[str]:
+def ship_job(plan: LaunchPlan, spec: JobSpec, directory: str, job: bytes) -> list[str]:
     """The job file to the same path on every other host, over ssh's stdin; the hosts it reached."""
     remote = [n.host for n in plan.nodes if not is_local_host(n.host)]
     if not remote:
@@ -198,9 +224,12 @@ def ship_job(plan: LaunchPlan, spec: JobSpec, directory: str, job: bytes) -> Lis
     failed = on_hosts(remote, receive, plan.ssh_args, job)
     if failed:
         host, why = next(iter(failed.items()))
-        raise UserError(f"could not put the job file on {host}: {why}", where=host,
-                        hint="check that gaudi-launch is installed there and that its temporary directory "
-                             "is writable; nothing was started")
+        raise UserError(
+            f"could not put the job file on {host}: {why}",
+            where=host,
+            hint="check that gaudi-launch is installed there and that its temporary directory "
+            "is writable; nothing was started",
+        )
     return remote
 
 
@@ -208,11 +237,17 @@ def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervi
     spec = plan.job
     environ = os.environ if environ is None else environ
     if not (os.path.exists(deepspeed_exe(spec.python)) or shutil.which("deepspeed")):
-        raise UserError("DeepSpeed is not installed beside the ranks' Python", where="--backend deepspeed",
-                        hint="pip install deepspeed (DS_BUILD_OPS=0 on machines without CUDA), or use --backend mpirun")
+        raise UserError(
+            "DeepSpeed is not installed beside the ranks' Python",
+            where="--backend deepspeed",
+            hint="pip install deepspeed (DS_BUILD_OPS=0 on machines without CUDA), or use --backend mpirun",
+        )
     if spec.launcher == "pdsh" and not shutil.which("pdsh"):
-        raise UserError("pdsh is not installed on this host", where="--launcher pdsh",
-                        hint="install it (Debian: apt-get install pdsh), or use --launcher openmpi or --backend mpirun")
+        raise UserError(
+            "pdsh is not installed on this host",
+            where="--launcher pdsh",
+            hint="install it (Debian: apt-get install pdsh), or use --launcher openmpi or --backend mpirun",
+        )
     connections = sshmux.for_job(plan.job_id)
     try:
         if connections is not None:  # every ssh of the job over the pre-flight's open connections
@@ -228,7 +263,7 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], **supervis
     job = job_payload(plan, spec, environ)
     jobdir.clean_stale(os.path.dirname(directory))
     write_job_dir(plan, directory, job)
-    remote: List[str] = []
+    remote: list[str] = []
     watch = host_watch(plan, spec, is_local_host)
     try:
         remote = ship_job(plan, spec, directory, job)
@@ -237,31 +272,59 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], **supervis
         shutil.rmtree(directory, ignore_errors=True)
         remote = [h for h in remote if not (watch and h in watch.lost)]
         if remote:
-            on_hosts(remote, [spec.python, "-m", "gaudi_launch.remote.jobdir", "remove", directory], plan.ssh_args,
-                     timeout=max(5.0, spec.ssh_timeout))
+            on_hosts(
+                remote,
+                [spec.python, "-m", "gaudi_launch.remote.jobdir", "remove", directory],
+                plan.ssh_args,
+                timeout=max(5.0, spec.ssh_timeout),
+            )
 
 
-def _supervise(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], directory: str, watch,
-               **supervisor_options) -> JobResult:
+def _supervise(
+    plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], directory: str, watch, **supervisor_options
+) -> JobResult:
     hosts = [n.host for n in plan.nodes]
     connections = sshmux.for_job(plan.job_id)
     via = connections.agent_run if connections is not None else None  # the pre-flight's sessions
 
     def stop(sig: int) -> None:
         alive = [h for h in hosts if not (watch and h in watch.lost)]
-        signal_job(alive, plan.job_id, sig, ssh_args=plan.ssh_args, python=spec.python, is_local=is_local_host,
-                   via=via)
+        signal_job(alive, plan.job_id, sig, ssh_args=plan.ssh_args, python=spec.python, is_local=is_local_host, via=via)
 
     rank_hosts = {r: n.host for n in plan.nodes for r in n.ranks}
     cmd = plan.commands[0]
     # cwd: DeepSpeed writes its working directory unquoted into pdsh's shell line; ours is safe.
-    proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env=runner_env(environ, cmd.env), cwd=directory,
-                    label="deepspeed", ranks=rank_hosts, stop=stop, demux=lambda: PdshDemux(hosts),
-                    alarm=node_failed)
-    sweep = job_sweeper(hosts, plan.job_id, ssh_args=plan.ssh_args, python=spec.python, is_local=is_local_host,
-                        lost=lambda: watch.lost if watch else (), via=via)  # also after a success: a rank's daemon
-    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks, mask=plan.mask,
-                      watch=watch.probe if watch else None, sweep=sweep, **supervisor_options).run()
+    proc = ProcSpec(
+        rank=0,
+        host=cmd.host,
+        argv=cmd.argv,
+        env=runner_env(environ, cmd.env),
+        cwd=directory,
+        label="deepspeed",
+        ranks=rank_hosts,
+        stop=stop,
+        demux=lambda: PdshDemux(hosts),
+        alarm=node_failed,
+    )
+    sweep = job_sweeper(
+        hosts,
+        plan.job_id,
+        ssh_args=plan.ssh_args,
+        python=spec.python,
+        is_local=is_local_host,
+        lost=lambda: watch.lost if watch else (),
+        via=via,
+    )  # also after a success: a rank's daemon
+    return Supervisor(
+        [proc],
+        grace=spec.grace,
+        log_dir=spec.log_dir,
+        console_ranks=spec.console_ranks,
+        mask=plan.mask,
+        watch=watch.probe if watch else None,
+        sweep=sweep,
+        **supervisor_options,
+    ).run()
 
 
 _NODE_FAILED = re.compile(r"^pdsh@\S+: (\S+): ssh exited with exit code [1-9]")
@@ -288,7 +351,7 @@ class PdshDemux:
             return [(rank, text)]
         for prefix in self.prefixes:
             if line.startswith(prefix):
-                rank, text = untag(line[len(prefix):])
+                rank, text = untag(line[len(prefix) :])
                 if rank is not None:
                     return [(rank, text)]
         return [(None, line)]

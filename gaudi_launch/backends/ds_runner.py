@@ -8,6 +8,7 @@ descendants (runner, pdsh, its ssh clients), nothing else: the remote ranks see 
 themselves (the worker's watchdog), and the launcher's own teardown is job-scoped.
 Runs in the ranks' interpreter, never in the launcher's process (which must not import DeepSpeed).
 """
+
 from __future__ import annotations
 
 import os

@@ -1,12 +1,14 @@
 """Backend ``local``: one process per selected device on this host, owned by the supervisor."""
+
 from __future__ import annotations
 
 import os
 import sys
-from typing import List, Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
-from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.plan.contract import node_visibility_env, rank_contract, worker_argv
+from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.remote.teardown import job_sweeper
 
@@ -15,7 +17,7 @@ def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
     """Nothing to look at: the ranks start as this host's own processes."""
 
 
-def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> List[Command]:
+def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
     spec = plan.job
     out = []
     base = worker_argv(spec)
@@ -30,12 +32,18 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> List[Command]:
     return out
 
 
-def proc_specs(plan: LaunchPlan, environ: Mapping[str, str]) -> List[ProcSpec]:
+def proc_specs(plan: LaunchPlan, environ: Mapping[str, str]) -> list[ProcSpec]:
     """Each rank's whole environment: the launcher's, then the job's, then its own contract."""
     # ``commands`` above: one command per rank, each with its rank, in rank order
-    return [ProcSpec(rank=i if cmd.rank is None else cmd.rank, host=cmd.host, argv=cmd.argv,
-                     env={**environ, **plan.env, **cmd.env})
-            for i, cmd in enumerate(plan.commands)]
+    return [
+        ProcSpec(
+            rank=i if cmd.rank is None else cmd.rank,
+            host=cmd.host,
+            argv=cmd.argv,
+            env={**environ, **plan.env, **cmd.env},
+        )
+        for i, cmd in enumerate(plan.commands)
+    ]
 
 
 def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervisor_options) -> JobResult:
@@ -43,5 +51,12 @@ def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervi
     environ = os.environ if environ is None else environ
     # A rank's daemon (setsid, double fork) leaves its process group but keeps the job id.
     sweep = job_sweeper(["localhost"], plan.job_id, ssh_args=[], python=sys.executable, is_local=lambda _: True)
-    return Supervisor(proc_specs(plan, environ), grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks,
-                      mask=plan.mask, sweep=sweep, **supervisor_options).run()
+    return Supervisor(
+        proc_specs(plan, environ),
+        grace=spec.grace,
+        log_dir=spec.log_dir,
+        console_ranks=spec.console_ranks,
+        mask=plan.mask,
+        sweep=sweep,
+        **supervisor_options,
+    ).run()

@@ -4,6 +4,7 @@ Ranks start through gaudi_launch.process.worker, which maps OMPI_COMM_WORLD_* to
 Environment values never appear on the command line: ``-x NAME`` exports the value mpirun itself
 has, and we give mpirun the job's environment.
 """
+
 from __future__ import annotations
 
 import functools
@@ -11,27 +12,30 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
+from typing import Callable, Optional
 
-from gaudi_launch.remote import jobdir, sshmux
-from gaudi_launch.plan.contract import worker_argv
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.hostnames import bare_host, is_local_host
-from gaudi_launch.plan.multinode import host_watch
-from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.contract import worker_argv
+from gaudi_launch.plan.launchplan import Command, LaunchPlan
+from gaudi_launch.plan.multinode import host_watch
 from gaudi_launch.process.supervise import Culprit, JobResult, ProcSpec, Supervisor, signal_name
+from gaudi_launch.remote import jobdir, sshmux
 from gaudi_launch.remote.teardown import job_sweeper
 
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", "GAUDI_LAUNCH_JOB_ID")
 # The tag before each piece of a rank's output: OpenMPI 4 (ORTE) writes "[1,0]<stdout>:text";
 # OpenMPI 5 (PMIx's iof) writes "[1,0]<stdout>: text" (one space, part of the tag), and its job
 # part is a namespace's suffix, a number unless the namespace has no '@'.
-_TAGS = {4: re.compile(r"\[(\d+),(\d+)\]<(?:stdout|stderr)>:"),
-         5: re.compile(r"\[([^,\[\]]+),(\d+)\]<(?:stdout|stderr|stddiag)>: ")}
+_TAGS = {
+    4: re.compile(r"\[(\d+),(\d+)\]<(?:stdout|stderr)>:"),
+    5: re.compile(r"\[([^,\[\]]+),(\d+)\]<(?:stdout|stderr|stddiag)>: "),
+}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def openmpi_major(mpirun: str = "mpirun") -> Optional[int]:
     """4 or 5 from `mpirun --version`; None when mpirun is missing or not OpenMPI."""
     if not shutil.which(mpirun):
@@ -69,9 +73,18 @@ def hostfile_text(plan: LaunchPlan) -> str:
     return "".join(f"{_mpi_host(n.host)} slots={len(n.ranks)}\n" for n in plan.nodes)
 
 
-def build_argv(plan: LaunchPlan, spec: JobSpec, *, version: int, root: bool, exported: List[str],
-               cores_per_host: Optional[int] = None, tcp_cidr: Optional[str] = None,
-               rsh_args: Optional[List[str]] = None, hostfile: Optional[str] = None) -> List[str]:
+def build_argv(
+    plan: LaunchPlan,
+    spec: JobSpec,
+    *,
+    version: int,
+    root: bool,
+    exported: list[str],
+    cores_per_host: Optional[int] = None,
+    tcp_cidr: Optional[str] = None,
+    rsh_args: Optional[list[str]] = None,
+    hostfile: Optional[str] = None,
+) -> list[str]:
     """The whole mpirun command line (the hosts from ``hostfile`` when given: see hostfile_path). Pure."""
     per_node = {len(n.ranks) for n in plan.nodes}
     if len(per_node) != 1:
@@ -109,21 +122,27 @@ def check_rsh_paths(spec: JobSpec) -> None:
     """--ssh-identity and --ssh-config travel in plm_rsh_args: refuse what would split them. Pure."""
     for option, value in (("--ssh-identity", spec.ssh_identity), ("--ssh-config", spec.ssh_config)):
         if value and _RSH_UNSAFE.search(value):
-            raise UserError(f"the path {value!r} contains a space, quote or backslash, which mpirun would "
-                            "split into separate ssh options", where=option,
-                            hint="use a path without them (a symbolic link to the file will do)")
+            raise UserError(
+                f"the path {value!r} contains a space, quote or backslash, which mpirun would "
+                "split into separate ssh options",
+                where=option,
+                hint="use a path without them (a symbolic link to the file will do)",
+            )
 
 
-def rsh_args_value(rsh_args: List[str]) -> str:
+def rsh_args_value(rsh_args: list[str]) -> str:
     """plm_rsh_args as the one space-separated string mpirun takes. Pure."""
     bad = [a for a in rsh_args if not a or _RSH_UNSAFE.search(a)]
     if bad:
-        raise UserError(f"ssh option {bad[0]!r} cannot be passed through mpirun's plm_rsh_args",
-                        where="--backend mpirun", hint="use paths and values without spaces or quotes")
+        raise UserError(
+            f"ssh option {bad[0]!r} cannot be passed through mpirun's plm_rsh_args",
+            where="--backend mpirun",
+            hint="use paths and values without spaces or quotes",
+        )
     return " ".join(rsh_args)
 
 
-def over_connections(argv: List[str], client_args: List[str]) -> List[str]:
+def over_connections(argv: list[str], client_args: list[str]) -> list[str]:
     """mpirun's argv with its daemons started over the job's open ssh connections (sshmux): the
     options join plm_rsh_args, and every daemon is started from here (no tree spawn: a daemon
     starting others would make handshakes of its own). Pure."""
@@ -135,11 +154,11 @@ def over_connections(argv: List[str], client_args: List[str]) -> List[str]:
     else:
         argv[1:1] = ["--mca", "plm_rsh_args", value]
     i = argv.index("plm_rsh_args") + 1
-    argv[i + 1:i + 1] = ["--mca", "plm_rsh_no_tree_spawn", "1"]
+    argv[i + 1 : i + 1] = ["--mca", "plm_rsh_no_tree_spawn", "1"]
     return argv
 
 
-def through_sessions(argv: List[str], agent: Callable[[int], Optional[str]]) -> List[str]:
+def through_sessions(argv: list[str], agent: Callable[[int], Optional[str]]) -> list[str]:
     """``over_connections``' argv with the daemons started through the job's sessions (OpenMPI 4):
     ``agent(n)`` is mpirun's plm_rsh_agent for plm_rsh_args of n words (sshmux.Connections.rsh_agent),
     or None, and then the argv stays as it is (the daemons' ssh over the open connections). Pure."""
@@ -147,7 +166,7 @@ def through_sessions(argv: List[str], agent: Callable[[int], Optional[str]]) -> 
     value = agent(len(argv[i].split()))
     if value is None:
         return list(argv)
-    return argv[:i + 1] + ["--mca", "plm_rsh_agent", value] + argv[i + 1:]
+    return argv[: i + 1] + ["--mca", "plm_rsh_agent", value] + argv[i + 1 :]
 
 
 # A user's own rsh agent for mpirun (environment; also under its older names) is theirs to keep.
@@ -160,10 +179,13 @@ def uneven_error(plan: LaunchPlan, spec: JobSpec) -> UserError:
     where = "--include" if spec.include else "--exclude" if spec.exclude else "--hostfile"
     fewest = min(len(n.ranks) for n in plan.nodes)
     default = " (the default backend for several hosts)" if spec.backend == "auto" else ""
-    return UserError(f"the mpirun backend{default} starts the same number of ranks on every node, "
-                     f"but this selection is uneven ({counts})", where=where,
-                     hint=f"use --use_deepspeed (--backend deepspeed) for uneven selections, as DeepSpeed "
-                          f"runs them; or --num_devices {fewest} to take {fewest} on each node")
+    return UserError(
+        f"the mpirun backend{default} starts the same number of ranks on every node, "
+        f"but this selection is uneven ({counts})",
+        where=where,
+        hint=f"use --use_deepspeed (--backend deepspeed) for uneven selections, as DeepSpeed "
+        f"runs them; or --num_devices {fewest} to take {fewest} on each node",
+    )
 
 
 def _mpi_host(host: str) -> str:
@@ -171,7 +193,7 @@ def _mpi_host(host: str) -> str:
     return bare_host(host)
 
 
-def exported_names(plan: LaunchPlan, extra: Sequence[str] = ()) -> List[str]:
+def exported_names(plan: LaunchPlan, extra: Sequence[str] = ()) -> list[str]:
     return sorted(set(plan.env) | set(CONTRACT) | set(extra))
 
 
@@ -180,23 +202,38 @@ def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
     plan.openmpi = openmpi_major()
 
 
-def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> List[Command]:
+def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
     spec = plan.job
     if spec.append_local_rank:
-        raise UserError("--append-local-rank is not available with mpirun: ranks read LOCAL_RANK",
-                        where="--append-local-rank")
+        raise UserError(
+            "--append-local-rank is not available with mpirun: ranks read LOCAL_RANK", where="--append-local-rank"
+        )
     check_rsh_paths(spec)
     version = plan.openmpi
     if version is None:
         plan.notes.append("mpirun (OpenMPI) not found on this host: showing OpenMPI 4 flags")
-    argv = build_argv(plan, spec, version=version or 4, root=os.geteuid() == 0,
-                      exported=exported_names(plan, plan.exported), cores_per_host=plan.cores_per_host,
-                      tcp_cidr=plan.tcp_cidr, rsh_args=plan.ssh_args, hostfile=hostfile_path(plan))
+    argv = build_argv(
+        plan,
+        spec,
+        version=version or 4,
+        root=os.geteuid() == 0,
+        exported=exported_names(plan, plan.exported),
+        cores_per_host=plan.cores_per_host,
+        tcp_cidr=plan.tcp_cidr,
+        rsh_args=plan.ssh_args,
+        hostfile=hostfile_path(plan),
+    )
     if "--hostfile" in argv:
-        plan.notes.append(f"{len(plan.nodes)} hosts: mpirun reads them from {argv[argv.index('--hostfile') + 1]} "
-                          "(written when the job starts; the list is too long for one argument)")
-    env = {"MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port),
-           "CROSS_SIZE": str(len(plan.nodes)), "GAUDI_LAUNCH_JOB_ID": plan.job_id}
+        plan.notes.append(
+            f"{len(plan.nodes)} hosts: mpirun reads them from {argv[argv.index('--hostfile') + 1]} "
+            "(written when the job starts; the list is too long for one argument)"
+        )
+    env = {
+        "MASTER_ADDR": plan.master_addr,
+        "MASTER_PORT": str(plan.master_port),
+        "CROSS_SIZE": str(len(plan.nodes)),
+        "GAUDI_LAUNCH_JOB_ID": plan.job_id,
+    }
     return [Command(host=plan.nodes[0].host, argv=argv, env=env)]
 
 
@@ -212,11 +249,11 @@ class OmpiDemux:
 
     def __init__(self, major: Optional[int] = 4):
         self.tag = _TAGS[5 if (major or 4) >= 5 else 4]
-        self.partial: Dict[int, str] = {}
+        self.partial: dict[int, str] = {}
 
-    def __call__(self, line: Optional[str]) -> List[Tuple[Optional[int], str]]:
+    def __call__(self, line: Optional[str]) -> list[tuple[Optional[int], str]]:
         if line is None:
-            out: List[Tuple[Optional[int], str]] = [(r, t) for r, t in sorted(self.partial.items()) if t]
+            out: list[tuple[Optional[int], str]] = [(r, t) for r, t in sorted(self.partial.items()) if t]
             self.partial.clear()
             return out
         if not self.tag.match(line):
@@ -229,7 +266,7 @@ class OmpiDemux:
         return [(last, self.partial.pop(last))]
 
 
-def explain(lines: List[str], rank_hosts: Mapping[int, str]) -> Optional[Culprit]:
+def explain(lines: list[str], rank_hosts: Mapping[int, str]) -> Optional[Culprit]:
     """mpirun's own report of the first failing rank (used when the rank left no error record)."""
     text = "\n".join(lines)
     # OpenMPI 5 (PRRTE) wraps this message after "exited on" and names processes
@@ -245,7 +282,7 @@ def explain(lines: List[str], rank_hosts: Mapping[int, str]) -> Optional[Culprit
     return None
 
 
-def rank_hosts(plan: LaunchPlan) -> Dict[int, str]:
+def rank_hosts(plan: LaunchPlan) -> dict[int, str]:
     return {r: n.host for n in plan.nodes for r in n.ranks}
 
 
@@ -253,11 +290,17 @@ def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervi
     spec = plan.job
     environ = os.environ if environ is None else environ
     if environ.get("OMPI_COMM_WORLD_SIZE"):
-        raise UserError("gaudi-launch is running inside an MPI job (OMPI_COMM_WORLD_SIZE is set)",
-                        where="--backend mpirun", hint="run gaudi-launch directly, not under mpirun")
+        raise UserError(
+            "gaudi-launch is running inside an MPI job (OMPI_COMM_WORLD_SIZE is set)",
+            where="--backend mpirun",
+            hint="run gaudi-launch directly, not under mpirun",
+        )
     if plan.openmpi is None:
-        raise UserError("mpirun (OpenMPI) is not installed on this host", where="--backend mpirun",
-                        hint="install OpenMPI (Debian: apt-get install openmpi-bin), or use --backend deepspeed")
+        raise UserError(
+            "mpirun (OpenMPI) is not installed on this host",
+            where="--backend mpirun",
+            hint="install OpenMPI (Debian: apt-get install openmpi-bin), or use --backend deepspeed",
+        )
     connections = sshmux.for_job(plan.job_id)
     written = None
     try:
@@ -281,14 +324,16 @@ def write_hostfile(plan: LaunchPlan) -> Optional[str]:
     try:
         jobdir.create(os.path.dirname(path))
     except FileExistsError:
-        raise UserError(f"{os.path.dirname(path)} exists already; a job directory is never reused",
-                        where="TMPDIR", hint="remove it if no job of yours is running, or set TMPDIR elsewhere") from None
+        raise UserError(
+            f"{os.path.dirname(path)} exists already; a job directory is never reused",
+            where="TMPDIR",
+            hint="remove it if no job of yours is running, or set TMPDIR elsewhere",
+        ) from None
     jobdir.write_private(path, hostfile_text(plan).encode())
     return path
 
 
-def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connections,
-         **supervisor_options) -> JobResult:
+def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connections, **supervisor_options) -> JobResult:
 
     cmd = plan.commands[0]
     argv, ssh_args = cmd.argv, plan.ssh_args
@@ -303,12 +348,33 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
             argv = through_sessions(argv, connections.rsh_agent)
     hosts = rank_hosts(plan)
     watch = host_watch(plan, spec, is_local_host)
-    proc = ProcSpec(rank=0, host=cmd.host, argv=argv, env=env,
-                    label="mpirun", ranks=hosts, demux=functools.partial(OmpiDemux, plan.openmpi),
-                    explain=lambda lines: explain(lines, hosts))
+    proc = ProcSpec(
+        rank=0,
+        host=cmd.host,
+        argv=argv,
+        env=env,
+        label="mpirun",
+        ranks=hosts,
+        demux=functools.partial(OmpiDemux, plan.openmpi),
+        explain=lambda lines: explain(lines, hosts),
+    )
     # mpirun's own teardown misses what left a rank's process group (a setsid daemon): sweep by job id.
-    sweep = job_sweeper(list(dict.fromkeys(hosts.values())), plan.job_id, ssh_args=ssh_args,
-                        python=spec.python, is_local=is_local_host, lost=lambda: watch.lost if watch else (),
-                        via=connections.agent_run if connections is not None else None)
-    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks, mask=plan.mask,
-                      watch=watch.probe if watch else None, sweep=sweep, **supervisor_options).run()
+    sweep = job_sweeper(
+        list(dict.fromkeys(hosts.values())),
+        plan.job_id,
+        ssh_args=ssh_args,
+        python=spec.python,
+        is_local=is_local_host,
+        lost=lambda: watch.lost if watch else (),
+        via=connections.agent_run if connections is not None else None,
+    )
+    return Supervisor(
+        [proc],
+        grace=spec.grace,
+        log_dir=spec.log_dir,
+        console_ranks=spec.console_ranks,
+        mask=plan.mask,
+        watch=watch.probe if watch else None,
+        sweep=sweep,
+        **supervisor_options,
+    ).run()

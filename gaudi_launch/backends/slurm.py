@@ -11,6 +11,7 @@ environment, which holds the job's values, to the ranks. Teardown: srun's SIGTER
 with SIGKILL at once and SIGINT needs repeating within a second, so the step is signalled with
 ``scancel --signal=TERM JOB.STEP`` (the grace period holds), then SIGKILLed like every backend.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,34 +19,46 @@ import re
 import shlex
 import signal
 import subprocess
-from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tuple
+from collections.abc import Collection, Mapping
+from typing import Any, Callable, Optional
 
-from gaudi_launch.plan import fabric
-
-from gaudi_launch.inputs import slurm
-from gaudi_launch.plan.contract import node_device_env, worker_argv
-from gaudi_launch.inputs.envfile import is_secret, load_env_files
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs import slurm
+from gaudi_launch.inputs.envfile import is_secret, load_env_files
 from gaudi_launch.inputs.hostfile import Host
 from gaudi_launch.inputs.hostselect import select
-from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan import fabric
+from gaudi_launch.plan.contract import node_device_env, worker_argv
+from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
 from gaudi_launch.process.supervise import Culprit, JobResult, ProcSpec, Supervisor
 from gaudi_launch.remote.teardown import kill_argv, parse_sweep
 from gaudi_launch.remote.watch import HostWatch
 
-LATER = "(allocated by srun)"   # a node's name in a plan made before srun allocated the nodes
+LATER = "(allocated by srun)"  # a node's name in a plan made before srun allocated the nodes
 FIRST_NODE = "(first node of the step)"  # the master, when srun picks the nodes
 # Names the ranks get from srun (the worker maps them) or from us: the launcher's own values of
 # these must not leak into the ranks (e.g. a stale MASTER_ADDR in the login node's shell).
-CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "NODE_RANK",
-            "GROUP_RANK", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT")
+CONTRACT = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def wanted(spec: JobSpec, environ: Mapping[str, str]) -> bool:
     """--backend slurm, or auto inside an allocation without a hostfile. Pure."""
-    return spec.backend == "slurm" or (spec.backend == "auto" and spec.hostfile is None
-                                       and slurm.in_allocation(environ))
+    return spec.backend == "slurm" or (
+        spec.backend == "auto" and spec.hostfile is None and slurm.in_allocation(environ)
+    )
 
 
 def step_name(plan: LaunchPlan) -> str:
@@ -54,10 +67,12 @@ def step_name(plan: LaunchPlan) -> str:
 
 # ---------------------------------------------------------------- planning (pure, given the facts)
 
-def select_nodes(spec: JobSpec, environ: Mapping[str, str],
-                 hostnames: Callable[[str, Mapping[str, str]], List[str]]) -> Tuple[List[Tuple[str, List[int]]], List[str], bool]:
+
+def select_nodes(
+    spec: JobSpec, environ: Mapping[str, str], hostnames: Callable[[str, Mapping[str, str]], list[str]]
+) -> tuple[list[tuple[str, list[int]]], list[str], bool]:
     """(selected (node, device ids), notes, inside an allocation)."""
-    notes: List[str] = []
+    notes: list[str] = []
     if slurm.in_allocation(environ):
         nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
         nodes = hostnames(nodelist, environ)
@@ -68,19 +83,22 @@ def select_nodes(spec: JobSpec, environ: Mapping[str, str],
             counts = [spec.num_devices] * len(nodes)
         elif alloc:
             counts = alloc
-            notes.append(f"ranks per node from the allocation (job {environ['SLURM_JOB_ID']}): "
-                         + ",".join(map(str, alloc)))
+            notes.append(
+                f"ranks per node from the allocation (job {environ['SLURM_JOB_ID']}): " + ",".join(map(str, alloc))
+            )
         else:
             counts = [1] * len(nodes)
             notes.append("the allocation gives no tasks per node: 1 rank per node (give --num_devices N)")
         hosts = [Host(name=n, slots=c, line=0) for n, c in zip(nodes, counts)]
         selected = select(hosts, include=spec.include or None, exclude=spec.exclude or None)
         if spec.num_nodes is not None and spec.num_nodes > len(selected):
-            raise UserError(f"asked for {spec.num_nodes} nodes but the allocation (job {environ['SLURM_JOB_ID']}) "
-                            f"has only {len(selected)} selected", where="--num_nodes",
-                            hint=f"pass --num_nodes {len(selected)} or fewer, or allocate more nodes "
-                                 "(salloc/sbatch -N)")
-        selected = selected[:spec.num_nodes]
+            raise UserError(
+                f"asked for {spec.num_nodes} nodes but the allocation (job {environ['SLURM_JOB_ID']}) "
+                f"has only {len(selected)} selected",
+                where="--num_nodes",
+                hint=f"pass --num_nodes {len(selected)} or fewer, or allocate more nodes (salloc/sbatch -N)",
+            )
+        selected = selected[: spec.num_nodes]
         notes.append(f"Slurm job {environ['SLURM_JOB_ID']}: nodes {', '.join(nodes)}")
         return selected, notes, True
     # From a login node: srun allocates; --include/--exclude name nodes for --nodelist/--exclude.
@@ -88,24 +106,32 @@ def select_nodes(spec: JobSpec, environ: Mapping[str, str],
     _node_names(spec.exclude, "--exclude")
     count = spec.num_nodes or (len(named) if named else 1)
     if named and count != len(named):
-        raise UserError(f"--include names {len(named)} node(s) but --num_nodes is {count}", where="--num_nodes",
-                        hint="leave --num_nodes out, or name as many nodes")
+        raise UserError(
+            f"--include names {len(named)} node(s) but --num_nodes is {count}",
+            where="--num_nodes",
+            hint="leave --num_nodes out, or name as many nodes",
+        )
     k = spec.num_devices or 1
     if not spec.num_devices:
         notes.append("1 rank per node: give --num_devices N for N ranks (devices) per node")
-    notes.append("srun allocates the nodes; each rank sets MASTER_ADDR to the step's first node and "
-                 "MASTER_PORT from the Slurm job id")
+    notes.append(
+        "srun allocates the nodes; each rank sets MASTER_ADDR to the step's first node and "
+        "MASTER_PORT from the Slurm job id"
+    )
     return [(named[i] if named else LATER, list(range(k))) for i in range(count)], notes, False
 
 
-def _node_names(selector: Optional[str], option: str) -> List[str]:
+def _node_names(selector: Optional[str], option: str) -> list[str]:
     """Node names of a selector; device slots cannot be chosen before srun allocates. Pure."""
     if not selector:
         return []
     names = [part.strip() for part in selector.split("@") if part.strip()]
     if any(":" in n for n in names):
-        raise UserError(f"{option} picks devices, which is possible only inside an allocation", where=option,
-                        hint="name whole nodes ('node1@node2'), or run gaudi-launch inside salloc/sbatch")
+        raise UserError(
+            f"{option} picks devices, which is possible only inside an allocation",
+            where=option,
+            hint="name whole nodes ('node1@node2'), or run gaudi-launch inside salloc/sbatch",
+        )
     return names
 
 
@@ -148,19 +174,34 @@ class NodeCheckFailed(UserError):
     exit_code = 3  # as the pre-flight: nothing was started
 
 
-def probe_argv(nodes: List[str], job: str, master: str, python: str, script: str = "", port: int = 0) -> List[str]:
+def probe_argv(nodes: list[str], job: str, master: str, python: str, script: str = "", port: int = 0) -> list[str]:
     """One task per node beside any running step (--overlap). Pure."""
-    return ["srun", "--overlap", f"--jobid={job}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
-            "--ntasks-per-node=1", "--nodelist=" + ",".join(nodes), "--label", "--export=ALL",
-            python, "-c", PROBE, master, script, str(port)]
+    return [
+        "srun",
+        "--overlap",
+        f"--jobid={job}",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        "--ntasks-per-node=1",
+        "--nodelist=" + ",".join(nodes),
+        "--label",
+        "--export=ALL",
+        python,
+        "-c",
+        PROBE,
+        master,
+        script,
+        str(port),
+    ]
 
 
 # {node: what the probe saw there (a JSON object)}, or {"error": srun's words} when it could not probe.
-NodeFacts = Dict[str, Any]
+NodeFacts = dict[str, Any]
 
 
-def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str, str],
-                script: str = "", port: int = 0) -> Optional[NodeFacts]:
+def probe_nodes(
+    nodes: list[str], master: str, python: str, environ: Mapping[str, str], script: str = "", port: int = 0
+) -> Optional[NodeFacts]:
     """{node: {"ip_addr", "master_ip", "script", "cwd"}} from the allocation's nodes; None when
     srun cannot tell ({"error": srun's words} when it said why)."""
     import json
@@ -170,11 +211,17 @@ def probe_nodes(nodes: List[str], master: str, python: str, environ: Mapping[str
         return None
     env = {k: v for k, v in environ.items() if k not in CONTRACT and k != "GAUDI_LAUNCH_JOB_ID"}
     try:
-        out = subprocess.run(probe_argv(nodes, environ.get("SLURM_JOB_ID", ""), master, python, script, port), env=env,
-                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            probe_argv(nodes, environ.get("SLURM_JOB_ID", ""), master, python, script, port),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
-    facts: Dict[str, dict] = {}
+    facts: dict[str, dict] = {}
     for rank, line in (srun_demux()(t)[0] for t in out.stdout.splitlines()):
         if rank is not None and rank < len(nodes):
             try:
@@ -193,25 +240,37 @@ def check_nodes(facts: Optional[NodeFacts], script: str, python: str, port: int 
     if not facts:
         return
     if "error" in facts and ("No such file" in facts["error"] or "execve" in facts["error"]):
-        raise NodeCheckFailed(f"srun could not start the ranks' interpreter {python} on the nodes: {facts['error']}",
-                              where="--python", hint="install gaudi-launch's Python at the same path on every node, "
-                                                     "or give --python; nothing was started")
+        raise NodeCheckFailed(
+            f"srun could not start the ranks' interpreter {python} on the nodes: {facts['error']}",
+            where="--python",
+            hint="install gaudi-launch's Python at the same path on every node, or give --python; nothing was started",
+        )
     missing = [node for node, f in facts.items() if node != "error" and f.get("script") is False]
     if missing:
-        raise NodeCheckFailed(f"{script} does not exist on {', '.join(missing)} (the ranks start in "
-                              f"{facts[missing[0]].get('cwd')} there)", where=missing[0],
-                              hint="put the script on a filesystem every node mounts at the same path; "
-                                   "nothing was started")
+        raise NodeCheckFailed(
+            f"{script} does not exist on {', '.join(missing)} (the ranks start in "
+            f"{facts[missing[0]].get('cwd')} there)",
+            where=missing[0],
+            hint="put the script on a filesystem every node mounts at the same path; nothing was started",
+        )
     busy = [node for node, f in facts.items() if node != "error" and f.get("port_free") is False]
     if busy:
-        raise NodeCheckFailed(f"the master port {port} is in use on {busy[0]} (another job on the node?)",
-                              where=busy[0], hint="give another --master_port; nothing was started")
-    short = [(node, f["devices"]) for node, f in facts.items()
-             if node != "error" and isinstance(f.get("devices"), int) and f["devices"] < needed]
+        raise NodeCheckFailed(
+            f"the master port {port} is in use on {busy[0]} (another job on the node?)",
+            where=busy[0],
+            hint="give another --master_port; nothing was started",
+        )
+    short = [
+        (node, f["devices"])
+        for node, f in facts.items()
+        if node != "error" and isinstance(f.get("devices"), int) and f["devices"] < needed
+    ]
     if short:
-        raise NodeCheckFailed(f"hl-smi sees {short[0][1]} Gaudi device(s) on {short[0][0]}, {needed} needed",
-                              where=short[0][0], hint="lower --num_devices (or --include fewer), or check the "
-                                                      "devices with hl-smi; nothing was started")
+        raise NodeCheckFailed(
+            f"hl-smi sees {short[0][1]} Gaudi device(s) on {short[0][0]}, {needed} needed",
+            where=short[0][0],
+            hint="lower --num_devices (or --include fewer), or check the devices with hl-smi; nothing was started",
+        )
 
 
 def apply_node_facts(plan: LaunchPlan, facts: Optional[NodeFacts], environ: Mapping[str, str]) -> None:
@@ -233,31 +292,47 @@ def apply_node_facts(plan: LaunchPlan, facts: Optional[NodeFacts], environ: Mapp
         plan.notes.append(f"interface: {plan.master_addr} does not resolve on {plan.nodes[0].host}: left to defaults")
         return
     plan.ifname, how = fabric.choose_interface(master_ip, interfaces)
-    plan.notes.append(f"interface {plan.ifname}: " + (
-        f"carries the master's subnet ({master_ip}) on every node" if how == "subnet"
-        else "no node has an address on the master's subnet: first common interface (fallback)"))
+    plan.notes.append(
+        f"interface {plan.ifname}: "
+        + (
+            f"carries the master's subnet ({master_ip}) on every node"
+            if how == "subnet"
+            else "no node has an address on the master's subnet: first common interface (fallback)"
+        )
+    )
 
 
-def build_plan(spec: JobSpec, environ: Mapping[str, str],
-               hostnames: Callable[[str, Mapping[str, str]], List[str]] = slurm.scontrol_hostnames,
-               probe: Callable[..., Optional[NodeFacts]] = probe_nodes) -> LaunchPlan:
+def build_plan(
+    spec: JobSpec,
+    environ: Mapping[str, str],
+    hostnames: Callable[[str, Mapping[str, str]], list[str]] = slurm.scontrol_hostnames,
+    probe: Callable[..., Optional[NodeFacts]] = probe_nodes,
+) -> LaunchPlan:
     """The plan of a Slurm job. Pure except ``hostnames``, ``probe`` (inside an allocation, unless
     --no-ssh-check) and reading the env files (as every plan)."""
     if spec.hostfile is not None:
-        raise UserError("--backend slurm takes its nodes from Slurm, not from a hostfile", where="--hostfile",
-                        hint="leave --hostfile out (inside salloc/sbatch the allocation is the hostfile)")
+        raise UserError(
+            "--backend slurm takes its nodes from Slurm, not from a hostfile",
+            where="--hostfile",
+            hint="leave --hostfile out (inside salloc/sbatch the allocation is the hostfile)",
+        )
     if spec.no_python and spec.module:
         raise UserError("--module and --no_python cannot be used together", where="--module")
     selected, notes, inside = select_nodes(spec, environ, hostnames)
     if spec.sbatch and inside:
-        raise UserError("--sbatch writes a batch script to submit from a login node; this is an allocation already",
-                        where="--sbatch", hint="leave --sbatch out to run the job here")
+        raise UserError(
+            "--sbatch writes a batch script to submit from a login node; this is an allocation already",
+            where="--sbatch",
+            hint="leave --sbatch out to run the job here",
+        )
     nodes = layout(selected)
     if len({len(n.ranks) for n in nodes}) != 1:
         counts = ", ".join(f"{n.host}: {len(n.ranks)}" for n in nodes)
-        raise UserError(f"srun starts the same number of ranks on every node, but this selection is uneven "
-                        f"({counts})", where="--include" if spec.include else "--exclude",
-                        hint=f"add --num_devices {min(len(n.ranks) for n in nodes)}")
+        raise UserError(
+            f"srun starts the same number of ranks on every node, but this selection is uneven ({counts})",
+            where="--include" if spec.include else "--exclude",
+            hint=f"add --num_devices {min(len(n.ranks) for n in nodes)}",
+        )
     job_id = environ.get("SLURM_JOB_ID", "")
     master_addr = spec.master_addr or (nodes[0].host if inside else FIRST_NODE)
     master_port = spec.master_port or (slurm.port_for_job(job_id) if inside else 0)
@@ -267,9 +342,18 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
         notes.append("environment files read: " + ", ".join(sources))
     import secrets
 
-    plan = LaunchPlan(backend="slurm", world_size=sum(len(n.ranks) for n in nodes), master_addr=master_addr,
-                      master_port=master_port, nodes=nodes, env=env, commands=[], program=list(spec.program),
-                      notes=notes, job_id=secrets.token_hex(4))
+    plan = LaunchPlan(
+        backend="slurm",
+        world_size=sum(len(n.ranks) for n in nodes),
+        master_addr=master_addr,
+        master_port=master_port,
+        nodes=nodes,
+        env=env,
+        commands=[],
+        program=list(spec.program),
+        notes=notes,
+        job_id=secrets.token_hex(4),
+    )
     # srun --export=ALL: the ranks get the launcher's whole environment; these are named so that
     # secret-looking ones are masked in output like the other backends' exported variables.
     plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
@@ -280,8 +364,9 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
         check_nodes(facts, script, spec.python, master_port, needed=max(len(n.devices) for n in nodes))
         apply_node_facts(plan, facts, environ)
     efa = spec.efa if spec.efa is not None else fabric.efa_present()
-    plan.env.update(fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname,
-                                      wrapper_dir=spec.hccl_ofi_wrapper))
+    plan.env.update(
+        fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname, wrapper_dir=spec.hccl_ofi_wrapper)
+    )
     if any(n.devices != list(range(len(n.devices))) for n in nodes):
         plan.env.update(node_device_env([n.devices for n in nodes], [dict(environ)] * len(nodes)))
     plan.spec = spec
@@ -290,14 +375,20 @@ def build_plan(spec: JobSpec, environ: Mapping[str, str],
     return plan
 
 
-def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool, cpus_per_task: str = "") -> List[str]:
+def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool, cpus_per_task: str = "") -> list[str]:
     """srun's whole command line. Pure."""
     if spec.append_local_rank:  # one argv for every rank: it cannot carry each one's number
-        raise UserError("--append-local-rank is not available with srun: ranks read LOCAL_RANK",
-                        where="--append-local-rank")
+        raise UserError(
+            "--append-local-rank is not available with srun: ranks read LOCAL_RANK", where="--append-local-rank"
+        )
     k = len(plan.nodes[0].ranks)
-    argv = ["srun", f"--job-name={step_name(plan)}", f"--nodes={len(plan.nodes)}",
-            f"--ntasks={plan.world_size}", f"--ntasks-per-node={k}"]
+    argv = [
+        "srun",
+        f"--job-name={step_name(plan)}",
+        f"--nodes={len(plan.nodes)}",
+        f"--ntasks={plan.world_size}",
+        f"--ntasks-per-node={k}",
+    ]
     named = [n.host for n in plan.nodes if n.host != LATER]
     if named:
         argv.append("--nodelist=" + ",".join(named))
@@ -327,7 +418,7 @@ def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
     """Nothing more to look at: build_plan reads the allocation and probes its nodes."""
 
 
-def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> List[Command]:
+def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
     spec = plan.job
     inside = slurm.in_allocation(environ)
     env = {slurm.RANKS_FROM: "slurm", "GAUDI_LAUNCH_GRACE": str(spec.grace)}
@@ -340,23 +431,33 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> List[Command]:
     return [Command(host=host, argv=build_argv(plan, spec, inside=inside, cpus_per_task=cpus), env=env)]
 
 
-def srun_env(plan: LaunchPlan, environ: Mapping[str, str]) -> Dict[str, str]:
+def srun_env(plan: LaunchPlan, environ: Mapping[str, str]) -> dict[str, str]:
     """srun's whole environment: the launcher's without its own rank layout, the job's, ours. Pure."""
     base = {k: v for k, v in environ.items() if k not in CONTRACT and k != "GAUDI_LAUNCH_JOB_ID"}
     return {**base, **plan.env, **plan.commands[0].env}
 
 
-def sweep_argv(plan: LaunchPlan, spec: JobSpec, job: str, nodes: List[str], sig: int, since: float) -> List[str]:
+def sweep_argv(plan: LaunchPlan, spec: JobSpec, job: str, nodes: list[str], sig: int, since: float) -> list[str]:
     """One task per node of the job, beside its step (--overlap), signalling the processes that
     carry the job's id there: what left the step's process tracking (a rank's setsid daemon). Pure."""
-    return ["srun", "--overlap", f"--jobid={job}", f"--job-name={step_name(plan)}-sweep", f"--nodes={len(nodes)}",
-            f"--ntasks={len(nodes)}", "--ntasks-per-node=1", "--nodelist=" + ",".join(nodes), "--label",
-            "--export=ALL", *kill_argv(spec.python, plan.job_id, sig, since)]
+    return [
+        "srun",
+        "--overlap",
+        f"--jobid={job}",
+        f"--job-name={step_name(plan)}-sweep",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        "--ntasks-per-node=1",
+        "--nodelist=" + ",".join(nodes),
+        "--label",
+        "--export=ALL",
+        *kill_argv(spec.python, plan.job_id, sig, since),
+    ]
 
 
-def parse_sweep_output(text: str, nodes: List[str]) -> Dict[str, object]:
+def parse_sweep_output(text: str, nodes: list[str]) -> dict[str, object]:
     """srun --label's output of the sweep, per node (task i runs on the i-th node). Pure."""
-    per_task: Dict[int, List[str]] = {}
+    per_task: dict[int, list[str]] = {}
     for rank, line in map(lambda t: srun_demux()(t)[0], text.splitlines()):
         if rank is not None:
             per_task.setdefault(rank, []).append(line)
@@ -367,15 +468,15 @@ class Where:
     """The job's Slurm job id and nodes: known from the start inside an allocation; from a login node
     once srun has the allocation (its step, found by name). Then ranks map to their nodes too."""
 
-    def __init__(self, plan: LaunchPlan, env: Mapping[str, str], inside: bool, ranks: Dict[int, str]):
+    def __init__(self, plan: LaunchPlan, env: Mapping[str, str], inside: bool, ranks: dict[int, str]):
         import threading
 
         self.plan, self.env, self.ranks = plan, env, ranks
         self.job: Optional[str] = env.get("SLURM_JOB_ID") if inside else None
-        self.nodes: Optional[List[str]] = [n.host for n in plan.nodes] if inside else None
+        self.nodes: Optional[list[str]] = [n.host for n in plan.nodes] if inside else None
         self.lock = threading.Lock()
 
-    def known(self) -> Optional[List[str]]:
+    def known(self) -> Optional[list[str]]:
         """The job's nodes, once Slurm tells them (None until then)."""
         with self.lock:
             if self.nodes is None:
@@ -391,8 +492,13 @@ class Where:
             return self.nodes
 
 
-def sweeper(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], where: Where,
-            lost: Callable[[], Collection[str]] = frozenset):
+def sweeper(
+    plan: LaunchPlan,
+    spec: JobSpec,
+    environ: Mapping[str, str],
+    where: Where,
+    lost: Callable[[], Collection[str]] = frozenset,
+):
     """The job-id sweep on the job's nodes that still answer (once they are known)."""
     import time
 
@@ -408,15 +514,22 @@ def sweeper(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], where: 
         if not alive:
             return {}
         try:
-            out = subprocess.run(sweep_argv(plan, spec, job, alive, sig, since), env=env, capture_output=True,
-                                 text=True, timeout=60, stdin=subprocess.DEVNULL)
+            out = subprocess.run(
+                sweep_argv(plan, spec, job, alive, sig, since),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
         except (OSError, subprocess.SubprocessError):
             return {}
         return parse_sweep_output(out.stdout, alive)
+
     return sweep
 
 
-def parse_node_addrs(text: str) -> Dict[str, str]:
+def parse_node_addrs(text: str) -> dict[str, str]:
     """`scontrol -o show node` -> {NodeName: NodeAddr}. Pure."""
     out = {}
     for line in text.splitlines():
@@ -432,7 +545,7 @@ def parse_slurmd_port(text: str) -> int:
     return int(m.group(1)) if m else 6818
 
 
-def node_watch(nodes: List[str], environ: Mapping[str, str]):
+def node_watch(nodes: list[str], environ: Mapping[str, str]):
     """A watch over the job's nodes, as over ssh hosts elsewhere: each node's slurmd port (srun
     itself reaches it there). None when Slurm cannot say where the nodes are."""
     shown = _slurm_cmd(["scontrol", "-o", "show", "node", ",".join(nodes)], environ)
@@ -453,13 +566,15 @@ _TASK = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.*)$")
 
 def srun_demux():
     """--label prefixes each line of a rank with 'N: ' (padded to the widest rank)."""
+
     def demux(line: Optional[str]):
         if line is None:
             return []
         m = _LABEL.match(line)
         if m:
-            return [(int(m.group(1)), line[m.end():])]
+            return [(int(m.group(1)), line[m.end() :])]
         return [(None, line)]
+
     return demux
 
 
@@ -472,7 +587,7 @@ def task_failed(line: str) -> bool:
     return bool(_TASK.match(line))
 
 
-def explain(lines: List[str]):
+def explain(lines: list[str]):
     """The first task srun reported as failed, with its own exit code (srun itself returns 143)."""
     for line in lines:
         m = _TASK.match(line)
@@ -490,20 +605,24 @@ def explain(lines: List[str]):
     # No task failed: srun itself did (no step, no allocation); no rank is to blame.
     for line in lines:
         if line.startswith("srun: error: "):
-            status = "srun failed: " + line[len("srun: error: "):]
+            status = "srun failed: " + line[len("srun: error: ") :]
             if "More processors requested than permitted" in line:
-                status += " (more ranks per node than the allocation has CPUs for: allocate more, or add " \
-                          "--slurm-args=--overcommit)"
+                status += (
+                    " (more ranks per node than the allocation has CPUs for: allocate more, or add "
+                    "--slurm-args=--overcommit)"
+                )
             return Culprit(None, "this host", status, [line])
     return None
 
 
 # ---------------------------------------------------------------- running
 
-def _slurm_cmd(argv: List[str], env: Mapping[str, str], timeout: float = 20.0) -> Optional[str]:
+
+def _slurm_cmd(argv: list[str], env: Mapping[str, str], timeout: float = 20.0) -> Optional[str]:
     try:
-        out = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            argv, env=dict(env), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode == 0 else None
@@ -529,6 +648,7 @@ def stopper(name: str, env: Mapping[str, str]) -> Callable[[int], None]:
         else:
             # Not started yet: a job srun is still waiting for (from a login node) is cancelled.
             _slurm_cmd(["scancel", "--me", f"--name={name}"], env)
+
     return stop
 
 
@@ -539,13 +659,26 @@ def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervi
     environ = os.environ if environ is None else environ
     env = srun_env(plan, environ)
     if shutil.which("srun", path=env.get("PATH")) is None:
-        raise UserError("srun is not installed on this host", where="--backend slurm",
-                        hint="run gaudi-launch where Slurm's client commands are (a login node or inside "
-                             "an allocation), or use --hostfile with --backend mpirun")
+        raise UserError(
+            "srun is not installed on this host",
+            where="--backend slurm",
+            hint="run gaudi-launch where Slurm's client commands are (a login node or inside "
+            "an allocation), or use --hostfile with --backend mpirun",
+        )
     cmd = plan.commands[0]
     ranks = {r: ("" if n.host == LATER else n.host) for n in plan.nodes for r in n.ranks}
-    proc = ProcSpec(rank=0, host=cmd.host, argv=cmd.argv, env=env, label="srun", ranks=ranks,
-                    demux=srun_demux, explain=explain, stop=stopper(step_name(plan), env), alarm=task_failed)
+    proc = ProcSpec(
+        rank=0,
+        host=cmd.host,
+        argv=cmd.argv,
+        env=env,
+        label="srun",
+        ranks=ranks,
+        demux=srun_demux,
+        explain=explain,
+        stop=stopper(step_name(plan), env),
+        alarm=task_failed,
+    )
     where = Where(plan, env, slurm.in_allocation(environ), ranks)
     watches: list = []  # the node watch, made once the nodes are known (None: Slurm cannot tell)
 
@@ -559,6 +692,15 @@ def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervi
             return None
         message = watches[0].probe()
         return message.replace("or sshd gone", "or its slurmd gone") if message else None
+
     sweep = sweeper(plan, spec, environ, where, lost=lambda: watches[0].lost if watches and watches[0] else ())
-    return Supervisor([proc], grace=spec.grace, log_dir=spec.log_dir, console_ranks=spec.console_ranks,
-                      mask=plan.mask, sweep=sweep, watch=probe, **supervisor_options).run()
+    return Supervisor(
+        [proc],
+        grace=spec.grace,
+        log_dir=spec.log_dir,
+        console_ranks=spec.console_ranks,
+        mask=plan.mask,
+        sweep=sweep,
+        watch=probe,
+        **supervisor_options,
+    ).run()

@@ -1,16 +1,24 @@
 """``--config job.yaml``: any command-line option as a YAML key; the command line wins."""
+
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import yaml
 
 from gaudi_launch.errors import UserError
 
 # Spellings users bring from other launchers, mapped to our option's parameter name.
-ALIASES = {"num_gpus": "num_devices", "nproc_per_node": "num_devices", "hostfile_path": "hostfile",
-           "training_script": "script", "args": "script_args", "training_script_args": "script_args",
-           "json": "json_out", "export_prefix": "export_prefixes"}
+ALIASES = {
+    "num_gpus": "num_devices",
+    "nproc_per_node": "num_devices",
+    "hostfile_path": "hostfile",
+    "training_script": "script",
+    "args": "script_args",
+    "training_script_args": "script_args",
+    "json": "json_out",
+    "export_prefix": "export_prefixes",
+}
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -19,7 +27,7 @@ def normalize_key(key: str) -> str:
     return ALIASES.get(name, name)
 
 
-def load_config(path: str) -> List[Tuple[str, Any, str]]:
+def load_config(path: str) -> list[tuple[str, Any, str]]:
     """[(parameter name, value, "path:line")] in file order."""
     try:
         with open(path, "rb") as f:
@@ -40,10 +48,13 @@ def load_config(path: str) -> List[Tuple[str, Any, str]]:
     if root is None:
         return []
     if not isinstance(root, yaml.MappingNode):
-        raise UserError("a job file is a mapping of option names to values", where=f"{path}:{root.start_mark.line + 1}",
-                        hint="e.g.  hostfile: hostfiles/two-nodes  /  num_devices: 8")
+        raise UserError(
+            "a job file is a mapping of option names to values",
+            where=f"{path}:{root.start_mark.line + 1}",
+            hint="e.g.  hostfile: hostfiles/two-nodes  /  num_devices: 8",
+        )
     out = []
-    seen: Dict[str, str] = {}  # option name -> where it was first given
+    seen: dict[str, str] = {}  # option name -> where it was first given
     for key_node, value_node in root.value:
         where = f"{path}:{key_node.start_mark.line + 1}"
         if not isinstance(key_node, yaml.ScalarNode):
@@ -55,7 +66,10 @@ def load_config(path: str) -> List[Tuple[str, Any, str]]:
         try:
             value = yaml.safe_load(yaml.serialize(value_node))
         except (yaml.YAMLError, ValueError, TypeError) as exc:
-            raise UserError(f"bad value for '{key_node.value}': {getattr(exc, 'problem', None) or exc}", where=where,
-                            hint="use plain YAML scalars, lists and mappings (no tags)")
+            raise UserError(
+                f"bad value for '{key_node.value}': {getattr(exc, 'problem', None) or exc}",
+                where=where,
+                hint="use plain YAML scalars, lists and mappings (no tags)",
+            )
         out.append((name, value, where))
     return out

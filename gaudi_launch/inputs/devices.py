@@ -1,4 +1,5 @@
 """How many accelerators this host has, found without importing torch."""
+
 from __future__ import annotations
 
 import glob
@@ -6,15 +7,16 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Optional
 
 
 @dataclass(frozen=True)
 class DeviceCount:
     count: int
-    kind: str     # "hpu", "cuda" or "cpu"
-    source: str   # how it was found, shown in --dry-run
+    kind: str  # "hpu", "cuda" or "cpu"
+    source: str  # how it was found, shown in --dry-run
 
 
 def _count_list(value: str) -> int:
@@ -38,8 +40,7 @@ def detect_local_devices(environ: Optional[Mapping[str, str]] = None) -> DeviceC
         lines = _run_lines(["hl-smi", "-Q", "module_id", "-f", "csv,noheader"])
         if lines:
             return DeviceCount(len(lines), "hpu", "hl-smi")
-    nodes = [p for p in glob.glob("/dev/accel/accel*") + glob.glob("/dev/hl*")
-             if re.search(r"/(accel|hl)\d+$", p)]
+    nodes = [p for p in glob.glob("/dev/accel/accel*") + glob.glob("/dev/hl*") if re.search(r"/(accel|hl)\d+$", p)]
     if nodes:
         return DeviceCount(len(nodes), "hpu", "/dev/accel")
     # CUDA, still torch-free.

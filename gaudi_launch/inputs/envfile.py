@@ -13,12 +13,14 @@ same files are read with strict dotenv rules instead, so a value arrives byte-ex
 
 Any problem is a :class:`UserError` naming ``file:line``.
 """
+
 from __future__ import annotations
 
 import os
 import re
 import shlex
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Optional
 
 from gaudi_launch.errors import UserError
 
@@ -43,24 +45,21 @@ _COMMENT_RE = re.compile(r"[ \t\f\v\r]#")
 _DQ_ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "$": "$"}
 
 _NAME_HINT = "a variable name starts with a letter or '_' and contains only letters, digits and '_'"
-_QUOTE_HINT = (
-    "values cannot span lines; close the quote on the same line "
-    "(inside double quotes write a newline as \\n)"
-)
+_QUOTE_HINT = "values cannot span lines; close the quote on the same line (inside double quotes write a newline as \\n)"
 
 
 def _check_name(name: str) -> bool:
     return _NAME_RE.fullmatch(name) is not None
 
 
-def _parse_double_quoted(body: str) -> tuple[str, str] | None:
+def _parse_double_quoted(body: str) -> Optional[tuple[str, str]]:
     """``body`` is the text after the opening ``"``; return (value, rest after the closing quote)."""
     out: list[str] = []
     i, n = 0, len(body)
     while i < n:
         ch = body[i]
         if ch == '"':
-            return "".join(out), body[i + 1:]
+            return "".join(out), body[i + 1 :]
         if ch == "\\" and i + 1 < n:
             nxt = body[i + 1]
             if nxt in _DQ_ESCAPES:
@@ -84,7 +83,7 @@ def _parse_value(raw: str, where: str) -> str:
             end = stripped.find("'", 1)
             if end < 0:
                 raise UserError("unterminated single quote", where=where, hint=_QUOTE_HINT)
-            value, rest = stripped[1:end], stripped[end + 1:]
+            value, rest = stripped[1:end], stripped[end + 1 :]
         else:
             parsed = _parse_double_quoted(stripped[1:])
             if parsed is None:
@@ -115,7 +114,7 @@ def parse_env_text(text: str, source: str) -> dict[str, str]:
         if not line or line.startswith("#"):
             continue
         export = _EXPORT_RE.match(line)
-        body = line[export.end():] if export is not None else line
+        body = line[export.end() :] if export is not None else line
         name, sep, raw = body.partition("=")
         if not sep:
             raise UserError(
@@ -144,20 +143,28 @@ def _read_env_file(path: str) -> dict[str, str]:
         with open(path, "rb") as fh:
             data = fh.read()
     except IsADirectoryError:
-        raise UserError("is a directory, not an env file", where=path,
-                        hint="point at a file of NAME=VALUE lines") from None
+        raise UserError(
+            "is a directory, not an env file", where=path, hint="point at a file of NAME=VALUE lines"
+        ) from None
     except PermissionError:
-        raise UserError("permission denied while reading the env file", where=path,
-                        hint="make the file readable by this user (e.g. chmod u+r)") from None
+        raise UserError(
+            "permission denied while reading the env file",
+            where=path,
+            hint="make the file readable by this user (e.g. chmod u+r)",
+        ) from None
     except OSError as exc:
-        raise UserError(f"cannot read the env file: {exc.strerror or exc}", where=path,
-                        hint="check that the path is a readable file") from None
+        raise UserError(
+            f"cannot read the env file: {exc.strerror or exc}",
+            where=path,
+            hint="check that the path is a readable file",
+        ) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise UserError("the env file is not valid UTF-8", where=f"{path}:{line}",
-                        hint="save the file as UTF-8") from None
+        raise UserError(
+            "the env file is not valid UTF-8", where=f"{path}:{line}", hint="save the file as UTF-8"
+        ) from None
     return parse_env_text(text, path)
 
 
@@ -173,26 +180,27 @@ def _require_file(path: str, where: str, what: str) -> None:
     if os.path.isfile(path):
         return
     if os.path.isdir(path):
-        raise UserError(f"{what} {path} is a directory, not a file", where=where,
-                        hint="point at a file of NAME=VALUE lines")
+        raise UserError(
+            f"{what} {path} is a directory, not a file", where=where, hint="point at a file of NAME=VALUE lines"
+        )
     if os.path.lexists(path):
         if os.path.islink(path):
-            raise UserError(f"{what} {path} is a broken symbolic link", where=where,
-                            hint="fix or remove the link")
-        raise UserError(f"{what} {path} is not a regular file", where=where,
-                        hint="point at a file of NAME=VALUE lines")
-    raise UserError(f"{what} {path} does not exist", where=where,
-                    hint="check the path, or leave the option out to use ~/.deepspeed_env and "
-                         "./.deepspeed_env")
+            raise UserError(f"{what} {path} is a broken symbolic link", where=where, hint="fix or remove the link")
+        raise UserError(f"{what} {path} is not a regular file", where=where, hint="point at a file of NAME=VALUE lines")
+    raise UserError(
+        f"{what} {path} does not exist",
+        where=where,
+        hint="check the path, or leave the option out to use ~/.deepspeed_env and ./.deepspeed_env",
+    )
 
 
 def load_env_files(
     *,
-    explicit: str | None = None,
-    name: str | None = None,
-    cwd: str | None = None,
-    home: str | None = None,
-    environ: Mapping[str, str] | None = None,
+    explicit: Optional[str] = None,
+    name: Optional[str] = None,
+    cwd: Optional[str] = None,
+    home: Optional[str] = None,
+    environ: Optional[Mapping[str, str]] = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Read the env files the way DeepSpeed finds them; return (merged values, paths read in order).
 
@@ -248,8 +256,9 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def parse_assignments(items: Iterable[str], option: str = "-x",
-                      environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def parse_assignments(
+    items: Iterable[str], option: str = "-x", environ: Optional[Mapping[str, str]] = None
+) -> dict[str, str]:
     """Parse ``KEY=VALUE`` items from the command line (values byte-exact, later wins).
 
     With ``environ``, a bare ``KEY`` passes that variable's value from it, as mpirun's ``-x KEY``
@@ -260,8 +269,11 @@ def parse_assignments(items: Iterable[str], option: str = "-x",
         name, sep, value = item.partition("=")
         if not sep and environ is not None and _check_name(name):
             if name not in environ:
-                raise UserError(f"{name} is not set in this environment", where=option,
-                                hint=f"export {name} first, or write {option} {name}=VALUE")
+                raise UserError(
+                    f"{name} is not set in this environment",
+                    where=option,
+                    hint=f"export {name} first, or write {option} {name}=VALUE",
+                )
             value = environ[name]
         elif not sep:
             raise UserError(
@@ -271,19 +283,31 @@ def parse_assignments(items: Iterable[str], option: str = "-x",
             )
         if not _check_name(name):
             shown = f"{name}=..." if value else f"{name}="
-            raise UserError(f"invalid variable name {name!r} in {shown!r}", where=option,
-                            hint=_NAME_HINT)
+            raise UserError(f"invalid variable name {name!r} in {shown!r}", where=option, hint=_NAME_HINT)
         if "\0" in value:
-            raise UserError(f"the value of {name} contains a NUL character", where=option,
-                            hint="environment variables cannot hold NUL characters")
+            raise UserError(
+                f"the value of {name} contains a NUL character",
+                where=option,
+                hint="environment variables cannot hold NUL characters",
+            )
         env[name] = value
     return env
 
 
-_SECRET_PARTS = frozenset({
-    "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "KEY", "APIKEY", "CREDENTIAL",
-    "CREDENTIALS", "PRIVATE",
-})
+_SECRET_PARTS = frozenset(
+    {
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "PASS",
+        "KEY",
+        "APIKEY",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "PRIVATE",
+    }
+)
 _SECRET_SUBSTRINGS = ("TOKEN", "SECRET", "PASSWORD")
 MASK = "***"
 

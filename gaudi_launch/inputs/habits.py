@@ -6,17 +6,27 @@ there) stops with a hint, and two slips that silently change a run get a note: a
 written after the script (it goes to the script), and a script that reads ``--local_rank`` while
 the launcher does not append it.
 """
+
 from __future__ import annotations
 
 import os
 import re
-from typing import Iterable, List, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Optional
 
 from gaudi_launch.errors import UserError
 
 # torchrun options that have no meaning for a launcher that starts every node itself.
-_RDZV = ("--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id",
-         "--rdzv-conf", "--rdzv_conf")
+_RDZV = (
+    "--rdzv-backend",
+    "--rdzv_backend",
+    "--rdzv-endpoint",
+    "--rdzv_endpoint",
+    "--rdzv-id",
+    "--rdzv_id",
+    "--rdzv-conf",
+    "--rdzv_conf",
+)
 _NODE_RANK = ("--node-rank", "--node_rank")
 _PYTHONS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*)$")
 
@@ -24,12 +34,16 @@ _PYTHONS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*)$")
 def torchrun_option_error(name: str) -> Optional[UserError]:
     """For an option the command line does not know: a pointer when it is one of torchrun's."""
     if name in _NODE_RANK:
-        return UserError(f"{name}: gaudi-launch starts every node itself", where=name,
-                         hint="run it once, on one machine, with --hostfile listing the nodes (or inside a "
-                              "Slurm allocation); it gives each node its rank")
+        return UserError(
+            f"{name}: gaudi-launch starts every node itself",
+            where=name,
+            hint="run it once, on one machine, with --hostfile listing the nodes (or inside a "
+            "Slurm allocation); it gives each node its rank",
+        )
     if name in _RDZV:
-        return UserError(f"{name}: there is no rendezvous: the master is the first host (--master_addr/--master_port)",
-                         where=name)
+        return UserError(
+            f"{name}: there is no rendezvous: the master is the first host (--master_addr/--master_port)", where=name
+        )
     return None
 
 
@@ -54,8 +68,11 @@ def nnodes(value: Optional[str]) -> Optional[int]:
         return None
     if value.isdigit() and int(value) > 0:
         return int(value)
-    raise UserError(f"--nnodes {value!r}: a number of nodes", where="--nnodes",
-                    hint="elastic MIN:MAX ranges are not supported: give the number of hosts to use")
+    raise UserError(
+        f"--nnodes {value!r}: a number of nodes",
+        where="--nnodes",
+        hint="elastic MIN:MAX ranges are not supported: give the number of hosts to use",
+    )
 
 
 def check_program(program: Sequence[str], *, module: bool, no_python: bool, cwd: str) -> None:
@@ -66,16 +83,24 @@ def check_program(program: Sequence[str], *, module: bool, no_python: bool, cwd:
     if no_python:
         return
     if _PYTHONS.match(os.path.basename(script)):
-        raise UserError(f"SCRIPT is {script!r}: gaudi-launch runs the script with Python itself", where="SCRIPT",
-                        hint=f"drop '{script}': gaudi-launch {' '.join(program[1:2]) or 'train.py'} ...  "
-                             "(--python chooses the interpreter)")
+        raise UserError(
+            f"SCRIPT is {script!r}: gaudi-launch runs the script with Python itself",
+            where="SCRIPT",
+            hint=f"drop '{script}': gaudi-launch {' '.join(program[1:2]) or 'train.py'} ...  "
+            "(--python chooses the interpreter)",
+        )
     path = script if os.path.isabs(script) else os.path.join(cwd, script)
     if os.path.exists(path):
         return
     if script in ("version", "help"):
-        raise UserError(f"no script named {script!r} here", where="SCRIPT", hint=f"did you mean gaudi-launch --{script}?")
-    raise UserError(f"{script}: no such file (looked in {cwd})", where="SCRIPT",
-                    hint="give the script's path; -m runs a module, --no_python an executable")
+        raise UserError(
+            f"no script named {script!r} here", where="SCRIPT", hint=f"did you mean gaudi-launch --{script}?"
+        )
+    raise UserError(
+        f"{script}: no such file (looked in {cwd})",
+        where="SCRIPT",
+        hint="give the script's path; -m runs a module, --no_python an executable",
+    )
 
 
 def _script_source(program: Sequence[str], module: bool, no_python: bool, cwd: str) -> Optional[str]:
@@ -89,8 +114,9 @@ def _script_source(program: Sequence[str], module: bool, no_python: bool, cwd: s
         return None
 
 
-def misplaced_options(script_args: Sequence[str], launcher_options: Iterable[str],
-                      script_source: Optional[str]) -> List[str]:
+def misplaced_options(
+    script_args: Sequence[str], launcher_options: Iterable[str], script_source: Optional[str]
+) -> list[str]:
     """Launcher options written after SCRIPT that the script itself does not mention."""
     known = set(launcher_options)
     found = []
@@ -109,13 +135,24 @@ def reads_local_rank(script_source: Optional[str]) -> bool:
     return script_source is not None and bool(re.search(r"""add_argument\(\s*['"]--local[_-]rank['"]""", script_source))
 
 
-def notes(program: Sequence[str], *, module: bool, no_python: bool, cwd: str, append_local_rank: bool,
-          launcher_options: Iterable[str]) -> List[str]:
+def notes(
+    program: Sequence[str],
+    *,
+    module: bool,
+    no_python: bool,
+    cwd: str,
+    append_local_rank: bool,
+    launcher_options: Iterable[str],
+) -> list[str]:
     """One-line notes for slips that would silently change the run."""
     source = _script_source(program, module, no_python, cwd)
-    out = [f"{name} after the script goes to the script; put launcher options before SCRIPT"
-           for name in misplaced_options(program[1:], launcher_options, source)]
+    out = [
+        f"{name} after the script goes to the script; put launcher options before SCRIPT"
+        for name in misplaced_options(program[1:], launcher_options, source)
+    ]
     if not append_local_rank and reads_local_rank(source):
-        out.append(f"{program[0]} parses --local_rank but it is not appended (the rank is in LOCAL_RANK): it will "
-                   "see its default; add --append-local-rank to pass --local_rank=N")
+        out.append(
+            f"{program[0]} parses --local_rank but it is not appended (the rank is in LOCAL_RANK): it will "
+            "see its default; add --append-local-rank to pass --local_rank=N"
+        )
     return out

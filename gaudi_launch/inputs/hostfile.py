@@ -11,11 +11,13 @@ A hostfile lists one host per line::
 Everything here is a pure function except ``read_hostfile``; every mistake a user
 can make is a ``UserError`` that names the file and line and says what to do.
 """
+
 from __future__ import annotations
 
 import ipaddress
 import re
 from dataclasses import dataclass
+
 from gaudi_launch.errors import UserError
 
 __all__ = ["Host", "parse_hostfile", "read_hostfile"]
@@ -57,7 +59,7 @@ def _split_user(name: str) -> tuple[str | None, str]:
 # reach ssh and remote command lines as part of a host name.
 _ZONE_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}", re.ASCII)
 MAX_HOSTFILE_BYTES = 1 << 20  # a hostfile of a million bytes is already ~40,000 hosts
-MAX_SLOTS = 65536             # per host (as spec.MAX_DEVICES)
+MAX_SLOTS = 65536  # per host (as spec.MAX_DEVICES)
 
 
 def _ipv6(text: str) -> ipaddress.IPv6Address | None:
@@ -232,9 +234,7 @@ def parse_hostfile(text: str, source: str) -> list[Host]:
                     hint = f"write '{head} slots={token}'"
                 else:
                     hint = f"write key=value with no spaces around '=', e.g. '{_EXAMPLE_LINE}'"
-                raise UserError(
-                    f"bad line: unexpected '{token}' (expected slots=N)", where=where, hint=hint
-                )
+                raise UserError(f"bad line: unexpected '{token}' (expected slots=N)", where=where, hint=hint)
             key, _, value = token.partition("=")
             if key != "slots":
                 raise UserError(
@@ -294,8 +294,7 @@ def read_hostfile(path: str) -> list[Host]:
         raise UserError(
             "hostfile not found",
             where=path,
-            hint=f"create it with one line per host (e.g. '{_EXAMPLE_LINE}') "
-            "or pass the right path with --hostfile",
+            hint=f"create it with one line per host (e.g. '{_EXAMPLE_LINE}') or pass the right path with --hostfile",
         ) from None
     except IsADirectoryError:
         raise UserError(

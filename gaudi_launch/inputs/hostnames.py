@@ -1,4 +1,5 @@
 """Host names as the hostfile writes them: 'user@host', and which ones mean this machine. Pure."""
+
 from __future__ import annotations
 
 import socket

@@ -4,7 +4,10 @@
 turns a hostfile's hosts plus options into the list of ``(host, device ids)`` to launch
 on. Pure functions; every mistake is a ``UserError`` naming the option and what to do.
 """
+
 from __future__ import annotations
+
+from typing import Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.hostfile import _DIGITS_RE, _EXAMPLE_LINE, Host, _host_key, _ipv6, _name_key
@@ -53,7 +56,8 @@ def _check_selector_name(name: str, part: str, option: str) -> None:
         raise UserError(
             f"bad host name '{name}'",
             where=option,
-            hint="separate hosts with '@', e.g. " + "@".join(n for n in name.split(",") if n)
+            hint="separate hosts with '@', e.g. "
+            + "@".join(n for n in name.split(",") if n)
             + "; ',' separates slots, e.g. worker-0:0,1",
         )
     if "=" in name or any(c.isspace() for c in name) or "[" in name or "]" in name:
@@ -65,14 +69,14 @@ def _check_selector_name(name: str, part: str, option: str) -> None:
         )
 
 
-def parse_selector(expr: str, option: str) -> dict[str, list[int] | None]:
+def parse_selector(expr: str, option: str) -> dict[str, Optional[list[int]]]:
     """Parse ``NAME[:SLOT[,SLOT...]][@NAME[:SLOTS]]...``; errors name ``option``.
 
     Returns ``{name: sorted slots or None for the whole host}`` in the order written.
     Names have IPv6 brackets stripped. ``@`` separates hosts, so a selector names a
     host without its ``user@`` part.
     """
-    result: dict[str, list[int] | None] = {}
+    result: dict[str, Optional[list[int]]] = {}
     keys: dict[str, str] = {}
     for part in expr.split("@"):
         part = part.strip()
@@ -82,7 +86,7 @@ def parse_selector(expr: str, option: str) -> dict[str, list[int] | None]:
                 where=option,
                 hint="write HOST[:SLOTS] parts separated by single '@', e.g. worker-0:0,2@worker-1",
             )
-        slots: list[int] | None = None
+        slots: Optional[list[int]] = None
         if part.startswith("["):
             close = part.find("]")
             if close < 0:
@@ -92,10 +96,10 @@ def parse_selector(expr: str, option: str) -> dict[str, list[int] | None]:
                     hint="write bracketed IPv6 hosts as [fe80::1] or [fe80::1]:0,1",
                 )
             name = part[1:close].strip()
-            after = part[close + 1:]
+            after = part[close + 1 :]
             if _ipv6(name) is None:
                 raise UserError(
-                    f"'{part[:close + 1]}' is not an IPv6 address",
+                    f"'{part[: close + 1]}' is not an IPv6 address",
                     where=option,
                     hint="brackets are only for IPv6 addresses, e.g. [fe80::1]:0,1",
                 )
@@ -154,11 +158,11 @@ def _known_hosts_hint(hosts: list[Host]) -> str:
 
 
 def _resolve(
-    hosts: list[Host], selector: dict[str, list[int] | None], option: str
-) -> dict[int, list[int] | None]:
+    hosts: list[Host], selector: dict[str, Optional[list[int]]], option: str
+) -> dict[int, Optional[list[int]]]:
     """Map hostfile index -> selected slots (None = all), checking names and slot ranges."""
     by_key = {_name_key(h.name): i for i, h in enumerate(hosts)}
-    resolved: dict[int, list[int] | None] = {}
+    resolved: dict[int, Optional[list[int]]] = {}
     for name, slots in selector.items():
         index = by_key.get(_host_key(name))
         if index is None:
@@ -192,10 +196,10 @@ def _check_count(value: object, option: str, what: str) -> int:
 def select(
     hosts: list[Host],
     *,
-    include: str | None = None,
-    exclude: str | None = None,
-    num_nodes: int | None = None,
-    num_devices: int | None = None,
+    include: Optional[str] = None,
+    exclude: Optional[str] = None,
+    num_nodes: Optional[int] = None,
+    num_devices: Optional[int] = None,
 ) -> list[tuple[str, list[int]]]:
     """Apply include/exclude, then num_nodes, then num_devices.
 
@@ -206,8 +210,7 @@ def select(
         raise UserError(
             "--include and --exclude are mutually exclusive",
             where="--include/--exclude",
-            hint="use only one: --include to list the hosts/slots to use, "
-            "or --exclude to list those to leave out",
+            hint="use only one: --include to list the hosts/slots to use, or --exclude to list those to leave out",
         )
     if num_nodes is not None:
         _check_count(num_nodes, "--num_nodes", "nodes")

@@ -4,33 +4,34 @@ The CLI builds its options from these (cli.py) and DistributedRunner takes each 
 (runner.py); tests/unit/test_options.py checks that the three agree. Pure: no click here, so the
 Python entry point does not pay for the command line's parser.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 KEY = "gaudi_launch.option"
 
 
 @dataclass(frozen=True)
 class Option:
-    flags: Tuple[str, ...] = ()   # command-line spellings; empty when `via` sets the field instead
+    flags: tuple[str, ...] = ()  # command-line spellings; empty when `via` sets the field instead
     help: str = ""
-    via: str = ""                 # a command-line-only flag declared in cli.py that sets this field
+    via: str = ""  # a command-line-only flag declared in cli.py that sets this field
 
 
-def opt(*flags: str, help: str) -> Dict[str, Option]:
+def opt(*flags: str, help: str) -> dict[str, Option]:
     """Field metadata of an option: ``field(default=..., metadata=opt("--x", "--x_y", help="..."))``."""
     return {KEY: Option(flags=flags, help=help)}
 
 
-def via(flag: str) -> Dict[str, Option]:
+def via(flag: str) -> dict[str, Option]:
     """Field metadata of an option the command line sets through its own flag (e.g. --no-ssh-check)."""
     return {KEY: Option(via=flag)}
 
 
-def option_fields(cls) -> List[Tuple[dataclasses.Field, Option]]:
+def option_fields(cls) -> list[tuple[dataclasses.Field, Option]]:
     """(field, Option) of every option of the dataclass, in declaration order."""
     return [(f, f.metadata[KEY]) for f in dataclasses.fields(cls) if KEY in f.metadata]
 

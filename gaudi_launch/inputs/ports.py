@@ -1,4 +1,5 @@
 """Master port: pick a free one, or check that a given one is free and name who holds it."""
+
 from __future__ import annotations
 
 import os
@@ -59,4 +60,6 @@ def check_port(port: int, option: str = "--master_port") -> None:
         holder = port_holder(port)
         raise UserError(
             f"port {port} is already in use on this host" + (f" by {holder}" if holder else ""),
-            where=option, hint="choose another --master_port, or leave it out and a free one is picked")
+            where=option,
+            hint="choose another --master_port, or leave it out and a free one is picked",
+        )

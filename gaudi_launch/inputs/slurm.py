@@ -3,6 +3,7 @@
 Stdlib only and pure except ``scontrol_hostnames``: the rank bootstrap (gaudi_launch.process.worker) imports
 this before the user's script, and ``--dry-run`` must work where no Slurm is installed.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,8 @@ import shutil
 import subprocess
 import time
 import zlib
-from typing import Dict, List, Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 from gaudi_launch.errors import UserError
 
@@ -26,12 +28,12 @@ def in_allocation(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_JOB_ID")) and not environ.get("SLURM_STEP_ID")
 
 
-def expand_hostlist(text: str) -> List[str]:
+def expand_hostlist(text: str) -> list[str]:
     """Slurm's compressed host list, 'gls-n[0-2,5],login[01-02]' -> names, in order. Pure.
 
     Only for what this module reads back from Slurm's own variables (and dry runs without Slurm):
     plans use ``scontrol show hostnames`` when it is there."""
-    names: List[str] = []
+    names: list[str] = []
     for item in _split_top(text.strip()):
         parts = [[""]]  # the cross product of the item's literal and bracketed pieces
         for literal, ranges in re.findall(r"([^\[\]]*)(?:\[([^\]]*)\])?", item):
@@ -48,7 +50,7 @@ def expand_hostlist(text: str) -> List[str]:
     return names
 
 
-def _split_top(text: str) -> List[str]:
+def _split_top(text: str) -> list[str]:
     items, depth, cur = [], 0, ""
     for ch in text:
         if ch == "[":
@@ -65,7 +67,7 @@ def _split_top(text: str) -> List[str]:
     return [i for i in items + [cur] if i]
 
 
-def _expand_ranges(ranges: str, item: str) -> List[str]:
+def _expand_ranges(ranges: str, item: str) -> list[str]:
     out = []
     for part in ranges.split(","):
         lo, _, hi = part.partition("-")
@@ -76,9 +78,9 @@ def _expand_ranges(ranges: str, item: str) -> List[str]:
     return out
 
 
-def parse_tasks_per_node(text: str) -> List[int]:
+def parse_tasks_per_node(text: str) -> list[int]:
     """SLURM_TASKS_PER_NODE, '2(x3),1' -> [2, 2, 2, 1]. Pure."""
-    counts: List[int] = []
+    counts: list[int] = []
     for part in filter(None, text.split(",")):
         m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if not m:
@@ -98,7 +100,7 @@ def has_config(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_CONF")) or os.path.exists("/etc/slurm/slurm.conf")
 
 
-def scontrol_hostnames(nodelist: str, environ: Optional[Mapping[str, str]] = None) -> List[str]:
+def scontrol_hostnames(nodelist: str, environ: Optional[Mapping[str, str]] = None) -> list[str]:
     """``scontrol show hostnames`` (Slurm's own expansion); the pure parser where Slurm is absent.
 
     Not without a configuration: scontrol would look the controller up in DNS (configless Slurm),
@@ -108,17 +110,26 @@ def scontrol_hostnames(nodelist: str, environ: Optional[Mapping[str, str]] = Non
     if scontrol is None or not has_config(environ):
         return expand_hostlist(nodelist)
     try:
-        out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True,
-                             timeout=30, stdin=subprocess.DEVNULL, env=dict(environ))
+        out = subprocess.run(
+            [scontrol, "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+            env=dict(environ),
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise UserError(f"scontrol show hostnames failed: {exc}", where="SLURM_JOB_NODELIST") from None
     if out.returncode != 0:
-        raise UserError(f"scontrol show hostnames {nodelist!r} failed: {out.stderr.strip()}",
-                        where="SLURM_JOB_NODELIST", hint="is SLURM_CONF set for this cluster?")
+        raise UserError(
+            f"scontrol show hostnames {nodelist!r} failed: {out.stderr.strip()}",
+            where="SLURM_JOB_NODELIST",
+            hint="is SLURM_CONF set for this cluster?",
+        )
     return out.stdout.split()
 
 
-def allocation_tasks(environ: Mapping[str, str], nodes: int) -> Optional[List[int]]:
+def allocation_tasks(environ: Mapping[str, str], nodes: int) -> Optional[list[int]]:
     """Tasks per node the allocation was given (salloc/sbatch --ntasks-per-node, -n), or None. Pure."""
     if environ.get("SLURM_NTASKS_PER_NODE", "").isdigit():
         return [int(environ["SLURM_NTASKS_PER_NODE"])] * nodes
@@ -131,19 +142,24 @@ def allocation_tasks(environ: Mapping[str, str], nodes: int) -> Optional[List[in
 
 # ---------------------------------------------------------------- the rank's side (worker)
 
+
 def _first(env: Mapping[str, str], *names: str) -> Optional[str]:
     return next((env[n] for n in names if env.get(n, "") != ""), None)
 
 
-def rank_layout(env: Mapping[str, str]) -> Dict[str, str]:
+def rank_layout(env: Mapping[str, str]) -> dict[str, str]:
     """torchrun's names from srun's task variables, for a rank srun started. Pure.
 
     MASTER_ADDR/MASTER_PORT only when the launcher could not know them (srun allocated the nodes):
     the step's first node and the port derived from the job id."""
-    out: Dict[str, str] = {}
-    pairs = (("RANK", ("SLURM_PROCID",)), ("WORLD_SIZE", ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")),
-             ("LOCAL_RANK", ("SLURM_LOCALID",)), ("NODE_RANK", ("SLURM_NODEID",)),
-             ("CROSS_SIZE", ("SLURM_STEP_NUM_NODES", "SLURM_NNODES")))
+    out: dict[str, str] = {}
+    pairs = (
+        ("RANK", ("SLURM_PROCID",)),
+        ("WORLD_SIZE", ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")),
+        ("LOCAL_RANK", ("SLURM_LOCALID",)),
+        ("NODE_RANK", ("SLURM_NODEID",)),
+        ("CROSS_SIZE", ("SLURM_STEP_NUM_NODES", "SLURM_NNODES")),
+    )
     for name, sources in pairs:
         value = _first(env, *sources)
         if value is not None:

@@ -1,11 +1,12 @@
 """JobSpec: what the user asked for, validated, with gaudi_spawn.py's flags mapped onto ours."""
+
 from __future__ import annotations
 
 import copy
 import math
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Dict, List, Optional
+from typing import Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.options import opt, via
@@ -22,114 +23,256 @@ MAX_DEVICES = 65536  # per node: far above any real host, low enough that a plan
 class JobSpec:
     """What the user asked for. Each field with ``opt``/``via`` metadata is an option: a command-line
     flag (generated from it in cli.py) and a DistributedRunner keyword, with the same default."""
-    program: List[str]                   # the script (or module) and its arguments, untouched
-    hostfile: Optional[str] = field(default=None, metadata=opt(
-        "--hostfile", "--hostfile_path", help="DeepSpeed-style hostfile: 'HOST slots=N' per line. Default: this host only."))
-    include: Optional[str] = field(default=None, metadata=opt(
-        "--include", "-i", help="Use only these hosts/devices: 'host1:0,2@host2'."))
-    exclude: Optional[str] = field(default=None, metadata=opt(
-        "--exclude", "-e", help="Leave out these hosts/devices: 'host1:3@host2'."))
-    num_nodes: Optional[int] = field(default=None, metadata=opt(
-        "--num_nodes", "--num-nodes", help="Use the first N hosts of the hostfile."))
-    num_devices: Optional[int] = field(default=None, metadata=opt(  # per node
-        "--num_devices", "--num-devices", "--num_gpus", "--num-gpus",
-        help="Devices (ranks) per node. Default: every slot, or the detected device count."))
-    backend: str = field(default="auto", metadata=opt(
-        "--backend", help="auto, local, mpirun, deepspeed or slurm. auto: slurm inside a Slurm allocation without "
-                          "--hostfile, local for this host alone, else mpirun."))
-    master_addr: Optional[str] = field(default=None, metadata=opt(
-        "--master_addr", "--master-addr", help="Rendezvous address. Default: 127.0.0.1 locally, else the first host."))
-    master_port: Optional[int] = field(default=None, metadata=opt(
-        "--master_port", "--master-port", help="Rendezvous port. Default: a free port picked on the master host."))
-    env_file: Optional[str] = field(default=None, metadata=opt(
-        "--env-file", "--env_file", help="Read only this env file instead of ~/.deepspeed_env and ./.deepspeed_env."))
-    env: Dict[str, str] = field(default_factory=dict, metadata=opt(  # on top of the env files
-        "-x", "--env", help="KEY=VALUE for every rank, or KEY to pass this shell's value without putting it on a "
-                            "command line (repeatable); wins over env files."))
-    module: bool = field(default=False, metadata=opt(
-        "--module", "-m", help="Run SCRIPT as a Python module (python -m)."))
-    no_python: bool = field(default=False, metadata=opt(
-        "--no_python", "--no-python", help="SCRIPT is an executable, not a Python file."))
-    python: str = field(default_factory=lambda: sys.executable, metadata=opt(
-        "--python", help="Interpreter for the ranks. Default: this one."))
-    append_local_rank: bool = field(default=False, metadata=opt(
-        "--append-local-rank", "--append_local_rank",
-        help="Append --local_rank=N to the script's arguments (off by default; ranks read LOCAL_RANK)."))
-    log_dir: Optional[str] = field(default=None, metadata=opt(
-        "--log-dir", "--log_dir", help="Also write each rank's output to DIR/rank-N.log."))
-    grace: float = field(default=10.0, metadata=opt(
-        "--grace", help="Seconds between SIGTERM and SIGKILL when tearing the job down."))
+
+    program: list[str]  # the script (or module) and its arguments, untouched
+    hostfile: Optional[str] = field(
+        default=None,
+        metadata=opt(
+            "--hostfile",
+            "--hostfile_path",
+            help="DeepSpeed-style hostfile: 'HOST slots=N' per line. Default: this host only.",
+        ),
+    )
+    include: Optional[str] = field(
+        default=None, metadata=opt("--include", "-i", help="Use only these hosts/devices: 'host1:0,2@host2'.")
+    )
+    exclude: Optional[str] = field(
+        default=None, metadata=opt("--exclude", "-e", help="Leave out these hosts/devices: 'host1:3@host2'.")
+    )
+    num_nodes: Optional[int] = field(
+        default=None, metadata=opt("--num_nodes", "--num-nodes", help="Use the first N hosts of the hostfile.")
+    )
+    num_devices: Optional[int] = field(
+        default=None,
+        metadata=opt(  # per node
+            "--num_devices",
+            "--num-devices",
+            "--num_gpus",
+            "--num-gpus",
+            help="Devices (ranks) per node. Default: every slot, or the detected device count.",
+        ),
+    )
+    backend: str = field(
+        default="auto",
+        metadata=opt(
+            "--backend",
+            help="auto, local, mpirun, deepspeed or slurm. auto: slurm inside a Slurm allocation without "
+            "--hostfile, local for this host alone, else mpirun.",
+        ),
+    )
+    master_addr: Optional[str] = field(
+        default=None,
+        metadata=opt(
+            "--master_addr",
+            "--master-addr",
+            help="Rendezvous address. Default: 127.0.0.1 locally, else the first host.",
+        ),
+    )
+    master_port: Optional[int] = field(
+        default=None,
+        metadata=opt(
+            "--master_port", "--master-port", help="Rendezvous port. Default: a free port picked on the master host."
+        ),
+    )
+    env_file: Optional[str] = field(
+        default=None,
+        metadata=opt(
+            "--env-file", "--env_file", help="Read only this env file instead of ~/.deepspeed_env and ./.deepspeed_env."
+        ),
+    )
+    env: dict[str, str] = field(
+        default_factory=dict,
+        metadata=opt(  # on top of the env files
+            "-x",
+            "--env",
+            help="KEY=VALUE for every rank, or KEY to pass this shell's value without putting it on a "
+            "command line (repeatable); wins over env files.",
+        ),
+    )
+    module: bool = field(
+        default=False, metadata=opt("--module", "-m", help="Run SCRIPT as a Python module (python -m).")
+    )
+    no_python: bool = field(
+        default=False, metadata=opt("--no_python", "--no-python", help="SCRIPT is an executable, not a Python file.")
+    )
+    python: str = field(
+        default_factory=lambda: sys.executable,
+        metadata=opt("--python", help="Interpreter for the ranks. Default: this one."),
+    )
+    append_local_rank: bool = field(
+        default=False,
+        metadata=opt(
+            "--append-local-rank",
+            "--append_local_rank",
+            help="Append --local_rank=N to the script's arguments (off by default; ranks read LOCAL_RANK).",
+        ),
+    )
+    log_dir: Optional[str] = field(
+        default=None, metadata=opt("--log-dir", "--log_dir", help="Also write each rank's output to DIR/rank-N.log.")
+    )
+    grace: float = field(
+        default=10.0, metadata=opt("--grace", help="Seconds between SIGTERM and SIGKILL when tearing the job down.")
+    )
     # Multi-node: SSH, pre-flight, exported environment, fabric, DeepSpeed's own launcher.
-    ssh_port: Optional[int] = field(default=None, metadata=opt(
-        "--ssh-port", "--ssh_port", help="SSH port of every host. Default: ~/.ssh/config, else 22 (DL1 containers: 3022)."))
-    ssh_identity: Optional[str] = field(default=None, metadata=opt(
-        "--ssh-identity", "--ssh_identity",
-        help="Private key for SSH. Default: ~/.ssh/config, then the usual keys and the agent."))
-    ssh_config: Optional[str] = field(default=None, metadata=opt(
-        "--ssh-config", "--ssh_config", help="ssh_config file. Default: ~/.ssh/config."))
-    ssh_timeout: float = field(default=10.0, metadata=opt(
-        "--ssh-timeout", "--ssh_timeout", help="SSH connect timeout in seconds."))
-    strict_host_keys: bool = field(default=False, metadata=opt(
-        "--strict-host-keys",
-        help="Refuse hosts whose key is not in known_hosts (default: accept new keys, refuse changed ones)."))
+    ssh_port: Optional[int] = field(
+        default=None,
+        metadata=opt(
+            "--ssh-port",
+            "--ssh_port",
+            help="SSH port of every host. Default: ~/.ssh/config, else 22 (DL1 containers: 3022).",
+        ),
+    )
+    ssh_identity: Optional[str] = field(
+        default=None,
+        metadata=opt(
+            "--ssh-identity",
+            "--ssh_identity",
+            help="Private key for SSH. Default: ~/.ssh/config, then the usual keys and the agent.",
+        ),
+    )
+    ssh_config: Optional[str] = field(
+        default=None, metadata=opt("--ssh-config", "--ssh_config", help="ssh_config file. Default: ~/.ssh/config.")
+    )
+    ssh_timeout: float = field(
+        default=10.0, metadata=opt("--ssh-timeout", "--ssh_timeout", help="SSH connect timeout in seconds.")
+    )
+    strict_host_keys: bool = field(
+        default=False,
+        metadata=opt(
+            "--strict-host-keys",
+            help="Refuse hosts whose key is not in known_hosts (default: accept new keys, refuse changed ones).",
+        ),
+    )
     ssh_check: bool = field(default=True, metadata=via("--no-ssh-check"))
-    wait_hosts: Optional[float] = field(default=None, metadata=opt(
-        "--wait-hosts", "--wait_hosts", help="Wait up to S seconds for every host's sshd to answer before the "
-                                             "pre-flight (hosts that start with the job, e.g. containers)."))
-    export_prefixes: List[str] = field(default_factory=list, metadata=opt(
-        "--export-prefix", "--export_prefix",
-        help="Also export this launcher's variables starting with PREFIX to every rank (repeatable)."))
-    efa: Optional[bool] = field(default=None, metadata=opt(  # None: on when this host has EFA devices
-        "--efa/--no-efa", help="Set HCCL_OVER_OFI and the EFA libraries. Default: on when this host has EFA devices."))
-    hccl_ofi_wrapper: Optional[str] = field(default=None, metadata=opt(
-        "--hccl-ofi-wrapper", "--hccl_ofi_wrapper",
-        help="Directory of hccl_ofi_wrapper. Default: $HCCL_OFI_WRAPPER, else /root/hccl_ofi_wrapper."))
-    launcher: str = field(default="pdsh", metadata=opt(
-        "--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi."))
-    launcher_args: Optional[str] = field(default=None, metadata=opt(
-        "--launcher-args", "--launcher_args",
-        help="With --backend deepspeed: extra arguments for its runner (one string)."))
+    wait_hosts: Optional[float] = field(
+        default=None,
+        metadata=opt(
+            "--wait-hosts",
+            "--wait_hosts",
+            help="Wait up to S seconds for every host's sshd to answer before the "
+            "pre-flight (hosts that start with the job, e.g. containers).",
+        ),
+    )
+    export_prefixes: list[str] = field(
+        default_factory=list,
+        metadata=opt(
+            "--export-prefix",
+            "--export_prefix",
+            help="Also export this launcher's variables starting with PREFIX to every rank (repeatable).",
+        ),
+    )
+    efa: Optional[bool] = field(
+        default=None,
+        metadata=opt(  # None: on when this host has EFA devices
+            "--efa/--no-efa",
+            help="Set HCCL_OVER_OFI and the EFA libraries. Default: on when this host has EFA devices.",
+        ),
+    )
+    hccl_ofi_wrapper: Optional[str] = field(
+        default=None,
+        metadata=opt(
+            "--hccl-ofi-wrapper",
+            "--hccl_ofi_wrapper",
+            help="Directory of hccl_ofi_wrapper. Default: $HCCL_OFI_WRAPPER, else /root/hccl_ofi_wrapper.",
+        ),
+    )
+    launcher: str = field(
+        default="pdsh",
+        metadata=opt("--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi."),
+    )
+    launcher_args: Optional[str] = field(
+        default=None,
+        metadata=opt(
+            "--launcher-args",
+            "--launcher_args",
+            help="With --backend deepspeed: extra arguments for its runner (one string).",
+        ),
+    )
     # Slurm (--backend slurm from a login node): srun's allocation options, and the user's own.
-    partition: Optional[str] = field(default=None, metadata=opt(
-        "--partition", help="With --backend slurm from a login node: srun's partition."))
-    time: Optional[str] = field(default=None, metadata=opt(
-        "--time", help="With --backend slurm from a login node: srun's time limit (e.g. 1:00:00)."))
-    account: Optional[str] = field(default=None, metadata=opt(
-        "--account", help="With --backend slurm from a login node: srun's account."))
-    sbatch: Optional[str] = field(default=None, metadata=opt(
-        "--sbatch", help="With --backend slurm: write a batch script (and a private env file beside it) for this "
-                         "job instead of running it; submit it with sbatch."))
-    slurm_args: Optional[str] = field(default=None, metadata=opt(
-        "--slurm-args", "--slurm_args", help="With --backend slurm: more srun options, one string (split like a "
-                                             "shell would, never run by one)."))
+    partition: Optional[str] = field(
+        default=None, metadata=opt("--partition", help="With --backend slurm from a login node: srun's partition.")
+    )
+    time: Optional[str] = field(
+        default=None,
+        metadata=opt("--time", help="With --backend slurm from a login node: srun's time limit (e.g. 1:00:00)."),
+    )
+    account: Optional[str] = field(
+        default=None, metadata=opt("--account", help="With --backend slurm from a login node: srun's account.")
+    )
+    sbatch: Optional[str] = field(
+        default=None,
+        metadata=opt(
+            "--sbatch",
+            help="With --backend slurm: write a batch script (and a private env file beside it) for this "
+            "job instead of running it; submit it with sbatch.",
+        ),
+    )
+    slurm_args: Optional[str] = field(
+        default=None,
+        metadata=opt(
+            "--slurm-args",
+            "--slurm_args",
+            help="With --backend slurm: more srun options, one string (split like a shell would, never run by one).",
+        ),
+    )
     # show only these ranks on the console (logs keep all)
-    console_ranks: Optional[List[int]] = field(default=None, metadata=via("--ranks"))
+    console_ranks: Optional[list[int]] = field(default=None, metadata=via("--ranks"))
     # Long runs (restarts.py): start a failed job again, up to max_restarts times.
-    max_restarts: int = field(default=0, metadata=opt(
-        "--max-restarts", "--max_restarts",
-        help="Start the job again after a failure, up to N times (torchrun's option); ranks get "
-             "GAUDI_LAUNCH_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT, our Trainer resumes from its newest "
-             "checkpoint."))
-    restart_on: str = field(default="all", metadata=opt(
-        "--restart-on", "--restart_on",
-        help="With --max-restarts: which failures restart, a list of rank, host, hang (default all)."))
-    restart_backoff: float = field(default=1.0, metadata=opt(
-        "--restart-backoff", "--restart_backoff",
-        help="With --max-restarts: seconds before the first restart, doubling after each (at most 60)."))
-    spare_hosts: int = field(default=0, metadata=opt(
-        "--spare-hosts", "--spare_hosts",
-        help="With --max-restarts: hold the last N selected hosts back; one takes a lost host's place on the "
-             "restart, so the world size stays."))
-    min_nodes: Optional[int] = field(default=None, metadata=opt(
-        "--min-nodes", "--min_nodes",
-        help="With --max-restarts: when a host is lost and no spare is left, restart on the hosts left if there "
-             "are at least M (else exit 4)."))
-    hang_timeout: Optional[float] = field(default=None, metadata=opt(  # hangs.py
-        "--hang-timeout", "--hang_timeout",
-        help="When no rank on this host advanced for S seconds (heartbeats: our Trainer's steps, "
-             "gaudi_launch.heartbeat() in a script), print where every rank waits, keep their stacks in "
-             "--log-dir, and tear the job down (exit 5). Default: off."))
-    lost_hosts: List[str] = field(default_factory=list)  # set by the restart loop, not an option
+    max_restarts: int = field(
+        default=0,
+        metadata=opt(
+            "--max-restarts",
+            "--max_restarts",
+            help="Start the job again after a failure, up to N times (torchrun's option); ranks get "
+            "GAUDI_LAUNCH_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT, our Trainer resumes from its newest "
+            "checkpoint.",
+        ),
+    )
+    restart_on: str = field(
+        default="all",
+        metadata=opt(
+            "--restart-on",
+            "--restart_on",
+            help="With --max-restarts: which failures restart, a list of rank, host, hang (default all).",
+        ),
+    )
+    restart_backoff: float = field(
+        default=1.0,
+        metadata=opt(
+            "--restart-backoff",
+            "--restart_backoff",
+            help="With --max-restarts: seconds before the first restart, doubling after each (at most 60).",
+        ),
+    )
+    spare_hosts: int = field(
+        default=0,
+        metadata=opt(
+            "--spare-hosts",
+            "--spare_hosts",
+            help="With --max-restarts: hold the last N selected hosts back; one takes a lost host's place on the "
+            "restart, so the world size stays.",
+        ),
+    )
+    min_nodes: Optional[int] = field(
+        default=None,
+        metadata=opt(
+            "--min-nodes",
+            "--min_nodes",
+            help="With --max-restarts: when a host is lost and no spare is left, restart on the hosts left if there "
+            "are at least M (else exit 4).",
+        ),
+    )
+    hang_timeout: Optional[float] = field(
+        default=None,
+        metadata=opt(  # hangs.py
+            "--hang-timeout",
+            "--hang_timeout",
+            help="When no rank on this host advanced for S seconds (heartbeats: our Trainer's steps, "
+            "gaudi_launch.heartbeat() in a script), print where every rank waits, keep their stacks in "
+            "--log-dir, and tear the job down (exit 5). Default: off.",
+        ),
+    )
+    lost_hosts: list[str] = field(default_factory=list)  # set by the restart loop, not an option
 
     def as_request(self, cwd: str) -> dict:
         """What the user asked for, as plain JSON values: the options, without what a job adds to
@@ -139,15 +282,17 @@ class JobSpec:
         request["cwd"] = cwd
         return request
 
-    def validate(self, require_program: bool = True) -> "JobSpec":
+    def validate(self, require_program: bool = True) -> JobSpec:
         if require_program and not self.program:
-            raise UserError("no training script given", where="SCRIPT",
-                            hint="gaudi-launch [OPTIONS] train.py [SCRIPT ARGS]...")
+            raise UserError(
+                "no training script given", where="SCRIPT", hint="gaudi-launch [OPTIONS] train.py [SCRIPT ARGS]..."
+            )
         if self.module and self.no_python:
             raise UserError("--module and --no_python cannot be used together", where="--module")
         if self.backend not in BACKENDS:
-            raise UserError(f"unknown backend {self.backend!r}", where="--backend",
-                            hint="one of: " + ", ".join(BACKENDS))
+            raise UserError(
+                f"unknown backend {self.backend!r}", where="--backend", hint="one of: " + ", ".join(BACKENDS)
+            )
         for option, value in (("--num_nodes", self.num_nodes), ("--num_devices", self.num_devices)):
             if value is not None and value < 1:
                 raise UserError(f"must be at least 1, got {value}", where=option)
@@ -162,52 +307,72 @@ class JobSpec:
         for option, seconds in (("--ssh-timeout", self.ssh_timeout), ("--grace", self.grace)):
             if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds):
                 raise UserError(f"must be a finite number of seconds, got {seconds!r}", where=option)
-        if self.wait_hosts is not None and (not isinstance(self.wait_hosts, (int, float))
-                                            or not math.isfinite(self.wait_hosts) or self.wait_hosts <= 0):
+        if self.wait_hosts is not None and (
+            not isinstance(self.wait_hosts, (int, float)) or not math.isfinite(self.wait_hosts) or self.wait_hosts <= 0
+        ):
             raise UserError(f"must be a positive number of seconds, got {self.wait_hosts!r}", where="--wait-hosts")
         if self.wait_hosts is not None and not self.ssh_check:
-            raise UserError("--wait-hosts waits before the pre-flight, which --no-ssh-check turns off",
-                            where="--wait-hosts", hint="drop one of them")
+            raise UserError(
+                "--wait-hosts waits before the pre-flight, which --no-ssh-check turns off",
+                where="--wait-hosts",
+                hint="drop one of them",
+            )
         if self.ssh_timeout <= 0:
             raise UserError(f"must be positive, got {self.ssh_timeout}", where="--ssh-timeout")
         if self.launcher not in ("pdsh", "openmpi"):
-            raise UserError(f"unknown DeepSpeed launcher {self.launcher!r}", where="--launcher",
-                            hint="pdsh or openmpi")
+            raise UserError(f"unknown DeepSpeed launcher {self.launcher!r}", where="--launcher", hint="pdsh or openmpi")
         if self.grace < 0:
             raise UserError(f"must not be negative, got {self.grace}", where="--grace")
         self._validate_restarts()
         return self
 
     def _validate_restarts(self) -> None:
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) \
-                or not 0 <= self.max_restarts <= MAX_RESTARTS:
-            raise UserError(f"a whole number from 0 to {MAX_RESTARTS}, got {self.max_restarts!r}",
-                            where="--max-restarts")
+        if (
+            isinstance(self.max_restarts, bool)
+            or not isinstance(self.max_restarts, int)
+            or not 0 <= self.max_restarts <= MAX_RESTARTS
+        ):
+            raise UserError(
+                f"a whole number from 0 to {MAX_RESTARTS}, got {self.max_restarts!r}", where="--max-restarts"
+            )
         parse_restart_on(self.restart_on)
         if self.max_restarts and self.sbatch:
-            raise UserError("the batch script --sbatch writes runs the job once", where="--max-restarts",
-                            hint="leave --max-restarts out, or run gaudi-launch --max-restarts N inside an allocation")
+            raise UserError(
+                "the batch script --sbatch writes runs the job once",
+                where="--max-restarts",
+                hint="leave --max-restarts out, or run gaudi-launch --max-restarts N inside an allocation",
+            )
         backoff = self.restart_backoff
-        if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or not math.isfinite(backoff) \
-                or backoff < 0:
+        if (
+            isinstance(backoff, bool)
+            or not isinstance(backoff, (int, float))
+            or not math.isfinite(backoff)
+            or backoff < 0
+        ):
             raise UserError(f"a number of seconds, 0 or more, got {backoff!r}", where="--restart-backoff")
         hang = self.hang_timeout
-        if hang is not None and (isinstance(hang, bool) or not isinstance(hang, (int, float))
-                                 or not math.isfinite(hang) or hang < 1):
+        if hang is not None and (
+            isinstance(hang, bool) or not isinstance(hang, (int, float)) or not math.isfinite(hang) or hang < 1
+        ):
             raise UserError(f"a number of seconds, at least 1, got {hang!r}", where="--hang-timeout")
         for option, value in (("--spare-hosts", self.spare_hosts), ("--min-nodes", self.min_nodes)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise UserError(f"a whole number, 0 or more, got {value!r}", where=option)
         if (self.spare_hosts or self.min_nodes) and not self.hostfile:
-            raise UserError("spare hosts and smaller restarts are for several hosts: give a --hostfile",
-                            where="--spare-hosts" if self.spare_hosts else "--min-nodes")
+            raise UserError(
+                "spare hosts and smaller restarts are for several hosts: give a --hostfile",
+                where="--spare-hosts" if self.spare_hosts else "--min-nodes",
+            )
         if (self.spare_hosts or self.min_nodes) and not self.max_restarts:
-            raise UserError("a lost host is replaced on a restart: add --max-restarts N",
-                            where="--spare-hosts" if self.spare_hosts else "--min-nodes")
+            raise UserError(
+                "a lost host is replaced on a restart: add --max-restarts N",
+                where="--spare-hosts" if self.spare_hosts else "--min-nodes",
+            )
 
 
-def resolve_compat(*, backend: str, use_mpi: bool, use_deepspeed: bool,
-                   world_size: Optional[int], num_devices: Optional[int]) -> tuple:
+def resolve_compat(
+    *, backend: str, use_mpi: bool, use_deepspeed: bool, world_size: Optional[int], num_devices: Optional[int]
+) -> tuple:
     """Map gaudi_spawn.py's --use_mpi/--use_deepspeed/--world_size onto (backend, num_devices)."""
     if use_mpi and use_deepspeed:
         raise UserError("--use_mpi and --use_deepspeed cannot be used together", where="--use_mpi")
@@ -221,8 +386,10 @@ def resolve_compat(*, backend: str, use_mpi: bool, use_deepspeed: bool,
         if world_size < 1:
             raise UserError(f"must be at least 1, got {world_size}", where="--world_size")
         if num_devices is not None and num_devices != world_size:
-            raise UserError(f"--world_size {world_size} contradicts --num_devices {num_devices}",
-                            where="--world_size",
-                            hint="--world_size is gaudi_spawn.py's name for devices per node; give one of them")
+            raise UserError(
+                f"--world_size {world_size} contradicts --num_devices {num_devices}",
+                where="--world_size",
+                hint="--world_size is gaudi_spawn.py's name for devices per node; give one of them",
+            )
         num_devices = world_size
     return backend, num_devices

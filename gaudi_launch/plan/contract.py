@@ -4,15 +4,17 @@ Shared by the planner (the local backend sets each rank's environment itself) an
 bootstrap (gaudi_launch.process.worker, for ranks that mpirun or DeepSpeed start). Pure, stdlib only:
 the worker imports this before the user's script.
 """
+
 from __future__ import annotations
 
 import json
 from collections import ChainMap
-from typing import TYPE_CHECKING, Dict, List, Mapping, MutableMapping, Optional, Sequence, cast
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Optional, cast
 
 if TYPE_CHECKING:  # types only: the rank bootstrap imports this module, and nothing heavier
-    from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
     from gaudi_launch.inputs.spec import JobSpec
+    from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 
 VISIBILITY = ("HABANA_VISIBLE_MODULES", "CUDA_VISIBLE_DEVICES")
 # Selected slots of every node, '0,1;1,3' (node 0 takes slots 0,1, node 1 slots 1,3): one command
@@ -34,7 +36,7 @@ def visible_subset(parent: Optional[str], slots: Sequence[int]) -> str:
     return ",".join(ids[s] if s < len(ids) else str(s) for s in slots)
 
 
-def node_device_env(node_slots: Sequence[Sequence[int]], parents: Sequence[Mapping[str, str]]) -> Dict[str, str]:
+def node_device_env(node_slots: Sequence[Sequence[int]], parents: Sequence[Mapping[str, str]]) -> dict[str, str]:
     """The variables that carry each node's device subset to ranks a single command starts.
 
     ``parents[i]`` is the environment node i's ranks would inherit (the launcher's own on this
@@ -56,7 +58,7 @@ def _node_part(value: str, node_rank: Optional[str]) -> Optional[str]:
     return parts[int(node_rank)] or None
 
 
-def node_visibility(env: Mapping[str, str], node_rank: Optional[str]) -> Dict[str, str]:
+def node_visibility(env: Mapping[str, str], node_rank: Optional[str]) -> dict[str, str]:
     """HABANA_VISIBLE_MODULES and CUDA_VISIBLE_DEVICES for this node's selected devices."""
     slots = _node_part(env.get(NODE_DEVICES, ""), node_rank)
     if slots is None:
@@ -69,24 +71,24 @@ def node_visibility(env: Mapping[str, str], node_rank: Optional[str]) -> Dict[st
 NODE_SIZES = "GAUDI_LAUNCH_NODE_SIZES"
 
 
-def node_sizes_env(sizes: List[int]) -> Dict[str, str]:
+def node_sizes_env(sizes: list[int]) -> dict[str, str]:
     """What the deepspeed backend passes for uneven nodes (nothing for even ones). Pure."""
     return {NODE_SIZES: ",".join(map(str, sizes))} if len(set(sizes)) > 1 else {}
 
 
-def node_layout(env: Mapping[str, str]) -> Dict[str, str]:
+def node_layout(env: Mapping[str, str]) -> dict[str, str]:
     """LOCAL_RANK and LOCAL_WORLD_SIZE from RANK, the node rank and NODE_SIZES; {} without them. Pure."""
     node = next((env[k] for k in ("NODE_RANK", "GROUP_RANK", "CROSS_RANK") if env.get(k, "").isdigit()), None)
     sizes = [int(x) for x in env.get(NODE_SIZES, "").split(",") if x.strip().isdigit()]
     if node is None or int(node) >= len(sizes) or not env.get("RANK", "").isdigit():
         return {}
-    local = int(env["RANK"]) - sum(sizes[:int(node)])
+    local = int(env["RANK"]) - sum(sizes[: int(node)])
     if not 0 <= local < sizes[int(node)]:
         return {}
     return {"LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(sizes[int(node)])}
 
 
-def elastic_env(layout: Mapping[str, str], environ: Mapping[str, str]) -> Dict[str, str]:
+def elastic_env(layout: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
     """torchrun's other worker variables (one role), from the rank's layout.
 
     ``layout`` has RANK, WORLD_SIZE and CROSS_SIZE (nodes); TORCHELASTIC_RUN_ID is the job id, so
@@ -136,9 +138,13 @@ def node_visibility_env(node: NodePlan, inherited: Optional[Mapping[str, str]] =
     return {name: visible_subset((inherited or {}).get(name), node.devices) for name in VISIBILITY}
 
 
-def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
-                  inherited: Optional[Mapping[str, str]] = None, node_env: Optional[Mapping[str, str]] = None
-                  ) -> dict:
+def rank_contract(
+    plan: LaunchPlan,
+    node: NodePlan,
+    local_rank: int,
+    inherited: Optional[Mapping[str, str]] = None,
+    node_env: Optional[Mapping[str, str]] = None,
+) -> dict:
     """torchrun's worker environment (with DeepSpeed's aliases) for one rank. Pure.
 
     ``inherited`` is what the rank would see otherwise (the launcher's environment and the job's):
@@ -146,7 +152,7 @@ def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
     computed once per node by a caller that plans many ranks (per rank it is linear in the node's
     devices, and planning became quadratic in ranks).
     """
-    layout: Dict[str, object] = {
+    layout: dict[str, object] = {
         "RANK": node.ranks[local_rank],
         "LOCAL_RANK": local_rank,
         "WORLD_SIZE": plan.world_size,
@@ -168,7 +174,7 @@ def rank_contract(plan: LaunchPlan, node: NodePlan, local_rank: int,
     return {**contract, **elastic_env(contract, environ)}
 
 
-def worker_argv(spec: JobSpec, python: Optional[str] = None) -> List[str]:
+def worker_argv(spec: JobSpec, python: Optional[str] = None) -> list[str]:
     """How one rank starts the user's program: through our bootstrap, unless it is not Python."""
     if spec.no_python:
         return list(spec.program)

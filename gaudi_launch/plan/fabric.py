@@ -4,6 +4,7 @@ Everything here is a pure function of its inputs except the two thin I/O helpers
 (``efa_present`` and the caller running ``ip -o addr show``), so each decision can be tested
 with crafted data from several hosts.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -11,8 +12,9 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable
 
 from gaudi_launch.errors import UserError
 
@@ -33,12 +35,13 @@ def exported_names(environ: Mapping[str, str], extra_prefixes: Sequence[str] = (
     """
     for prefix in extra_prefixes:
         if not prefix:
-            raise UserError("an empty prefix would export the whole environment (PATH, HOME, secrets...)",
-                            where="--export-prefix",
-                            hint="give a real prefix such as --export-prefix MY_, or name variables with -x NAME")
+            raise UserError(
+                "an empty prefix would export the whole environment (PATH, HOME, secrets...)",
+                where="--export-prefix",
+                hint="give a real prefix such as --export-prefix MY_, or name variables with -x NAME",
+            )
     prefixes = tuple(EXPORT_PREFIXES) + tuple(extra_prefixes)
-    names = {name for name in environ
-             if _NAME_RE.match(name) and (name.startswith(prefixes) or name in EXPORT_NAMES)}
+    names = {name for name in environ if _NAME_RE.match(name) and (name.startswith(prefixes) or name in EXPORT_NAMES)}
     return sorted(names)
 
 
@@ -96,8 +99,11 @@ def _master_ip(master_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Addres
     try:
         ip = ipaddress.ip_address(text.split("%", 1)[0])  # drop an IPv6 zone id (fe80::1%eth0)
     except ValueError:
-        raise UserError(f"{master_addr!r} is not an IP address", where="--master-addr",
-                        hint="give the master's IPv4 or IPv6 address (resolve host names first)") from None
+        raise UserError(
+            f"{master_addr!r} is not an IP address",
+            where="--master-addr",
+            hint="give the master's IPv4 or IPv6 address (resolve host names first)",
+        ) from None
     if ip.version == 6 and ip.ipv4_mapped is not None:  # ::ffff:10.0.0.1 is an IPv4 peer
         return ip.ipv4_mapped
     return ip
@@ -146,8 +152,9 @@ def choose_interface(master_addr: str, host_interfaces: Mapping[str, list[Interf
         raise ValueError("choose_interface needs at least one host")
     ip = _master_ip(master_addr)
 
-    on_subnet = {host: [i.name for i in ifaces if _networks_containing(ip, i)]
-                 for host, ifaces in host_interfaces.items()}
+    on_subnet = {
+        host: [i.name for i in ifaces if _networks_containing(ip, i)] for host, ifaces in host_interfaces.items()
+    }
 
     if any(on_subnet.values()):
         common = None
@@ -157,12 +164,17 @@ def choose_interface(master_addr: str, host_interfaces: Mapping[str, list[Interf
             best = sorted(common, key=lambda n: (_is_virtual(n), n))[0]
             return best, "subnet"
         missing = [h for h, names in on_subnet.items() if not names]
-        why = (f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no interface on its subnet"
-               if missing else "the hosts reach it through differently named interfaces")
+        why = (
+            f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no interface on its subnet"
+            if missing
+            else "the hosts reach it through differently named interfaces"
+        )
         raise UserError(
             f"no interface name reaches master address {ip} on every host ({why}):\n"
             + _describe_hosts(ip, host_interfaces),
-            where="HCCL_SOCKET_IFNAME", hint=IFNAME_HINT)
+            where="HCCL_SOCKET_IFNAME",
+            hint=IFNAME_HINT,
+        )
 
     # No host is on the master's subnet (e.g. the master was named by a public address):
     # the seed's rule, a same-named non-loopback, non-docker interface present everywhere.
@@ -177,7 +189,9 @@ def choose_interface(master_addr: str, host_interfaces: Mapping[str, list[Interf
     raise UserError(
         f"no host has an interface on the subnet of master address {ip}, and no interface name "
         "other than lo*/docker* exists on every host:\n" + _describe_hosts(ip, host_interfaces),
-        where="HCCL_SOCKET_IFNAME", hint=IFNAME_HINT)
+        where="HCCL_SOCKET_IFNAME",
+        hint=IFNAME_HINT,
+    )
 
 
 def subnet_cidr(master_addr: str, interfaces: list[Interface], name: str) -> str | None:
@@ -212,8 +226,9 @@ def efa_present(sys_root: str = "/", run: Callable = subprocess.run) -> bool:
         fi_info = shutil.which("fi_info")
         if not fi_info:
             return False
-        done = run([fi_info, "-p", "efa"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=15, check=False)
+        done = run(
+            [fi_info, "-p", "efa"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15, check=False
+        )
         return getattr(done, "returncode", 1) == 0
     except Exception:
         return False
@@ -265,8 +280,9 @@ def efa_env(base: Mapping[str, str], wrapper_dir: str | None = None) -> dict[str
 SOCKET_IFNAME_VARS = ("HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
-def fabric_env(base: Mapping[str, str], *, efa: bool, ifname: str | None,
-               wrapper_dir: str | None = None) -> dict[str, str]:
+def fabric_env(
+    base: Mapping[str, str], *, efa: bool, ifname: str | None, wrapper_dir: str | None = None
+) -> dict[str, str]:
     """Everything the fabric adds for every rank. Pure.
 
     EFA: ``efa_env``. Gaudi NIC scale-out (``efa`` False) sets no OFI variables. With ``ifname``,

@@ -3,13 +3,14 @@
 A plan is built without side effects on the job (see planner.py), printed by ``--dry-run`` and
 executed by a backend. Secrets are masked in everything rendered here.
 """
+
 from __future__ import annotations
 
 import json
 import shlex
 from dataclasses import asdict, dataclass, field, replace
 from secrets import token_hex
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Optional
 
 from gaudi_launch.inputs.envfile import is_secret, mask_env, mask_text
 
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
 class NodePlan:
     host: str
     node_rank: int
-    devices: List[int]
-    ranks: List[int]
+    devices: list[int]
+    ranks: list[int]
 
 
 @dataclass
@@ -30,8 +31,8 @@ class Command:
     """One process the launcher starts. ``env`` is what it adds on top of the job env."""
 
     host: str
-    argv: List[str]
-    env: Dict[str, str] = field(default_factory=dict)
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
     rank: Optional[int] = None  # None when one process (mpirun, deepspeed) starts many ranks
 
 
@@ -41,25 +42,25 @@ class LaunchPlan:
     world_size: int
     master_addr: str
     master_port: int
-    nodes: List[NodePlan]
-    env: Dict[str, str]            # what every rank sees on top of the inherited environment
-    commands: List[Command]
-    program: List[str]             # the user's script (or module) and its arguments
-    notes: List[str] = field(default_factory=list)
+    nodes: list[NodePlan]
+    env: dict[str, str]  # what every rank sees on top of the inherited environment
+    commands: list[Command]
+    program: list[str]  # the user's script (or module) and its arguments
+    notes: list[str] = field(default_factory=list)
     job_id: str = ""
     # Multi-node details, filled from the options and the pre-flight's findings.
-    exported: List[str] = field(default_factory=list)   # launcher env names remote ranks also get
-    ssh_args: List[str] = field(default_factory=list)   # options for every ssh the backend runs
-    ifname: Optional[str] = None                        # interface carrying the master's subnet
-    tcp_cidr: Optional[str] = None                      # its network, for mpirun's tcp_if_include
-    cores_per_host: Optional[int] = None                # fewest cores of any host, for CPU binding
+    exported: list[str] = field(default_factory=list)  # launcher env names remote ranks also get
+    ssh_args: list[str] = field(default_factory=list)  # options for every ssh the backend runs
+    ifname: Optional[str] = None  # interface carrying the master's subnet
+    tcp_cidr: Optional[str] = None  # its network, for mpirun's tcp_if_include
+    cores_per_host: Optional[int] = None  # fewest cores of any host, for CPU binding
     # What the pre-flight found (multinode.findings), when one ran: a dry run shows it even when
     # it failed, so the plan of a job whose hosts cannot be reached is still visible.
     preflight: Optional[dict] = None
     # Never shown (to_dict drops them): a random key that makes a job file's digest on argv say
     # nothing about short values, and the values of secret-looking exported variables, to mask.
     job_key: str = field(default_factory=lambda: token_hex(16), repr=False)
-    exported_secrets: Dict[str, str] = field(default_factory=dict, repr=False)
+    exported_secrets: dict[str, str] = field(default_factory=dict, repr=False)
     # The options the plan was made from (JobSpec.as_request): what `gaudi-launch run plan.json`
     # makes the plan again from (replay.py). Secrets masked in the JSON as everywhere.
     request: dict = field(default_factory=dict, repr=False)
@@ -68,16 +69,16 @@ class LaunchPlan:
     openmpi: Optional[int] = None
     # The JobSpec itself, for the backend (grace, log dir, interpreter, ssh settings): the plan is all a
     # backend reads. Never shown: its JSON form is ``request``.
-    spec: Optional["JobSpec"] = field(default=None, repr=False, compare=False)
+    spec: Optional[JobSpec] = field(default=None, repr=False, compare=False)
 
     @property
-    def job(self) -> "JobSpec":
+    def job(self) -> JobSpec:
         """The JobSpec this plan was made from (the planner sets it)."""
         if self.spec is None:
             raise ValueError("this plan was not made by the planner: it carries no JobSpec")
         return self.spec
 
-    def secret_values(self) -> Dict[str, str]:
+    def secret_values(self) -> dict[str, str]:
         return {**self.exported_secrets, **{k: v for k, v in self.env.items() if is_secret(k)}}
 
     def mask(self, text: str) -> str:
@@ -92,8 +93,9 @@ class LaunchPlan:
             del data["openmpi"]
         data["env"] = mask_env(self.env)
         data["commands"] = [
-            {"host": c.host, "rank": c.rank, "argv": [mask_text(a, secrets) for a in c.argv],
-             "env": mask_env(c.env)} for c in self.commands]
+            {"host": c.host, "rank": c.rank, "argv": [mask_text(a, secrets) for a in c.argv], "env": mask_env(c.env)}
+            for c in self.commands
+        ]
         data["program"] = [mask_text(a, secrets) for a in self.program]
         if self.preflight is None:
             del data["preflight"]  # no pre-flight ran (one host, --no-ssh-check): no key
@@ -106,8 +108,10 @@ class LaunchPlan:
     def render_text(self) -> str:
         """A readable dry run: who runs what, with which environment."""
         secrets = self.secret_values()
-        out = [f"backend: {self.backend}    world size: {self.world_size}    "
-               f"master: {self.master_addr}:{self.master_port}    job: {self.job_id}"]
+        out = [
+            f"backend: {self.backend}    world size: {self.world_size}    "
+            f"master: {self.master_addr}:{self.master_port}    job: {self.job_id}"
+        ]
         out.append("nodes:")
         for n in self.nodes:
             out.append(f"  node {n.node_rank}  {n.host:<24} devices {_ids(n.devices):<16} ranks {_ids(n.ranks)}")
@@ -124,9 +128,11 @@ class LaunchPlan:
         if any(c.rank is None for c in self.commands):
             out.append("what the ranks see (set by the backend and the rank bootstrap):")
             for n in self.nodes:
-                out.append(f"  {n.host}: RANK={_ids(n.ranks)} LOCAL_RANK={_ids(list(range(len(n.ranks))))} "
-                           f"WORLD_SIZE={self.world_size} LOCAL_WORLD_SIZE={len(n.ranks)} NODE_RANK={n.node_rank} "
-                           f"MASTER_ADDR={self.master_addr} MASTER_PORT={self.master_port}")
+                out.append(
+                    f"  {n.host}: RANK={_ids(n.ranks)} LOCAL_RANK={_ids(list(range(len(n.ranks))))} "
+                    f"WORLD_SIZE={self.world_size} LOCAL_WORLD_SIZE={len(n.ranks)} NODE_RANK={n.node_rank} "
+                    f"MASTER_ADDR={self.master_addr} MASTER_PORT={self.master_port}"
+                )
             if self.exported:
                 out.append("  and from this shell: " + ", ".join(self.exported))
         for note in self.notes:
@@ -138,7 +144,7 @@ class LaunchPlan:
         return "\n".join(out) + "\n"
 
 
-def _masked(value, secrets: Dict[str, str]):
+def _masked(value, secrets: dict[str, str]):
     """A request value with every secret value in its strings masked. Pure."""
     if isinstance(value, str):
         return mask_text(value, secrets)
@@ -147,9 +153,9 @@ def _masked(value, secrets: Dict[str, str]):
     return value
 
 
-def _ids(ids: List[int]) -> str:
+def _ids(ids: list[int]) -> str:
     """[0,1,2,3,6] -> '0-3,6': short and unambiguous."""
-    parts: List[str] = []
+    parts: list[str] = []
     i = 0
     while i < len(ids):
         j = i
@@ -160,7 +166,7 @@ def _ids(ids: List[int]) -> str:
     return ",".join(parts) or "-"
 
 
-def layout(selected: List[Tuple[str, List[int]]]) -> List[NodePlan]:
+def layout(selected: list[tuple[str, list[int]]]) -> list[NodePlan]:
     """Global ranks are handed out node by node, devices in order. Pure."""
     nodes, rank = [], 0
     for node_rank, (host, devices) in enumerate(selected):

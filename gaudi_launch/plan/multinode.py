@@ -3,43 +3,50 @@
 Decisions are pure functions of the spec, the launcher's environment and the pre-flight's facts;
 ``run_preflight`` is the one place that talks to the hosts.
 """
+
 from __future__ import annotations
 
 import os
 import random
 import socket
 import sys
-from typing import List, Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
-from gaudi_launch.plan import fabric
-
-from gaudi_launch.remote import sshmux
-from gaudi_launch.inputs.envfile import is_secret
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
+from gaudi_launch.inputs.envfile import is_secret
 from gaudi_launch.inputs.hostnames import is_local_host
-from gaudi_launch.plan.launchplan import LaunchPlan
-from gaudi_launch.remote.preflight import HostFacts, SshOptions, check_hosts
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan import fabric
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.remote import sshmux
+from gaudi_launch.remote.preflight import HostFacts, SshOptions, check_hosts
 from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
+
 
 class PreflightFailed(UserError):
     exit_code = ExitCode.PREFLIGHT
 
     def __init__(self, report):
-        super().__init__("pre-flight failed: nothing was started\n" + report.render_table().rstrip(),
-                         hint="fix the hosts marked failed, or skip the SSH checks with --no-ssh-check")
+        super().__init__(
+            "pre-flight failed: nothing was started\n" + report.render_table().rstrip(),
+            hint="fix the hosts marked failed, or skip the SSH checks with --no-ssh-check",
+        )
         self.report = report
 
 
 def findings(report) -> dict:
     """The pre-flight's report as plain data for the plan (JSON and the dry run's text). Pure."""
-    return {"ok": report.ok,
-            "hosts": [{"host": f.host, "ok": f.ok, "reason": f.reason, "fix": f.fix} for f in report.facts.values()],
-            "warnings": list(report.warnings), "table": report.render_table()}
+    return {
+        "ok": report.ok,
+        "hosts": [{"host": f.host, "ok": f.ok, "reason": f.reason, "fix": f.fix} for f in report.facts.values()],
+        "warnings": list(report.warnings),
+        "table": report.render_table(),
+    }
 
 
-def ssh_args(spec: JobSpec, configured_host_keys: Optional[str] = None) -> List[str]:
+def ssh_args(spec: JobSpec, configured_host_keys: Optional[str] = None) -> list[str]:
     """Options for every `ssh` a backend runs (mpirun's plm_rsh_args, pdsh, teardown). Pure.
 
     An -o option beats ssh_config, so StrictHostKeyChecking is given only where the user's
@@ -47,8 +54,7 @@ def ssh_args(spec: JobSpec, configured_host_keys: Optional[str] = None) -> List[
     --strict-host-keys means yes for every ssh; otherwise the default is accept-new. Agent
     forwarding is always off: a user's ForwardAgent yes would hand the agent to every host.
     """
-    args = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(spec.ssh_timeout))}",
-            "-o", "ForwardAgent=no"]
+    args = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(spec.ssh_timeout))}", "-o", "ForwardAgent=no"]
     if spec.strict_host_keys:
         args += ["-o", "StrictHostKeyChecking=yes"]
     elif not configured_host_keys:
@@ -62,7 +68,7 @@ def ssh_args(spec: JobSpec, configured_host_keys: Optional[str] = None) -> List[
     return args
 
 
-def configured_host_keys(hosts: List[str], config_path: Optional[str]) -> Optional[str]:
+def configured_host_keys(hosts: list[str], config_path: Optional[str]) -> Optional[str]:
     """StrictHostKeyChecking as the ssh config files that ssh reads set it for any of ``hosts``."""
     if config_path:
         paths = [os.path.expanduser(config_path)]  # ssh -F reads that file only
@@ -75,7 +81,7 @@ def configured_host_keys(hosts: List[str], config_path: Optional[str]) -> Option
     return None
 
 
-def _config_value(path: str, hosts: List[str], key: str, depth: int = 0) -> Optional[str]:
+def _config_value(path: str, hosts: list[str], key: str, depth: int = 0) -> Optional[str]:
     """``key`` from one ssh config file for any of ``hosts``, following its Include lines (which
     paramiko leaves to the caller; distributions keep settings in /etc/ssh/ssh_config.d)."""
     import glob
@@ -158,12 +164,25 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         connections = sshmux.open_for(plan.job_id, ssh_args(spec, configured_host_keys(hosts, spec.ssh_config)))
     script = spec.program[0] if spec.program and not spec.module else None
     report = check_hosts(
-        [n.host for n in plan.nodes], python=spec.python if not spec.no_python else "python3",
-        script=script, cwd=os.getcwd(), master_host=master_host(plan), master_addr=plan.master_addr,
-        master_port=plan.master_port, devices_needed={n.host: len(n.devices) for n in plan.nodes},
-        ssh=SshOptions(port=spec.ssh_port, identity=spec.ssh_identity, config=spec.ssh_config,
-                       timeout=spec.ssh_timeout, strict=spec.strict_host_keys),
-        local=local, progress=progress, connections=connections)
+        [n.host for n in plan.nodes],
+        python=spec.python if not spec.no_python else "python3",
+        script=script,
+        cwd=os.getcwd(),
+        master_host=master_host(plan),
+        master_addr=plan.master_addr,
+        master_port=plan.master_port,
+        devices_needed={n.host: len(n.devices) for n in plan.nodes},
+        ssh=SshOptions(
+            port=spec.ssh_port,
+            identity=spec.ssh_identity,
+            config=spec.ssh_config,
+            timeout=spec.ssh_timeout,
+            strict=spec.strict_host_keys,
+        ),
+        local=local,
+        progress=progress,
+        connections=connections,
+    )
     return report
 
 
@@ -184,9 +203,14 @@ def apply_facts(plan: LaunchPlan, facts: Mapping[str, HostFacts], environ: Mappi
         plan.notes.append(f"interface {user_pick}: HCCL_SOCKET_IFNAME as you set it")
     elif interfaces and master_ip:
         plan.ifname, how = fabric.choose_interface(master_ip, interfaces)
-        plan.notes.append(f"interface {plan.ifname}: " + (
-            f"carries the master's subnet ({master_ip}) on every host" if how == "subnet"
-            else "no host has an address on the master's subnet: first common interface (fallback)"))
+        plan.notes.append(
+            f"interface {plan.ifname}: "
+            + (
+                f"carries the master's subnet ({master_ip}) on every host"
+                if how == "subnet"
+                else "no host has an address on the master's subnet: first common interface (fallback)"
+            )
+        )
     if plan.ifname and master_ip:
         mine = interfaces.get(master_host(plan), [])
         plan.tcp_cidr = fabric.subnet_cidr(master_ip, mine, plan.ifname)
@@ -204,15 +228,20 @@ def finish_plan(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, 
         else:
             plan.notes.append("no pre-flight (--no-ssh-check): interface and CPU binding are left to defaults")
             if "StrictHostKeyChecking=accept-new" in plan.ssh_args:
-                plan.notes.append("host keys: ssh accepts and remembers the key of a host it has not seen "
-                                  "(accept-new); --strict-host-keys, or StrictHostKeyChecking yes in your ssh "
-                                  "config, refuses it")
+                plan.notes.append(
+                    "host keys: ssh accepts and remembers the key of a host it has not seen "
+                    "(accept-new); --strict-host-keys, or StrictHostKeyChecking yes in your ssh "
+                    "config, refuses it"
+                )
     efa = spec.efa if spec.efa is not None else fabric.efa_present()
     if efa:
-        plan.notes.append("EFA: HCCL_OVER_OFI=1 and the EFA libraries on LD_LIBRARY_PATH"
-                          + ("" if spec.efa else " (EFA devices found on this host)"))
-    plan.env.update(fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname,
-                                      wrapper_dir=spec.hccl_ofi_wrapper))
+        plan.notes.append(
+            "EFA: HCCL_OVER_OFI=1 and the EFA libraries on LD_LIBRARY_PATH"
+            + ("" if spec.efa else " (EFA devices found on this host)")
+        )
+    plan.env.update(
+        fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname, wrapper_dir=spec.hccl_ofi_wrapper)
+    )
 
 
 def progress_printer(stream=None):
@@ -223,8 +252,8 @@ def progress_printer(stream=None):
     def show(host: str, status: str) -> None:
         stream.write(f"  pre-flight {host}: {status}\n")
         stream.flush()
-    return show
 
+    return show
 
 
 def host_watch(plan: LaunchPlan, spec: JobSpec, is_local):

@@ -1,28 +1,32 @@
 """JobSpec -> LaunchPlan. Reads the hostfile and env files and picks a port; starts nothing."""
+
 from __future__ import annotations
 
 import os
 import secrets
-from typing import Callable, List, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Callable, Optional
 
 from gaudi_launch.backends import get_backend, slurm
-from gaudi_launch.plan.contract import node_device_env
+from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.devices import DeviceCount, detect_local_devices
 from gaudi_launch.inputs.envfile import load_env_files
-from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.hostfile import Host, read_hostfile
 from gaudi_launch.inputs.hostnames import bare_host, is_local_host
 from gaudi_launch.inputs.hostselect import select
-from gaudi_launch.plan.multinode import PreflightFailed, findings, finish_plan, pick_remote_port
-from gaudi_launch.plan.launchplan import LaunchPlan, layout
 from gaudi_launch.inputs.ports import check_port, pick_free_port
-from gaudi_launch.process.restarts import hosts_for_attempt
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.contract import node_device_env
+from gaudi_launch.plan.launchplan import LaunchPlan, layout
+from gaudi_launch.plan.multinode import PreflightFailed, findings, finish_plan, pick_remote_port
+from gaudi_launch.process.restarts import hosts_for_attempt
 
-def resolve_hosts(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices
-                  ) -> Tuple[List[Tuple[str, List[int]]], List[Host], List[str]]:
+
+def resolve_hosts(
+    spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices
+) -> tuple[list[tuple[str, list[int]]], list[Host], list[str]]:
     """The selected (host, device ids), the hostfile's hosts, and notes for the dry run."""
-    notes: List[str] = []
+    notes: list[str] = []
     if spec.hostfile is not None:
         hosts = read_hostfile(spec.hostfile)
         num_devices = spec.num_devices
@@ -33,8 +37,13 @@ def resolve_hosts(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_loca
             notes.append(f"no hostfile: this host only, {found.count} {found.kind} device(s) ({found.source})")
         hosts = [Host(name="localhost", slots=slots, line=0)]
         num_devices = None  # already applied as the slot count
-    selected = select(hosts, include=spec.include or None, exclude=spec.exclude or None,
-                      num_nodes=spec.num_nodes, num_devices=num_devices)
+    selected = select(
+        hosts,
+        include=spec.include or None,
+        exclude=spec.exclude or None,
+        num_nodes=spec.num_nodes,
+        num_devices=num_devices,
+    )
     if spec.spare_hosts or spec.lost_hosts:
         selected, note = hosts_for_attempt(selected, spec.lost_hosts, spec.spare_hosts, spec.min_nodes)
         if note:
@@ -42,7 +51,7 @@ def resolve_hosts(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_loca
     return selected, hosts, notes
 
 
-def choose_backend(spec: JobSpec, selected, hosts: List[Host]) -> str:
+def choose_backend(spec: JobSpec, selected, hosts: list[Host]) -> str:
     all_local = all(is_local_host(h) for h, _ in selected)
     if spec.backend == "auto":
         return "local" if len(selected) == 1 and all_local else "mpirun"
@@ -50,14 +59,22 @@ def choose_backend(spec: JobSpec, selected, hosts: List[Host]) -> str:
         remote = next(h for h, _ in selected if not is_local_host(h))
         line = next((x.line for x in hosts if x.name == remote), 0)
         where = f"{spec.hostfile}:{line}" if spec.hostfile and line else "--backend"
-        raise UserError(f"the local backend runs on this host only, but '{remote}' is another host",
-                        where=where, hint="use --backend mpirun or --backend deepspeed for several hosts")
+        raise UserError(
+            f"the local backend runs on this host only, but '{remote}' is another host",
+            where=where,
+            hint="use --backend mpirun or --backend deepspeed for several hosts",
+        )
     return spec.backend
 
 
-def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices,
-               environ: Optional[Mapping[str, str]] = None, preflight: Optional[Callable] = None,
-               require_program: bool = True, keep_failed_preflight: bool = False) -> LaunchPlan:
+def build_plan(
+    spec: JobSpec,
+    detect: Callable[[], DeviceCount] = detect_local_devices,
+    environ: Optional[Mapping[str, str]] = None,
+    preflight: Optional[Callable] = None,
+    require_program: bool = True,
+    keep_failed_preflight: bool = False,
+) -> LaunchPlan:
     """``preflight(plan, spec) -> CheckReport`` runs for multi-host backends unless --no-ssh-check.
 
     A failed pre-flight raises PreflightFailed, unless ``keep_failed_preflight`` (a dry run): the
@@ -90,9 +107,17 @@ def build_plan(spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_d
         notes.append("environment files read: " + ", ".join(sources))
     nodes = layout(selected)
     plan = LaunchPlan(
-        backend=backend, world_size=sum(len(n.ranks) for n in nodes), master_addr=master_addr,
-        master_port=master_port, nodes=nodes, env=env, commands=[], program=list(spec.program),
-        notes=notes, job_id=secrets.token_hex(4))
+        backend=backend,
+        world_size=sum(len(n.ranks) for n in nodes),
+        master_addr=master_addr,
+        master_port=master_port,
+        nodes=nodes,
+        env=env,
+        commands=[],
+        program=list(spec.program),
+        notes=notes,
+        job_id=secrets.token_hex(4),
+    )
     report = None
     if backend != "local" and spec.ssh_check and preflight is not None:
         report = preflight(plan, spec)
@@ -124,5 +149,3 @@ def inherited_env(plan: LaunchPlan, host: str, environ: Mapping[str, str]) -> di
     if is_local_host(host):
         return {**environ, **plan.env}
     return {**{k: environ[k] for k in plan.exported if k in environ}, **plan.env}
-
-

@@ -6,31 +6,47 @@ the script (0600, never on a command line, never through a shell: gaudi-launch r
 --env-file); the one command line of the script is quoted from a list (shlex), so bash takes every
 word literally.
 """
+
 from __future__ import annotations
 
 import os
 import shlex
-from typing import Dict, List, Mapping
+from collections.abc import Mapping
 
 from gaudi_launch.backends.slurm import LATER, _node_names
 from gaudi_launch.errors import UserError
-from gaudi_launch.remote.jobdir import write_private
-from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.remote.jobdir import write_private
 
 
 def env_file_text(env: Mapping[str, str]) -> str:
     """NAME="value" lines that gaudi-launch's env-file reader turns back into exactly ``env``. Pure."""
+
     def quote(value: str) -> str:
-        return '"' + (value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-                      .replace("\t", "\\t").replace("$", "\\$")) + '"'
+        return (
+            '"'
+            + (
+                value.replace("\\", "\\\\")
+                .replace('"', '\\"')
+                .replace("\n", "\\n")
+                .replace("\t", "\\t")
+                .replace("$", "\\$")
+            )
+            + '"'
+        )
+
     return "".join(f"{name}={quote(value)}\n" for name, value in sorted(env.items()))
 
 
-def sbatch_lines(plan: LaunchPlan, spec: JobSpec, cwd: str) -> List[str]:
+def sbatch_lines(plan: LaunchPlan, spec: JobSpec, cwd: str) -> list[str]:
     """The allocation: nodes, tasks per node and the login-node options. Pure."""
-    lines = [f"--job-name=gaudi-launch-{plan.job_id}", f"--nodes={len(plan.nodes)}",
-             f"--ntasks-per-node={len(plan.nodes[0].ranks)}", f"--chdir={cwd}"]
+    lines = [
+        f"--job-name=gaudi-launch-{plan.job_id}",
+        f"--nodes={len(plan.nodes)}",
+        f"--ntasks-per-node={len(plan.nodes[0].ranks)}",
+        f"--chdir={cwd}",
+    ]
     named = [n.host for n in plan.nodes if n.host != LATER]
     if named:
         lines.append("--nodelist=" + ",".join(named))
@@ -47,10 +63,21 @@ def sbatch_lines(plan: LaunchPlan, spec: JobSpec, cwd: str) -> List[str]:
     return lines
 
 
-def launcher_argv(plan: LaunchPlan, spec: JobSpec, env_file: str) -> List[str]:
+def launcher_argv(plan: LaunchPlan, spec: JobSpec, env_file: str) -> list[str]:
     """gaudi-launch inside the allocation, with this job's options. Pure."""
-    argv = [spec.python, "-m", "gaudi_launch", "--backend", "slurm", "--num_devices", str(len(plan.nodes[0].ranks)),
-            "--grace", repr(float(spec.grace)), "--env-file", env_file]
+    argv = [
+        spec.python,
+        "-m",
+        "gaudi_launch",
+        "--backend",
+        "slurm",
+        "--num_devices",
+        str(len(plan.nodes[0].ranks)),
+        "--grace",
+        repr(float(spec.grace)),
+        "--env-file",
+        env_file,
+    ]
     if spec.master_port:
         argv += ["--master_port", str(spec.master_port)]
     if spec.log_dir:
@@ -69,15 +96,18 @@ def launcher_argv(plan: LaunchPlan, spec: JobSpec, env_file: str) -> List[str]:
 
 
 def script_text(plan: LaunchPlan, spec: JobSpec, env_file: str, cwd: str) -> str:
-    lines = ["#!/bin/bash", "# Written by gaudi-launch --sbatch; submit it with: sbatch " + shlex.quote(spec.sbatch or ""),
-             "# Inside the allocation gaudi-launch runs one srun for the whole job; the job's environment",
-             f"# is in {env_file} (private to you)."]
+    lines = [
+        "#!/bin/bash",
+        "# Written by gaudi-launch --sbatch; submit it with: sbatch " + shlex.quote(spec.sbatch or ""),
+        "# Inside the allocation gaudi-launch runs one srun for the whole job; the job's environment",
+        f"# is in {env_file} (private to you).",
+    ]
     lines += [f"#SBATCH {line}" for line in sbatch_lines(plan, spec, cwd)]
     lines.append("exec " + shlex.join(launcher_argv(plan, spec, env_file)))
     return "\n".join(lines) + "\n"
 
 
-def write(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> Dict[str, str]:
+def write(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> dict[str, str]:
     """The script (0700) and its env file (0600), both new: an existing file is never overwritten."""
     if not spec.sbatch:
         raise ValueError("no --sbatch path to write the script to")

@@ -7,6 +7,7 @@ directory; then the job is torn down like any failure (and restarted with --rest
 Ranks on other hosts cannot be reached for stacks (their heartbeats stay on their host): they are
 named as such. Parsing and grouping are pure functions.
 """
+
 from __future__ import annotations
 
 import linecache
@@ -17,12 +18,13 @@ import shutil
 import socket
 import sysconfig
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Optional
 
 from gaudi_launch.errors import UserError
-from gaudi_launch.process.heartbeats import DUMP_SIGNAL, HEARTBEAT_DIR, start_time
 from gaudi_launch.inputs.hostnames import is_local_host
+from gaudi_launch.process.heartbeats import DUMP_SIGNAL, HEARTBEAT_DIR, start_time
 from gaudi_launch.remote.jobdir import create, path_for
 
 SETTLE_S = 5.0  # how long the ranks get to write their stacks
@@ -43,13 +45,13 @@ class Frame:
 @dataclass
 class Thread:
     ident: str
-    current: bool            # the thread the signal was delivered to
-    frames: List[Frame]      # innermost first, as faulthandler writes them
+    current: bool  # the thread the signal was delivered to
+    frames: list[Frame]  # innermost first, as faulthandler writes them
 
 
-def parse_stacks(text: str) -> List[Thread]:
+def parse_stacks(text: str) -> list[Thread]:
     """faulthandler's output (several dumps: the last one) -> its threads. Pure."""
-    threads: List[Thread] = []
+    threads: list[Thread] = []
     for line in text.splitlines():
         m = _THREAD.match(line)
         if m:
@@ -84,8 +86,9 @@ def is_user_code(path: str) -> bool:
     return not any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS)
 
 
-def where_waiting(frames: Sequence[Frame], source: Callable[[str, int], str] = linecache.getline
-                  ) -> Tuple[str, str, str]:
+def where_waiting(
+    frames: Sequence[Frame], source: Callable[[str, int], str] = linecache.getline
+) -> tuple[str, str, str]:
     """(what it waits in, file:line of the user's code, that line's text) for a main thread. Pure
     but for reading the source line. Waiting inside a library: the innermost Python function;
     inside C code (time.sleep, a C++ collective): the call on the user's line."""
@@ -117,9 +120,9 @@ def rank_ranges(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
 
 
-def summarize(places: Dict[int, Tuple[str, str, str]], world_size: int, stalled_s: float) -> str:
+def summarize(places: dict[int, tuple[str, str, str]], world_size: int, stalled_s: float) -> str:
     """One line: the ranks grouped by where they wait, the odd ones out first. Pure."""
-    groups: Dict[Tuple[str, str], List[int]] = {}
+    groups: dict[tuple[str, str], list[int]] = {}
     for rank, (what, where, _) in places.items():
         groups.setdefault((what, where), []).append(rank)
     ordered = sorted(groups.items(), key=lambda kv: (len(kv[1]), min(kv[1])))
@@ -135,7 +138,6 @@ def with_heartbeats(spec):
     directory itself is made when the job starts (HangWatch.create)."""
     import dataclasses
 
-
     if not spec.hang_timeout or HEARTBEAT_DIR in spec.env:
         return spec
     return dataclasses.replace(spec, env={**spec.env, HEARTBEAT_DIR: path_for(secrets.token_hex(8))})
@@ -144,15 +146,24 @@ def with_heartbeats(spec):
 def check_watchable(plan) -> None:
     """Heartbeats and stacks are read on this host: some rank must run here. Pure."""
     if plan.backend == "slurm" or not any(is_local_host(n.host) for n in plan.nodes):
-        raise UserError("--hang-timeout watches the ranks on this host, and none runs here", where="--hang-timeout",
-                        hint="run gaudi-launch on one of the job's hosts (the first host of the hostfile)")
+        raise UserError(
+            "--hang-timeout watches the ranks on this host, and none runs here",
+            where="--hang-timeout",
+            hint="run gaudi-launch on one of the job's hosts (the first host of the hostfile)",
+        )
 
 
 class HangWatch:
     """Owns the heartbeat directory of a job (all its attempts) and decides when it hangs."""
 
-    def __init__(self, timeout: float, directory: str, log_dir: Optional[str] = None,
-                 clock: Callable[[], float] = time.time, signal_rank: Callable[[int, int], None] = os.kill):
+    def __init__(
+        self,
+        timeout: float,
+        directory: str,
+        log_dir: Optional[str] = None,
+        clock: Callable[[], float] = time.time,
+        signal_rank: Callable[[int, int], None] = os.kill,
+    ):
         self.timeout = timeout
         self.log_dir = log_dir
         # Made by jobdir.create, with an owner record: other jobs' clean-up leaves it alone while we live.
@@ -204,7 +215,7 @@ class HangWatch:
         self.fired = True
         return self.dump(stalled)
 
-    def _pids(self) -> Dict[int, int]:
+    def _pids(self) -> dict[int, int]:
         pids, me = {}, socket.gethostname()
         for rank in range(self.world_size):
             try:
@@ -232,7 +243,7 @@ class HangWatch:
                 self.signal_rank(pid, DUMP_SIGNAL)
             except OSError:
                 pids[rank] = 0  # already gone
-        texts: Dict[int, str] = {}
+        texts: dict[int, str] = {}
         deadline = self.clock() + SETTLE_S
         while True:  # faulthandler writes from the signal handler: done when the file stops growing
             now = {r: self._stack(r) for r, pid in pids.items() if pid}
@@ -252,11 +263,14 @@ class HangWatch:
             if code:
                 lines.append(f"  rank {rank} at {where}: {code}")
         self.stacks_file = self._write_stacks(summary, texts)
-        lines.append(f"every rank's stacks: {self.stacks_file}" if self.stacks_file else
-                     "(--log-dir DIR keeps every rank's full stacks)")
+        lines.append(
+            f"every rank's stacks: {self.stacks_file}"
+            if self.stacks_file
+            else "(--log-dir DIR keeps every rank's full stacks)"
+        )
         return "\n".join(lines)
 
-    def _write_stacks(self, summary: str, texts: Dict[int, str]) -> Optional[str]:
+    def _write_stacks(self, summary: str, texts: dict[int, str]) -> Optional[str]:
         if not self.log_dir:
             return None
         path = os.path.join(self.log_dir, f"hang-{self.job_id or 'job'}.txt")

@@ -8,12 +8,14 @@ times, so a beat is one ``utime`` call and costs nothing next to a training step
 ``rank-N.stack``, and records its pid in ``rank-N.pid``, for the launcher to ask for the stacks
 when no rank advanced for --hang-timeout seconds. Stdlib only: plain scripts import this.
 """
+
 from __future__ import annotations
 
 import os
 import signal
 import socket
-from typing import Mapping, Optional
+from collections.abc import Mapping
+from typing import Optional
 
 HEARTBEAT_DIR = "GAUDI_LAUNCH_HEARTBEAT_DIR"
 # SIGUSR2, not SIGUSR1: Slurm's --signal and Lightning's pre-emption handling use USR1, and a
@@ -21,7 +23,7 @@ HEARTBEAT_DIR = "GAUDI_LAUNCH_HEARTBEAT_DIR"
 DUMP_SIGNAL = signal.SIGUSR2
 
 _beat_path: Optional[str] = None
-_state = 0          # 0: not looked yet; 1: beating; -1: off (no directory, or it cannot be written)
+_state = 0  # 0: not looked yet; 1: beating; -1: off (no directory, or it cannot be written)
 _stack_file = None  # kept open for faulthandler, which writes into its descriptor from a signal handler
 
 

@@ -6,11 +6,13 @@ be ours (or root's) and writable by nobody else, unless it is sticky and ours (o
 files but not replace ours); each log is opened without following a symlink, and a file that is not
 a plain file of ours with one link is refused before anything is truncated.
 """
+
 from __future__ import annotations
 
 import os
 import stat
-from typing import Collection, Optional, TextIO
+from collections.abc import Collection
+from typing import Optional, TextIO
 
 from gaudi_launch.errors import UserError
 
@@ -36,9 +38,11 @@ def prepare_log_dir(path: str) -> None:
         raise UserError(f"cannot create the log directory: {exc.strerror or exc}", where=f"--log-dir {path}")
     problem = dir_problem(st, os.geteuid(), {os.getegid(), *os.getgroups()})
     if problem:
-        raise UserError(f"the log directory {problem}: a planted rank-N.log link could make gaudi-launch "
-                        "overwrite another file", where=f"--log-dir {path}",
-                        hint="use a directory of your own that only you can write to (mkdir -m 700 DIR)")
+        raise UserError(
+            f"the log directory {problem}: a planted rank-N.log link could make gaudi-launch overwrite another file",
+            where=f"--log-dir {path}",
+            hint="use a directory of your own that only you can write to (mkdir -m 700 DIR)",
+        )
 
 
 def open_log(path: str) -> TextIO:

@@ -5,11 +5,12 @@ whole lines would show nothing until the loop ends. The splitter hands out each 
 (``final=False``) and each finished line (``final=True``); a finished line is its last state, which
 is what logs and failure summaries keep. ``\\r\\n`` is a line end.
 """
+
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Optional
 
-Piece = Tuple[str, bool]  # (text, final)
+Piece = tuple[str, bool]  # (text, final)
 
 
 class LineSplitter:
@@ -19,9 +20,9 @@ class LineSplitter:
         self._state: Optional[str] = None  # the last progress state of the unfinished line
         self._rewriting = False  # the unfinished line has been rewound with "\r" (a progress bar)
 
-    def feed(self, data: bytes) -> List[Piece]:
+    def feed(self, data: bytes) -> list[Piece]:
         self._buf += data
-        out: List[Piece] = []
+        out: list[Piece] = []
         while True:
             cut = [i for i in (self._buf.find(b"\n"), self._buf.find(b"\r")) if i >= 0]
             if not cut:
@@ -35,10 +36,10 @@ class LineSplitter:
                         out.append((text, False))
                 return out
             i = min(cut)
-            if self._buf[i:i + 1] == b"\r":
+            if self._buf[i : i + 1] == b"\r":
                 if i + 1 == len(self._buf):
                     return out  # "\r" last: wait to see whether "\n" follows
-                if self._buf[i + 1:i + 2] == b"\n":
+                if self._buf[i + 1 : i + 2] == b"\n":
                     out.append(self._final(self._take(i, skip=2)))
                     continue
                 text = self._take(i, skip=1)
@@ -49,7 +50,7 @@ class LineSplitter:
                 continue
             out.append(self._final(self._take(i, skip=1)))
 
-    def close(self) -> List[Piece]:
+    def close(self) -> list[Piece]:
         rest = self._buf.rstrip(b"\r")
         self._buf = b""
         if rest or self._state is not None:
@@ -57,7 +58,7 @@ class LineSplitter:
         return []
 
     def _take(self, n: int, skip: int = 0) -> str:
-        text, self._buf = self._buf[:n], self._buf[n + skip:]
+        text, self._buf = self._buf[:n], self._buf[n + skip :]
         return text.decode("utf-8", errors="replace")
 
     def _final(self, text: str) -> Piece:

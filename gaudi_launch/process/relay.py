@@ -15,6 +15,7 @@ If whatever reads the relay's output goes away (the launcher or its ssh session 
 relay ends at once; the child's own watchdog then sees its pipe lose its reader and ends its
 process group (worker.watch_launcher).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,12 +23,12 @@ import select
 import signal
 import socket
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Optional
 
 from gaudi_launch.process.wire import ERROR_MARKER, TORN_DOWN, record_line
 
 RANK_TAG = "@@gaudi-launch-rank@@"
-LINE_MAX = 1 << 20   # a longer line is passed on in pieces of this size (the supervisor's read size)
+LINE_MAX = 1 << 20  # a longer line is passed on in pieces of this size (the supervisor's read size)
 _STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -35,27 +36,27 @@ def tag(rank: str, line: bytes) -> bytes:
     return f"{RANK_TAG}{rank} ".encode() + line
 
 
-def untag(line: str) -> Tuple[Optional[int], str]:
+def untag(line: str) -> tuple[Optional[int], str]:
     """'<RANK_TAG>3 text' -> (3, 'text'); any other line -> (None, line). Pure."""
     if line.startswith(RANK_TAG):
-        number, sep, rest = line[len(RANK_TAG):].partition(" ")
+        number, sep, rest = line[len(RANK_TAG) :].partition(" ")
         if sep and number.isdigit():
             return int(number), rest
     return None, line
 
 
-def lines(buffer: bytes, final: bool = False) -> Tuple[List[bytes], bytes]:
+def lines(buffer: bytes, final: bool = False) -> tuple[list[bytes], bytes]:
     """Whole lines (with their newline) out of ``buffer``, and what is left; at the end (``final``)
     the rest too, given a newline. A line longer than LINE_MAX comes out in pieces. Pure."""
-    out: List[bytes] = []
+    out: list[bytes] = []
     start = 0
     while True:
         cut = buffer.find(b"\n", start, start + LINE_MAX)
         if cut >= 0:
-            out.append(buffer[start:cut + 1])
+            out.append(buffer[start : cut + 1])
             start = cut + 1
         elif len(buffer) - start >= LINE_MAX:
-            out.append(buffer[start:start + LINE_MAX] + b"\n")
+            out.append(buffer[start : start + LINE_MAX] + b"\n")
             start += LINE_MAX
         else:
             break
@@ -66,8 +67,9 @@ def lines(buffer: bytes, final: bool = False) -> Tuple[List[bytes], bytes]:
     return out, rest
 
 
-def unexplained_failure(status: int, explained: bool, stopped: bool, rank: Optional[int], pid: int,
-                        host: str, now: str) -> Optional[dict]:
+def unexplained_failure(
+    status: int, explained: bool, stopped: bool, rank: Optional[int], pid: int, host: str, now: str
+) -> Optional[dict]:
     """The error record for a rank that ended non-zero and said nothing (no record of its own, not
     torn down, its relay not signalled); None otherwise. ``status``: Popen's convention. Pure."""
     if status == 0 or explained or stopped:
@@ -84,7 +86,7 @@ def unexplained_failure(status: int, explained: bool, stopped: bool, rank: Optio
 
 def _write_all(fd: int, data: bytes) -> None:
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 class _Stream:
@@ -124,8 +126,8 @@ def start(rank: str) -> None:
         _end_as(code)
 
 
-def _relay(pid: int, rank: str, streams: List[_Stream]) -> int:
-    stopped: List[int] = []
+def _relay(pid: int, rank: str, streams: list[_Stream]) -> int:
+    stopped: list[int] = []
 
     def forward(signum, _frame) -> None:
         stopped.append(signum)
@@ -141,7 +143,7 @@ def _relay(pid: int, rank: str, streams: List[_Stream]) -> int:
     except (AttributeError, OSError):
         child_fd = None  # no pidfd (old kernel): look every 100 ms
     poller = select.poll()
-    by_fd: Dict[int, _Stream] = {}
+    by_fd: dict[int, _Stream] = {}
     for s in streams:
         poller.register(s.source, select.POLLIN)
         poller.register(s.sink, 0)  # POLLERR/POLLHUP: nobody reads our output any more
@@ -179,9 +181,15 @@ def _relay(pid: int, rank: str, streams: List[_Stream]) -> int:
             s.feed(data)
         s.feed(b"", final=True)
     err = streams[1]
-    record = unexplained_failure(status, err.explained, bool(stopped),
-                                 int(rank) if rank.isdigit() else None, pid, socket.gethostname(),
-                                 time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    record = unexplained_failure(
+        status,
+        err.explained,
+        bool(stopped),
+        int(rank) if rank.isdigit() else None,
+        pid,
+        socket.gethostname(),
+        time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
     if record is not None:
         err.feed(record_line(record).encode())
     return status

@@ -7,6 +7,7 @@ Trainer resumes from the newest complete checkpoint when it is above 0. A stop t
 (Ctrl-C, a scheduler's SIGTERM) never restarts; bad input and a failed pre-flight never start a job
 in the first place. The decisions are pure functions; ``run_job`` is the thin loop around them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,27 +15,28 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, FrozenSet, List, Optional, Sequence, TextIO, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
 from gaudi_launch.process.hangs import HEARTBEAT_DIR, HangWatch, check_watchable
 
 if TYPE_CHECKING:  # types only: spec.py imports this module
-    from gaudi_launch.plan.launchplan import LaunchPlan
     from gaudi_launch.inputs.spec import JobSpec
+    from gaudi_launch.plan.launchplan import LaunchPlan
     from gaudi_launch.process.supervise import JobResult
 
 CAUSES = ("rank", "host", "hang")  # a rank failed; a host stopped answering; no rank advanced
-MAX_RESTARTS = 1000                # a typo guard, not a policy
-BACKOFF_CAP_S = 60.0               # doubling back-off never waits longer than this
+MAX_RESTARTS = 1000  # a typo guard, not a policy
+BACKOFF_CAP_S = 60.0  # doubling back-off never waits longer than this
 RESTART_COUNT = "GAUDI_LAUNCH_RESTART_COUNT"
 MAX_RESTARTS_VAR = "GAUDI_LAUNCH_MAX_RESTARTS"
 _CAUSE_WORDS = {"rank": "rank failure", "host": "host lost", "hang": "hang"}
 
 
-def parse_restart_on(text: str) -> FrozenSet[str]:
+def parse_restart_on(text: str) -> frozenset[str]:
     """'rank,hang' -> {'rank', 'hang'}; 'all' is every cause. Pure."""
     names = [n.strip().lower() for n in str(text).split(",") if n.strip()]
     if names == ["all"]:
@@ -61,14 +63,18 @@ class HostsExhausted(UserError):
     exit_code = ExitCode.HOST_LOST
 
 
-def hosts_for_attempt(selected: List[Tuple[str, list]], lost: Sequence[str], spares: int,
-                      min_nodes: Optional[int]) -> Tuple[List[Tuple[str, list]], Optional[str]]:
+def hosts_for_attempt(
+    selected: list[tuple[str, list]], lost: Sequence[str], spares: int, min_nodes: Optional[int]
+) -> tuple[list[tuple[str, list]], Optional[str]]:
     """Which selected (host, devices) run this attempt, and a note. The last ``spares`` hosts are
     held back; a lost host is left out and the next spare takes its place, so the world size stays.
     Without a spare the job runs on fewer hosts only down to ``min_nodes``. Pure."""
     if spares and spares >= len(selected):
-        raise UserError(f"{spares} spare host(s) leave none of the {len(selected)} selected to run on",
-                        where="--spare-hosts", hint="list more hosts than --spare-hosts")
+        raise UserError(
+            f"{spares} spare host(s) leave none of the {len(selected)} selected to run on",
+            where="--spare-hosts",
+            hint="list more hosts than --spare-hosts",
+        )
     wanted = len(selected) - spares
     usable = [s for s in selected if s[0] not in set(lost)]
     if len(usable) >= wanted:
@@ -76,23 +82,27 @@ def hosts_for_attempt(selected: List[Tuple[str, list]], lost: Sequence[str], spa
     elif min_nodes and len(usable) >= min_nodes:
         chosen = usable
     else:
-        raise HostsExhausted(f"{len(lost)} host(s) lost ({', '.join(lost)}): {len(usable)} left, the job needs "
-                             f"{min_nodes or wanted}", where="--max-restarts",
-                             hint="--spare-hosts N holds hosts back to take a lost one's place; --min-nodes M lets "
-                                  "the job go on with fewer")
+        raise HostsExhausted(
+            f"{len(lost)} host(s) lost ({', '.join(lost)}): {len(usable)} left, the job needs {min_nodes or wanted}",
+            where="--max-restarts",
+            hint="--spare-hosts N holds hosts back to take a lost one's place; --min-nodes M lets "
+            "the job go on with fewer",
+        )
     notes = []
-    held = [h for h, _ in usable[len(chosen):]]
+    held = [h for h, _ in usable[len(chosen) :]]
     if held:
         notes.append("spare host(s) held back: " + ", ".join(held))
     if lost:
         notes.append("left out (lost in an earlier attempt): " + ", ".join(lost))
     if len(chosen) < wanted:
-        notes.append(f"running on {len(chosen)} of {wanted} host(s) (--min-nodes {min_nodes}): fewer ranks, so a "
-                     "smaller global batch unless the script adapts to WORLD_SIZE")
+        notes.append(
+            f"running on {len(chosen)} of {wanted} host(s) (--min-nodes {min_nodes}): fewer ranks, so a "
+            "smaller global batch unless the script adapts to WORLD_SIZE"
+        )
     return chosen, "; ".join(notes) or None
 
 
-def lost_hosts_in(message: Optional[str], hosts: Sequence[str]) -> List[str]:
+def lost_hosts_in(message: Optional[str], hosts: Sequence[str]) -> list[str]:
     """The hosts a lost-host message (watch.py: 'host NAME stopped answering ...') names. Pure."""
     return [h for h in hosts if message and message.startswith(f"host {h} ")]
 
@@ -123,20 +133,20 @@ def failure_cause(result) -> Optional[str]:
     return "rank"
 
 
-def should_restart(result, restarts_done: int, max_restarts: int, restart_on: FrozenSet[str]) -> bool:
+def should_restart(result, restarts_done: int, max_restarts: int, restart_on: frozenset[str]) -> bool:
     cause = failure_cause(result)
     return cause is not None and cause in restart_on and restarts_done < max_restarts
 
 
 @dataclass
 class Attempt:
-    number: int                 # 1-based, as printed
+    number: int  # 1-based, as printed
     exit_code: int
-    cause: Optional[str]        # None: it succeeded (or was stopped)
-    culprit: Optional[str]      # "rank 1 on host-a", or the lost host's message
-    status: str                 # "exit code 9", "killed by SIGKILL", ...
+    cause: Optional[str]  # None: it succeeded (or was stopped)
+    culprit: Optional[str]  # "rank 1 on host-a", or the lost host's message
+    status: str  # "exit code 9", "killed by SIGKILL", ...
     runtime_s: float
-    backoff_s: float = 0.0      # waited after it, before the next attempt
+    backoff_s: float = 0.0  # waited after it, before the next attempt
 
 
 def describe(result, number: int, runtime_s: float) -> Attempt:
@@ -155,7 +165,7 @@ def describe(result, number: int, runtime_s: float) -> Attempt:
     return Attempt(number, result.exit_code, cause, culprit, status, runtime_s)
 
 
-def format_attempts(attempts: List[Attempt], max_restarts: int, exit_code: int) -> str:
+def format_attempts(attempts: list[Attempt], max_restarts: int, exit_code: int) -> str:
     """The per-attempt summary printed at the end of a job that had restarts enabled. Pure."""
     lines = ["", f" gaudi-launch: {len(attempts)} attempt(s), up to {max_restarts} restart(s) ".center(74, "=")]
     for a in attempts:
@@ -170,8 +180,10 @@ def format_attempts(attempts: List[Attempt], max_restarts: int, exit_code: int) 
     failed = [a for a in attempts if a.exit_code != 0]
     if failed:
         lost = sum(a.runtime_s + a.backoff_s for a in failed)
-        lines.append(f"time lost: {lost:.1f} s in failed attempts and back-off (the work since each one's "
-                     "last checkpoint is redone)")
+        lines.append(
+            f"time lost: {lost:.1f} s in failed attempts and back-off (the work since each one's "
+            "last checkpoint is redone)"
+        )
     lines.append(f"exit code: {exit_code}")
     lines.append("=" * 74)
     return "\n".join(lines) + "\n"
@@ -185,7 +197,7 @@ def _wait(seconds: float, announce: Callable[[], None]) -> Optional[int]:
         announce()
         time.sleep(seconds)
         return None
-    got: List[int] = []
+    got: list[int] = []
     done = threading.Event()
 
     def stop(signum, _frame):
@@ -202,10 +214,16 @@ def _wait(seconds: float, announce: Callable[[], None]) -> Optional[int]:
     return got[0] if got else None
 
 
-def run_job(spec: JobSpec, first_plan: LaunchPlan, *, build: Callable[[JobSpec], LaunchPlan],
-            start: Callable[..., JobResult], err: Optional[TextIO] = None,
-            wait: Callable[[float, Callable[[], None]], Optional[int]] = _wait,
-            clock: Callable[[], float] = time.monotonic) -> JobResult:
+def run_job(
+    spec: JobSpec,
+    first_plan: LaunchPlan,
+    *,
+    build: Callable[[JobSpec], LaunchPlan],
+    start: Callable[..., JobResult],
+    err: Optional[TextIO] = None,
+    wait: Callable[[float, Callable[[], None]], Optional[int]] = _wait,
+    clock: Callable[[], float] = time.monotonic,
+) -> JobResult:
     """Run the job, and again after a failure while --max-restarts allows; the last JobResult.
 
     ``build(spec) -> plan`` plans a later attempt (the first plan is given: it was shown or checked
@@ -225,12 +243,19 @@ def run_job(spec: JobSpec, first_plan: LaunchPlan, *, build: Callable[[JobSpec],
             watch.close()
 
 
-def _attempts(spec: JobSpec, plan: LaunchPlan, build: Callable[[JobSpec], LaunchPlan], start: Callable[..., JobResult],
-              err: TextIO, wait: Callable[[float, Callable[[], None]], Optional[int]], clock: Callable[[], float],
-              watch: Optional[HangWatch]) -> JobResult:
+def _attempts(
+    spec: JobSpec,
+    plan: LaunchPlan,
+    build: Callable[[JobSpec], LaunchPlan],
+    start: Callable[..., JobResult],
+    err: TextIO,
+    wait: Callable[[float, Callable[[], None]], Optional[int]],
+    clock: Callable[[], float],
+    watch: Optional[HangWatch],
+) -> JobResult:
     restart_on = parse_restart_on(spec.restart_on)
-    attempts: List[Attempt] = []
-    lost: List[str] = list(spec.lost_hosts)
+    attempts: list[Attempt] = []
+    lost: list[str] = list(spec.lost_hosts)
     current = attempt_spec(spec, 0, lost)
     while True:
         options = {}
@@ -245,13 +270,16 @@ def _attempts(spec: JobSpec, plan: LaunchPlan, build: Callable[[JobSpec], Launch
             break
         restart = len(attempts)
         attempts[-1].backoff_s = backoff_s(restart, spec.restart_backoff)
-        message = (f"gaudi-launch: attempt {restart} failed ({_CAUSE_WORDS[cause]}); restart "
-                   f"{restart} of {spec.max_restarts} in {attempts[-1].backoff_s:g} s")
+        message = (
+            f"gaudi-launch: attempt {restart} failed ({_CAUSE_WORDS[cause]}); restart "
+            f"{restart} of {spec.max_restarts} in {attempts[-1].backoff_s:g} s"
+        )
         signum = wait(attempts[-1].backoff_s, lambda: _say(err, message))
         if signum is not None:
             _say(err, f"gaudi-launch: received {signal.Signals(signum).name} during the back-off: no restart")
-            result = dataclasses.replace(result, exit_code=for_signal(signum),
-                                         interrupted_by=signal.Signals(signum).name)
+            result = dataclasses.replace(
+                result, exit_code=for_signal(signum), interrupted_by=signal.Signals(signum).name
+            )
             break
         if cause == "host":  # left out from now on (a spare, if any, takes its place)
             lost += [h for h in lost_hosts_in(result.lost, [n.host for n in plan.nodes]) if h not in lost]

@@ -6,6 +6,7 @@ first non-zero exit tears the rest down: SIGTERM to every other process group, S
 grace period. Signals to the launcher (INT, TERM, HUP) tear the job down the same way. The result is
 a record (``JobResult``) with one failure summary, root cause first.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -18,21 +19,22 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Callable, Optional, TextIO
 
 from gaudi_launch.exitcodes import ExitCode, for_signal
 from gaudi_launch.process.logfiles import open_log, prepare_log_dir
 from gaudi_launch.process.progress import LineSplitter
-from gaudi_launch.remote.teardown import describe_unseen
 from gaudi_launch.process.wire import ERROR_MARKER, parse_record
+from gaudi_launch.remote.teardown import describe_unseen
 
-TAIL_KEEP = 200          # lines of output remembered per process for the summary
-TAIL_LINE_CHARS = 2000   # each remembered line is cut to this: tails stay bounded in bytes too
+TAIL_KEEP = 200  # lines of output remembered per process for the summary
+TAIL_LINE_CHARS = 2000  # each remembered line is cut to this: tails stay bounded in bytes too
 LINE_READ_MAX = 1 << 20  # bytes read as one line at most (a line without newline never ends)
-RECORDS_KEEP = 1024      # error records kept per process (one per failing rank; a loop could print more)
-SUMMARY_LINES = 25       # lines shown when there is no traceback
-TRACEBACK_LINES = 60     # at most this much of a traceback
+RECORDS_KEEP = 1024  # error records kept per process (one per failing rank; a loop could print more)
+SUMMARY_LINES = 25  # lines shown when there is no traceback
+TRACEBACK_LINES = 60  # at most this much of a traceback
 _COLORS = ["36", "33", "35", "32", "34", "31", "96", "93"]
 
 
@@ -42,16 +44,16 @@ class ProcSpec:
 
     rank: int
     host: str
-    argv: List[str]
-    env: Dict[str, str]
+    argv: list[str]
+    env: dict[str, str]
     cwd: Optional[str] = None
     label: Optional[str] = None
     # For one process that starts many ranks (mpirun, deepspeed): rank -> host, a function that
     # tells which rank a line of output came from, and one that reads the process's own report of
     # which rank failed.
-    ranks: Optional[Dict[int, str]] = None
-    demux: Optional[Callable[[], Callable[[Optional[str]], List[Tuple[Optional[int], str]]]]] = None
-    explain: Optional[Callable[[List[str]], Optional["Culprit"]]] = None
+    ranks: Optional[dict[int, str]] = None
+    demux: Optional[Callable[[], Callable[[Optional[str]], list[tuple[Optional[int], str]]]]] = None
+    explain: Optional[Callable[[list[str]], Optional[Culprit]]] = None
     # Stops the ranks this process started elsewhere (job-scoped, on every host). With it, the
     # local process group gets only SIGKILL: its own SIGTERM handler may do harm (DeepSpeed's
     # runner pkills by pattern on every host).
@@ -65,7 +67,7 @@ class ProcSpec:
         return self.label or f"rank {self.rank}"
 
     @property
-    def rank_hosts(self) -> Dict[int, str]:
+    def rank_hosts(self) -> dict[int, str]:
         return self.ranks or {self.rank: self.host}
 
 
@@ -76,7 +78,7 @@ class Culprit:
     rank: Optional[int]
     host: str
     status: str
-    excerpt: List[str]
+    excerpt: list[str]
     exit_code: Optional[int] = None  # its own code, when its launcher returns another (srun: 143)
 
 
@@ -87,15 +89,15 @@ class ProcResult:
     name: str
     pid: Optional[int]
     returncode: Optional[int]  # Popen convention: -N means killed by signal N
-    state: str                 # "ok", "failed", "torn down", "not started"
+    state: str  # "ok", "failed", "torn down", "not started"
     runtime_s: float
-    tail: List[str] = field(default_factory=list)       # all output lines, in order
-    killed: bool = False       # needed SIGKILL after the grace period
-    rank_tails: Dict[int, List[str]] = field(default_factory=dict)
-    records: List[dict] = field(default_factory=list)   # workers' error records, in arrival order
-    rank_hosts: Dict[int, str] = field(default_factory=dict)
-    explain: Optional[Callable[[List[str]], Optional[Culprit]]] = None
-    launcher: bool = False     # it started ranks (mpirun, deepspeed), even a single one
+    tail: list[str] = field(default_factory=list)  # all output lines, in order
+    killed: bool = False  # needed SIGKILL after the grace period
+    rank_tails: dict[int, list[str]] = field(default_factory=dict)
+    records: list[dict] = field(default_factory=list)  # workers' error records, in arrival order
+    rank_hosts: dict[int, str] = field(default_factory=dict)
+    explain: Optional[Callable[[list[str]], Optional[Culprit]]] = None
+    launcher: bool = False  # it started ranks (mpirun, deepspeed), even a single one
 
     def __post_init__(self):
         self.rank_hosts = self.rank_hosts or {self.rank: self.host}
@@ -108,7 +110,7 @@ class ProcResult:
 @dataclass
 class JobResult:
     exit_code: int
-    procs: List[ProcResult]
+    procs: list[ProcResult]
     first_failure: Optional[ProcResult]
     culprit: Optional[Culprit]
     interrupted_by: Optional[str]
@@ -121,7 +123,7 @@ class JobResult:
         return self.exit_code == 0
 
     @property
-    def exit_codes(self) -> Dict[int, Optional[int]]:
+    def exit_codes(self) -> dict[int, Optional[int]]:
         return {p.rank: p.returncode for p in self.procs}
 
 
@@ -145,7 +147,7 @@ def describe_returncode(returncode: Optional[int]) -> str:
     return f"exit code {returncode}"
 
 
-def failure_excerpt(tail: List[str]) -> List[str]:
+def failure_excerpt(tail: list[str]) -> list[str]:
     """The Python traceback at the end of the output when there is one, else the last lines."""
     for i in range(len(tail) - 1, -1, -1):
         if tail[i].startswith("Traceback (most recent call last)"):
@@ -178,17 +180,30 @@ def find_culprit(first: ProcResult) -> Culprit:
                 tail = first.rank_tails.get(found.rank) if found.rank is not None else None
                 found.excerpt = failure_excerpt(tail or first.tail)
             return found
-    return Culprit(first.rank, first.host, first.status,
-                   failure_excerpt(first.rank_tails.get(first.rank) or first.tail))
+    return Culprit(
+        first.rank, first.host, first.status, failure_excerpt(first.rank_tails.get(first.rank) or first.tail)
+    )
 
 
-def format_summary(first: Optional[ProcResult], culprit: Optional[Culprit], procs: List[ProcResult],
-                   interrupted_by: Optional[str], exit_code: int, log_dir: Optional[str],
-                   lost: Optional[str] = None, hung: Optional[str] = None) -> str:
+def format_summary(
+    first: Optional[ProcResult],
+    culprit: Optional[Culprit],
+    procs: list[ProcResult],
+    interrupted_by: Optional[str],
+    exit_code: int,
+    log_dir: Optional[str],
+    lost: Optional[str] = None,
+    hung: Optional[str] = None,
+) -> str:
     """One failure summary, root cause first. Pure: built from results only."""
     # Ctrl-C or a scheduler's SIGTERM with every rank still healthy: the job was stopped, not broken.
-    title = " gaudi-launch: job interrupted " if interrupted_by and first is None and not (lost or hung) else \
-        " gaudi-launch: job hung " if hung and first is None else " gaudi-launch: job failed "
+    title = (
+        " gaudi-launch: job interrupted "
+        if interrupted_by and first is None and not (lost or hung)
+        else " gaudi-launch: job hung "
+        if hung and first is None
+        else " gaudi-launch: job failed "
+    )
     lines = ["", title.center(74, "=")]
     if lost and first is None:
         lines.append(f"first failure: {lost}")
@@ -210,8 +225,9 @@ def format_summary(first: Optional[ProcResult], culprit: Optional[Culprit], proc
         also += [f"rank {r['rank']}" for r in first.records[1:] if isinstance(r.get("rank"), int)]
     if also:
         lines.append("also failed: " + ", ".join(also))
-    torn = [f"{p.name} ({'SIGKILL after grace period' if p.killed else p.status})"
-            for p in procs if p.state == "torn down"]
+    torn = [
+        f"{p.name} ({'SIGKILL after grace period' if p.killed else p.status})" for p in procs if p.state == "torn down"
+    ]
     if first is not None and len(first.rank_hosts) > 1:
         failed = {r.get("rank") for r in first.records} | {culprit.rank if culprit else None}
         rest = [r for r in sorted(first.rank_hosts) if r not in failed]
@@ -245,22 +261,33 @@ class _Proc:
         self.started = 0.0
         self.ended: Optional[float] = None
         self.returncode: Optional[int] = None
-        self.tail: Deque[str] = deque(maxlen=TAIL_KEEP)
-        self.rank_tails: Dict[int, Deque[str]] = {}
-        self.records: List[dict] = []
-        self.readers: List[threading.Thread] = []
+        self.tail: deque[str] = deque(maxlen=TAIL_KEEP)
+        self.rank_tails: dict[int, deque[str]] = {}
+        self.records: list[dict] = []
+        self.readers: list[threading.Thread] = []
         self.state = "not started"
         self.killed = False
 
 
 class Supervisor:
-    def __init__(self, specs: List[ProcSpec], *, grace: float = 10.0, log_dir: Optional[str] = None,
-                 stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
-                 color: Optional[bool] = None, mask: Callable[[str], str] = lambda s: s,
-                 handle_signals: bool = True, watch: Optional[Callable[[], Optional[str]]] = None,
-                 watch_interval: float = 3.0, sweep: Optional[Callable[[int], dict]] = None,
-                 console_ranks: Optional[Sequence[int]] = None,
-                 hang_check: Optional[Callable[[], Optional[str]]] = None, hang_interval: float = 2.0):
+    def __init__(
+        self,
+        specs: list[ProcSpec],
+        *,
+        grace: float = 10.0,
+        log_dir: Optional[str] = None,
+        stdout: Optional[TextIO] = None,
+        stderr: Optional[TextIO] = None,
+        color: Optional[bool] = None,
+        mask: Callable[[str], str] = lambda s: s,
+        handle_signals: bool = True,
+        watch: Optional[Callable[[], Optional[str]]] = None,
+        watch_interval: float = 3.0,
+        sweep: Optional[Callable[[int], dict]] = None,
+        console_ranks: Optional[Sequence[int]] = None,
+        hang_check: Optional[Callable[[], Optional[str]]] = None,
+        hang_interval: float = 2.0,
+    ):
         self.procs = [_Proc(i, s) for i, s in enumerate(specs)]
         self.grace = grace
         self.log_dir = log_dir
@@ -271,10 +298,10 @@ class Supervisor:
         self.color = color
         self.mask = mask
         self.handle_signals = handle_signals and threading.current_thread() is threading.main_thread()
-        self._events: "queue.Queue[tuple]" = queue.Queue()
+        self._events: queue.Queue[tuple] = queue.Queue()
         self._write_lock = threading.Lock()
         self._stop_signal = 0
-        self._logs: Dict[str, Optional[TextIO]] = {}  # None: could not be written (reported once)
+        self._logs: dict[str, Optional[TextIO]] = {}  # None: could not be written (reported once)
         self.watch = watch
         self.watch_interval = watch_interval
         self._done = threading.Event()
@@ -336,8 +363,9 @@ class Supervisor:
 
     def _progress(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
         """A progress state: rewrites its line on a terminal; elsewhere only the finished line is kept."""
-        if not _isatty(sink) or (self.console_ranks is not None and rank is not None
-                                 and rank not in self.console_ranks):
+        if not _isatty(sink) or (
+            self.console_ranks is not None and rank is not None and rank not in self.console_ranks
+        ):
             return
         with self._write_lock:
             try:
@@ -375,8 +403,11 @@ class Supervisor:
                 old.close()
             except OSError:
                 pass  # the unflushed rest fails again: already reported
-        why = "it is a symbolic link (not followed)" if getattr(exc, "errno", None) == errno.ELOOP else \
-            (getattr(exc, "strerror", None) or str(exc))
+        why = (
+            "it is a symbolic link (not followed)"
+            if getattr(exc, "errno", None) == errno.ELOOP
+            else (getattr(exc, "strerror", None) or str(exc))
+        )
         try:
             self.err.write(f"gaudi-launch: cannot write {path}: {why}; its output goes on to the terminal only\n")
             self.err.flush()
@@ -385,7 +416,7 @@ class Supervisor:
 
     def _emit(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
         if text.startswith(ERROR_MARKER):
-            record = parse_record(text[len(ERROR_MARKER):])
+            record = parse_record(text[len(ERROR_MARKER) :])
             if record is not None:
                 with self._write_lock:
                     if len(proc.records) < RECORDS_KEEP:
@@ -421,9 +452,15 @@ class Supervisor:
         proc.started = time.monotonic()
         try:
             popen = subprocess.Popen(
-                spec.argv, env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=_die_with_parent)
+                spec.argv,
+                env=spec.env,
+                cwd=spec.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         except OSError as exc:
             proc.tail.append(f"gaudi-launch could not start {spec.argv[0]!r}: {exc.strerror or exc}")
             proc.returncode = ExitCode.CANNOT_EXECUTE
@@ -516,8 +553,7 @@ class Supervisor:
         if self.watch is not None:
             threading.Thread(target=self._poll, args=(self.watch_interval, self.watch, "lost"), daemon=True).start()
         if self.hang_check is not None:
-            threading.Thread(target=self._poll, args=(self.hang_interval, self.hang_check, "hung"),
-                             daemon=True).start()
+            threading.Thread(target=self._poll, args=(self.hang_interval, self.hang_check, "hung"), daemon=True).start()
         try:
             return self._run()
         finally:
@@ -608,14 +644,25 @@ class Supervisor:
 
     def _result(self, first: Optional[_Proc], interrupted: Optional[str]) -> JobResult:
         now = time.monotonic()
-        results = [ProcResult(
-            rank=p.spec.rank, host=p.spec.host, name=p.spec.name,
-            pid=p.popen.pid if p.popen else None, returncode=p.returncode, state=p.state,
-            runtime_s=((p.ended or now) - p.started) if p.started else 0.0,
-            tail=list(p.tail), killed=p.killed,
-            rank_tails={r: list(t) for r, t in p.rank_tails.items()}, records=list(p.records),
-            rank_hosts=p.spec.rank_hosts, explain=p.spec.explain, launcher=p.spec.ranks is not None)
-            for p in self.procs]
+        results = [
+            ProcResult(
+                rank=p.spec.rank,
+                host=p.spec.host,
+                name=p.spec.name,
+                pid=p.popen.pid if p.popen else None,
+                returncode=p.returncode,
+                state=p.state,
+                runtime_s=((p.ended or now) - p.started) if p.started else 0.0,
+                tail=list(p.tail),
+                killed=p.killed,
+                rank_tails={r: list(t) for r, t in p.rank_tails.items()},
+                records=list(p.records),
+                rank_hosts=p.spec.rank_hosts,
+                explain=p.spec.explain,
+                launcher=p.spec.ranks is not None,
+            )
+            for p in self.procs
+        ]
         first_result = results[first.index] if first else None
         culprit = find_culprit(first_result) if first_result else None
         if first_result is not None:
@@ -623,8 +670,11 @@ class Supervisor:
             assert first_result.returncode is not None
             code = exit_code_for(first_result.returncode)
             record_code = first_result.records[0].get("exit_code") if first_result.records else None
-            if (len(first_result.rank_hosts) > 1 or first_result.launcher) and isinstance(record_code, int) \
-                    and record_code:
+            if (
+                (len(first_result.rank_hosts) > 1 or first_result.launcher)
+                and isinstance(record_code, int)
+                and record_code
+            ):
                 code = record_code  # the failing rank's own code, not its launcher's
             elif culprit is not None and culprit.exit_code:
                 code = culprit.exit_code
@@ -638,15 +688,26 @@ class Supervisor:
             code = 0
         summary = ""
         if code != 0:
-            summary = self.mask(format_summary(first_result, culprit, results, interrupted, code, self.log_dir,
-                                               lost=self.lost, hung=self.hung))
+            summary = self.mask(
+                format_summary(
+                    first_result, culprit, results, interrupted, code, self.log_dir, lost=self.lost, hung=self.hung
+                )
+            )
             try:
                 self.err.write(summary)
                 self.err.flush()
             except (OSError, ValueError):
                 pass
-        return JobResult(exit_code=code, procs=results, first_failure=first_result, culprit=culprit,
-                         interrupted_by=interrupted, summary=summary, hung=self.hung, lost=self.lost)
+        return JobResult(
+            exit_code=code,
+            procs=results,
+            first_failure=first_result,
+            culprit=culprit,
+            interrupted_by=interrupted,
+            summary=summary,
+            hung=self.hung,
+            lost=self.lost,
+        )
 
 
 def _clip(line: str) -> str:
@@ -662,5 +723,5 @@ def _isatty(stream) -> bool:
         return False
 
 
-def supervise(specs: List[ProcSpec], **kwargs) -> JobResult:
+def supervise(specs: list[ProcSpec], **kwargs) -> JobResult:
     return Supervisor(specs, **kwargs).run()

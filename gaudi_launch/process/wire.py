@@ -5,6 +5,7 @@ relay.py, read by supervise.py and relay.py): one place, so both ends agree.
   on one line, written by the rank bootstrap when the script fails.
 - ``TORN_DOWN``: the rank was stopped by the job's teardown, not failing on its own (relay.py).
 """
+
 from __future__ import annotations
 
 import json

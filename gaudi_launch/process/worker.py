@@ -14,6 +14,7 @@ optimum-habana runs unchanged. Elsewhere this module imports no torch; the proce
 the script's (``init_process_group``) or the runtime's (``gaudi_launch.runtime.device``), with the
 device's backend (hccl, nccl, gloo) and --ddp_timeout.
 """
+
 from __future__ import annotations
 
 import gc
@@ -30,15 +31,16 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
+from collections.abc import Mapping, MutableMapping
+from typing import Optional
 
-from gaudi_launch.process import relay
+from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
 from gaudi_launch.plan.contract import elastic_env, node_layout, node_visibility, read_error_file
+from gaudi_launch.process import relay
 from gaudi_launch.process.heartbeats import HEARTBEAT_DIR, install_stack_dump
+from gaudi_launch.process.wire import TORN_DOWN, record_line
 from gaudi_launch.remote.jobdir import JobDirError, check_private_dir, clean_stale, path_for, read_job
 from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
-from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
-from gaudi_launch.process.wire import TORN_DOWN, record_line
 
 # Where other launchers put the rank layout, in order of preference for each torchrun name.
 _SOURCES = {
@@ -51,7 +53,7 @@ _SOURCES = {
 }
 
 
-def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Dict[str, str]:
+def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> dict[str, str]:
     """The torchrun names (plus DeepSpeed's aliases) filled in from whichever launcher ran us. Pure."""
     if env.get("GAUDI_LAUNCH_RANKS_FROM") == "slurm":
         # srun started us (the slurm backend): its task variables are the layout, whatever
@@ -60,7 +62,7 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> Di
         merged = {**env, **layout, "GAUDI_LAUNCH_RANKS_FROM": ""}
         combined = {**layout, **normalize_env(merged, cpu_count)}
         return {k: v for k, v in combined.items() if env.get(k) != v}
-    out: Dict[str, str] = {}
+    out: dict[str, str] = {}
     for name, sources in _SOURCES.items():
         for src in sources:
             if env.get(src, "") != "":
@@ -98,7 +100,7 @@ JOB_DIGEST_FLAG = "--job-sha256="
 _STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")
 
 
-def take_local_rank(argv: List[str]) -> Tuple[Optional[str], List[str]]:
+def take_local_rank(argv: list[str]) -> tuple[Optional[str], list[str]]:
     """DeepSpeed's launch.py puts ``--local_rank=N`` before our own arguments (--append-local-rank):
     take it off, to go after the script as DeepSpeed gives it. Pure."""
     if len(argv) > 1 and argv[1].startswith(JOB_FILE_FLAG) and re.fullmatch(r"--local_rank=\d+", argv[0]):
@@ -106,22 +108,23 @@ def take_local_rank(argv: List[str]) -> Tuple[Optional[str], List[str]]:
     return None, argv
 
 
-def job_argv(path: str, digest: str) -> List[str]:
+def job_argv(path: str, digest: str) -> list[str]:
     """What a backend puts on argv for the job file: its path and digest, no value."""
     return [JOB_FILE_FLAG + path, JOB_DIGEST_FLAG + digest]
 
 
-def read_job_argv(argv: List[str]) -> dict:
+def read_job_argv(argv: list[str]) -> dict:
     """The job file named by argv[0:2] (``job_argv``), checked: ours, private, the right digest."""
     if len(argv) < 2 or not argv[1].startswith(JOB_DIGEST_FLAG):
         raise JobDirError(f"{JOB_FILE_FLAG}PATH must be followed by {JOB_DIGEST_FLAG}DIGEST")
-    return read_job(argv[0][len(JOB_FILE_FLAG):], argv[1][len(JOB_DIGEST_FLAG):])
+    return read_job(argv[0][len(JOB_FILE_FLAG) :], argv[1][len(JOB_DIGEST_FLAG) :])
 
 
 def uses_hpu(environ: Mapping[str, str]) -> bool:
     """The Gaudi stack is installed (found, not imported) and --device did not say otherwise."""
-    return (environ.get("GAUDI_LAUNCH_DEVICE", "hpu") == "hpu"
-            and importlib.util.find_spec("habana_frameworks") is not None)
+    return (
+        environ.get("GAUDI_LAUNCH_DEVICE", "hpu") == "hpu" and importlib.util.find_spec("habana_frameworks") is not None
+    )
 
 
 def _private_job_dir(job: str) -> str:
@@ -145,7 +148,7 @@ def _clean_dead_jobs() -> None:
         pass  # housekeeping only: never a reason for the rank to fail
 
 
-def _hpu_env(script_args: List[str], environ: MutableMapping[str, str]) -> Dict[str, str]:
+def _hpu_env(script_args: list[str], environ: MutableMapping[str, str]) -> dict[str, str]:
     # The bridge reads lazy mode and the autocast op lists once, at import, and `import torch`
     # imports it (SynapseAI >= 1.18): they must be in place before the script's first line.
     job = environ.get("GAUDI_LAUNCH_JOB_ID", "")
@@ -153,8 +156,10 @@ def _hpu_env(script_args: List[str], environ: MutableMapping[str, str]) -> Dict[
         job_dir = _private_job_dir(job) if job else None
         return hpu_env_for_script(script_args, environ, job_dir)
     except OSError as exc:  # e.g. an unwritable TMPDIR: the runtime tries again, later
-        print(f"gaudi-launch worker: could not write the autocast op lists ({exc}); set TMPDIR to a "
-              "writable directory", file=sys.stderr)
+        print(
+            f"gaudi-launch worker: could not write the autocast op lists ({exc}); set TMPDIR to a writable directory",
+            file=sys.stderr,
+        )
         return {}
 
 
@@ -164,12 +169,16 @@ def _register_hccl() -> None:
     try:
         importlib.import_module("habana_frameworks.torch.distributed.hccl")
     except Exception as exc:  # the script may not need it: say so and go on
-        print(f"gaudi-launch worker: the HCCL backend did not load ({type(exc).__name__}: {exc}); "
-              "init_process_group('hccl') will fail on this rank", file=sys.stderr)
+        print(
+            f"gaudi-launch worker: the HCCL backend did not load ({type(exc).__name__}: {exc}); "
+            "init_process_group('hccl') will fail on this rank",
+            file=sys.stderr,
+        )
 
 
-def error_record(environ: Mapping[str, str], exc: Optional[BaseException] = None,
-                 exit_code: Optional[int] = None) -> dict:
+def error_record(
+    environ: Mapping[str, str], exc: Optional[BaseException] = None, exit_code: Optional[int] = None
+) -> dict:
     record = {
         "rank": int(environ["RANK"]) if environ.get("RANK", "").isdigit() else None,
         "host": socket.gethostname(),
@@ -193,8 +202,10 @@ def error_record(environ: Mapping[str, str], exc: Optional[BaseException] = None
 def format_user_traceback(exc: BaseException) -> str:
     """The traceback as `python script.py` would print it: without our and runpy's frames."""
     tb = exc.__traceback__
-    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
-                              or tb.tb_frame.f_code.co_filename.endswith("runpy.py")):
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
+        or tb.tb_frame.f_code.co_filename.endswith("runpy.py")
+    ):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
@@ -250,7 +261,7 @@ def _end_group() -> None:
             pass
 
 
-def run(argv: List[str], environ: MutableMapping[str, str] = os.environ) -> int:
+def run(argv: list[str], environ: MutableMapping[str, str] = os.environ) -> int:
     try:
         return _run(argv, environ)
     finally:
@@ -265,14 +276,15 @@ _RELAYED = False  # our output goes through a relay (relay.py): ranks started fr
 _RELAYED_FLAG = "--gaudi-launch-relayed"
 
 
-def _error_file(environ: Mapping[str, str]) -> Dict[str, str]:
+def _error_file(environ: Mapping[str, str]) -> dict[str, str]:
     """A private TORCHELASTIC_ERROR_FILE per rank, as torchrun gives, for torch's @record."""
     global _ERROR_DIR
     if not environ.get("GAUDI_LAUNCH_JOB_ID"):
         return {}
     try:
-        _ERROR_DIR = tempfile.mkdtemp(prefix=f"gaudi-launch-{environ['GAUDI_LAUNCH_JOB_ID']}-"
-                                             f"rank{environ.get('RANK', '')}-")
+        _ERROR_DIR = tempfile.mkdtemp(
+            prefix=f"gaudi-launch-{environ['GAUDI_LAUNCH_JOB_ID']}-rank{environ.get('RANK', '')}-"
+        )
     except OSError:
         return {}
     return {"TORCHELASTIC_ERROR_FILE": os.path.join(_ERROR_DIR, "error.json")}
@@ -321,7 +333,7 @@ def watch_launcher(grace: float) -> bool:
     return True
 
 
-def _watch(fds: List[int], rank_gone: int, grace: float) -> None:
+def _watch(fds: list[int], rank_gone: int, grace: float) -> None:
     """The watcher process: in the rank's group, so that whatever ends the group ends it too, but
     deaf to the stop signals the group gets, so that its SIGKILL follows its SIGTERM."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
@@ -344,7 +356,7 @@ def _watch(fds: List[int], rank_gone: int, grace: float) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
-def cwd_on_path(env: Mapping[str, str], environ: Mapping[str, str], job_dir: str, cwd: str) -> Dict[str, str]:
+def cwd_on_path(env: Mapping[str, str], environ: Mapping[str, str], job_dir: str, cwd: str) -> dict[str, str]:
     """DeepSpeed's multi-node runners put their working directory first on the ranks' PYTHONPATH;
     ours is the job directory, so put the launcher's directory there instead, as `deepspeed` would. Pure."""
     if job_dir not in environ.get("PYTHONPATH", "").split(os.pathsep):
@@ -367,7 +379,7 @@ def _whole_lines() -> None:
             pass
 
 
-def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
+def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
     global _RELAYED
     if argv[:1] == [_RELAYED_FLAG]:  # re-executed below, with the relay already in place
         _RELAYED, argv = True, argv[1:]
@@ -377,10 +389,11 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
             job = read_job_argv(argv)
             os.chdir(job["cwd"])  # the launcher's; never pasted into a remote shell line
         except (OSError, ValueError, KeyError) as exc:
-            print(f"gaudi-launch worker on {socket.gethostname()}: cannot start from the job file: {exc}",
-                  file=sys.stderr)
+            print(
+                f"gaudi-launch worker on {socket.gethostname()}: cannot start from the job file: {exc}", file=sys.stderr
+            )
             return 2
-        job_dir = os.path.dirname(argv[0][len(JOB_FILE_FLAG):])
+        job_dir = os.path.dirname(argv[0][len(JOB_FILE_FLAG) :])
         program = list(job["argv"])
         if local_rank and program:  # script --local_rank=N args..., as DeepSpeed runs it
             fixed = node_layout({**environ, **job["env"]}).get("LOCAL_RANK")
@@ -390,8 +403,11 @@ def _run(argv: List[str], environ: MutableMapping[str, str]) -> int:
         relay.start(environ.get("RANK", ""))  # from here on we are the rank, our output relayed
         _RELAYED = True
         if any(env.get(k, environ.get(k)) != environ.get(k) for k in _STARTUP_VARS):
-            os.execve(sys.executable, [sys.executable, "-u", "-m", "gaudi_launch.process.worker", _RELAYED_FLAG, *argv],
-                      {**environ, **env})
+            os.execve(
+                sys.executable,
+                [sys.executable, "-u", "-m", "gaudi_launch.process.worker", _RELAYED_FLAG, *argv],
+                {**environ, **env},
+            )
         environ.update(env)
     _whole_lines()
     if not argv or argv == ["-m"]:

@@ -6,13 +6,15 @@ AUTHORIZED_KEYS_FILE (a mounted file), SSHD_AUTHORIZED_KEYS (the file sshd reads
 Keys are compared by their base64 blob, not by line, so a key with another comment or options is
 not added twice; the file is only ever appended to. Exit 2 with the reason on bad input.
 """
+
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 import tempfile
-from typing import Iterable, List, Optional, Tuple
+from collections.abc import Iterable
+from typing import Optional
 
 KEY_TYPE_PREFIXES = ("ssh-", "ecdsa-", "sk-")
 
@@ -30,13 +32,13 @@ def key_blob(line: str) -> Optional[str]:
     return None
 
 
-def key_lines(text: str) -> List[str]:
+def key_lines(text: str) -> list[str]:
     """The non-comment, non-empty lines (CRLF tolerated). Pure."""
     lines = (line.rstrip("\r") for line in text.splitlines())
     return [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
-def to_append(existing: str, offered: Iterable[str]) -> Tuple[str, int, int]:
+def to_append(existing: str, offered: Iterable[str]) -> tuple[str, int, int]:
     """(text to append to ``existing``, keys added, keys already present). Pure.
 
     A file whose last line has no newline gets one first, so the old last key is not glued to ours.
@@ -61,8 +63,15 @@ def check_public_key(line: str, what: str, keygen: str) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".pub") as f:
         f.write(line + "\n")
         f.flush()
-        ok = subprocess.run([keygen, "-l", "-f", f.name], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL).returncode == 0
+        ok = (
+            subprocess.run(
+                [keygen, "-l", "-f", f.name],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+            ).returncode
+            == 0
+        )
     if not ok:
         raise BadKey(f"{what} is not an SSH public key: '{line[:60]}' (expected 'ssh-ed25519 AAAA... comment')")
 
@@ -70,8 +79,7 @@ def check_public_key(line: str, what: str, keygen: str) -> None:
 def add_keys(what: str, text: str, target: str, keygen: str) -> str:
     """Append the keys of ``text`` to ``target``; return the log line."""
     if "PRIVATE KEY" in text:
-        raise BadKey(f"{what} holds a PRIVATE key: give the PUBLIC key (the .pub file, "
-                        "'ssh-ed25519 AAAA... comment')")
+        raise BadKey(f"{what} holds a PRIVATE key: give the PUBLIC key (the .pub file, 'ssh-ed25519 AAAA... comment')")
     lines = key_lines(text)
     for line in lines:
         check_public_key(line, what, keygen)
@@ -86,7 +94,7 @@ def add_keys(what: str, text: str, target: str, keygen: str) -> str:
     return f"authorized keys from {what}: {added} added, {present} already in {target}"
 
 
-def setup(required: bool, extra: Optional[str], environ=os.environ) -> List[str]:
+def setup(required: bool, extra: Optional[str], environ=os.environ) -> list[str]:
     """The whole step for a worker (required) or the leader (its own key as ``extra``); log lines."""
     target = environ.get("SSHD_AUTHORIZED_KEYS") or os.path.expanduser("~/.ssh/authorized_keys")
     keygen = environ.get("SSH_KEYGEN", "ssh-keygen")
@@ -110,8 +118,9 @@ def setup(required: bool, extra: Optional[str], environ=os.environ) -> List[str]
     if "AUTHORIZED_KEY" in environ:
         given = True
         if not environ["AUTHORIZED_KEY"]:
-            raise BadKey("AUTHORIZED_KEY is set but empty (did the command that should print the "
-                            "leader's public key fail?)")
+            raise BadKey(
+                "AUTHORIZED_KEY is set but empty (did the command that should print the leader's public key fail?)"
+            )
         log.append(add_keys("AUTHORIZED_KEY", environ["AUTHORIZED_KEY"], target, keygen))
     if extra:
         with open(extra) as f:
@@ -119,14 +128,16 @@ def setup(required: bool, extra: Optional[str], environ=os.environ) -> List[str]
     if required and not given:
         with open(target) as f:
             if not any(key_blob(line) for line in key_lines(f.read())):
-                raise BadKey("no authorized key: nobody could log in to this worker. Give the leader's public "
-                                "key with -e AUTHORIZED_KEY=\"$(cat leader_key.pub)\" or mount it and set "
-                                "AUTHORIZED_KEYS_FILE=/path/in/container (sshd not started)")
+                raise BadKey(
+                    "no authorized key: nobody could log in to this worker. Give the leader's public "
+                    'key with -e AUTHORIZED_KEY="$(cat leader_key.pub)" or mount it and set '
+                    "AUTHORIZED_KEYS_FILE=/path/in/container (sshd not started)"
+                )
         log.append(f"no AUTHORIZED_KEY / AUTHORIZED_KEYS_FILE given: using the keys already in {target}")
     return log
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     tag = os.environ.get("ENTRYPOINT_LOG_TAG", "gaudi-launch-entrypoint")
     try:
         for line in setup(argv[0] == "1", argv[1] if len(argv) > 1 else None):

@@ -6,16 +6,18 @@ list, bounded by what this process may open: every ssh child holds a few descrip
 pipes, a socket), and a pool wider than the open-file limit would fail hosts for no reason of theirs.
 Results come back keyed by host, in the order of the hosts given (a host named twice runs once).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
 import resource
-from typing import Callable, Dict, Optional, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Callable, Optional, TypeVar
 
 R = TypeVar("R")
 
 MAX_WORKERS = 512
-FDS_PER_CALL = 8   # an ssh child's pipes (3 x 2 ends while it starts) and its socket, with room
+FDS_PER_CALL = 8  # an ssh child's pipes (3 x 2 ends while it starts) and its socket, with room
 
 
 def pool_size(hosts: int, fd_limit: Optional[int] = None) -> int:
@@ -27,13 +29,20 @@ def pool_size(hosts: int, fd_limit: Optional[int] = None) -> int:
             fd_limit = 1024
         if fd_limit == resource.RLIM_INFINITY:
             fd_limit = 1 << 20
-    room = max(4, (fd_limit - 64) // FDS_PER_CALL)   # 64: what the launcher holds itself
+    room = max(4, (fd_limit - 64) // FDS_PER_CALL)  # 64: what the launcher holds itself
     return max(1, min(hosts, room, MAX_WORKERS))
 
 
-def per_host(hosts: Sequence[str], fn: Callable[[str], R], *, timeout: Optional[float] = None,
-             default: Optional[Callable[[str], R]] = None, on_done: Optional[Callable[[str, R], None]] = None,
-             workers: Optional[int] = None, name: str = "per-host") -> Dict[str, R]:
+def per_host(
+    hosts: Sequence[str],
+    fn: Callable[[str], R],
+    *,
+    timeout: Optional[float] = None,
+    default: Optional[Callable[[str], R]] = None,
+    on_done: Optional[Callable[[str, R], None]] = None,
+    workers: Optional[int] = None,
+    name: str = "per-host",
+) -> dict[str, R]:
     """``fn(host)`` for every distinct host, all at once (see pool_size); {host: result} in the order
     of ``hosts``. ``on_done(host, result)`` is called as each finishes (in this thread). A host still
     running after ``timeout`` seconds gets ``default(host)`` (``fn`` should bound its own time; this
@@ -42,9 +51,8 @@ def per_host(hosts: Sequence[str], fn: Callable[[str], R], *, timeout: Optional[
     unique = list(dict.fromkeys(hosts))
     if not unique:
         return {}
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers or pool_size(len(unique)),
-                                                 thread_name_prefix=name)
-    results: Dict[str, R] = {}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers or pool_size(len(unique)), thread_name_prefix=name)
+    results: dict[str, R] = {}
     error: Optional[BaseException] = None
     try:
         futures = {pool.submit(fn, h): h for h in unique}

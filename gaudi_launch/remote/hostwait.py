@@ -5,13 +5,15 @@ leader must not fail because a worker's sshd is a second late). Each host is pro
 for an SSH banner; progress goes to stderr; hosts still silent after S seconds are named with why
 (refused, timed out, no banner), and nothing is started (exit 3, as a failed pre-flight).
 """
+
 from __future__ import annotations
 
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
@@ -46,15 +48,20 @@ def probe_ssh(addr: str, port: int, timeout: float = 2.0) -> Optional[str]:
     return "answers, but not with an SSH banner" if banner else "connection closed without an SSH banner"
 
 
-def wait_for(endpoints: Sequence[Endpoint], seconds: float, *, probe: Callable = probe_ssh,
-             log: Callable[[str], None] = lambda line: print(f"gaudi-launch: {line}", file=sys.stderr,
-                                                              flush=True),
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+def wait_for(
+    endpoints: Sequence[Endpoint],
+    seconds: float,
+    *,
+    probe: Callable = probe_ssh,
+    log: Callable[[str], None] = lambda line: print(f"gaudi-launch: {line}", file=sys.stderr, flush=True),
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Return once every endpoint answers; raise HostsUnreachable naming the silent ones after ``seconds``."""
     start = clock()
     deadline = start + seconds
-    pending: List[Endpoint] = list(endpoints)
-    why: Dict[str, str] = {}
+    pending: list[Endpoint] = list(endpoints)
+    why: dict[str, str] = {}
     last_report = None
     log(f"waiting up to {seconds:g} s for {len(pending)} host(s) to answer on their SSH port")
     with ThreadPoolExecutor(max_workers=min(64, max(1, len(pending)))) as pool:
@@ -78,7 +85,8 @@ def wait_for(endpoints: Sequence[Endpoint], seconds: float, *, probe: Callable =
                     f"unreachable host(s) after waiting {seconds:g} s: " + ", ".join(h for h, _, _ in pending),
                     where="--wait-hosts",
                     hint="is sshd running there (container started, the right --ssh-port) and does the "
-                         "network allow it? Wait longer with a larger --wait-hosts")
+                    "network allow it? Wait longer with a larger --wait-hosts",
+                )
             if last_report is None or now - last_report >= REPORT_EVERY:
                 last_report = now
                 for host, _, port in pending:

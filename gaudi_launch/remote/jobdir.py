@@ -7,6 +7,7 @@ receive`` over ssh's stdin; argv carries only the path and a SHA-256 digest (of 
 random key, so the digest reveals nothing about short values). A directory left behind by a killed
 job is removed at the next start on that host, once nothing carries its job id any more.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,12 +20,13 @@ import stat
 import sys
 import tempfile
 import time
-from typing import Iterable, List, Mapping, Optional, Set
+from collections.abc import Iterable, Mapping
+from typing import Optional
 
 PREFIX = "gaudi-launch-"
 JOB_FILE = "job.json"
 OWNER_FILE = "owner"
-STALE_AFTER_S = 120.0   # a directory this young may belong to a job whose ranks are still starting
+STALE_AFTER_S = 120.0  # a directory this young may belong to a job whose ranks are still starting
 # What a path on DeepSpeed's pdsh line may contain: it is pasted into a remote shell unquoted.
 SAFE_PATH = re.compile(r"[A-Za-z0-9_./-]+")
 # What follows PREFIX in a job's directories: its id, or its id and a rank's private directory
@@ -40,10 +42,11 @@ def path_for(job_id: str, tmp: Optional[str] = None) -> str:
     return os.path.join(tmp or tempfile.gettempdir(), PREFIX + job_id)
 
 
-def payload(env: Mapping[str, str], argv: List[str], module: bool, cwd: str, key: str) -> bytes:
+def payload(env: Mapping[str, str], argv: list[str], module: bool, cwd: str, key: str) -> bytes:
     """What a rank needs and no launcher may mangle. Deterministic for one plan. Pure."""
-    return json.dumps({"env": dict(env), "argv": list(argv), "module": module, "cwd": cwd, "key": key},
-                      sort_keys=True).encode()
+    return json.dumps(
+        {"env": dict(env), "argv": list(argv), "module": module, "cwd": cwd, "key": key}, sort_keys=True
+    ).encode()
 
 
 def digest(data: bytes) -> str:
@@ -56,8 +59,9 @@ def check_private_dir(path: str) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise JobDirError(f"{path} exists and is not a directory")
     if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise JobDirError(f"{path} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, "
-                          "not to this user with mode 700")
+        raise JobDirError(
+            f"{path} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, not to this user with mode 700"
+        )
 
 
 def create(path: str) -> None:
@@ -114,6 +118,7 @@ def receive(directory: str, want: str, data: bytes) -> None:
 
 # ---------------------------------------------------------------- leftovers of killed jobs
 
+
 def _start_time(pid: int) -> Optional[int]:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -122,9 +127,9 @@ def _start_time(pid: int) -> Optional[int]:
         return None
 
 
-def live_job_ids() -> Set[str]:
+def live_job_ids() -> set[str]:
     """The job ids that processes of this user on this host still carry."""
-    ids: Set[str] = set()
+    ids: set[str] = set()
     needle = b"GAUDI_LAUNCH_JOB_ID="
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -134,11 +139,11 @@ def live_job_ids() -> Set[str]:
             continue
         for item in env.split(b"\0"):
             if item.startswith(needle):
-                ids.add(item[len(needle):].decode(errors="replace"))
+                ids.add(item[len(needle) :].decode(errors="replace"))
     return ids
 
 
-def is_stale(owner: Optional[str], job_id: str, age_s: float, live_ids: Set[str], hostname: str) -> bool:
+def is_stale(owner: Optional[str], job_id: str, age_s: float, live_ids: set[str], hostname: str) -> bool:
     """Whether a job directory belongs to a job that is over. Pure.
 
     ``owner`` is its owner record ('host pid start'), None when it has none. A directory another
@@ -157,11 +162,11 @@ def is_stale(owner: Optional[str], job_id: str, age_s: float, live_ids: Set[str]
 
 def _job_id(name: str) -> Optional[str]:
     """The job id in a job directory's name; None for any other name. Pure."""
-    m = _JOB_DIR_NAME.fullmatch(name[len(PREFIX):]) if name.startswith(PREFIX) else None
+    m = _JOB_DIR_NAME.fullmatch(name[len(PREFIX) :]) if name.startswith(PREFIX) else None
     return m.group(1) if m else None
 
 
-def clean_stale(tmp: Optional[str] = None, now: Optional[float] = None) -> List[str]:
+def clean_stale(tmp: Optional[str] = None, now: Optional[float] = None) -> list[str]:
     """Remove this user's job directories whose jobs are over; the paths removed."""
     tmp = tmp or tempfile.gettempdir()
     now = time.time() if now is None else now
@@ -200,7 +205,7 @@ def remove(directories: Iterable[str]) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     """``receive DIR DIGEST`` (the job file on stdin) or ``remove DIR``: run on remote hosts over ssh."""
     try:
         if argv[:1] == ["receive"] and len(argv) == 3:

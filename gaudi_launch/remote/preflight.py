@@ -8,6 +8,7 @@ is the master port free. Every failure comes with a reason and a fix, as one tab
 Pure parts (``classify_ssh_error``, ``CheckReport``; the probe itself is probe.py)
 are tested without a network; ``check_hosts`` does the I/O. Never imports torch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from gaudi_launch.remote.fanout import per_host
 from gaudi_launch.remote import probe
+from gaudi_launch.remote.fanout import per_host
 from gaudi_launch.remote.sshmux import SESSION_AGENT, read_until
 
 DEFAULT_KEYS = ("id_ed25519", "id_rsa", "id_ecdsa")
@@ -37,30 +38,30 @@ _AGENT = "ssh-agent keys"
 
 @dataclass
 class SshOptions:
-    port: Optional[int] = None          # --ssh-port; None: from the ssh config for that host, else 22
-    identity: Optional[str] = None      # --ssh-identity; None: ssh config / default keys / agent
-    config: Optional[str] = None        # --ssh-config; None: ~/.ssh/config if it exists
-    timeout: float = 10.0               # --ssh-timeout: connect timeout (also banner and auth)
-    strict: bool = False                # --strict-host-keys: refuse unknown host keys (else accept-new)
-    known_hosts: Optional[str] = None   # None: UserKnownHostsFile of the ssh config, else ~/.ssh/known_hosts
+    port: Optional[int] = None  # --ssh-port; None: from the ssh config for that host, else 22
+    identity: Optional[str] = None  # --ssh-identity; None: ssh config / default keys / agent
+    config: Optional[str] = None  # --ssh-config; None: ~/.ssh/config if it exists
+    timeout: float = 10.0  # --ssh-timeout: connect timeout (also banner and auth)
+    strict: bool = False  # --strict-host-keys: refuse unknown host keys (else accept-new)
+    known_hosts: Optional[str] = None  # None: UserKnownHostsFile of the ssh config, else ~/.ssh/known_hosts
 
 
 @dataclass
 class HostFacts:
-    host: str                           # as in the hostfile (may be user@host)
+    host: str  # as in the hostfile (may be user@host)
     ok: bool
     reason: Optional[str] = None
     fix: Optional[str] = None
     hostname: Optional[str] = None
-    ip_addr: str = ""                   # raw `ip -o addr show` output of that host
+    ip_addr: str = ""  # raw `ip -o addr show` output of that host
     ncpus: Optional[int] = None
     python_ok: Optional[bool] = None
     script_ok: Optional[bool] = None
-    devices: Optional[int] = None       # hl-smi count when hl-smi exists, else None (not checked)
-    openmpi: Optional[str] = None       # `mpirun --version` first line
-    deepspeed: Optional[str] = None     # deepspeed version of the workers' python
+    devices: Optional[int] = None  # hl-smi count when hl-smi exists, else None (not checked)
+    openmpi: Optional[str] = None  # `mpirun --version` first line
+    deepspeed: Optional[str] = None  # deepspeed version of the workers' python
     master_reachable: Optional[bool] = None
-    port_free: Optional[bool] = None    # only for the master host
+    port_free: Optional[bool] = None  # only for the master host
     elapsed_s: float = 0.0
 
 
@@ -155,8 +156,7 @@ def _errno_of(exc: BaseException) -> Optional[int]:
     return getattr(exc, "errno", None)
 
 
-def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
-                       key_tried: Optional[str]) -> tuple[str, str]:
+def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions, key_tried: Optional[str]) -> tuple[str, str]:
     """(reason, fix) for an exception raised while connecting/logging in to ``host``. Pure.
 
     ``host`` is what we connected to, ``user@name`` or ``name``; ``opts.port`` the port used
@@ -180,74 +180,101 @@ def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
 
     if isinstance(exc, paramiko.BadHostKeyException):
         got, want = _fingerprint(exc.key), _fingerprint(exc.expected_key)
-        return (f"host key changed (server offers {got}, known_hosts has {want})",
-                "if the host was reinstalled (not an attack), remove the old key: "
-                f"ssh-keygen -R {shlex.quote(kh_name)}{kh_opt}, then run again")
+        return (
+            f"host key changed (server offers {got}, known_hosts has {want})",
+            "if the host was reinstalled (not an attack), remove the old key: "
+            f"ssh-keygen -R {shlex.quote(kh_name)}{kh_opt}, then run again",
+        )
 
     if isinstance(exc, paramiko.PasswordRequiredException):
         key = keys[0] if keys else "the key"
-        return (f"key {key} needs a passphrase (the pre-flight never prompts)",
-                f"load it into an agent first: eval $(ssh-agent) && ssh-add {key}")
+        return (
+            f"key {key} needs a passphrase (the pre-flight never prompts)",
+            f"load it into an agent first: eval $(ssh-agent) && ssh-add {key}",
+        )
 
     if isinstance(exc, paramiko.AuthenticationException) and "timeout" in text.lower():
-        return (f"{name}:{port} did not finish authentication within {opts.timeout:g} s",
-                "the server is slow or overloaded (DNS lookups in sshd: UseDNS no); raise --ssh-timeout")
+        return (
+            f"{name}:{port} did not finish authentication within {opts.timeout:g} s",
+            "the server is slow or overloaded (DNS lookups in sshd: UseDNS no); raise --ssh-timeout",
+        )
 
     if isinstance(exc, paramiko.AuthenticationException):
         label = "key" if len(keys) + (_AGENT in (key_tried or "")) == 1 else "keys"
         pub = f"{keys[0]}.pub" if keys else "~/.ssh/id_ed25519.pub"
         copy = f"ssh-copy-id -i {shlex.quote(pub)}{port_opt} {target}"
-        return (f"auth refused for {target} (tried {label} {tried})",
-                f"install the public key on {name}: {copy}\n"
-                f"(or append {pub} to ~{user or ''}/.ssh/authorized_keys there), "
-                "or give the right key with --ssh-identity")
+        return (
+            f"auth refused for {target} (tried {label} {tried})",
+            f"install the public key on {name}: {copy}\n"
+            f"(or append {pub} to ~{user or ''}/.ssh/authorized_keys there), "
+            "or give the right key with --ssh-identity",
+        )
 
     if isinstance(exc, paramiko.SSHException):
         low = text.lower()
         if "not found in known_hosts" in low:
             file = shlex.quote(kh) if kh and kh != default_kh else "~/.ssh/known_hosts"
             offers = text.split("it offers ", 1)[1].rstrip(")") if "it offers " in text else None
-            return (f"unknown host key for {kh_name}" + (f" ({offers})" if offers else "")
-                    + f", not in {file}, and new keys are refused "
-                    "(--strict-host-keys, or StrictHostKeyChecking yes/ask in the ssh config)",
-                    "check the key's fingerprint with the host's admin, then add it: "
-                    f"ssh-keyscan{port_opt} {shlex.quote(name)} >> {file}; "
-                    "or let new keys in (no --strict-host-keys; StrictHostKeyChecking accept-new)")
+            return (
+                f"unknown host key for {kh_name}"
+                + (f" ({offers})" if offers else "")
+                + f", not in {file}, and new keys are refused "
+                "(--strict-host-keys, or StrictHostKeyChecking yes/ask in the ssh config)",
+                "check the key's fingerprint with the host's admin, then add it: "
+                f"ssh-keyscan{port_opt} {shlex.quote(name)} >> {file}; "
+                "or let new keys in (no --strict-host-keys; StrictHostKeyChecking accept-new)",
+            )
         if "protocol banner" in low or "no existing session" in low:
             # paramiko says "No existing session" when the handshake never finished (its connect
             # wait ran out just before the banner timeout): not a key problem.
-            return (f"{name}:{port} did not answer the SSH handshake (no SSH banner within {opts.timeout:g} s)",
-                    f"check that sshd (not another service) listens on port {port} and is not overloaded "
-                    "(MaxStartups); raise --ssh-timeout if the host is slow")
+            return (
+                f"{name}:{port} did not answer the SSH handshake (no SSH banner within {opts.timeout:g} s)",
+                f"check that sshd (not another service) listens on port {port} and is not overloaded "
+                "(MaxStartups); raise --ssh-timeout if the host is slow",
+            )
         if "no authentication methods available" in low:
-            what = (f"none of {key_tried} could be used" if key_tried else
-                    "no identity file, no default key in ~/.ssh, no ssh-agent")
-            return (f"no SSH key to offer ({what})",
-                    "create a key (ssh-keygen -t ed25519) and install it: "
-                    f"ssh-copy-id -i ~/.ssh/id_ed25519.pub{port_opt} {target}; or give one with --ssh-identity")
+            what = (
+                f"none of {key_tried} could be used"
+                if key_tried
+                else "no identity file, no default key in ~/.ssh, no ssh-agent"
+            )
+            return (
+                f"no SSH key to offer ({what})",
+                "create a key (ssh-keygen -t ed25519) and install it: "
+                f"ssh-copy-id -i ~/.ssh/id_ed25519.pub{port_opt} {target}; or give one with --ssh-identity",
+            )
         return (f"ssh failed: {text}", f"try it by hand: ssh -v{port_opt} {target} true")
 
     if isinstance(exc, socket.gaierror):
-        return (f"name does not resolve: {name} ({exc.strerror or text})",
-                "fix the name in the hostfile, or add it to /etc/hosts (or DNS) on this machine")
+        return (
+            f"name does not resolve: {name} ({exc.strerror or text})",
+            "fix the name in the hostfile, or add it to /etc/hosts (or DNS) on this machine",
+        )
 
     if isinstance(exc, (socket.timeout, TimeoutError)) or _errno_of(exc) in (errno.ETIMEDOUT,):
-        return (f"timed out after {opts.timeout:g} s connecting to {name}:{port}",
-                "check the address in the hostfile, the route to it and firewalls / security groups "
-                f"(port {port} must be open); raise --ssh-timeout for slow networks")
+        return (
+            f"timed out after {opts.timeout:g} s connecting to {name}:{port}",
+            "check the address in the hostfile, the route to it and firewalls / security groups "
+            f"(port {port} must be open); raise --ssh-timeout for slow networks",
+        )
 
     code = _errno_of(exc)
     if isinstance(exc, ConnectionRefusedError) or code == errno.ECONNREFUSED:
-        return (f"connection refused by {name}:{port}",
-                f"is sshd running on {name} and listening on port {port}? "
-                "DL1/Gaudi containers often run sshd on 3022: use --ssh-port 3022 (or Port in ~/.ssh/config)")
+        return (
+            f"connection refused by {name}:{port}",
+            f"is sshd running on {name} and listening on port {port}? "
+            "DL1/Gaudi containers often run sshd on 3022: use --ssh-port 3022 (or Port in ~/.ssh/config)",
+        )
     if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-        return (f"{name}:{port} is unreachable ({os.strerror(code)})",
-                "check the address in the hostfile, the route to it and firewalls / security groups")
+        return (
+            f"{name}:{port} is unreachable ({os.strerror(code)})",
+            "check the address in the hostfile, the route to it and firewalls / security groups",
+        )
     if isinstance(exc, (EOFError, ConnectionResetError)):
-        return (f"{name}:{port} closed the connection ({text})",
-                "sshd refused the session early: check its log on that host (AllowUsers, MaxStartups, "
-                "TCP wrappers)")
+        return (
+            f"{name}:{port} closed the connection ({text})",
+            "sshd refused the session early: check its log on that host (AllowUsers, MaxStartups, TCP wrappers)",
+        )
     if isinstance(exc, FileNotFoundError) and getattr(exc, "filename", None):
         return (f"cannot read {exc.filename}: {exc.strerror}", "check --ssh-identity / --ssh-config")
     return (f"ssh failed: {type(exc).__name__}: {text}", f"try it by hand: ssh -v{port_opt} {target} true")
@@ -258,12 +285,12 @@ def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions,
 
 @dataclass
 class _Target:
-    entry: str                 # as in the hostfile
-    name: str                  # host part of the entry (no user, no brackets)
-    hostname: str              # what we connect to (ssh config HostName, else name)
+    entry: str  # as in the hostfile
+    name: str  # host part of the entry (no user, no brackets)
+    hostname: str  # what we connect to (ssh config HostName, else name)
     user: str
     port: int
-    key_files: list[str]       # explicit identity files (existing)
+    key_files: list[str]  # explicit identity files (existing)
     look_for_keys: bool
     allow_agent: bool
     known_hosts: str
@@ -331,12 +358,22 @@ def _target(entry: str, opts: SshOptions, config) -> _Target:
     globals_ = str(conf.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts")).split()
     # "ask" under BatchMode (the job's ssh always has it) refuses an unknown key, as "yes" does.
     strict = opts.strict or str(conf.get("stricthostkeychecking", "")).lower() in ("yes", "ask")
-    return _Target(entry=entry, name=name, hostname=hostname, user=user, port=port, key_files=key_files,
-                   look_for_keys=look, allow_agent=not identities_only, known_hosts=_expand(known),
-                   global_known_hosts=[_expand(g) for g in globals_], strict=strict,
-                   proxy_command=conf.get("proxycommand") if str(conf.get("proxycommand", "")).lower() != "none"
-                   else None,
-                   proxy_jump=conf.get("proxyjump"), config_error=error)
+    return _Target(
+        entry=entry,
+        name=name,
+        hostname=hostname,
+        user=user,
+        port=port,
+        key_files=key_files,
+        look_for_keys=look,
+        allow_agent=not identities_only,
+        known_hosts=_expand(known),
+        global_known_hosts=[_expand(g) for g in globals_],
+        strict=strict,
+        proxy_command=conf.get("proxycommand") if str(conf.get("proxycommand", "")).lower() != "none" else None,
+        proxy_jump=conf.get("proxyjump"),
+        config_error=error,
+    )
 
 
 def _keys_description(t: _Target) -> str:
@@ -393,7 +430,8 @@ def _policies():
 
         def missing_host_key(self, client, hostname, key):
             raise paramiko.SSHException(
-                f"Server {hostname!r} not found in known_hosts ({self.path}; it offers {_fingerprint(key)})")
+                f"Server {hostname!r} not found in known_hosts ({self.path}; it offers {_fingerprint(key)})"
+            )
 
     return AcceptNew, Reject
 
@@ -438,9 +476,18 @@ def _ssh_run(t: _Target, opts: SshOptions, command: str) -> tuple[str, str, int]
             client.load_host_keys(t.known_hosts)
         client.set_missing_host_key_policy(Reject(t.known_hosts) if t.strict else AcceptNew(t.known_hosts))
         sock = paramiko.ProxyCommand(t.proxy_command) if t.proxy_command else None
-        kwargs = dict(port=t.port, username=t.user, password=None, key_filename=t.key_files or None,
-                      timeout=opts.timeout, banner_timeout=opts.timeout, auth_timeout=opts.timeout,
-                      allow_agent=t.allow_agent, look_for_keys=t.look_for_keys, sock=sock)
+        kwargs = dict(
+            port=t.port,
+            username=t.user,
+            password=None,
+            key_filename=t.key_files or None,
+            timeout=opts.timeout,
+            banner_timeout=opts.timeout,
+            auth_timeout=opts.timeout,
+            allow_agent=t.allow_agent,
+            look_for_keys=t.look_for_keys,
+            sock=sock,
+        )
         if "channel_timeout" in _connect_kwargs():
             kwargs["channel_timeout"] = opts.timeout
         client.connect(t.hostname, **kwargs)
@@ -463,8 +510,13 @@ def _master_run(connections, host: str, command: str, opts: SshOptions) -> tuple
     when ssh itself failed (exit 255 without the probe's end marker). A connect timeout is raised as
     one, so the host is not waited for twice. After the probe, the session's shell becomes the job's
     agent (sshmux.SESSION_AGENT: the sweep, mpirun's daemon) and this ssh is kept (connections.adopt)."""
-    proc = subprocess.Popen(connections.master_argv(host, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)  # Ctrl-C is the launcher's to handle
+    proc = subprocess.Popen(
+        connections.master_argv(host, command),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # Ctrl-C is the launcher's to handle
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     marker = (probe.END + "\n").encode()
     data = read_until(proc.stdout.fileno(), marker, time.monotonic() + PROBE_TIMEOUT + 3 * opts.timeout)
@@ -499,17 +551,27 @@ def _master_run(connections, host: str, command: str, opts: SshOptions) -> tuple
 
 
 def _local_run(command: str) -> tuple[str, str, int]:
-    done = subprocess.run(["sh", "-c", command], stdin=subprocess.DEVNULL, capture_output=True,
-                          timeout=PROBE_TIMEOUT)
+    done = subprocess.run(["sh", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT)
     return (done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace"), done.returncode)
 
 
 # ---------------------------------------------------------------- judging one host
 
 
-def _judge(facts: HostFacts, found: probe.ProbeResult, *, python: str, script: Optional[str], cwd: str,
-           master_addr: str, master_port: Optional[int], master_ssh_port: int, is_master: bool,
-           needed: int, where: str) -> None:
+def _judge(
+    facts: HostFacts,
+    found: probe.ProbeResult,
+    *,
+    python: str,
+    script: Optional[str],
+    cwd: str,
+    master_addr: str,
+    master_port: Optional[int],
+    master_ssh_port: int,
+    is_master: bool,
+    needed: int,
+    where: str,
+) -> None:
     """Fill facts from the parsed probe and set ok / reason / fix (the first problem wins)."""
     facts.hostname = found.hostname
     facts.ip_addr = found.ip_addr
@@ -525,36 +587,60 @@ def _judge(facts: HostFacts, found: probe.ProbeResult, *, python: str, script: O
 
     problems: list[tuple[str, str]] = []
     if not found.complete:
-        problems.append(("the probe did not finish (is the login shell a POSIX shell?)",
-                         f"try it by hand: ssh {facts.host} 'sh -c true'"))
+        problems.append(
+            (
+                "the probe did not finish (is the login shell a POSIX shell?)",
+                f"try it by hand: ssh {facts.host} 'sh -c true'",
+            )
+        )
     if facts.python_ok is False:
         path = found.python_path
         how = f"found at {path} but does not run" if path else "not found or not executable"
-        problems.append((f"python {python} {how} on {where}",
-                         "install Python at the same path on every host, or give --python with a path "
-                         "that exists everywhere"))
+        problems.append(
+            (
+                f"python {python} {how} on {where}",
+                "install Python at the same path on every host, or give --python with a path that exists everywhere",
+            )
+        )
     if found.cwd_ok is False:
-        problems.append((f"working directory {cwd} does not exist on {where}",
-                         "run from a directory that exists on every host (a shared filesystem), "
-                         "or create it there"))
+        problems.append(
+            (
+                f"working directory {cwd} does not exist on {where}",
+                "run from a directory that exists on every host (a shared filesystem), or create it there",
+            )
+        )
     elif script is not None and facts.script_ok is False:
-        problems.append((f"script {script} not found on {where} (cwd {cwd})",
-                         "copy the script to the same path on every host, or put it on a shared filesystem"))
+        problems.append(
+            (
+                f"script {script} not found on {where} (cwd {cwd})",
+                "copy the script to the same path on every host, or put it on a shared filesystem",
+            )
+        )
     if facts.devices is not None and needed and facts.devices < needed:
         extra = f"; {found.devices_error}" if found.devices_error else ""
-        problems.append((f"hl-smi sees {facts.devices} Gaudi device(s), {needed} needed{extra}",
-                         "lower slots= for this host in the hostfile (or --num_devices / --include), "
-                         "or check the devices with hl-smi"))
+        problems.append(
+            (
+                f"hl-smi sees {facts.devices} Gaudi device(s), {needed} needed{extra}",
+                "lower slots= for this host in the hostfile (or --num_devices / --include), "
+                "or check the devices with hl-smi",
+            )
+        )
     if facts.master_reachable is False:
         why = found.master_error or "connection failed"
-        problems.append((f"cannot reach the master {master_addr}:{master_ssh_port} from here ({why})",
-                         "check routing and firewalls between the hosts, or give --master_addr an address "
-                         "every host can reach"))
+        problems.append(
+            (
+                f"cannot reach the master {master_addr}:{master_ssh_port} from here ({why})",
+                "check routing and firewalls between the hosts, or give --master_addr an address every host can reach",
+            )
+        )
     if is_master and master_port is not None and facts.port_free is False:
         why = found.port_error or "in use"
-        problems.append((f"master port {master_port} is busy on {where} ({why})",
-                         f"choose another --master_port, or stop what holds it "
-                         f"(ss -ltnp 'sport = :{master_port}')"))
+        problems.append(
+            (
+                f"master port {master_port} is busy on {where} ({why})",
+                f"choose another --master_port, or stop what holds it (ss -ltnp 'sport = :{master_port}')",
+            )
+        )
     if problems:
         facts.ok = False
         facts.reason = "; ".join(p[0] for p in problems)
@@ -575,10 +661,21 @@ def _versions_warning(what: str, by_host: dict[str, Optional[str]]) -> Optional[
 # ---------------------------------------------------------------- check_hosts
 
 
-def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: str, master_host: str,
-                master_addr: str, master_port: Optional[int], devices_needed: dict[str, int],
-                ssh: SshOptions, local: Callable[[str], bool],
-                progress: Optional[Callable[[str, str], None]] = None, connections=None) -> CheckReport:
+def check_hosts(
+    hosts: list[str],
+    *,
+    python: str,
+    script: Optional[str],
+    cwd: str,
+    master_host: str,
+    master_addr: str,
+    master_port: Optional[int],
+    devices_needed: dict[str, int],
+    ssh: SshOptions,
+    local: Callable[[str], bool],
+    progress: Optional[Callable[[str, str], None]] = None,
+    connections=None,
+) -> CheckReport:
     """Probe every host in parallel (threads): over SSH (paramiko, keys only, never a prompt), or
     with ``sh -c`` for hosts where ``local(host)`` is true. See the module docstring.
 
@@ -630,10 +727,14 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
                 try:
                     out = None
                     if connections is not None:  # the job's own ssh, left open as its connection
-
-                        out, err = _master_run(connections, host, probe.command(
-                            python, script, cwd, master_addr, master_probe_port, check_port,
-                            agent=SESSION_AGENT), ssh)
+                        out, err = _master_run(
+                            connections,
+                            host,
+                            probe.command(
+                                python, script, cwd, master_addr, master_probe_port, check_port, agent=SESSION_AGENT
+                            ),
+                            ssh,
+                        )
                     if out is None:  # no connection, or ssh failed before the probe: paramiko says why
                         config_error = config_of()[1]
                         t = target(host)
@@ -653,29 +754,44 @@ def check_hosts(hosts: list[str], *, python: str, script: Optional[str], cwd: st
                         out, err, _ = _ssh_run(t, ssh, cmd)
                 except _ProbeFailed as exc:
                     facts.reason = str(exc)
-                    facts.fix = ("check the host by hand: ssh to it and run hl-smi, mpirun --version and "
-                                 f"{python} -c 'import sys' (one of them may hang)")
+                    facts.fix = (
+                        "check the host by hand: ssh to it and run hl-smi, mpirun --version and "
+                        f"{python} -c 'import sys' (one of them may hang)"
+                    )
                     return facts
                 except Exception as exc:  # classified below: every failure becomes a reason + fix
                     t = t or target(host)
                     o = dataclasses.replace(ssh, port=t.port, known_hosts=t.known_hosts, strict=t.strict)
-                    facts.reason, facts.fix = classify_ssh_error(exc, f"{t.user}@{t.hostname}", o,
-                                                                 _keys_description(t) or None)
+                    facts.reason, facts.fix = classify_ssh_error(
+                        exc, f"{t.user}@{t.hostname}", o, _keys_description(t) or None
+                    )
                     if t.hostname != t.name:
                         facts.reason += f" ({t.name} = {t.hostname} in the ssh config)"
                     return facts
             assert out is not None  # (every way above gave output or returned)
             found = probe.parse(out)
-            _judge(facts, found, python=python, script=script, cwd=cwd, master_addr=master_addr,
-                   master_port=master_port, master_ssh_port=master_probe_port, is_master=is_master,
-                   needed=int(devices_needed.get(host, 0) or 0), where=where)
+            _judge(
+                facts,
+                found,
+                python=python,
+                script=script,
+                cwd=cwd,
+                master_addr=master_addr,
+                master_port=master_port,
+                master_ssh_port=master_probe_port,
+                is_master=is_master,
+                needed=int(devices_needed.get(host, 0) or 0),
+                where=where,
+            )
             if not found.complete and err.strip():
                 facts.reason = (facts.reason or "") + f" (stderr: {err.strip().splitlines()[-1][:200]})"
             return facts
         except subprocess.TimeoutExpired:
             facts.reason = f"the probe did not finish within {PROBE_TIMEOUT:g} s"
-            facts.fix = ("check this machine by hand: run hl-smi, mpirun --version and "
-                         f"{python} -c 'import sys' (one of them may hang)")
+            facts.fix = (
+                "check this machine by hand: run hl-smi, mpirun --version and "
+                f"{python} -c 'import sys' (one of them may hang)"
+            )
             return facts
         except Exception as exc:  # never let one host take the whole check down
             facts.reason = f"pre-flight failed: {type(exc).__name__}: {exc}"

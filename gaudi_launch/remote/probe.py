@@ -4,11 +4,12 @@ data, shellchecked by the tests) and what it found, as a typed result.
 ``command`` is the one remote command line: ``set --`` with every value shlex-quoted, then the static
 script. ``parse`` reads its output. Both pure; preflight.py does the I/O and judges the result.
 """
+
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, fields
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Optional, Union
 
@@ -25,32 +26,39 @@ _AGENT_FIRST = "import sys\nsys.path[:] = [p for p in sys.path if p not in ('', 
 class ProbeResult:
     """What the probe said. None: not said (the probe stopped early, or the check could not run)."""
 
-    complete: bool = False                 # the end marker was seen
+    complete: bool = False  # the end marker was seen
     hostname: Optional[str] = None
     ncpus: Optional[int] = None
-    python_path: Optional[str] = None      # `command -v` of the workers' python
-    python_ok: Optional[bool] = None       # the python ran
+    python_path: Optional[str] = None  # `command -v` of the workers' python
+    python_ok: Optional[bool] = None  # the python ran
     python_version: Optional[str] = None
-    deepspeed: Optional[str] = None        # its deepspeed's version
-    openmpi: Optional[str] = None          # `mpirun --version`, first line
-    devices: Optional[int] = None          # hl-smi's count; None also when there is no hl-smi
+    deepspeed: Optional[str] = None  # its deepspeed's version
+    openmpi: Optional[str] = None  # `mpirun --version`, first line
+    devices: Optional[int] = None  # hl-smi's count; None also when there is no hl-smi
     devices_error: Optional[str] = None
     cwd_ok: Optional[bool] = None
-    script_ok: Optional[bool] = None       # None when no script was given
+    script_ok: Optional[bool] = None  # None when no script was given
     master_reachable: Optional[bool] = None
     master_error: Optional[str] = None
-    port_free: Optional[bool] = None       # asked on the master only
+    port_free: Optional[bool] = None  # asked on the master only
     port_error: Optional[str] = None
-    ip_addr: str = ""                      # `ip -o addr show`, raw
+    ip_addr: str = ""  # `ip -o addr show`, raw
 
 
-@lru_cache(maxsize=None)
+@cache
 def _script(name: str) -> str:
     return resources.files("gaudi_launch.remote").joinpath("scripts").joinpath(name).read_text(encoding="utf-8")
 
 
-def command(python: str, script: Optional[str], cwd: str, master_addr: str, master_ssh_port: int,
-            check_port: Optional[int], agent: Optional[str] = None) -> str:
+def command(
+    python: str,
+    script: Optional[str],
+    cwd: str,
+    master_addr: str,
+    master_ssh_port: int,
+    check_port: Optional[int],
+    agent: Optional[str] = None,
+) -> str:
     """The probe's command line for one host (POSIX sh). Pure.
 
     ``agent``: Python code the session goes on with after the probe (sshmux.SESSION_AGENT), in the
@@ -78,7 +86,7 @@ def parse(text: Union[str, bytes]) -> ProbeResult:
     lines = text.replace("\r\n", "\n").split("\n")
     stripped = [line.strip() for line in lines]
     if BEGIN in stripped:
-        lines = lines[stripped.index(BEGIN) + 1:]
+        lines = lines[stripped.index(BEGIN) + 1 :]
     in_ip, ip_lines = False, []
     for raw in lines:
         line = raw.strip()

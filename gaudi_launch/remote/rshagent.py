@@ -17,6 +17,7 @@ and the output's bytes, then the error output's.
 
     rshagent.py SOCKET N SSH_OPTION... (N words) HOST COMMAND_WORD...
 """
+
 import os
 import sys
 
@@ -33,7 +34,7 @@ def split(argv):
     path, n = argv[0], int(argv[1])
     if n < 0 or len(argv) < 2 + n + 2:
         raise ValueError("fewer arguments than the ssh options announced")
-    return path, argv[2:2 + n], argv[2 + n], argv[3 + n:]
+    return path, argv[2 : 2 + n], argv[2 + n], argv[3 + n :]
 
 
 def ssh(options, host, words):
@@ -97,7 +98,7 @@ def main(argv):
     rc, out, err = answer
     for fd, data in ((1, out), (2, err)):
         while data:
-            data = data[os.write(fd, data):]
+            data = data[os.write(fd, data) :]
     return rc
 
 

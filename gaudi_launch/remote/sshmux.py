@@ -23,6 +23,7 @@ along; the directory is removed when the job ends, on failure and on Ctrl-C as w
 that end before a backend runs: --check-only, a failed pre-flight). A launcher killed outright closes
 the agents' input all the same (its end of their pipes), so their masters end with their sessions.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -38,17 +39,18 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 from gaudi_launch.inputs.hostnames import bare_host
 from gaudi_launch.remote.teardown import AGENT_DONE, KILL_CODE
 
-PERSIST_S = 60          # clean_stale leaves a job's directory younger than twice this alone
-SOCKET = "%C"           # ssh's hash of local host, remote host, port and user: 40 characters
+PERSIST_S = 60  # clean_stale leaves a job's directory younger than twice this alone
+SOCKET = "%C"  # ssh's hash of local host, remote host, port and user: 40 characters
 # sun_path holds 108 bytes with its NUL; ssh binds "PATH.XXXXXXXXXXXXXXXX" first, then renames it.
 _MAX_DIR = 107 - 17 - 1 - 40
 
-RSH_SOCKET = "rsh"       # in the job's directory: where rshagent.py asks for a daemon's start
+RSH_SOCKET = "rsh"  # in the job's directory: where rshagent.py asks for a daemon's start
 RSH_AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rshagent.py")
 # What stops a value from travelling in mpirun's plm_rsh_agent, which mpirun splits on spaces.
 _UNSPLITTABLE = re.compile(r"[\s'\"\\]")
@@ -100,10 +102,11 @@ SESSION_AGENT = (
     "        text = (json.dumps({'rc': 255, 'out': '', 'err': 'gaudi-launch session agent: %r\\n' % (e,)}) + '\\n'\n"
     "                if isinstance(request, dict) else '-1\\n')\n"
     f"    sys.stdout.write(text + {AGENT_DONE!r} + '\\n')\n"
-    "    sys.stdout.flush()\n")
+    "    sys.stdout.flush()\n"
+)
 
 _lock = threading.Lock()
-_by_job: Dict[str, "Connections"] = {}
+_by_job: dict[str, Connections] = {}
 _atexit = False
 
 
@@ -125,14 +128,14 @@ class Connections:
         self.ssh_args = list(ssh_args)
         self.dir = control_dir(job_id, tmp)
         clean_stale(os.path.dirname(self.dir))
-        os.mkdir(self.dir, 0o700)   # fresh: an existing path (someone else's) is an error
-        self.hosts: List[str] = []  # hosts an ssh was asked to become the master of
+        os.mkdir(self.dir, 0o700)  # fresh: an existing path (someone else's) is an error
+        self.hosts: list[str] = []  # hosts an ssh was asked to become the master of
         # Per host, the pre-flight's ssh itself, still running: its session's shell became a small
         # interpreter (teardown.AGENT_CODE) that sweeps the job at its end without a new session.
-        self.agents: Dict[str, subprocess.Popen] = {}
-        self._agent_locks: Dict[str, threading.Lock] = {}
-        self._rsh: Optional[socket.socket] = None   # serve_rsh's listening socket
-        self.daemons_started: Dict[str, int] = {}   # per host, commands run through its session (run_command)
+        self.agents: dict[str, subprocess.Popen] = {}
+        self._agent_locks: dict[str, threading.Lock] = {}
+        self._rsh: Optional[socket.socket] = None  # serve_rsh's listening socket
+        self.daemons_started: dict[str, int] = {}  # per host, commands run through its session (run_command)
         self.closed = False
         _register(self)
 
@@ -140,18 +143,26 @@ class Connections:
     def control_path(self) -> str:
         return os.path.join(self.dir, SOCKET)
 
-    def client_args(self) -> List[str]:
+    def client_args(self) -> list[str]:
         """For every ssh after the pre-flight: use the host's master when it is there."""
         return ["-o", f"ControlPath={self.control_path}", "-o", "ControlMaster=no"]
 
-    def master_argv(self, host: str, command: str) -> List[str]:
+    def master_argv(self, host: str, command: str) -> list[str]:
         """ssh's argv that runs ``command`` on ``host`` and serves as the master while it runs (and
         while sessions over it last)."""
         with _lock:
             if host not in self.hosts:
                 self.hosts.append(host)
-        return ["ssh", *self.ssh_args, "-o", f"ControlPath={self.control_path}", "-o", "ControlMaster=yes",
-                host, command]
+        return [
+            "ssh",
+            *self.ssh_args,
+            "-o",
+            f"ControlPath={self.control_path}",
+            "-o",
+            "ControlMaster=yes",
+            host,
+            command,
+        ]
 
     def adopt(self, host: str, proc: subprocess.Popen) -> None:
         """Keep the pre-flight's ssh to ``host`` (its remote side now runs the sweep agent)."""
@@ -163,7 +174,7 @@ class Connections:
             self.agents[host] = proc
             self._agent_locks[host] = threading.Lock()
 
-    def agent_run(self, host: str, args: List[str], timeout: float) -> Optional[str]:
+    def agent_run(self, host: str, args: list[str], timeout: float) -> Optional[str]:
         """One sweep through ``host``'s agent: KILL_CODE's output, or None (no agent, or it did not
         answer in time: the caller then uses a new ssh session)."""
         answer, _ = self._ask(host, args, timeout)
@@ -205,7 +216,7 @@ class Connections:
                 proc.kill()  # out of step now: never use it again
                 proc.wait()
                 return None, True
-            return data[:data.index(marker)].decode("utf-8", "replace"), True
+            return data[: data.index(marker)].decode("utf-8", "replace"), True
 
     def agent_for(self, name: str) -> Optional[str]:
         """The host (as the pre-flight named it) whose session serves ``name``, a host name as mpirun
@@ -271,10 +282,10 @@ class Connections:
             except (OSError, ValueError):
                 return  # rshagent.py then fails its start (exit 255), as an ssh that lost its connection
 
-    def exit_argv(self, host: str) -> List[str]:
+    def exit_argv(self, host: str) -> list[str]:
         return ["ssh", *self.ssh_args, "-o", f"ControlPath={self.control_path}", "-O", "exit", host]
 
-    def live(self) -> List[str]:
+    def live(self) -> list[str]:
         """The masters' sockets in the directory now (one per open master)."""
         try:
             return sorted(n for n in os.listdir(self.dir) if n != RSH_SOCKET)
@@ -315,8 +326,14 @@ class Connections:
         try:
             for host in hosts:
                 try:
-                    stopping.append(subprocess.Popen(self.exit_argv(host), stdin=subprocess.DEVNULL,
-                                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                    stopping.append(
+                        subprocess.Popen(
+                            self.exit_argv(host),
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        )
+                    )
                 except OSError:
                     pass  # the end of its own session ends it
             _reap(stopping, 10, 0.1)
@@ -353,12 +370,12 @@ def read_until(fd: int, marker: bytes, deadline: Optional[float]) -> bytes:
 _DIR_NAME = re.compile(r"gaudi-launch-[0-9a-f]{8,64}-ssh")
 
 
-def clean_stale(base: str, now: Optional[float] = None) -> List[str]:
+def clean_stale(base: str, now: Optional[float] = None) -> list[str]:
     """Remove what a launcher killed outright (SIGKILL: no close) left in ``base``: directories of ours
     with the job's name, older than twice PERSIST_S, that are empty (their masters have ended, taking
     their sockets along) but for an rsh socket nobody listens on any more. A live job's directory holds
     its sockets; rmdir never removes more."""
-    removed: List[str] = []
+    removed: list[str] = []
     now = time.time() if now is None else now
     try:
         names = os.listdir(base)

@@ -4,13 +4,15 @@ Every rank (and everything it starts) inherits GAUDI_LAUNCH_JOB_ID, so on each h
 processes whose environment carries this job's id: never a pattern match on command lines, which
 kills other users' jobs (DeepSpeed #6807). Runs over plain ssh, in parallel, with the job's options.
 """
+
 from __future__ import annotations
 
 import shlex
 import subprocess
 import sys
 import time
-from typing import Callable, Collection, Dict, List, NamedTuple, Optional, Sequence
+from collections.abc import Collection, Sequence
+from typing import Callable, NamedTuple, Optional
 
 from gaudi_launch.remote.fanout import per_host
 
@@ -84,7 +86,8 @@ AGENT_CODE = (
     "    except BaseException:\n"
     "        buf = io.StringIO('-1\\n')\n"
     f"    sys.stdout.write(buf.getvalue() + {AGENT_DONE!r} + '\\n')\n"
-    "    sys.stdout.flush()\n")
+    "    sys.stdout.flush()\n"
+)
 
 
 class Sweep(NamedTuple):
@@ -92,7 +95,7 @@ class Sweep(NamedTuple):
     signal that may be the job's, as "pid N (name, uid U): why"."""
 
     hit: int
-    unseen: List[str]
+    unseen: list[str]
 
 
 def parse_sweep(text: str) -> Sweep:
@@ -107,35 +110,47 @@ def parse_sweep(text: str) -> Sweep:
     return Sweep(hit, unseen)
 
 
-def describe_unseen(host: str, unseen: List[str]) -> str:
+def describe_unseen(host: str, unseen: list[str]) -> str:
     """The warning for processes the teardown could not inspect or signal. Pure."""
-    return (f"gaudi-launch: on {host}, {len(unseen)} process(es) that may belong to this job could not be "
-            f"inspected or signalled and may still run: " + "; ".join(unseen))
+    return (
+        f"gaudi-launch: on {host}, {len(unseen)} process(es) that may belong to this job could not be "
+        f"inspected or signalled and may still run: " + "; ".join(unseen)
+    )
 
 
-def kill_argv(python: str, job_id: str, sig: int, since: Optional[float] = None) -> List[str]:
+def kill_argv(python: str, job_id: str, sig: int, since: Optional[float] = None) -> list[str]:
     # -S: no site module (KILL_CODE needs os and sys only): a third of the interpreter's start-up,
     # on every host at the end of every job
     return [python, "-S", "-c", KILL_CODE, *kill_args(job_id, sig, since)]
 
 
-def kill_args(job_id: str, sig: int, since: Optional[float] = None) -> List[str]:
+def kill_args(job_id: str, sig: int, since: Optional[float] = None) -> list[str]:
     """KILL_CODE's own arguments. Pure."""
     return [job_id, str(int(sig))] + ([repr(float(since))] if since is not None else [])
 
 
-def remote_argv(host: str, ssh_args: Sequence[str], python: str, job_id: str, sig: int,
-                since: Optional[float] = None) -> List[str]:
+def remote_argv(
+    host: str, ssh_args: Sequence[str], python: str, job_id: str, sig: int, since: Optional[float] = None
+) -> list[str]:
     """ssh's argv; the one remote command line is built with shlex.quote from a list."""
     return ["ssh", *ssh_args, host, shlex.join(kill_argv(python, job_id, sig, since))]
 
 
-Via = Callable[[str, List[str], float], Optional[str]]
+Via = Callable[[str, list[str], float], Optional[str]]
 
 
-def sweep_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence[str], python: str,
-              is_local: Callable[[str], bool], timeout: float = 15.0,
-              since: Optional[float] = None, via: Optional[Via] = None) -> Dict[str, Sweep]:
+def sweep_job(
+    hosts: Sequence[str],
+    job_id: str,
+    sig: int,
+    *,
+    ssh_args: Sequence[str],
+    python: str,
+    is_local: Callable[[str], bool],
+    timeout: float = 15.0,
+    since: Optional[float] = None,
+    via: Optional[Via] = None,
+) -> dict[str, Sweep]:
     """Signal the job's processes on every host at once (this host with our own interpreter).
     ``via(host, args, timeout)``: KILL_CODE's output from a remote agent (AGENT_CODE), or None to
     use a new ssh session instead."""
@@ -147,8 +162,11 @@ def sweep_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence
             out = via(host, kill_args(job_id, sig, since), timeout)
             if out is not None:
                 return parse_sweep(out)
-        argv = kill_argv(sys.executable, job_id, sig, since) if is_local(host) else \
-            remote_argv(host, ssh_args, python, job_id, sig, since)
+        argv = (
+            kill_argv(sys.executable, job_id, sig, since)
+            if is_local(host)
+            else remote_argv(host, ssh_args, python, job_id, sig, since)
+        )
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
             return parse_sweep(done.stdout) if done.returncode == 0 else Sweep(-1, [])
@@ -158,24 +176,39 @@ def sweep_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence
     return per_host(hosts, one, timeout=timeout + 5, default=lambda _: Sweep(-1, []), name="sweep")
 
 
-def signal_job(hosts: Sequence[str], job_id: str, sig: int, *, ssh_args: Sequence[str], python: str,
-               is_local: Callable[[str], bool], timeout: float = 15.0, via: Optional[Via] = None) -> Dict[str, int]:
+def signal_job(
+    hosts: Sequence[str],
+    job_id: str,
+    sig: int,
+    *,
+    ssh_args: Sequence[str],
+    python: str,
+    is_local: Callable[[str], bool],
+    timeout: float = 15.0,
+    via: Optional[Via] = None,
+) -> dict[str, int]:
     """Signal the job's processes on every host at once; {host: processes signalled, -1 if unknown}."""
-    swept = sweep_job(hosts, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, timeout=timeout,
-                      via=via)
+    swept = sweep_job(hosts, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, timeout=timeout, via=via)
     return {host: s.hit for host, s in swept.items()}
 
 
-def job_sweeper(hosts: Sequence[str], job_id: str, *, ssh_args: Sequence[str], python: str,
-                is_local: Callable[[str], bool], lost: Callable[[], Collection[str]] = frozenset,
-                via: Optional[Via] = None) -> Callable[[int], Dict[str, Sweep]]:
+def job_sweeper(
+    hosts: Sequence[str],
+    job_id: str,
+    *,
+    ssh_args: Sequence[str],
+    python: str,
+    is_local: Callable[[str], bool],
+    lost: Callable[[], Collection[str]] = frozenset,
+    via: Optional[Via] = None,
+) -> Callable[[int], dict[str, Sweep]]:
     """The sweep a Supervisor runs at teardown and at the end of every job, for every backend.
     Processes of ours that are closed to inspection are reported when they started at most a
     minute before now (clock skew between hosts): older ones cannot be this job's."""
     since = time.time() - 60
 
-    def sweep(sig: int) -> Dict[str, Sweep]:
+    def sweep(sig: int) -> dict[str, Sweep]:
         alive = [h for h in hosts if h not in lost()]
-        return sweep_job(alive, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, since=since,
-                         via=via)
+        return sweep_job(alive, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, since=since, via=via)
+
     return sweep

@@ -4,17 +4,19 @@ A rank blocked in a collective on a dead peer can wait for many minutes, and mpi
 never notice; so while a multi-host job runs, every remote host's SSH port is probed now and then.
 A host that misses several probes in a row is reported once, and the supervisor tears the job down.
 """
+
 from __future__ import annotations
 
 import os
 import socket
 import threading
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
+from typing import Callable, Optional, Union
 
-Endpoint = Tuple[str, str, int]  # (name as in the hostfile, address to probe, port)
+Endpoint = tuple[str, str, int]  # (name as in the hostfile, address to probe, port)
 
 
-def ssh_endpoints(hosts: Sequence[str], port: Optional[int], config_path: Optional[str]) -> List[Endpoint]:
+def ssh_endpoints(hosts: Sequence[str], port: Optional[int], config_path: Optional[str]) -> list[Endpoint]:
     """Where each host's sshd listens, as ssh itself would connect (HostName/Port from ssh_config)."""
     path = os.path.expanduser(config_path or "~/.ssh/config")
     config = None
@@ -52,15 +54,20 @@ def reachable(addr: str, port: int, timeout: float) -> bool:
 
 
 class HostWatch:
-    def __init__(self, endpoints: Union[Sequence[Endpoint], Callable[[], Sequence[Endpoint]]], *,
-                 timeout: float = 2.0, misses: int = 3):
+    def __init__(
+        self,
+        endpoints: Union[Sequence[Endpoint], Callable[[], Sequence[Endpoint]]],
+        *,
+        timeout: float = 2.0,
+        misses: int = 3,
+    ):
         # A callable is resolved at the first probe (reading the ssh config takes paramiko, a tenth
         # of a second or more: a job that ends before the first probe never pays it).
         self._resolve = endpoints if callable(endpoints) else None
-        self.endpoints: List[Endpoint] = [] if callable(endpoints) else list(endpoints)
+        self.endpoints: list[Endpoint] = [] if callable(endpoints) else list(endpoints)
         self.timeout = timeout
         self.misses = misses
-        self.missed: Dict[str, int] = {h: 0 for h, _, _ in self.endpoints}
+        self.missed: dict[str, int] = {h: 0 for h, _, _ in self.endpoints}
         self.lost: set = set()
 
     def probe(self) -> Optional[str]:
@@ -68,7 +75,7 @@ class HostWatch:
         if self._resolve is not None:
             self.endpoints, self._resolve = list(self._resolve()), None
             self.missed = {h: 0 for h, _, _ in self.endpoints}
-        results: Dict[str, bool] = {}
+        results: dict[str, bool] = {}
 
         def one(host: str, addr: str, port: int) -> None:
             results[host] = reachable(addr, port, self.timeout)
@@ -84,6 +91,8 @@ class HostWatch:
             self.missed[host] = 0 if results.get(host) else self.missed[host] + 1
             if self.missed[host] >= self.misses:
                 self.lost.add(host)
-                return (f"host {host} stopped answering: no reply from {addr}:{port} in {self.misses} probes "
-                        "(powered off, network cut, or sshd gone)")
+                return (
+                    f"host {host} stopped answering: no reply from {addr}:{port} in {self.misses} probes "
+                    "(powered off, network cut, or sshd gone)"
+                )
         return None

@@ -2,6 +2,7 @@
 ``accelerate env``). Torch-free: package versions come from their metadata, tools from their own
 ``--version``; nothing is imported that would load a device.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,20 +15,39 @@ import shutil
 import subprocess
 import sys
 from importlib import metadata
-from typing import Any, Dict, List, Optional, Tuple
-from gaudi_launch.inputs.devices import detect_local_devices
+from typing import Any, Optional
+
 from gaudi_launch.errors import UserError
-from gaudi_launch.plan.fabric import efa_present
-from gaudi_launch.remote.fanout import per_host
+from gaudi_launch.inputs.devices import detect_local_devices
 from gaudi_launch.inputs.hostfile import read_hostfile
 from gaudi_launch.inputs.hostnames import is_local_host
-from gaudi_launch.plan.multinode import ssh_args
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.fabric import efa_present
+from gaudi_launch.plan.multinode import ssh_args
+from gaudi_launch.remote.fanout import per_host
 
-PACKAGES = ("gaudi-launch", "torch", "habana-torch-plugin", "habana-torch-dataloader", "optimum-habana",
-            "transformers", "tokenizers", "accelerate", "deepspeed", "numpy", "paramiko", "click")
-TOOLS = (("OpenMPI", ["mpirun", "--version"]), ("pdsh", ["pdsh", "-V"]), ("Slurm", ["srun", "--version"]),
-         ("OpenSSH", ["ssh", "-V"]), ("hl-smi", ["hl-smi", "-v"]), ("fi_info", ["fi_info", "--version"]))
+PACKAGES = (
+    "gaudi-launch",
+    "torch",
+    "habana-torch-plugin",
+    "habana-torch-dataloader",
+    "optimum-habana",
+    "transformers",
+    "tokenizers",
+    "accelerate",
+    "deepspeed",
+    "numpy",
+    "paramiko",
+    "click",
+)
+TOOLS = (
+    ("OpenMPI", ["mpirun", "--version"]),
+    ("pdsh", ["pdsh", "-V"]),
+    ("Slurm", ["srun", "--version"]),
+    ("OpenSSH", ["ssh", "-V"]),
+    ("hl-smi", ["hl-smi", "-v"]),
+    ("fi_info", ["fi_info", "--version"]),
+)
 
 
 def _package(name: str) -> Optional[str]:
@@ -37,7 +57,7 @@ def _package(name: str) -> Optional[str]:
         return None
 
 
-def _tool(argv: List[str]) -> Optional[str]:
+def _tool(argv: list[str]) -> Optional[str]:
     if shutil.which(argv[0]) is None:
         return None
     try:
@@ -52,8 +72,8 @@ def _tool(argv: List[str]) -> Optional[str]:
     return (versioned or lines or ["present"])[0]
 
 
-def _nics() -> List[Dict[str, str]]:
-    out: List[Dict[str, str]] = []
+def _nics() -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
     try:
         names = sorted(os.listdir("/sys/class/net"))
     except OSError:
@@ -68,7 +88,7 @@ def _nics() -> List[Dict[str, str]]:
     return out
 
 
-def collect() -> Dict[str, Any]:
+def collect() -> dict[str, Any]:
 
     devices = detect_local_devices()
     return {
@@ -81,12 +101,15 @@ def collect() -> Dict[str, Any]:
         "devices": {"count": devices.count, "kind": devices.kind, "source": devices.source},
         "efa": efa_present(),
         "nics": _nics(),
-        "env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("HABANA_VISIBLE", "PT_HPU_LAZY",
-                                                                               "HCCL_SOCKET", "HCCL_OVER_OFI"))},
+        "env": {
+            k: os.environ[k]
+            for k in sorted(os.environ)
+            if k.startswith(("HABANA_VISIBLE", "PT_HPU_LAZY", "HCCL_SOCKET", "HCCL_OVER_OFI"))
+        },
     }
 
 
-def render(info: Dict[str, Any]) -> str:
+def render(info: dict[str, Any]) -> str:
     lines = [f"gaudi-launch env ({info['host']})", ""]
     lines.append(f"{'OS':24} {info['os']}")
     lines.append(f"{'Python':24} {info['python']}")
@@ -104,19 +127,24 @@ def render(info: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def flatten(info: Dict[str, Any]) -> Dict[str, str]:
+def flatten(info: dict[str, Any]) -> dict[str, str]:
     """One text value per line of the per-host table. Pure."""
     dev = info["devices"]
-    rows = {"OS": info["os"], "Python": info["python"].split(" (")[0], "CPUs": str(info["cpus"]),
-            "devices": f"{dev['count']} {dev['kind']}", "EFA": "yes" if info["efa"] else "no",
-            "NICs": ", ".join(n["name"] for n in info["nics"])}
+    rows = {
+        "OS": info["os"],
+        "Python": info["python"].split(" (")[0],
+        "CPUs": str(info["cpus"]),
+        "devices": f"{dev['count']} {dev['kind']}",
+        "EFA": "yes" if info["efa"] else "no",
+        "NICs": ", ".join(n["name"] for n in info["nics"]),
+    }
     rows.update({name: version or "-" for name, version in info["packages"].items()})
     rows.update({name: version or "-" for name, version in info["tools"].items()})
     rows.update({k: v for k, v in info["env"].items()})
     return rows
 
 
-def render_hosts(per_host: Dict[str, Dict[str, Any]], failed: Dict[str, str]) -> str:
+def render_hosts(per_host: dict[str, dict[str, Any]], failed: dict[str, str]) -> str:
     """A row per fact, a column per host; '*' marks what differs between hosts. Pure."""
     hosts = list(per_host)
     flat = {h: flatten(i) for h, i in per_host.items()}
@@ -133,7 +161,7 @@ def render_hosts(per_host: Dict[str, Dict[str, Any]], failed: Dict[str, str]) ->
     return "\n".join(lines) + "\n"
 
 
-def collect_hosts(hostfile: str, ssh_options: List[str], python: str) -> Tuple[Dict[str, Any], Dict[str, str]]:
+def collect_hosts(hostfile: str, ssh_options: list[str], python: str) -> tuple[dict[str, Any], dict[str, str]]:
     """Every hostfile host's report: this machine's directly, the others' over ssh (the same
     gaudi-launch there, as for a job). Returns (reports by host, why it failed by host)."""
 
@@ -144,8 +172,13 @@ def collect_hosts(hostfile: str, ssh_options: List[str], python: str) -> Tuple[D
             return collect()
         remote = shlex.join([python, "-m", "gaudi_launch", "env", "--json"])
         try:
-            done = subprocess.run(["ssh", *ssh_options, host, remote], capture_output=True, text=True, timeout=60,
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                ["ssh", *ssh_options, host, remote],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             return f"ssh failed: {exc}"
         if done.returncode != 0:
@@ -157,14 +190,17 @@ def collect_hosts(hostfile: str, ssh_options: List[str], python: str) -> Tuple[D
             return "its gaudi-launch env printed no JSON"
 
     results = per_host(names, one, name="env")
-    return ({h: r for h, r in results.items() if isinstance(r, dict)},
-            {h: r for h, r in results.items() if not isinstance(r, dict)})
+    return (
+        {h: r for h, r in results.items() if isinstance(r, dict)},
+        {h: r for h, r in results.items() if not isinstance(r, dict)},
+    )
 
 
-def main(argv: List[str]) -> int:
-    parser = argparse.ArgumentParser(prog="gaudi-launch env",
-                                     description="Versions, devices and network of this machine (or of every "
-                                                 "host of a hostfile), for bug reports.")
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gaudi-launch env",
+        description="Versions, devices and network of this machine (or of every host of a hostfile), for bug reports.",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object instead of text")
     parser.add_argument("--hostfile", help="report every host of this hostfile, differences marked")
     parser.add_argument("--ssh-config", "--ssh_config", dest="ssh_config")
@@ -180,8 +216,13 @@ def main(argv: List[str]) -> int:
         sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else render(info))
         return 0
 
-    spec = JobSpec(program=[], hostfile=args.hostfile, ssh_config=args.ssh_config, ssh_port=args.ssh_port,
-                   ssh_identity=args.ssh_identity)
+    spec = JobSpec(
+        program=[],
+        hostfile=args.hostfile,
+        ssh_config=args.ssh_config,
+        ssh_port=args.ssh_port,
+        ssh_identity=args.ssh_identity,
+    )
     try:
         per_host, failed = collect_hosts(args.hostfile, ssh_args(spec), args.python)
     except UserError as exc:

@@ -11,6 +11,7 @@ matplotlib's Agg canvas (no display needed); the paths written are printed. matp
 (``pip install 'gaudi-launch[report]'``) and imported only here, never by the launcher itself.
 Exit status: 0, or 2 for bad input (no such file, no metrics, unknown JSON) or missing matplotlib.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ import math
 import os
 import re
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from gaudi_launch.exitcodes import ExitCode
 
@@ -52,7 +53,7 @@ def _number(value: Any) -> Optional[float]:
     return None
 
 
-def read_metrics(path: str) -> Tuple[List[Dict[str, Any]], int]:
+def read_metrics(path: str) -> tuple[list[dict[str, Any]], int]:
     """(rows, unreadable line count) of a metrics.jsonl. Rows are JSON objects with a "step"."""
     rows, bad = [], 0
     with open(path, encoding="utf-8") as f:
@@ -85,7 +86,7 @@ def hf_trainer_state(directory: str) -> Optional[str]:
     return max(found)[1] if found else None
 
 
-def read_trainer_state(path: str) -> List[Dict[str, Any]]:
+def read_trainer_state(path: str) -> list[dict[str, Any]]:
     """transformers Trainer's log_history as this report's rows: training logs by step, evaluations
     as eval rows where they happened, the final summary as a summary row."""
     try:
@@ -110,7 +111,7 @@ def read_trainer_state(path: str) -> List[Dict[str, Any]]:
     return [row for _, row in sorted(keyed, key=lambda item: item[0])]
 
 
-def _segments(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _segments(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The runs one metrics.jsonl holds, in file order (the writer appends: a re-run or a resumed
     run continues the same file). A run is [evals before training], training rows, a summary row
     (train_loss/global_step), [closing eval]; a training row whose step does not grow, or training
@@ -118,14 +119,15 @@ def _segments(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     the last training step during it, the summary's step for the first eval after the summary;
     further evals after a summary open the next run. A restart mark (``{"step": N, "restart": K}``,
     the Trainer's after --max-restarts resumed it from checkpoint N) is kept apart, not a training row."""
+
     def new_run(evals=()):
         return {"train": {}, "evals": list(evals), "summaries": [], "first": None, "restarts": []}
 
     runs = [new_run()]
     last_step: Optional[int] = None
-    summary_step: Optional[int] = None   # set while after a summary row
+    summary_step: Optional[int] = None  # set while after a summary row
     closing_taken = False
-    pending: List[Dict[str, Any]] = []   # evals opening the next run
+    pending: list[dict[str, Any]] = []  # evals opening the next run
     for row in rows:
         step, cur = row["step"], runs[-1]
         if "restart" in row and "loss" not in row:
@@ -154,7 +156,7 @@ def _segments(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [r for r in runs if r["train"] or r["evals"] or r["summaries"]]
 
 
-def split_rows(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+def split_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """What to plot: the last run in the file; when it is a resumed one (its first step is later
     than the file's first run's), merged with the runs it continues (a later line wins for the same
     step). Returns train rows by step, summary rows, eval (x, row) pairs and how many runs were left
@@ -164,10 +166,10 @@ def split_rows(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     chosen = len(runs) - 1
     while chosen > 0 and runs[chosen]["first"] is not None and start is not None and runs[chosen]["first"] > start:
         chosen -= 1  # a resume continues the run before it
-    train: Dict[int, Dict[str, Any]] = {}
-    evals: List[Tuple[int, Dict[str, Any]]] = []
-    summaries: List[Dict[str, Any]] = []
-    restarts: List[int] = []
+    train: dict[int, dict[str, Any]] = {}
+    evals: list[tuple[int, dict[str, Any]]] = []
+    summaries: list[dict[str, Any]] = []
+    restarts: list[int] = []
     for i, run in enumerate(runs[chosen:]):
         restarts += run["restarts"]
         if run["first"] is not None:
@@ -178,11 +180,17 @@ def split_rows(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
         opening = 0 if i == 0 or run["first"] is None else run["first"]  # where evals before training go
         evals += [(opening if x is None else x, e) for x, e in run["evals"]]
         summaries = run["summaries"] or summaries
-    return {"train": [train[s] for s in sorted(train)], "summaries": summaries, "evals": evals,
-            "runs": len(runs), "left_out": chosen, "restarts": restarts}
+    return {
+        "train": [train[s] for s in sorted(train)],
+        "summaries": summaries,
+        "evals": evals,
+        "runs": len(runs),
+        "left_out": chosen,
+        "restarts": restarts,
+    }
 
 
-def series(rows: List[Dict[str, Any]], key: str) -> Tuple[List[int], List[float]]:
+def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
     xs, ys = [], []
     for row in rows:
         y = _number(row.get(key))
@@ -193,14 +201,17 @@ def series(rows: List[Dict[str, Any]], key: str) -> Tuple[List[int], List[float]
 
 
 def bench_kind(data: Any) -> Optional[str]:
-    """"launch", "mfu", "train", "seed" or None, from a benchmark JSON's content."""
+    """ "launch", "mfu", "train", "seed" or None, from a benchmark JSON's content."""
     if not isinstance(data, dict):
         return None
     if data.get("bench") in ("launch", "mfu", "train", "seed"):
         return data["bench"]
     results = data.get("results")
-    if isinstance(results, dict) and results and all(
-            isinstance(v, dict) and "samples_per_s" in v and "median" in v for v in results.values()):
+    if (
+        isinstance(results, dict)
+        and results
+        and all(isinstance(v, dict) and "samples_per_s" in v and "median" in v for v in results.values())
+    ):
         return "train"  # bench_train.py: {"config": ..., "results": {name: {samples_per_s, median, ratio}}}
     return None
 
@@ -228,13 +239,13 @@ def _figure(width: float = 7.5, height: float = 4.2):
     return fig, ax
 
 
-def _save(fig, path: str, written: List[str]) -> None:
+def _save(fig, path: str, written: list[str]) -> None:
     fig.tight_layout()
     fig.savefig(path, format="png", bbox_inches="tight", pad_inches=0.12)  # long labels stay in the picture
     written.append(path)
 
 
-def _headroom(ax, values: List[float]) -> None:
+def _headroom(ax, values: list[float]) -> None:
     """y from 0 to a little above the largest finite value (room for the legend)."""
     finite = [v for v in values if math.isfinite(v)]
     top = max(finite) if finite else 0.0
@@ -249,7 +260,7 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
-def _memory_label(key: str, rows: List[Dict[str, Any]]) -> str:
+def _memory_label(key: str, rows: list[dict[str, Any]]) -> str:
     """On CPU the Trainer's memory figures are the process's resident set (RSS), not a device's."""
     cpu = any(r.get("device") == "cpu" for r in rows)
     if cpu:
@@ -257,13 +268,15 @@ def _memory_label(key: str, rows: List[Dict[str, Any]]) -> str:
     return key.replace(" (GB)", "")
 
 
-def write_html(paths: List[str], out: str, title: str) -> str:
+def write_html(paths: list[str], out: str, title: str) -> str:
     """One HTML file with every plot inline (base64), to mail or attach as it is."""
     import base64
     import html
 
-    parts = [f"<!doctype html><meta charset=utf-8><title>{html.escape(title)}</title>",
-             f"<h1 style='font-family:sans-serif'>{html.escape(title)}</h1>"]
+    parts = [
+        f"<!doctype html><meta charset=utf-8><title>{html.escape(title)}</title>",
+        f"<h1 style='font-family:sans-serif'>{html.escape(title)}</h1>",
+    ]
     for path in paths:
         with open(path, "rb") as f:
             data = base64.b64encode(f.read()).decode("ascii")
@@ -274,20 +287,23 @@ def write_html(paths: List[str], out: str, title: str) -> str:
     return target
 
 
-def _mark_restarts(ax, steps: List[int]) -> None:
+def _mark_restarts(ax, steps: list[int]) -> None:
     """A dotted line where --max-restarts resumed the run (from the checkpoint of that step)."""
     for i, step in enumerate(sorted(set(steps))):
         ax.axvline(step, linestyle=":", color="0.4", label="restart (resumed here)" if i == 0 else None)
 
 
-def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
+def plot_run(rows: list[dict[str, Any]], out: str, title: str) -> list[str]:
     parts = split_rows(rows)
     train, evals, summaries = parts["train"], parts["evals"], parts["summaries"]
     if parts["left_out"]:
-        print(f"gaudi-launch report: the metrics file holds {parts['runs']} runs (the step count restarts, as "
-              f"when a job runs again into the same --output_dir); plotting the last one, leaving out "
-              f"{parts['left_out']}", file=sys.stderr)
-    written: List[str] = []
+        print(
+            f"gaudi-launch report: the metrics file holds {parts['runs']} runs (the step count restarts, as "
+            f"when a job runs again into the same --output_dir); plotting the last one, leaving out "
+            f"{parts['left_out']}",
+            file=sys.stderr,
+        )
+    written: list[str] = []
 
     xs, ys = series(train, "loss")
     ev = [(x, _number(r.get("eval_loss"))) for x, r in evals if _number(r.get("eval_loss")) is not None]
@@ -302,9 +318,15 @@ def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
                 if ppl is not None and _number(r.get("eval_loss")) is not None:
                     # right of a point, except in the right half, where the label would leave the frame
                     right_half = x > (max(xs + [e[0] for e in ev]) + min(xs + [e[0] for e in ev])) / 2
-                    ax.annotate(f"ppl {_fmt(ppl)}", (x, _number(r["eval_loss"])), textcoords="offset points",
-                                xytext=(-6 if right_half else 6, 6), ha="right" if right_half else "left",
-                                fontsize=8, color="C3")
+                    ax.annotate(
+                        f"ppl {_fmt(ppl)}",
+                        (x, _number(r["eval_loss"])),
+                        textcoords="offset points",
+                        xytext=(-6 if right_half else 6, 6),
+                        ha="right" if right_half else "left",
+                        fontsize=8,
+                        color="C3",
+                    )
         _mark_restarts(ax, parts["restarts"])
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("loss")
@@ -326,8 +348,11 @@ def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("samples/s")
         tokens = series(train, "train_tokens_per_second")[1]
-        ax.set_title(f"{title}: throughput in samples/s" + (f" (= {_fmt(tokens[-1])} tokens/s at the last step)"
-                                                             if tokens else ""), fontsize=10)
+        ax.set_title(
+            f"{title}: throughput in samples/s"
+            + (f" (= {_fmt(tokens[-1])} tokens/s at the last step)" if tokens else ""),
+            fontsize=10,
+        )
         ax.legend()
         _save(fig, os.path.join(out, "throughput.png"), written)
 
@@ -356,9 +381,18 @@ def plot_run(rows: List[Dict[str, Any]], out: str, title: str) -> List[str]:
     return written
 
 
-def _hbars(names: List[str], values: List[Optional[float]], lows: List[Optional[float]],
-           highs: List[Optional[float]], notes: List[str], xlabel: str, title: str, path: str,
-           written: List[str], colors: Optional[List[str]] = None) -> None:
+def _hbars(
+    names: list[str],
+    values: list[Optional[float]],
+    lows: list[Optional[float]],
+    highs: list[Optional[float]],
+    notes: list[str],
+    xlabel: str,
+    title: str,
+    path: str,
+    written: list[str],
+    colors: Optional[list[str]] = None,
+) -> None:
     """Horizontal bars (top to bottom in the given order) with min-max whiskers and a note each."""
     width = 8.5
     fig, ax = _figure(width, 0.9 + 0.42 * len(names))
@@ -367,9 +401,14 @@ def _hbars(names: List[str], values: List[Optional[float]], lows: List[Optional[
     top = max(ends or [1.0])
     # Room on the right for each note: ~0.058 in per character at 8 pt, on axes ~60% of the width.
     per_char = 0.058 / (0.6 * width)
-    right = max([end / max(0.1, 1 - per_char * len(note) - 0.02)
-                 for end, note in zip([h if h is not None else v for v, h in zip(values, highs)], notes)
-                 if end is not None] or [top * 1.35])
+    right = max(
+        [
+            end / max(0.1, 1 - per_char * len(note) - 0.02)
+            for end, note in zip([h if h is not None else v for v, h in zip(values, highs)], notes)
+            if end is not None
+        ]
+        or [top * 1.35]
+    )
     for y, v, lo, hi, note, i in zip(ys, values, lows, highs, notes, range(len(names))):
         if v is None:
             ax.text(0, y, "  " + note, va="center", fontsize=8, color="0.4")
@@ -393,8 +432,8 @@ def _ratio(r: Optional[float], peer: str) -> str:
     return f"{r:.2f}x {peer}" if isinstance(r, (int, float)) and r else ""
 
 
-def plot_train_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
-    results: Dict[str, Dict[str, Any]] = data["results"]
+def plot_train_bench(data: dict[str, Any], out: str, stem: str) -> list[str]:
+    results: dict[str, dict[str, Any]] = data["results"]
     cfg = data.get("config", {})
     peer = "transformers Trainer, DDP"
     names, vals, lows, highs, notes = [], [], [], [], []
@@ -410,22 +449,36 @@ def plot_train_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
         notes.append(note)
     title = "training throughput (median, min-max)"
     if cfg:
-        title += (f": tiny GPT-2, {cfg.get('ranks')} ranks, batch {cfg.get('batch')}x{cfg.get('block')}, "
-                  f"{cfg.get('steps')} steps ({cfg.get('warmup')} warm-up), {cfg.get('repeats')} repeat(s)")
-    written: List[str] = []
+        title += (
+            f": tiny GPT-2, {cfg.get('ranks')} ranks, batch {cfg.get('batch')}x{cfg.get('block')}, "
+            f"{cfg.get('steps')} steps ({cfg.get('warmup')} warm-up), {cfg.get('repeats')} repeat(s)"
+        )
+    written: list[str] = []
     colors = ["C1" if n == peer else "C0" for n in names]
-    _hbars(names, vals, lows, highs, notes, "samples/s (higher is better)", title,
-           os.path.join(out, f"{stem}.png"), written, colors)
+    _hbars(
+        names,
+        vals,
+        lows,
+        highs,
+        notes,
+        "samples/s (higher is better)",
+        title,
+        os.path.join(out, f"{stem}.png"),
+        written,
+        colors,
+    )
     return written
 
 
-def plot_seed_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
+def plot_seed_bench(data: dict[str, Any], out: str, stem: str) -> list[str]:
     """bench_seed.py: per workload and batch size, our runtime beside transformers' Trainer."""
     names, vals, notes, colors = [], [], [], []
     for row in data.get("rows", []):
         label = f"{row['workload']} b={row['batch_per_device']}"
-        for side, key, color in (("ours", "ours_samples_per_s", "C0"),
-                                 ("transformers", "transformers_samples_per_s", "C1")):
+        for side, key, color in (
+            ("ours", "ours_samples_per_s", "C0"),
+            ("transformers", "transformers_samples_per_s", "C1"),
+        ):
             value = _number(row.get(key))
             names.append(f"{label}: {side}")
             vals.append(value)
@@ -438,20 +491,30 @@ def plot_seed_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
         raise ReportError("the seed benchmark JSON has no rows to plot")
     env = data.get("environment", {})
     title = f"seed workloads, {data.get('config', {}).get('ranks', '?')} ranks on {env.get('device', '?')} (median)"
-    written: List[str] = []
-    _hbars(names, vals, [None] * len(vals), [None] * len(vals), notes, "samples/s (higher is better)", title,
-           os.path.join(out, f"{stem}.png"), written, colors)
+    written: list[str] = []
+    _hbars(
+        names,
+        vals,
+        [None] * len(vals),
+        [None] * len(vals),
+        notes,
+        "samples/s (higher is better)",
+        title,
+        os.path.join(out, f"{stem}.png"),
+        written,
+        colors,
+    )
     return written
 
 
-def plot_launch_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
+def plot_launch_bench(data: dict[str, Any], out: str, stem: str) -> list[str]:
     baseline = data.get("baseline", "mpirun (raw)")
-    names: List[str] = []
-    vals: List[Optional[float]] = []
-    lows: List[Optional[float]] = []
-    highs: List[Optional[float]] = []
-    notes: List[str] = []
-    colors: List[str] = []
+    names: list[str] = []
+    vals: list[Optional[float]] = []
+    lows: list[Optional[float]] = []
+    highs: list[Optional[float]] = []
+    notes: list[str] = []
+    colors: list[str] = []
     scopes = data.get("results", {})
     for scope, table in scopes.items():
         for name, e in table.items():
@@ -461,8 +524,9 @@ def plot_launch_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
                 vals.append(None)
                 lows.append(None)
                 highs.append(None)
-                notes.append(("skipped: " + e["skipped"]) if "skipped" in e else
-                             ("failed: " + str(e.get("error", "no result"))))
+                notes.append(
+                    ("skipped: " + e["skipped"]) if "skipped" in e else ("failed: " + str(e.get("error", "no result")))
+                )
                 continue
             vals.append(e["median"])
             lows.append(e.get("min"))
@@ -472,12 +536,24 @@ def plot_launch_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
                 note += f" ({_ratio(e['ratio'], 'vs raw mpirun')})"
             notes.append(note)
     cfg = data.get("config", {})
-    title = (f"launch overhead: trivial gloo job, {cfg.get('ranks', '?')} rank(s) per host, "
-             f"median and min-max of {cfg.get('repeats', '?')}")
-    written: List[str] = []
+    title = (
+        f"launch overhead: trivial gloo job, {cfg.get('ranks', '?')} rank(s) per host, "
+        f"median and min-max of {cfg.get('repeats', '?')}"
+    )
+    written: list[str] = []
     if names:
-        _hbars(names, vals, lows, highs, notes, "wall time, s (lower is better)", title,
-               os.path.join(out, f"{stem}.png"), written, colors)
+        _hbars(
+            names,
+            vals,
+            lows,
+            highs,
+            notes,
+            "wall time, s (lower is better)",
+            title,
+            os.path.join(out, f"{stem}.png"),
+            written,
+            colors,
+        )
     start = data.get("start_up") or {}
     if start:
         names, vals, lows, highs, notes, colors = [], [], [], [], [], []
@@ -497,13 +573,22 @@ def plot_launch_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
             if not name.startswith("python -c pass") and e.get("ratio"):
                 note += f" ({_ratio(e['ratio'], 'vs python -c pass')})"
             notes.append(note)
-        _hbars(names, vals, lows, highs, notes, "wall time, ms (lower is better)",
-               f"start-up without a job: median and min-max of {cfg.get('cold_repeats', '?')}",
-               os.path.join(out, f"{stem}-start-up.png"), written, colors)
+        _hbars(
+            names,
+            vals,
+            lows,
+            highs,
+            notes,
+            "wall time, ms (lower is better)",
+            f"start-up without a job: median and min-max of {cfg.get('cold_repeats', '?')}",
+            os.path.join(out, f"{stem}-start-up.png"),
+            written,
+            colors,
+        )
     return written
 
 
-def plot_mfu_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
+def plot_mfu_bench(data: dict[str, Any], out: str, stem: str) -> list[str]:
     peak, train = data.get("peak", {}), data.get("training", {})
     precisions = [p for p in ("fp32", "bf16") if p in peak and p in train]
     if not precisions:
@@ -517,18 +602,23 @@ def plot_mfu_bench(data: Dict[str, Any], out: str, stem: str) -> List[str]:
         ax.bar(i - width / 2, pk, width, color="C1", label="measured matmul peak" if i == 0 else None)
         ax.bar(i + width / 2, ach, width, color="C0", label="Trainer: 6 x params x tokens/s" if i == 0 else None)
         ax.text(i - width / 2, pk, f"{_fmt(pk)}\n(n={peak[p].get('size')})", ha="center", va="bottom", fontsize=8)
-        ax.text(i + width / 2, ach, f"{_fmt(ach)}\n{100 * train[p]['mfu']:.0f}% of peak", ha="center",
-                va="bottom", fontsize=8)
+        ax.text(
+            i + width / 2,
+            ach,
+            f"{_fmt(ach)}\n{100 * train[p]['mfu']:.0f}% of peak",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_xticks(range(len(precisions)))
     ax.set_xticklabels(["fp32" if p == "fp32" else "bf16 (autocast)" for p in precisions])
     ax.set_ylabel(unit)
     ax.set_ylim(0, top / scale * 1.3)
     cfg = data.get("config", {})
-    ax.set_title(f"MFU-style efficiency, {cfg.get('model', '?')} GPT-2 on {data.get('device', '?')}"[:95],
-                 fontsize=9)
+    ax.set_title(f"MFU-style efficiency, {cfg.get('model', '?')} GPT-2 on {data.get('device', '?')}"[:95], fontsize=9)
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(False, axis="x")
-    written: List[str] = []
+    written: list[str] = []
     _save(fig, os.path.join(out, f"{stem}.png"), written)
     return written
 
@@ -542,7 +632,7 @@ def _default_out(source: str) -> str:
     return os.path.join(os.path.dirname(source), "plots")
 
 
-def _load(source: str) -> Tuple[str, Any]:
+def _load(source: str) -> tuple[str, Any]:
     """("run", rows) or (bench kind, data); ReportError for anything unusable."""
     if not os.path.exists(source):
         raise ReportError(f"{source}: no such file or directory")
@@ -550,8 +640,10 @@ def _load(source: str) -> Tuple[str, Any]:
     if os.path.isdir(source) and not os.path.exists(path):
         state = hf_trainer_state(source)
         if state is None:
-            raise ReportError(f"{source}: no metrics.jsonl here (the Trainer writes it into its --output_dir), nor "
-                              "transformers' trainer_state.json")
+            raise ReportError(
+                f"{source}: no metrics.jsonl here (the Trainer writes it into its --output_dir), nor "
+                "transformers' trainer_state.json"
+            )
         path = state
     if os.path.basename(path) == "trainer_state.json":
         rows = read_trainer_state(path)
@@ -561,8 +653,11 @@ def _load(source: str) -> Tuple[str, Any]:
     if path.endswith(".jsonl"):
         rows, bad = read_metrics(path)
         if not rows:
-            raise ReportError(f"{path}: no metrics in it (" + (f"none of its {bad} line(s) is" if bad else "empty, no line")
-                              + " a JSON object with a 'step')")
+            raise ReportError(
+                f"{path}: no metrics in it ("
+                + (f"none of its {bad} line(s) is" if bad else "empty, no line")
+                + " a JSON object with a 'step')"
+            )
         if bad:
             print(f"gaudi-launch report: skipped {bad} unreadable line(s) in {path}", file=sys.stderr)
         return "run", rows
@@ -575,20 +670,25 @@ def _load(source: str) -> Tuple[str, Any]:
         raise ReportError(f"{path}: cannot read it ({exc.strerror})")
     kind = bench_kind(data)
     if kind is None:
-        raise ReportError(f"{path}: not a benchmark result this knows (from scripts/bench/bench_train.py, "
-                          "bench_launch.py, bench_mfu.py or bench_seed.py); for a run, give its directory or metrics.jsonl")
+        raise ReportError(
+            f"{path}: not a benchmark result this knows (from scripts/bench/bench_train.py, "
+            "bench_launch.py, bench_mfu.py or bench_seed.py); for a run, give its directory or metrics.jsonl"
+        )
     return kind, data
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gaudi-launch report",
         description="PNG plots of a run's metrics.jsonl (loss, throughput, memory over steps) or of a "
-                    "benchmark JSON from scripts/bench/ (bars with ratios against the peer).")
-    parser.add_argument("source", metavar="RUN_DIR",
-                        help="a run's output directory or its metrics.jsonl, or a benchmark JSON file")
-    parser.add_argument("--out", default=None, help="directory for the PNGs (default: RUN_DIR/plots, or "
-                                                    "plots/ beside a JSON file)")
+        "benchmark JSON from scripts/bench/ (bars with ratios against the peer).",
+    )
+    parser.add_argument(
+        "source", metavar="RUN_DIR", help="a run's output directory or its metrics.jsonl, or a benchmark JSON file"
+    )
+    parser.add_argument(
+        "--out", default=None, help="directory for the PNGs (default: RUN_DIR/plots, or plots/ beside a JSON file)"
+    )
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as exc:  # --help (0) or a usage error (2): argparse has printed why
@@ -607,11 +707,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raise ReportError(f"{args.source}: nothing to plot (no loss, throughput or memory values)")
         else:
             stem = os.path.splitext(os.path.basename(args.source))[0]
-            written = {"train": plot_train_bench, "launch": plot_launch_bench,
-                       "mfu": plot_mfu_bench, "seed": plot_seed_bench}[kind](data, out, stem)
+            written = {
+                "train": plot_train_bench,
+                "launch": plot_launch_bench,
+                "mfu": plot_mfu_bench,
+                "seed": plot_seed_bench,
+            }[kind](data, out, stem)
     except MissingMatplotlib as exc:
-        print(f"gaudi-launch report: error: matplotlib is not installed ({exc})\n"
-              f"  hint: {INSTALL_HINT}", file=sys.stderr)
+        print(
+            f"gaudi-launch report: error: matplotlib is not installed ({exc})\n  hint: {INSTALL_HINT}", file=sys.stderr
+        )
         return ExitCode.USAGE
     except ReportError as exc:
         print(f"gaudi-launch report: error: {exc}", file=sys.stderr)

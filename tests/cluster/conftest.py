@@ -1,4 +1,5 @@
 """Fixtures for tests that need real hosts: a 3-host NetCluster (netns + sshd per host) for the session."""
+
 from __future__ import annotations
 
 import contextlib
@@ -34,6 +35,7 @@ def require_cluster_support() -> None:
 def leftovers(c: NetCluster, pids) -> list:
     """Anything of cluster `c` still present: its netns, links, live processes (zombies count as gone)."""
     from tests.cluster import netcluster as nc
+
     left = [n for n in nc._netns_names() if n in {h.netns for h in c.hosts}]
     left += [n for n in nc._link_names() if n in {h.veth for h in c.hosts} | {c.bridge}]
     left += [f"pid {p}" for p, start in pids.items() if nc._alive(p, start)]
@@ -42,6 +44,7 @@ def leftovers(c: NetCluster, pids) -> list:
 
 def cluster_pids(c: NetCluster) -> dict:
     from tests.cluster import netcluster as nc
+
     pids = {}
     for h in c.hosts:
         for p in (h.sshd, h.anchor):

@@ -22,6 +22,7 @@ CLI (also scripts/testcluster.sh):
   python tests/cluster/netcluster.py down [DIR]
   python tests/cluster/netcluster.py status [DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Optional
 
 SSHD = "/usr/sbin/sshd"
 DEFAULT_DIR = "/tmp/gaudi-launch-cluster"
@@ -67,7 +69,7 @@ class ClusterError(RuntimeError):
     pass
 
 
-def missing_requirements() -> List[str]:
+def missing_requirements() -> list[str]:
     """What keeps a NetCluster from being built here (empty when nothing)."""
     missing = []
     if os.geteuid() != 0:
@@ -81,6 +83,7 @@ def missing_requirements() -> List[str]:
 
 
 # ---------------------------------------------------------------- process helpers
+
 
 def _proc_start(pid: int) -> Optional[int]:
     """Start time of a process (clock ticks since boot), None when gone or a zombie."""
@@ -107,7 +110,7 @@ def _signal_all(pids: Iterable[int], sig: int) -> None:
             pass
 
 
-def _terminate(popens: Sequence[subprocess.Popen], pids: Dict[int, Optional[int]], grace: float = 1.0) -> None:
+def _terminate(popens: Sequence[subprocess.Popen], pids: dict[int, Optional[int]], grace: float = 1.0) -> None:
     """TERM our Popens and the given PIDs (pid -> start time, checked so a reused PID is never hit),
     wait up to `grace` seconds, then KILL the rest. Popens are waited for (no zombies)."""
     popens = [p for p in popens if p is not None and p.poll() is None]
@@ -146,19 +149,19 @@ def _run(argv: Sequence[str], check: bool = True, input: Optional[str] = None) -
     return r
 
 
-def _ip_batch(lines: List[str], netns: Optional[str] = None) -> None:
+def _ip_batch(lines: list[str], netns: Optional[str] = None) -> None:
     if not lines:
         return
     argv = ["ip"] + (["-n", netns] if netns else []) + ["-batch", "-"]
     _run(argv, input="\n".join(lines) + "\n")
 
 
-def _netns_names() -> List[str]:
+def _netns_names() -> list[str]:
     out = _run(["ip", "netns", "list"], check=False).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def _link_names() -> List[str]:
+def _link_names() -> list[str]:
     out = _run(["ip", "-o", "link", "show"], check=False).stdout
     names = []
     for line in out.splitlines():
@@ -168,7 +171,7 @@ def _link_names() -> List[str]:
     return names
 
 
-def _netns_pids(ns: str) -> Dict[int, Optional[int]]:
+def _netns_pids(ns: str) -> dict[int, Optional[int]]:
     out = _run(["ip", "netns", "pids", ns], check=False).stdout
     pids = {}
     for tok in out.split():
@@ -186,6 +189,7 @@ def _write(path: str, text: str, mode: int = 0o644) -> None:
 
 
 # ---------------------------------------------------------------- locks
+
 
 class _Lock:
     """flock on /run/gaudi-launch-netcluster/<key>.lock, so two clusters never share a prefix or subnet.
@@ -222,14 +226,19 @@ class _Lock:
                 os.close(fd)
                 raise ClusterError(
                     f"{self.path} is held by a cluster left running with `testcluster.sh up` in "
-                    f"{h.get('workdir')}; take it down with: scripts/testcluster.sh down {h.get('workdir')}")
+                    f"{h.get('workdir')}; take it down with: scripts/testcluster.sh down {h.get('workdir')}"
+                )
             if time.monotonic() > deadline:
                 os.close(fd)
-                raise ClusterError(f"{self.path} is still held by pid {h.get('pid')} (cluster in "
-                                   f"{h.get('workdir')}) after {timeout:.0f} s")
+                raise ClusterError(
+                    f"{self.path} is still held by pid {h.get('pid')} (cluster in "
+                    f"{h.get('workdir')}) after {timeout:.0f} s"
+                )
             if not announced:
-                print(f"netcluster: waiting for {self.path} (held by pid {h.get('pid')}, "
-                      f"cluster in {h.get('workdir')})", file=sys.stderr)
+                print(
+                    f"netcluster: waiting for {self.path} (held by pid {h.get('pid')}, cluster in {h.get('workdir')})",
+                    file=sys.stderr,
+                )
                 announced = True
             time.sleep(0.2)
         self.fd = fd
@@ -268,15 +277,16 @@ class _Lock:
 
 # ---------------------------------------------------------------- the cluster
 
+
 @dataclass
 class ClusterHost:
     index: int
-    name: str           # "gl-n0" (also its hostname)
-    addr: str           # "10.213.0.10"
-    netns: str          # "gl-n0"
-    sshd: Optional[subprocess.Popen] = None     # None after stop_sshd(), or when loaded from a state dir
-    anchor: Optional[subprocess.Popen] = None   # `sleep infinity` holding the host's mount+UTS namespaces
-    veth: str = ""      # root-side veth name "gl-h0"
+    name: str  # "gl-n0" (also its hostname)
+    addr: str  # "10.213.0.10"
+    netns: str  # "gl-n0"
+    sshd: Optional[subprocess.Popen] = None  # None after stop_sshd(), or when loaded from a state dir
+    anchor: Optional[subprocess.Popen] = None  # `sleep infinity` holding the host's mount+UTS namespaces
+    veth: str = ""  # root-side veth name "gl-h0"
     sshd_config: str = ""
     host_key: str = ""
     sshd_log: str = ""
@@ -288,8 +298,15 @@ class ClusterHost:
 
 
 class NetCluster:
-    def __init__(self, n: int, workdir: str, prefix: str = "gl", subnet_octet: int = 213,
-                 lock_timeout: Optional[float] = None, sshd_log_level: str = "ERROR"):
+    def __init__(
+        self,
+        n: int,
+        workdir: str,
+        prefix: str = "gl",
+        subnet_octet: int = 213,
+        lock_timeout: Optional[float] = None,
+        sshd_log_level: str = "ERROR",
+    ):
         if not 1 <= n <= 200:
             raise ValueError("n must be 1..200")
         if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", prefix):
@@ -313,37 +330,45 @@ class NetCluster:
         self.hosts_file = os.path.join(self.workdir, "hosts")
         self.resolv_conf = os.path.join(self.workdir, "resolv.conf")
         self.state_file = os.path.join(self.workdir, "state.json")
-        self.hosts: List[ClusterHost] = []
+        self.hosts: list[ClusterHost] = []
         for i in range(n):
             hdir = os.path.join(self.workdir, f"n{i}")
-            self.hosts.append(ClusterHost(
-                index=i, name=f"{prefix}-n{i}", addr=f"10.{subnet_octet}.0.{10 + i}", netns=f"{prefix}-n{i}",
-                veth=f"{prefix}-h{i}", sshd_config=os.path.join(hdir, "sshd_config"),
-                host_key=os.path.join(self.workdir, "hostkeys", f"ssh_host_ed25519_key.{prefix}-n{i}"),
-                sshd_log=os.path.join(hdir, "sshd.log")))
-        self.lock_timeout = float(os.environ.get("GAUDI_LAUNCH_CLUSTER_LOCK_TIMEOUT", "600")
-                                  if lock_timeout is None else lock_timeout)
+            self.hosts.append(
+                ClusterHost(
+                    index=i,
+                    name=f"{prefix}-n{i}",
+                    addr=f"10.{subnet_octet}.0.{10 + i}",
+                    netns=f"{prefix}-n{i}",
+                    veth=f"{prefix}-h{i}",
+                    sshd_config=os.path.join(hdir, "sshd_config"),
+                    host_key=os.path.join(self.workdir, "hostkeys", f"ssh_host_ed25519_key.{prefix}-n{i}"),
+                    sshd_log=os.path.join(hdir, "sshd.log"),
+                )
+            )
+        self.lock_timeout = float(
+            os.environ.get("GAUDI_LAUNCH_CLUSTER_LOCK_TIMEOUT", "600") if lock_timeout is None else lock_timeout
+        )
         self._locks = [_Lock(f"prefix-{prefix}"), _Lock(f"net-10.{subnet_octet}")]
         self._holder_pid: Optional[int] = None
         self._holder_start: Optional[int] = None
         self._up = False
         self._atexit = False
         self._loaded = False
-        self.timings: Dict[str, float] = {}
+        self.timings: dict[str, float] = {}
 
     # ------------------------------------------------------------ public API
 
     @property
-    def names(self) -> List[str]:
+    def names(self) -> list[str]:
         return [h.name for h in self.hosts]
 
-    def __enter__(self) -> "NetCluster":
+    def __enter__(self) -> NetCluster:
         return self.up()
 
     def __exit__(self, *exc) -> None:
         self.down()
 
-    def up(self) -> "NetCluster":
+    def up(self) -> NetCluster:
         missing = missing_requirements()
         if missing:
             raise ClusterError("cannot build a test cluster here, missing: " + ", ".join(missing))
@@ -412,18 +437,18 @@ class NetCluster:
         _write(path, text)
         return path
 
-    def env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    def env(self, base: Optional[dict[str, str]] = None) -> dict[str, str]:
         """Environment for launchers: `base` (default os.environ) with bin_dir first on PATH."""
         env = dict(os.environ if base is None else base)
         env["PATH"] = self.bin_dir + os.pathsep + env.get("PATH", os.defpath)
         return env
 
-    def ssh_argv(self, target, *command: str, options: Sequence[str] = ()) -> List[str]:
+    def ssh_argv(self, target, *command: str, options: Sequence[str] = ()) -> list[str]:
         """["/usr/bin/ssh", "-F", ssh_config, *options, name, *command]."""
         name = self._host(target).name
         return ["/usr/bin/ssh", "-F", self.ssh_config, *options, name, *command]
 
-    def nsenter_argv(self, i, argv: Sequence[str], cwd: Optional[str] = None) -> List[str]:
+    def nsenter_argv(self, i, argv: Sequence[str], cwd: Optional[str] = None) -> list[str]:
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a list of arguments, not a string")
         h = self._host(i)
@@ -441,14 +466,26 @@ class NetCluster:
         cwd = popen_kwargs.pop("cwd", None)
         return subprocess.Popen(self.nsenter_argv(i, argv, cwd), **popen_kwargs)
 
-    def login_argv(self, argv: Sequence[str]) -> List[str]:
+    def login_argv(self, argv: Sequence[str]) -> list[str]:
         """Run argv in the root namespace as a login node outside the hostfile: on the bridge's
         network, with the cluster's hosts file and resolv.conf bound over this mount namespace's own."""
         if isinstance(argv, (str, bytes)):
             raise TypeError("argv must be a list of arguments, not a string")
         script = 'mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && shift 2 && exec "$@"'
-        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "login",
-                self.hosts_file, self.resolv_conf, *argv]
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            script,
+            "login",
+            self.hosts_file,
+            self.resolv_conf,
+            *argv,
+        ]
 
     def stop_sshd(self, i) -> None:
         """Stop host i's sshd (the listener; running sessions stay). The host itself stays up."""
@@ -485,11 +522,22 @@ class NetCluster:
         """Leave the cluster running after this process exits (CLI `up`): the locks pass to a
         `sleep infinity` holder, and down() from another process (load(workdir).down()) ends it."""
         fds = [lock.fd for lock in self._locks if lock.fd is not None]
-        holder = subprocess.Popen(["sleep", "infinity"], pass_fds=fds, start_new_session=True,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        holder = subprocess.Popen(
+            ["sleep", "infinity"],
+            pass_fds=fds,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self._holder_pid, self._holder_start = holder.pid, _proc_start(holder.pid)
-        info = {"pid": holder.pid, "workdir": self.workdir, "prefix": self.prefix, "octet": self.octet,
-                "detached": True}
+        info = {
+            "pid": holder.pid,
+            "workdir": self.workdir,
+            "prefix": self.prefix,
+            "octet": self.octet,
+            "detached": True,
+        }
         for lock in self._locks:
             lock.write(info)
             os.close(lock.fd)  # the holder keeps the lock (same open file description)
@@ -505,7 +553,7 @@ class NetCluster:
         self._loaded = True  # down() from this process still works
 
     @classmethod
-    def load(cls, workdir: str) -> "NetCluster":
+    def load(cls, workdir: str) -> NetCluster:
         """A handle on a cluster left running by another process (from <workdir>/state.json)."""
         with open(os.path.join(workdir, "state.json")) as f:
             st = json.load(f)
@@ -517,14 +565,21 @@ class NetCluster:
         c._loaded = True
         return c
 
-    def status(self) -> List[dict]:
+    def status(self) -> list[dict]:
         netns = set(_netns_names())
         out = []
         for h in self.hosts:
             pid = h.sshd.pid if h.sshd else h.sshd_pid
             start = _proc_start(h.sshd.pid) if h.sshd else h.sshd_start
-            out.append({"name": h.name, "addr": h.addr, "netns": h.netns in netns,
-                        "sshd_pid": pid, "sshd_alive": bool(pid) and _alive(pid, start)})
+            out.append(
+                {
+                    "name": h.name,
+                    "addr": h.addr,
+                    "netns": h.netns in netns,
+                    "sshd_pid": pid,
+                    "sshd_alive": bool(pid) and _alive(pid, start),
+                }
+            )
         return out
 
     # ------------------------------------------------------------ internals
@@ -546,11 +601,11 @@ class NetCluster:
             return h.anchor_pid
         raise ClusterError(f"{h.name} is not up")
 
-    def _our_netns(self, names: Iterable[str]) -> List[str]:
+    def _our_netns(self, names: Iterable[str]) -> list[str]:
         pat = re.compile(re.escape(self.prefix) + r"-n\d+")
         return [n for n in names if pat.fullmatch(n)]
 
-    def _our_links(self, names: Iterable[str]) -> List[str]:
+    def _our_links(self, names: Iterable[str]) -> list[str]:
         pat = re.compile(re.escape(self.prefix) + r"-(h\d+|br0)")
         return [n for n in names if pat.fullmatch(n)]
 
@@ -567,24 +622,32 @@ class NetCluster:
         for line in out.splitlines():
             parts = line.split()
             if len(parts) >= 4 and parts[3].startswith(f"10.{self.octet}.0."):
-                raise ClusterError(f"{self.subnet} is already in use on {parts[1]} ({parts[3]}); "
-                                   f"pick another subnet_octet")
+                raise ClusterError(
+                    f"{self.subnet} is already in use on {parts[1]} ({parts[3]}); pick another subnet_octet"
+                )
 
     def _write_files(self) -> None:
-        for d in [self.bin_dir, os.path.join(self.workdir, "hostkeys")] + \
-                 [os.path.dirname(h.sshd_config) for h in self.hosts]:
+        for d in [self.bin_dir, os.path.join(self.workdir, "hostkeys")] + [
+            os.path.dirname(h.sshd_config) for h in self.hosts
+        ]:
             os.makedirs(d, exist_ok=True)
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         keygens = []
-        for path, comment in [(self.key, f"netcluster-{self.prefix}-client")] + \
-                             [(h.host_key, h.name) for h in self.hosts]:
+        for path, comment in [(self.key, f"netcluster-{self.prefix}-client")] + [
+            (h.host_key, h.name) for h in self.hosts
+        ]:
             if not (os.path.exists(path) and os.path.exists(path + ".pub")):
                 for p in (path, path + ".pub"):
                     if os.path.exists(p):
                         os.unlink(p)
-                keygens.append(subprocess.Popen(
-                    ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+                keygens.append(
+                    subprocess.Popen(
+                        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
         for p in keygens:
             out = p.communicate()[0]
             if p.returncode != 0:
@@ -593,8 +656,11 @@ class NetCluster:
             pub = f.read().strip()
         _write(self.authorized_keys, pub + "\n")
 
-        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
-                 f"{self.bridge_addr} {self.prefix}-ctl"]
+        lines = [
+            "127.0.0.1 localhost",
+            "::1 localhost ip6-localhost ip6-loopback",
+            f"{self.bridge_addr} {self.prefix}-ctl",
+        ]
         for h in self.hosts:
             lines += [f"{h.addr} {h.name}", f"::ffff:{h.addr} {h.name}"]
         _write(self.hosts_file, "\n".join(lines) + "\n")
@@ -607,75 +673,95 @@ class NetCluster:
             known.append(f"{h.name},{h.addr} {kt} {kb}")
         _write(self.known_hosts, "\n".join(known) + "\n")
 
-        cfg = [f"Host {self.prefix}-n* 10.{self.octet}.0.*",
-               "    User root",
-               f"    IdentityFile {self.key}",
-               "    IdentitiesOnly yes",
-               "    StrictHostKeyChecking accept-new",
-               f"    UserKnownHostsFile {self.known_hosts}",
-               "    GlobalKnownHostsFile /dev/null",
-               "    BatchMode yes",
-               "    ConnectTimeout 5",
-               "    LogLevel ERROR",
-               ""]
+        cfg = [
+            f"Host {self.prefix}-n* 10.{self.octet}.0.*",
+            "    User root",
+            f"    IdentityFile {self.key}",
+            "    IdentitiesOnly yes",
+            "    StrictHostKeyChecking accept-new",
+            f"    UserKnownHostsFile {self.known_hosts}",
+            "    GlobalKnownHostsFile /dev/null",
+            "    BatchMode yes",
+            "    ConnectTimeout 5",
+            "    LogLevel ERROR",
+            "",
+        ]
         # Names map to addresses in the client config too, so ssh works from the root namespace
         # (whose /etc/hosts does not know the cluster) as well as inside the hosts.
         for h in self.hosts:
             cfg += [f"Host {h.name}", f"    HostName {h.addr}", ""]
         _write(self.ssh_config, "\n".join(cfg))
-        _write(os.path.join(self.bin_dir, "ssh"),
-               f"#!/bin/sh\nexec /usr/bin/ssh -F {shlex.quote(self.ssh_config)} \"$@\"\n", 0o755)
+        _write(
+            os.path.join(self.bin_dir, "ssh"),
+            f'#!/bin/sh\nexec /usr/bin/ssh -F {shlex.quote(self.ssh_config)} "$@"\n',
+            0o755,
+        )
 
         for h in self.hosts:
             hdir = os.path.dirname(h.sshd_config)
-            _write(h.sshd_config, "\n".join([
-                f"ListenAddress {h.addr}",
-                "Port 22",
-                f"HostKey {h.host_key}",
-                f"PidFile {os.path.join(hdir, 'sshd.pid')}",
-                f"AuthorizedKeysFile {self.authorized_keys}",
-                "PermitRootLogin prohibit-password",
-                "PubkeyAuthentication yes",
-                "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no",
-                "UsePAM no",
-                "StrictModes no",
-                "UseDNS no",
-                "MaxStartups 100:30:200",
-                "MaxSessions 100",
-                "AcceptEnv *",
-                "PermitUserEnvironment no",
-                "PrintMotd no",
-                "PrintLastLog no",
-                "X11Forwarding no",
-                f"LogLevel {self.sshd_log_level}",
-                "Subsystem sftp internal-sftp",
-            ]) + "\n", 0o600)
+            _write(
+                h.sshd_config,
+                "\n".join(
+                    [
+                        f"ListenAddress {h.addr}",
+                        "Port 22",
+                        f"HostKey {h.host_key}",
+                        f"PidFile {os.path.join(hdir, 'sshd.pid')}",
+                        f"AuthorizedKeysFile {self.authorized_keys}",
+                        "PermitRootLogin prohibit-password",
+                        "PubkeyAuthentication yes",
+                        "PasswordAuthentication no",
+                        "KbdInteractiveAuthentication no",
+                        "UsePAM no",
+                        "StrictModes no",
+                        "UseDNS no",
+                        "MaxStartups 100:30:200",
+                        "MaxSessions 100",
+                        "AcceptEnv *",
+                        "PermitUserEnvironment no",
+                        "PrintMotd no",
+                        "PrintLastLog no",
+                        "X11Forwarding no",
+                        f"LogLevel {self.sshd_log_level}",
+                        "Subsystem sftp internal-sftp",
+                    ]
+                )
+                + "\n",
+                0o600,
+            )
 
     def _build_network(self) -> None:
-        root = [f"link add {self.bridge} type bridge",
-                f"addr add {self.bridge_addr}/24 dev {self.bridge}",
-                f"link set {self.bridge} up"]
+        root = [
+            f"link add {self.bridge} type bridge",
+            f"addr add {self.bridge_addr}/24 dev {self.bridge}",
+            f"link set {self.bridge} up",
+        ]
         for h in self.hosts:
-            root += [f"netns add {h.netns}",
-                     f"link add {h.veth} type veth peer name eth0 netns {h.netns}",
-                     f"link set {h.veth} master {self.bridge}",
-                     f"link set {h.veth} up"]
+            root += [
+                f"netns add {h.netns}",
+                f"link add {h.veth} type veth peer name eth0 netns {h.netns}",
+                f"link set {h.veth} master {self.bridge}",
+                f"link set {h.veth} up",
+            ]
         _ip_batch(root)
         for h in self.hosts:
-            _ip_batch(["link set lo up",
-                       f"addr add {h.addr}/24 dev eth0",
-                       "link set eth0 up"], netns=h.netns)
+            _ip_batch(["link set lo up", f"addr add {h.addr}/24 dev eth0", "link set eth0 up"], netns=h.netns)
 
     def _start_anchors(self) -> None:
         for h in self.hosts:
-            script = (f"mount --bind {shlex.quote(self.hosts_file)} /etc/hosts"
-                      f" && mount --bind {shlex.quote(self.resolv_conf)} /etc/resolv.conf"
-                      f" && hostname {shlex.quote(h.name)}"
-                      f" && echo ready && exec sleep infinity >/dev/null")
-            h.anchor = subprocess.Popen(["ip", "netns", "exec", h.netns, "unshare", "--uts", "sh", "-c", script],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, start_new_session=True)
+            script = (
+                f"mount --bind {shlex.quote(self.hosts_file)} /etc/hosts"
+                f" && mount --bind {shlex.quote(self.resolv_conf)} /etc/resolv.conf"
+                f" && hostname {shlex.quote(h.name)}"
+                f" && echo ready && exec sleep infinity >/dev/null"
+            )
+            h.anchor = subprocess.Popen(
+                ["ip", "netns", "exec", h.netns, "unshare", "--uts", "sh", "-c", script],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         for h in self.hosts:
             assert h.anchor is not None and h.anchor.stdout is not None
             line = h.anchor.stdout.readline()
@@ -689,17 +775,52 @@ class NetCluster:
     def _spawn_sshd(self, h: ClusterHost) -> None:
         with open(h.sshd_log, "ab") as log:
             h.sshd = subprocess.Popen(
-                ["nsenter", "-t", str(self._anchor_pid(h)), "-n", "-u", "-m", "--",
-                 SSHD, "-D", "-e", "-f", h.sshd_config],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd="/")
+                [
+                    "nsenter",
+                    "-t",
+                    str(self._anchor_pid(h)),
+                    "-n",
+                    "-u",
+                    "-m",
+                    "--",
+                    SSHD,
+                    "-D",
+                    "-e",
+                    "-f",
+                    h.sshd_config,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                cwd="/",
+            )
         h.sshd_pid, h.sshd_start = h.sshd.pid, _proc_start(h.sshd.pid)
 
-    def _wait_ready(self, hosts: List[ClusterHost], timeout: float = 10.0) -> None:
+    def _wait_ready(self, hosts: list[ClusterHost], timeout: float = 10.0) -> None:
         """TCP-connect to addr:22 from inside each host, every 20 ms, up to `timeout` s."""
-        probes = {h.index: subprocess.Popen(
-            ["nsenter", "-t", str(self._anchor_pid(h)), "-n", "--",
-             sys.executable, "-I", "-S", "-c", _PROBE, h.addr, str(timeout)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for h in hosts}
+        probes = {
+            h.index: subprocess.Popen(
+                [
+                    "nsenter",
+                    "-t",
+                    str(self._anchor_pid(h)),
+                    "-n",
+                    "--",
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    "-c",
+                    _PROBE,
+                    h.addr,
+                    str(timeout),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for h in hosts
+        }
         try:
             while probes:
                 for h in hosts:
@@ -713,8 +834,9 @@ class NetCluster:
                         continue
                     del probes[h.index]
                     if rc != 0:
-                        raise ClusterError(f"{h.name}: sshd not reachable on {h.addr}:22 after {timeout} s: "
-                                           f"{self._log_tail(h)}")
+                        raise ClusterError(
+                            f"{h.name}: sshd not reachable on {h.addr}:22 after {timeout} s: {self._log_tail(h)}"
+                        )
                 time.sleep(0.005)
         finally:
             for p in probes.values():
@@ -728,9 +850,9 @@ class NetCluster:
         except OSError:
             return "(no log)"
 
-    def _teardown(self, hosts: List[ClusterHost]) -> None:
+    def _teardown(self, hosts: list[ClusterHost]) -> None:
         popens = []
-        pids: Dict[int, Optional[int]] = {}
+        pids: dict[int, Optional[int]] = {}
         for h in hosts:
             for p, pid, st in ((h.sshd, h.sshd_pid, h.sshd_start), (h.anchor, h.anchor_pid, h.anchor_start)):
                 if p is not None:
@@ -744,8 +866,13 @@ class NetCluster:
             h.sshd = h.anchor = None
             h.sshd_pid = h.sshd_start = h.anchor_pid = h.anchor_start = None
 
-    def _remove(self, netns: List[str], links: List[str], pids: Dict[int, Optional[int]],
-                popens: Sequence[subprocess.Popen] = ()) -> None:
+    def _remove(
+        self,
+        netns: list[str],
+        links: list[str],
+        pids: dict[int, Optional[int]],
+        popens: Sequence[subprocess.Popen] = (),
+    ) -> None:
         pids = dict(pids)
         for ns in netns:
             pids.update(_netns_pids(ns))
@@ -765,32 +892,52 @@ class NetCluster:
     def _save_state(self) -> None:
         if not os.path.isdir(self.workdir):
             return
-        st = {"n": self.n, "workdir": self.workdir, "prefix": self.prefix, "octet": self.octet,
-              "holder_pid": self._holder_pid, "holder_start": self._holder_start, "hosts": []}
+        st = {
+            "n": self.n,
+            "workdir": self.workdir,
+            "prefix": self.prefix,
+            "octet": self.octet,
+            "holder_pid": self._holder_pid,
+            "holder_start": self._holder_start,
+            "hosts": [],
+        }
         for h in self.hosts:
-            st["hosts"].append({
-                "name": h.name, "addr": h.addr, "netns": h.netns, "veth": h.veth,
-                "sshd_pid": h.sshd.pid if h.sshd else h.sshd_pid,
-                "sshd_start": _proc_start(h.sshd.pid) if h.sshd else h.sshd_start,
-                "anchor_pid": h.anchor.pid if h.anchor else h.anchor_pid,
-                "anchor_start": _proc_start(h.anchor.pid) if h.anchor else h.anchor_start})
+            st["hosts"].append(
+                {
+                    "name": h.name,
+                    "addr": h.addr,
+                    "netns": h.netns,
+                    "veth": h.veth,
+                    "sshd_pid": h.sshd.pid if h.sshd else h.sshd_pid,
+                    "sshd_start": _proc_start(h.sshd.pid) if h.sshd else h.sshd_start,
+                    "anchor_pid": h.anchor.pid if h.anchor else h.anchor_pid,
+                    "anchor_start": _proc_start(h.anchor.pid) if h.anchor else h.anchor_start,
+                }
+            )
         _write(self.state_file, json.dumps(st, indent=1) + "\n")
 
 
 # ---------------------------------------------------------------- CLI
 
+
 def _cli_up(args) -> int:
     missing = missing_requirements()
     if missing:
-        print("cannot build a test cluster here, missing: " + ", ".join(missing)
-              + "\n(run scripts/install-system-deps.sh as root)", file=sys.stderr)
+        print(
+            "cannot build a test cluster here, missing: "
+            + ", ".join(missing)
+            + "\n(run scripts/install-system-deps.sh as root)",
+            file=sys.stderr,
+        )
         return 1
     if os.path.exists(os.path.join(args.dir, "state.json")):
         try:
             old = NetCluster.load(args.dir)
             if any(s["sshd_alive"] for s in old.status()):
-                print(f"a cluster is already up in {args.dir}; run: scripts/testcluster.sh down {args.dir}",
-                      file=sys.stderr)
+                print(
+                    f"a cluster is already up in {args.dir}; run: scripts/testcluster.sh down {args.dir}",
+                    file=sys.stderr,
+                )
                 return 1
             old.down()
         except (OSError, ValueError, KeyError):
@@ -802,8 +949,7 @@ def _cli_up(args) -> int:
         print(f"up failed: {e}", file=sys.stderr)
         return 1
     c.detach()
-    print(f"cluster up in {c.timings['up']:.2f} s: " +
-          ", ".join(f"{h.name}={h.addr}" for h in c.hosts))
+    print(f"cluster up in {c.timings['up']:.2f} s: " + ", ".join(f"{h.name}={h.addr}" for h in c.hosts))
     print(f"  ssh:        ssh -F {c.ssh_config} {c.hosts[min(1, c.n - 1)].name} hostname")
     print(f"  ssh wrapper: PATH={c.bin_dir}:$PATH  (for pdsh / mpirun / deepspeed)")
     print(f"  on a host:  nsenter -t {c.hosts[0].anchor_pid} -n -u -m --wd=$PWD -- bash   ({c.hosts[0].name})")
@@ -817,8 +963,11 @@ def _cli_down(args) -> int:
     else:
         c = NetCluster(1, args.dir, args.prefix, args.octet)
         if c._locks[0].is_held_elsewhere():
-            print(f"no state in {args.dir}, and cluster '{args.prefix}' is in use by "
-                  f"{c._locks[0].holder()}; not touching it", file=sys.stderr)
+            print(
+                f"no state in {args.dir}, and cluster '{args.prefix}' is in use by "
+                f"{c._locks[0].holder()}; not touching it",
+                file=sys.stderr,
+            )
             return 1
         stale_ns = c._our_netns(_netns_names())
         stale_links = c._our_links(_link_names())
@@ -846,12 +995,14 @@ def _cli_status(args) -> int:
     print(f"cluster {c.prefix} ({c.subnet}) in {c.workdir}; ssh -F {c.ssh_config} HOST")
     for s in c.status():
         ok = ok and s["netns"] and s["sshd_alive"]
-        print(f"  {s['name']:10} {s['addr']:15} netns={'yes' if s['netns'] else 'MISSING'} "
-              f"sshd={s['sshd_pid']} {'up' if s['sshd_alive'] else 'DOWN'}")
+        print(
+            f"  {s['name']:10} {s['addr']:15} netns={'yes' if s['netns'] else 'MISSING'} "
+            f"sshd={s['sshd_pid']} {'up' if s['sshd_alive'] else 'DOWN'}"
+        )
     return 0 if ok else 1
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="testcluster", description="multi-host test cluster (netns + sshd)")
     ap.add_argument("--prefix", default="gl")
     ap.add_argument("--octet", type=int, default=213)

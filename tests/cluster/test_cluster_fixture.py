@@ -1,5 +1,6 @@
 """The multi-host test cluster is real: own hostnames, name resolution, ssh, mpirun and pdsh across hosts,
 sshd down / host gone failure modes, clean teardown (also after a crash, and of a half-built cluster)."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,13 @@ def test_each_host_has_its_own_hostname(cluster):
 
 
 def test_run_on_keeps_cwd_and_env(cluster, tmp_path):
-    r = on(cluster, 1, ["sh", "-c", "pwd; echo $GL_MARK; ip -o -4 addr show eth0"], cwd=str(tmp_path),
-           env={**os.environ, "GL_MARK": "mark"})
+    r = on(
+        cluster,
+        1,
+        ["sh", "-c", "pwd; echo $GL_MARK; ip -o -4 addr show eth0"],
+        cwd=str(tmp_path),
+        env={**os.environ, "GL_MARK": "mark"},
+    )
     lines = r.stdout.splitlines()
     assert lines[0] == str(tmp_path) and lines[1] == "mark"
     assert f"inet {cluster.hosts[1].addr}/24" in lines[2]
@@ -61,8 +67,7 @@ def test_ssh_from_host0_with_wrapper(cluster, launcher_env):
         r = on(cluster, 0, ["ssh", h.name, "hostname"], env=launcher_env)
         assert (r.returncode, r.stdout.strip()) == (0, h.name), r.stderr
     # by address too, and with StrictHostKeyChecking=yes (known_hosts holds the real host keys)
-    r = on(cluster, 0, ["ssh", "-o", "StrictHostKeyChecking=yes", cluster.hosts[2].addr, "hostname"],
-           env=launcher_env)
+    r = on(cluster, 0, ["ssh", "-o", "StrictHostKeyChecking=yes", cluster.hosts[2].addr, "hostname"], env=launcher_env)
     assert (r.returncode, r.stdout.strip()) == (0, cluster.hosts[2].name), r.stderr
 
 
@@ -72,10 +77,24 @@ def test_ssh_from_root_namespace(cluster):
 
 
 def test_mpirun_across_two_hosts(cluster, launcher_env, tmp_path):
-    argv = ["mpirun", "--allow-run-as-root", "-n", "4", "--host", f"{cluster.hosts[0].name}:2,{cluster.hosts[1].name}:2",
-            "--mca", "plm_rsh_args", f"-F {cluster.ssh_config}",
-            "--mca", "btl_tcp_if_include", cluster.subnet, "--mca", "oob_tcp_if_include", cluster.subnet,
-            "hostname"]
+    argv = [
+        "mpirun",
+        "--allow-run-as-root",
+        "-n",
+        "4",
+        "--host",
+        f"{cluster.hosts[0].name}:2,{cluster.hosts[1].name}:2",
+        "--mca",
+        "plm_rsh_args",
+        f"-F {cluster.ssh_config}",
+        "--mca",
+        "btl_tcp_if_include",
+        cluster.subnet,
+        "--mca",
+        "oob_tcp_if_include",
+        cluster.subnet,
+        "hostname",
+    ]
     r = on(cluster, 0, argv, env=launcher_env, cwd=str(tmp_path), timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(r.stdout.split()) == sorted([cluster.hosts[0].name] * 2 + [cluster.hosts[1].name] * 2)
@@ -83,8 +102,9 @@ def test_mpirun_across_two_hosts(cluster, launcher_env, tmp_path):
 
 def test_pdsh_over_ssh(cluster, launcher_env):
     env = {**launcher_env, "PDSH_RCMD_TYPE": "ssh"}
-    r = on(cluster, 0, ["pdsh", "-R", "ssh", "-w", f"{cluster.hosts[1].name},{cluster.hosts[2].name}", "hostname"],
-           env=env)
+    r = on(
+        cluster, 0, ["pdsh", "-R", "ssh", "-w", f"{cluster.hosts[1].name},{cluster.hosts[2].name}", "hostname"], env=env
+    )
     assert r.returncode == 0, r.stderr
     got = sorted(line.split(": ", 1) for line in r.stdout.splitlines())
     assert got == [[h.name, h.name] for h in cluster.hosts[1:]]
@@ -127,12 +147,13 @@ def test_second_cluster_coexists(cluster, tmp_path):
     other = NetCluster(2, str(tmp_path / "other"), prefix="glx", subnet_octet=214)
     with other:
         assert other.hosts[1].addr == "10.214.0.11"
-        r = other.run_on(0, ["ssh", "glx-n1", "hostname"], env=other.env(), capture_output=True, text=True,
-                         timeout=T)
+        r = other.run_on(0, ["ssh", "glx-n1", "hostname"], env=other.env(), capture_output=True, text=True, timeout=T)
         assert (r.returncode, r.stdout.strip()) == (0, "glx-n1"), r.stderr
         # the first cluster is untouched
-        assert on(cluster, 0, ["ssh", cluster.hosts[1].name, "hostname"], env=cluster.env()).stdout.strip() \
+        assert (
+            on(cluster, 0, ["ssh", cluster.hosts[1].name, "hostname"], env=cluster.env()).stdout.strip()
             == cluster.hosts[1].name
+        )
     assert not leftovers(other, {})
 
 
@@ -141,8 +162,9 @@ def test_down_leaves_nothing(tmp_path):
     c = NetCluster(2, str(tmp_path / "c"), prefix="gld", subnet_octet=218).up()
     assert c.timings["up"] < 5
     # a session on a host, still running at teardown, goes too
-    sess = c.popen_on(0, ["ssh", "gld-n1", "sleep", "300"], env=c.env(), stdout=subprocess.DEVNULL,
-                      stderr=subprocess.DEVNULL)
+    sess = c.popen_on(
+        0, ["ssh", "gld-n1", "sleep", "300"], env=c.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     time.sleep(0.3)
     pids = cluster_pids(c)
     pids.update(nc._netns_pids("gld-n1"))

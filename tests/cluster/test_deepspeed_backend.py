@@ -1,6 +1,7 @@
 """The deepspeed backend on real hosts (issue 10 items 1, 3, 4, 10), through DeepSpeed's runner and
 real pdsh on a namespace cluster of this module's own (hosts glds-n0..2, so it runs beside the
 session's cluster). The launcher runs "on" glds-n0, like a user on the first node."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,12 @@ from tests.helpers import all_gone, read_pids
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK = os.path.join(ROOT, "tests", "integration", "rank_behaviour.py")
-PROBE = ("import json, os, socket, sys\n"
-         "print('SEEN ' + json.dumps({'host': socket.gethostname(), 'rank': os.environ['RANK'],"
-         " 'local': os.environ['LOCAL_RANK'], 'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'),"
-         " 'argv': sys.argv[1:]}), flush=True)\n")
+PROBE = (
+    "import json, os, socket, sys\n"
+    "print('SEEN ' + json.dumps({'host': socket.gethostname(), 'rank': os.environ['RANK'],"
+    " 'local': os.environ['LOCAL_RANK'], 'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'),"
+    " 'argv': sys.argv[1:]}), flush=True)\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,21 +34,38 @@ def cluster(tmp_path_factory):
 
 
 def launch(cluster, hostfile, *args, cwd):
-    argv = [sys.executable, "-m", "gaudi_launch", "--hostfile", hostfile, "--ssh-config", cluster.ssh_config,
-            "--use_deepspeed", "--grace", "5", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "gaudi_launch",
+        "--hostfile",
+        hostfile,
+        "--ssh-config",
+        cluster.ssh_config,
+        "--use_deepspeed",
+        "--grace",
+        "5",
+        *args,
+    ]
     return cluster.run_on(0, argv, env=cluster.env(), cwd=str(cwd), capture_output=True, text=True, timeout=300)
 
 
 def seen(stdout: str) -> list:
-    return sorted((json.loads(line[line.find("SEEN ") + 5:]) for line in stdout.splitlines() if "SEEN {" in line),
-                  key=lambda r: int(r["rank"]))
+    return sorted(
+        (json.loads(line[line.find("SEEN ") + 5 :]) for line in stdout.splitlines() if "SEEN {" in line),
+        key=lambda r: int(r["rank"]),
+    )
 
 
-@pytest.mark.parametrize("hosts, args, devices", [
-    ((0, 1), ["--include", "glds-n1:0,2"], "0,2"),
-    ((1, 2), ["--num_nodes", "1"], "0,1"),
-    ((1,), [], "0,1"),
-], ids=["include", "num_nodes", "one-line-hostfile"])
+@pytest.mark.parametrize(
+    "hosts, args, devices",
+    [
+        ((0, 1), ["--include", "glds-n1:0,2"], "0,2"),
+        ((1, 2), ["--num_nodes", "1"], "0,1"),
+        ((1,), [], "0,1"),
+    ],
+    ids=["include", "num_nodes", "one-line-hostfile"],
+)
 def test_one_selected_remote_host_runs_the_ranks_there(cluster, tmp_path, hosts, args, devices):
     (tmp_path / "probe.py").write_text(PROBE)
     hostfile = cluster.hostfile(slots=3, hosts=list(hosts))
@@ -58,8 +78,9 @@ def test_one_selected_remote_host_runs_the_ranks_there(cluster, tmp_path, hosts,
     assert {r["cuda"] for r in ranks} == {devices}
 
 
-@pytest.mark.parametrize("selector", [["--include", "glds-n1:1,3@glds-n2"], ["--exclude", "glds-n1:0,2"]],
-                         ids=["include", "exclude"])
+@pytest.mark.parametrize(
+    "selector", [["--include", "glds-n1:1,3@glds-n2"], ["--exclude", "glds-n1:0,2"]], ids=["include", "exclude"]
+)
 def test_user_at_host_entries_with_a_selector(cluster, tmp_path, selector):
     (tmp_path / "probe.py").write_text(PROBE)
     hostfile = tmp_path / "hostfile"
@@ -67,42 +88,75 @@ def test_user_at_host_entries_with_a_selector(cluster, tmp_path, selector):
     res = launch(cluster, str(hostfile), *selector, "probe.py", cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert [(r["host"], r["rank"], r["local"], r["cuda"]) for r in seen(res.stdout)] == [
-        ("glds-n1", "0", "0", "1,3"), ("glds-n1", "1", "1", "1,3"),
-        ("glds-n2", "2", "0", "0,1"), ("glds-n2", "3", "1", "0,1")]
+        ("glds-n1", "0", "0", "1,3"),
+        ("glds-n1", "1", "1", "1,3"),
+        ("glds-n2", "2", "0", "0,1"),
+        ("glds-n2", "3", "1", "0,1"),
+    ]
 
 
 def test_append_local_rank_on_every_host(cluster, tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
-    res = launch(cluster, cluster.hostfile(slots=2, hosts=[0, 1]), "--append-local-rank", "probe.py", "a b", "-x",
-                 cwd=tmp_path)
+    res = launch(
+        cluster, cluster.hostfile(slots=2, hosts=[0, 1]), "--append-local-rank", "probe.py", "a b", "-x", cwd=tmp_path
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert [(r["host"], r["argv"]) for r in seen(res.stdout)] == [
-        ("glds-n0", ["--local_rank=0", "a b", "-x"]), ("glds-n0", ["--local_rank=1", "a b", "-x"]),
-        ("glds-n1", ["--local_rank=0", "a b", "-x"]), ("glds-n1", ["--local_rank=1", "a b", "-x"])]
+        ("glds-n0", ["--local_rank=0", "a b", "-x"]),
+        ("glds-n0", ["--local_rank=1", "a b", "-x"]),
+        ("glds-n1", ["--local_rank=0", "a b", "-x"]),
+        ("glds-n1", ["--local_rank=1", "a b", "-x"]),
+    ]
 
 
 def test_uneven_nodes_give_each_rank_its_place_on_the_node(cluster, tmp_path):
     # DeepSpeed's launch.py gives RANK % (ranks on the node): 1 and 0 for ranks 1 and 2 on glds-n1.
     (tmp_path / "probe.py").write_text(PROBE)
-    res = launch(cluster, cluster.hostfile(slots=2, hosts=[0, 1]), "--include", "glds-n0:1@glds-n1",
-                 "--append-local-rank", "probe.py", cwd=tmp_path)
+    res = launch(
+        cluster,
+        cluster.hostfile(slots=2, hosts=[0, 1]),
+        "--include",
+        "glds-n0:1@glds-n1",
+        "--append-local-rank",
+        "probe.py",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert [(r["host"], r["rank"], r["local"], r["argv"], r["cuda"]) for r in seen(res.stdout)] == [
-        ("glds-n0", "0", "0", ["--local_rank=0"], "1"), ("glds-n1", "1", "0", ["--local_rank=0"], "0,1"),
-        ("glds-n1", "2", "1", ["--local_rank=1"], "0,1")]
+        ("glds-n0", "0", "0", ["--local_rank=0"], "1"),
+        ("glds-n1", "1", "0", ["--local_rank=0"], "0,1"),
+        ("glds-n1", "2", "1", ["--local_rank=1"], "0,1"),
+    ]
 
 
-@pytest.mark.parametrize("hosts, slots, fail, how, code, status", [
-    ((0, 1), 2, 3, "exit:1", 1, "exit code 1"),
-    ((0, 1), 2, 3, "kill9", 137, "killed by SIGKILL"),
-    ((1,), 1, 0, "exit:1", 1, "exit code 1"),
-], ids=["exit", "kill9", "one-remote-rank"])
-def test_a_failing_remote_rank_is_named_with_its_code_prefix_and_log(cluster, tmp_path, hosts, slots, fail, how,
-                                                                    code, status):
+@pytest.mark.parametrize(
+    "hosts, slots, fail, how, code, status",
+    [
+        ((0, 1), 2, 3, "exit:1", 1, "exit code 1"),
+        ((0, 1), 2, 3, "kill9", 137, "killed by SIGKILL"),
+        ((1,), 1, 0, "exit:1", 1, "exit code 1"),
+    ],
+    ids=["exit", "kill9", "one-remote-rank"],
+)
+def test_a_failing_remote_rank_is_named_with_its_code_prefix_and_log(
+    cluster, tmp_path, hosts, slots, fail, how, code, status
+):
     pids, logs = tmp_path / "pids", tmp_path / "logs"
     pids.mkdir()
-    res = launch(cluster, cluster.hostfile(slots=slots, hosts=list(hosts)), "--log-dir", str(logs), RANK,
-                 "--pid-dir", str(pids), "--fail-rank", str(fail), "--how", how, cwd=tmp_path)
+    res = launch(
+        cluster,
+        cluster.hostfile(slots=slots, hosts=list(hosts)),
+        "--log-dir",
+        str(logs),
+        RANK,
+        "--pid-dir",
+        str(pids),
+        "--fail-rank",
+        str(fail),
+        "--how",
+        how,
+        cwd=tmp_path,
+    )
     assert res.returncode == code, res.stdout[-3000:] + res.stderr[-3000:]
     assert re.search(rf"first failure: rank {fail} on glds-n1 \(.*\), {status} after", res.stderr), res.stderr[-3000:]
     assert f"[rank {fail}] rank {fail} about to fail ({how})" in res.stdout

@@ -3,6 +3,7 @@ namespace cluster and its `leader` role on a third, with the image's paths taken
 overrides (sshd on port 3022 inside each host, next to the cluster's own sshd on 22, which is never
 touched; state, configs and keys in this module's temporary directory). A real 2-host x 2-rank job
 runs through them; restarts keep host keys and access; bad input fails fast with its message."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from tests.helpers import all_gone, alive, read_pids, wait_for
+from tests.helpers import alive, all_gone, read_pids, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENTRYPOINT = os.path.join(ROOT, "docker", "entrypoint.sh")
@@ -23,20 +24,37 @@ PORT = 3022
 LEADER, WORKERS = 0, (1, 2)
 
 # Settings of the entrypoint that must not leak in from the environment running the tests.
-_SCRUB = ("ROLE", "AUTHORIZED_KEY", "AUTHORIZED_KEYS_FILE", "HOSTFILE", "KNOWN_HOSTS", "LEADER_WAIT_SECONDS",
-          "DEEPSPEED_ENV_FILE", "DS_ENV_FILE", "HCCL_SOCKET_IFNAME", "HCCL_OFI_WRAPPER", "EFA_SYSFS", "EFA_LIBS",
-          "FI_INFO", "PYTHON", "OMPI_COMM_WORLD_SIZE")
-_PROBE = ("import socket, sys\n"
-          "s = socket.socket(); s.settimeout(1)\n"
-          "try:\n    s.connect((sys.argv[1], int(sys.argv[2])))\n"
-          "except OSError:\n    sys.exit(1)\n")
+_SCRUB = (
+    "ROLE",
+    "AUTHORIZED_KEY",
+    "AUTHORIZED_KEYS_FILE",
+    "HOSTFILE",
+    "KNOWN_HOSTS",
+    "LEADER_WAIT_SECONDS",
+    "DEEPSPEED_ENV_FILE",
+    "DS_ENV_FILE",
+    "HCCL_SOCKET_IFNAME",
+    "HCCL_OFI_WRAPPER",
+    "EFA_SYSFS",
+    "EFA_LIBS",
+    "FI_INFO",
+    "PYTHON",
+    "OMPI_COMM_WORLD_SIZE",
+)
+_PROBE = (
+    "import socket, sys\n"
+    "s = socket.socket(); s.settimeout(1)\n"
+    "try:\n    s.connect((sys.argv[1], int(sys.argv[2])))\n"
+    "except OSError:\n    sys.exit(1)\n"
+)
 
 
 def port_open(cluster, i, port=PORT) -> bool:
     """Does something accept TCP connections on host i's address:port (asked from inside host i)?"""
     h = cluster.hosts[i]
-    r = cluster.run_on(i, [sys.executable, "-I", "-S", "-c", _PROBE, h.addr, str(port)],
-                       capture_output=True, timeout=15)
+    r = cluster.run_on(
+        i, [sys.executable, "-I", "-S", "-c", _PROBE, h.addr, str(port)], capture_output=True, timeout=15
+    )
     return r.returncode == 0
 
 
@@ -46,8 +64,9 @@ def key_blob(pub_path) -> str:
 
 
 def fingerprint(pub_path) -> str:
-    return subprocess.run(["ssh-keygen", "-l", "-f", str(pub_path)], capture_output=True, text=True,
-                          check=True).stdout.split()[1]
+    return subprocess.run(
+        ["ssh-keygen", "-l", "-f", str(pub_path)], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
 
 
 class Node:
@@ -71,11 +90,19 @@ class Node:
 
     def start(self):
         with open(self.logfile, "a") as log:
-            self.proc = self.cluster.popen_on(self.index, [ENTRYPOINT, "worker"], env=self.env, cwd=ROOT,
-                                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True)
-        up = wait_for(lambda: self.proc.poll() is not None or port_open(self.cluster, self.index), timeout=20,
-                      interval=0.1)
+            self.proc = self.cluster.popen_on(
+                self.index,
+                [ENTRYPOINT, "worker"],
+                env=self.env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        up = wait_for(
+            lambda: self.proc.poll() is not None or port_open(self.cluster, self.index), timeout=20, interval=0.1
+        )
         if self.proc.poll() is not None or not up:
             self.stop()
             raise AssertionError(f"worker on {self.name} did not come up:\n{self.log()[-3000:]}")
@@ -108,7 +135,7 @@ class Stack:
         self.bin.mkdir()
         # the image's `gaudi-launch` command: this interpreter's gaudi_launch
         launcher = self.bin / "gaudi-launch"
-        launcher.write_text(f"#!/bin/sh\nexec {sys.executable} -m gaudi_launch \"$@\"\n")
+        launcher.write_text(f'#!/bin/sh\nexec {sys.executable} -m gaudi_launch "$@"\n')
         launcher.chmod(0o755)
         (tmp / "no-efa").mkdir()
         keys = tmp / "keys"
@@ -116,40 +143,64 @@ class Stack:
         self.leader_key = keys / "leader_ed25519"
         self.other_key = keys / "someone_else_ed25519"
         for k in (self.leader_key, self.other_key):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", k.name, "-f", str(k)],
-                           check=True, stdin=subprocess.DEVNULL)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", k.name, "-f", str(k)],
+                check=True,
+                stdin=subprocess.DEVNULL,
+            )
         self.leader_pub = (keys / "leader_ed25519.pub").read_text().strip()
         self.workers = {}
 
     def env(self, name, **extra):
         d = self.tmp / name
         (d / "home").mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items()
-               if k not in _SCRUB and not k.startswith(("SSH_", "SSHD", "GAUDI_LAUNCH", "OMPI_", "PMIX_"))}
-        env.update({
-            "HOME": str(d / "home"), "SSH_PORT": str(PORT), "SSHD": "/usr/sbin/sshd",
-            "SSH_STATE_DIR": str(d / "state"), "SSHD_CONFIG_DIR": str(d / "etc"),
-            "SSHD_AUTHORIZED_KEYS": str(d / "authorized_keys"),
-            # pytest's tmp dirs sit under the world-writable /tmp, which sshd's StrictModes refuses
-            "SSHD_STRICT_MODES": "no",
-            "GAUDI_LAUNCH_CMD": str(self.bin / "gaudi-launch"), "PYTHON": sys.executable,
-            "EFA_SYSFS": str(self.tmp / "no-efa"), "FI_INFO": str(self.tmp / "no-fi_info"),
-        })
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in _SCRUB and not k.startswith(("SSH_", "SSHD", "GAUDI_LAUNCH", "OMPI_", "PMIX_"))
+        }
+        env.update(
+            {
+                "HOME": str(d / "home"),
+                "SSH_PORT": str(PORT),
+                "SSHD": "/usr/sbin/sshd",
+                "SSH_STATE_DIR": str(d / "state"),
+                "SSHD_CONFIG_DIR": str(d / "etc"),
+                "SSHD_AUTHORIZED_KEYS": str(d / "authorized_keys"),
+                # pytest's tmp dirs sit under the world-writable /tmp, which sshd's StrictModes refuses
+                "SSHD_STRICT_MODES": "no",
+                "GAUDI_LAUNCH_CMD": str(self.bin / "gaudi-launch"),
+                "PYTHON": sys.executable,
+                "EFA_SYSFS": str(self.tmp / "no-efa"),
+                "FI_INFO": str(self.tmp / "no-fi_info"),
+            }
+        )
         env.update(extra)
         return env
 
     def leader_env(self, name="leader", hosts=WORKERS, **extra):
-        settings = {"SSH_IDENTITY": str(self.leader_key), "KNOWN_HOSTS": str(self.tmp / name / "known_hosts"),
-                    "HOSTFILE": self.cluster.hostfile(slots=2, hosts=list(hosts))}
+        settings = {
+            "SSH_IDENTITY": str(self.leader_key),
+            "KNOWN_HOSTS": str(self.tmp / name / "known_hosts"),
+            "HOSTFILE": self.cluster.hostfile(slots=2, hosts=list(hosts)),
+        }
         settings.update(extra)
         return self.env(name, **settings)
 
     def run(self, i, argv, env, timeout=180):
         """Run the entrypoint on host i to its end. On a timeout it gets SIGTERM (which it forwards),
         then its whole process group (its sshd, gaudi-launch) SIGKILL: nothing outlives a failed test."""
-        p = self.cluster.popen_on(i, [ENTRYPOINT, *argv], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  start_new_session=True)
+        p = self.cluster.popen_on(
+            i,
+            [ENTRYPOINT, *argv],
+            env=env,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -215,7 +266,11 @@ def test_leader_runs_a_two_host_job_through_the_workers(stack, tmp_path):
         assert f.read() == "# mine\nKEEP_ME=yes\n"
     res = stack.run(LEADER, ["leader", "--efa", "--dry-run", SMOKE], env)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "  HCCL_OVER_OFI=1" in res.stdout and "  HCCL_SOCKET_IFNAME=eth0" in res.stdout and "  KEEP_ME=yes" in res.stdout
+    assert (
+        "  HCCL_OVER_OFI=1" in res.stdout
+        and "  HCCL_SOCKET_IFNAME=eth0" in res.stdout
+        and "  KEEP_ME=yes" in res.stdout
+    )
     assert "  LD_LIBRARY_PATH=/opt/test/hccl_ofi_wrapper:/opt/amazon/openmpi/lib:/opt/amazon/efa/lib" in res.stdout
 
     # the key that was in worker 2's authorized_keys is still there, the leader's was added once
@@ -232,8 +287,7 @@ def test_worker_restart_keeps_host_key_and_leader_access(stack, tmp_path):
     pub = os.path.join(node.state_dir, "ssh_host_ed25519_key.pub")
     before = fingerprint(pub)
     known = tmp_path / "known_hosts"
-    scan = c.run_on(LEADER, ["ssh-keyscan", "-p", str(PORT), node.name], capture_output=True, text=True,
-                    timeout=30)
+    scan = c.run_on(LEADER, ["ssh-keyscan", "-p", str(PORT), node.name], capture_output=True, text=True, timeout=30)
     known.write_text(scan.stdout)
     assert key_blob(pub) in scan.stdout
 
@@ -251,9 +305,21 @@ def test_worker_restart_keeps_host_key_and_leader_access(stack, tmp_path):
     res = stack.run(LEADER, ["check", "--strict-host-keys"], env, timeout=60)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert node.name in res.stdout
-    r = c.run_on(LEADER, ["ssh", "-F", os.path.join(env["SSHD_CONFIG_DIR"], "ssh_config"),
-                          "-o", "StrictHostKeyChecking=yes", node.name, "hostname"],
-                 capture_output=True, text=True, timeout=30)
+    r = c.run_on(
+        LEADER,
+        [
+            "ssh",
+            "-F",
+            os.path.join(env["SSHD_CONFIG_DIR"], "ssh_config"),
+            "-o",
+            "StrictHostKeyChecking=yes",
+            node.name,
+            "hostname",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0 and r.stdout.strip() == node.name, r.stderr
 
 
@@ -273,9 +339,13 @@ def test_worker_without_a_usable_key_fails_fast(stack, case):
     res = stack.run(WORKERS[1], ["worker"], env, timeout=30)
     assert res.returncode == 2, res.stderr
     assert time.monotonic() - t0 < 10
-    expected = {"none": "no authorized key", "empty": "AUTHORIZED_KEY is set but empty",
-                "missing-file": f"AUTHORIZED_KEYS_FILE={extra.get('AUTHORIZED_KEYS_FILE')} does not exist",
-                "private": "holds a PRIVATE key", "garbage": "is not an SSH public key"}[case]
+    expected = {
+        "none": "no authorized key",
+        "empty": "AUTHORIZED_KEY is set but empty",
+        "missing-file": f"AUTHORIZED_KEYS_FILE={extra.get('AUTHORIZED_KEYS_FILE')} does not exist",
+        "private": "holds a PRIVATE key",
+        "garbage": "is not an SSH public key",
+    }[case]
     assert expected in res.stderr
     assert "starting sshd" not in res.stderr
     assert not port_open(stack.cluster, WORKERS[1], 3023)
@@ -344,9 +414,17 @@ def test_sigterm_to_the_leader_reaches_the_job(stack, tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     env = stack.leader_env("leader-term")
-    leader = c.popen_on(LEADER, [ENTRYPOINT, "leader", "--grace", "3", RANK, "--pid-dir", str(pid_dir)],
-                        env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    leader = c.popen_on(
+        LEADER,
+        [ENTRYPOINT, "leader", "--grace", "3", RANK, "--pid-dir", str(pid_dir)],
+        env=env,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert wait_for(lambda: len(read_pids(str(pid_dir))) == 8 or leader.poll() is not None, timeout=90)
         assert leader.poll() is None, leader.communicate()[1][-3000:]
@@ -364,9 +442,19 @@ def test_sigterm_to_the_leader_reaches_the_job(stack, tmp_path):
 
 
 def test_entrypoint_needs_a_role():
-    r = subprocess.run([ENTRYPOINT], capture_output=True, text=True, timeout=10,
-                       env={k: v for k, v in os.environ.items() if k != "ROLE"})
+    r = subprocess.run(
+        [ENTRYPOINT],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={k: v for k, v in os.environ.items() if k != "ROLE"},
+    )
     assert r.returncode == 2 and "no role" in r.stderr
-    r = subprocess.run([ENTRYPOINT, "wroker"], capture_output=True, text=True, timeout=10,
-                       env={k: v for k, v in os.environ.items() if k != "ROLE"})
+    r = subprocess.run(
+        [ENTRYPOINT, "wroker"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={k: v for k, v in os.environ.items() if k != "ROLE"},
+    )
     assert r.returncode == 2 and "unknown role 'wroker'" in r.stderr

@@ -1,6 +1,7 @@
 """Issue 10 on real hosts (the namespace cluster): a selected device index means the same device on
 every backend and host, remote ranks get the whole contract, and a dry run on hosts that cannot be
 reached still shows the plan. The launcher runs "on" gl-n0, like a user on the first node."""
+
 from __future__ import annotations
 
 import json
@@ -10,17 +11,38 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KEYS = ("RANK", "LOCAL_RANK", "HABANA_VISIBLE_MODULES", "CUDA_VISIBLE_DEVICES", "CROSS_SIZE", "GROUP_WORLD_SIZE",
-        "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "GAUDI_LAUNCH_JOB_ID")
-PROBE = ("import json, os, socket\n"
-         f"keys = {KEYS!r}\n"
-         "print('SEEN ' + json.dumps({'host': socket.gethostname(), **{k: os.environ.get(k) for k in keys}}),"
-         " flush=True)\n")
+KEYS = (
+    "RANK",
+    "LOCAL_RANK",
+    "HABANA_VISIBLE_MODULES",
+    "CUDA_VISIBLE_DEVICES",
+    "CROSS_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+    "GAUDI_LAUNCH_JOB_ID",
+)
+PROBE = (
+    "import json, os, socket\n"
+    f"keys = {KEYS!r}\n"
+    "print('SEEN ' + json.dumps({'host': socket.gethostname(), **{k: os.environ.get(k) for k in keys}}),"
+    " flush=True)\n"
+)
 
 
 def launch(cluster, *args, hosts=(0, 1), slots=4, cwd=ROOT, env=None, timeout=240):
-    argv = [sys.executable, "-m", "gaudi_launch", "--hostfile", cluster.hostfile(slots=slots, hosts=list(hosts)),
-            "--ssh-config", cluster.ssh_config, "--grace", "5", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "gaudi_launch",
+        "--hostfile",
+        cluster.hostfile(slots=slots, hosts=list(hosts)),
+        "--ssh-config",
+        cluster.ssh_config,
+        "--grace",
+        "5",
+        *args,
+    ]
     return cluster.run_on(0, argv, env=cluster.env(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -30,13 +52,27 @@ def test_selected_devices_are_the_same_physical_ones_on_every_host_and_backend(c
     # This shell is restricted to modules 4-7 (exported to every host, as HABANA_* is) and GPUs 0-3
     # (this host's own: not exported). Slot N is the Nth device the rank would otherwise see.
     env = {**os.environ, "HABANA_VISIBLE_MODULES": "4,5,6,7", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-    res = launch(cluster, "--backend", backend, "--include", "gl-n0:1,3@gl-n1:0,2", str(tmp_path / "probe.py"),
-                 cwd=str(tmp_path), env=env)
+    res = launch(
+        cluster,
+        "--backend",
+        backend,
+        "--include",
+        "gl-n0:1,3@gl-n1:0,2",
+        str(tmp_path / "probe.py"),
+        cwd=str(tmp_path),
+        env=env,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    seen = sorted((json.loads(line[line.find("SEEN ") + 5:]) for line in res.stdout.splitlines() if "SEEN {" in line),
-                  key=lambda r: int(r["RANK"]))
+    seen = sorted(
+        (json.loads(line[line.find("SEEN ") + 5 :]) for line in res.stdout.splitlines() if "SEEN {" in line),
+        key=lambda r: int(r["RANK"]),
+    )
     assert [(r["host"], r["RANK"], r["LOCAL_RANK"]) for r in seen] == [
-        ("gl-n0", "0", "0"), ("gl-n0", "1", "1"), ("gl-n1", "2", "0"), ("gl-n1", "3", "1")]
+        ("gl-n0", "0", "0"),
+        ("gl-n0", "1", "1"),
+        ("gl-n1", "2", "0"),
+        ("gl-n1", "3", "1"),
+    ]
     for r in seen:
         here = r["host"] == "gl-n0"
         assert r["HABANA_VISIBLE_MODULES"] == ("5,7" if here else "4,6")

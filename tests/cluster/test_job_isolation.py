@@ -5,6 +5,7 @@ ever sees the working directory or the launcher's variables (DeepSpeed's pdsh li
 The namespace hosts share one PID namespace, so one scan of /proc/*/cmdline sees the processes of
 every host (launcher, mpirun/orted, deepspeed runner, pdsh, ssh, sshd sessions, launch.py, ranks).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ import uuid
 import pytest
 
 from tests.cluster.test_multinode import ROOT, launch_argv, rank_lines
-from tests.helpers import all_gone, alive, read_pids, wait_for
+from tests.helpers import alive, all_gone, read_pids, wait_for
 
 BACKENDS = ["local", "mpirun", "deepspeed"]
 GRACE = 5  # launch_argv passes --grace 5
@@ -52,14 +53,17 @@ def start(cluster, backend, tmp_path, extra=(), env=None, cwd=None, names=()):
     probe.write_text(PROBE)
     hostfile = cluster.hostfile(slots=2, hosts=list(hosts))
     argv = launch_argv(cluster, backend, hostfile, *extra, str(probe), str(pid_dir), *names)
-    job = cluster.popen_on(0, argv, env=env or cluster.env(), cwd=cwd or ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+    job = cluster.popen_on(
+        0, argv, env=env or cluster.env(), cwd=cwd or ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     return job, str(pid_dir), 2 * len(hosts)
 
 
 def wait_started(job, pid_dir, world):
-    ok = wait_for(lambda: len([n for n in os.listdir(pid_dir) if n.endswith(".pid")]) == world
-                  or job.poll() is not None, timeout=150)
+    ok = wait_for(
+        lambda: len([n for n in os.listdir(pid_dir) if n.endswith(".pid")]) == world or job.poll() is not None,
+        timeout=150,
+    )
     assert ok and job.poll() is None, job.communicate(timeout=30)
 
 
@@ -74,29 +78,44 @@ def all_argv() -> dict:
     return out
 
 
-@pytest.mark.parametrize("backend,launcher", [("local", None), ("mpirun", None), ("deepspeed", "pdsh"),
-                                              ("deepspeed", "openmpi")])
+@pytest.mark.parametrize(
+    "backend,launcher", [("local", None), ("mpirun", None), ("deepspeed", "pdsh"), ("deepspeed", "openmpi")]
+)
 def test_no_value_of_the_jobs_environment_on_any_argv_on_any_host(cluster, backend, launcher, tmp_path):
     tag = uuid.uuid4().hex[:10]
     secrets = {
-        "FROM_FILE_TOKEN": f"envfile-{tag}",         # .deepspeed_env
-        "FROM_X_PASSWORD": f"dash-x-{tag}",           # -x NAME, the value from the launcher's env
-        "MYSEC_API_KEY": f"prefix-{tag}",             # --export-prefix MYSEC_
-        "HCCL_PRIVATE_NOTE": f"hccl-{tag}",           # exported by default (HCCL_)
+        "FROM_FILE_TOKEN": f"envfile-{tag}",  # .deepspeed_env
+        "FROM_X_PASSWORD": f"dash-x-{tag}",  # -x NAME, the value from the launcher's env
+        "MYSEC_API_KEY": f"prefix-{tag}",  # --export-prefix MYSEC_
+        "HCCL_PRIVATE_NOTE": f"hccl-{tag}",  # exported by default (HCCL_)
     }
     launcher_only = {"MLFLOW_TRACKING_TOKEN": f"mlflow-{tag}", "PYTHONX_SECRET": f"python-{tag}"}
     (tmp_path / ".deepspeed_env").write_text(f"FROM_FILE_TOKEN={secrets['FROM_FILE_TOKEN']}\n")
-    env = cluster.env({**os.environ, "FROM_X_PASSWORD": secrets["FROM_X_PASSWORD"],
-                       "MYSEC_API_KEY": secrets["MYSEC_API_KEY"], "HCCL_PRIVATE_NOTE": secrets["HCCL_PRIVATE_NOTE"],
-                       **launcher_only})
-    job, pid_dir, world = start(cluster, backend, tmp_path, env=env, cwd=str(tmp_path), names=list(secrets),
-                                   extra=["-x", "FROM_X_PASSWORD", "--export-prefix", "MYSEC_",
-                                          *(["--launcher", launcher] if launcher else [])])
+    env = cluster.env(
+        {
+            **os.environ,
+            "FROM_X_PASSWORD": secrets["FROM_X_PASSWORD"],
+            "MYSEC_API_KEY": secrets["MYSEC_API_KEY"],
+            "HCCL_PRIVATE_NOTE": secrets["HCCL_PRIVATE_NOTE"],
+            **launcher_only,
+        }
+    )
+    job, pid_dir, world = start(
+        cluster,
+        backend,
+        tmp_path,
+        env=env,
+        cwd=str(tmp_path),
+        names=list(secrets),
+        extra=["-x", "FROM_X_PASSWORD", "--export-prefix", "MYSEC_", *(["--launcher", launcher] if launcher else [])],
+    )
     try:
         wait_started(job, pid_dir, world)
-        leaks = {pid: argv for pid, argv in all_argv().items()
-                 if any(v.encode() in argv for v in [*secrets.values(), *launcher_only.values()])
-                 or tag.encode() in argv}
+        leaks = {
+            pid: argv
+            for pid, argv in all_argv().items()
+            if any(v.encode() in argv for v in [*secrets.values(), *launcher_only.values()]) or tag.encode() in argv
+        }
         assert not leaks, {p: a.replace(b"\0", b" ")[:300] for p, a in leaks.items()}
         seen = [json.load(open(os.path.join(pid_dir, f"{r}.json"))) for r in range(world)]
         for rank in seen:  # the values did arrive, byte-exact, on every host
@@ -111,8 +130,9 @@ def test_no_value_of_the_jobs_environment_on_any_argv_on_any_host(cluster, backe
     assert job.returncode == 128 + signal.SIGTERM, err[-3000:]
 
 
-@pytest.mark.parametrize("backend,launcher", [("local", None), ("mpirun", None), ("deepspeed", "pdsh"),
-                                              ("deepspeed", "openmpi")])
+@pytest.mark.parametrize(
+    "backend,launcher", [("local", None), ("mpirun", None), ("deepspeed", "pdsh"), ("deepspeed", "openmpi")]
+)
 def test_sigkill_of_a_launcher_ends_its_job_only(cluster, backend, launcher, tmp_path):
     extra = ["--launcher", launcher] if launcher else []
     other, other_dir, world = start(cluster, backend, tmp_path, extra=extra)
@@ -144,12 +164,21 @@ def test_shell_syntax_in_the_working_directory_or_launcher_env_runs_nothing(clus
     cwd.mkdir()
     env = cluster.env({**os.environ, "MLFLOW_NOTE": "$(echo INJECTED-MLFLOW >&2)", "UCX_NOTE": "`echo INJECTED-UCX`"})
     probe = cwd / "probe.py"
-    probe.write_text("import json, os, socket\n"
-                     "print(json.dumps({'rank': os.environ['RANK'], 'host': socket.gethostname(),"
-                     " 'cwd': os.getcwd(), 'path0': os.environ.get('PYTHONPATH', '').split(':')[0]}))\n")
+    probe.write_text(
+        "import json, os, socket\n"
+        "print(json.dumps({'rank': os.environ['RANK'], 'host': socket.gethostname(),"
+        " 'cwd': os.getcwd(), 'path0': os.environ.get('PYTHONPATH', '').split(':')[0]}))\n"
+    )
     hostfile = cluster.hostfile(slots=2, hosts=[0, 1])
-    res = cluster.run_on(0, launch_argv(cluster, "deepspeed", hostfile, "probe.py"), env=env, cwd=str(cwd),
-                         capture_output=True, text=True, timeout=240)
+    res = cluster.run_on(
+        0,
+        launch_argv(cluster, "deepspeed", hostfile, "probe.py"),
+        env=env,
+        cwd=str(cwd),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "INJECTED" not in res.stdout.replace(str(cwd), "") + res.stderr.replace(str(cwd), "")
     seen = rank_lines(res.stdout)

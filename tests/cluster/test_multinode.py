@@ -1,5 +1,6 @@
 """Multi-node jobs on the namespace cluster, for both multi-host backends: real sshd, real OpenMPI,
 real DeepSpeed (pdsh). The launcher runs "on" host gl-n0 like a user on the first node."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from tests.helpers import all_gone, alive, read_pids, wait_for
+from tests.helpers import alive, all_gone, read_pids, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOKE = os.path.join(ROOT, "scripts", "allreduce_smoke.py")
@@ -20,20 +21,47 @@ BACKENDS = ["mpirun", "deepspeed"]
 
 
 def launch_argv(cluster, backend, hostfile, *args, extra=()):
-    return [sys.executable, "-m", "gaudi_launch", "--hostfile", hostfile, "--ssh-config", cluster.ssh_config,
-            "--backend", backend, "--grace", "5", *extra, *args]
+    return [
+        sys.executable,
+        "-m",
+        "gaudi_launch",
+        "--hostfile",
+        hostfile,
+        "--ssh-config",
+        cluster.ssh_config,
+        "--backend",
+        backend,
+        "--grace",
+        "5",
+        *extra,
+        *args,
+    ]
 
 
 def run_job(cluster, backend, *args, hosts=(0, 1), slots=2, cwd=None, extra=(), timeout=240):
     hostfile = cluster.hostfile(slots=slots, hosts=list(hosts))
-    return cluster.run_on(0, launch_argv(cluster, backend, hostfile, *args, extra=extra), env=cluster.env(),
-                          cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
+    return cluster.run_on(
+        0,
+        launch_argv(cluster, backend, hostfile, *args, extra=extra),
+        env=cluster.env(),
+        cwd=cwd or ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def start_job(cluster, backend, *args, hosts=(0, 1), slots=2, cwd=None):
     hostfile = cluster.hostfile(slots=slots, hosts=list(hosts))
-    return cluster.popen_on(0, launch_argv(cluster, backend, hostfile, *args), env=cluster.env(),
-                            cwd=cwd or ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return cluster.popen_on(
+        0,
+        launch_argv(cluster, backend, hostfile, *args),
+        env=cluster.env(),
+        cwd=cwd or ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def rank_lines(stdout: str) -> list:
@@ -66,8 +94,14 @@ def test_launch_from_a_login_node_outside_the_hostfile(cluster, backend):
     ok = [line for line in res.stdout.splitlines() if "all_reduce sum = 10, expected 10: OK" in line]
     assert sum(" on gl-n0 " in line for line in ok) == 2 and sum(" on gl-n1 " in line for line in ok) == 2
     assert len(ok) == 4
-    dry = subprocess.run(cluster.login_argv(launch_argv(cluster, backend, hostfile, "--dry-run", "--json", SMOKE)),
-                         env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    dry = subprocess.run(
+        cluster.login_argv(launch_argv(cluster, backend, hostfile, "--dry-run", "--json", SMOKE)),
+        env=cluster.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     plan = json.loads(dry.stdout)
     assert (plan["master_addr"], plan["ifname"]) == ("gl-n0", "eth0")
     if backend == "mpirun":
@@ -76,10 +110,28 @@ def test_launch_from_a_login_node_outside_the_hostfile(cluster, backend):
 
 def test_main_job_across_two_hosts_advises_evaluating_on_one_node(cluster, tmp_path):
     out = tmp_path / "clm"
-    res = run_job(cluster, "mpirun", os.path.join(ROOT, "scripts", "run_clm.py"), "--do_train", "--do_eval",
-                  "--output_dir", str(out), "--max_steps", "4", "--logging_steps", "2",
-                  "--per_device_train_batch_size", "4", "--max_train_samples", "64", "--max_eval_samples", "16",
-                  "--distribution_strategy", "fast_ddp", slots=1)
+    res = run_job(
+        cluster,
+        "mpirun",
+        os.path.join(ROOT, "scripts", "run_clm.py"),
+        "--do_train",
+        "--do_eval",
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "4",
+        "--logging_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_train_samples",
+        "64",
+        "--max_eval_samples",
+        "16",
+        "--distribution_strategy",
+        "fast_ddp",
+        slots=1,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     text = res.stdout + res.stderr
     assert text.count("multi-node evaluation is not recommended") == 1  # rank 0, once
@@ -94,9 +146,11 @@ def test_env_and_args_arrive_byte_exact_on_remote_ranks(cluster, backend, tmp_pa
     escaped = tricky.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
     (tmp_path / ".deepspeed_env").write_text(f'TRICKY="{escaped}"\n')
     probe = tmp_path / "probe.py"
-    probe.write_text("import json, os, socket, sys\n"
-                     "print(json.dumps({'rank': os.environ['RANK'], 'host': socket.gethostname(),"
-                     " 'v': os.environ.get('TRICKY'), 'argv': sys.argv[1:]}))\n")
+    probe.write_text(
+        "import json, os, socket, sys\n"
+        "print(json.dumps({'rank': os.environ['RANK'], 'host': socket.gethostname(),"
+        " 'v': os.environ.get('TRICKY'), 'argv': sys.argv[1:]}))\n"
+    )
     args = ["x  y", "$(id)", ";", '{"k": "v"}', "--flag=a b"]
     res = run_job(cluster, backend, str(probe), *args, cwd=str(tmp_path))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -116,9 +170,17 @@ def test_distributed_runner_with_deepspeed_across_hosts(cluster, tmp_path):
         f"    use_deepspeed=True, master_port=None, ssh_config={cluster.ssh_config!r})\n"
         "code = r.run()\n"
         "print('EXIT', code, sorted(r.result.exit_codes.items()))\n"
-        "sys.exit(code)\n")
-    res = cluster.run_on(0, [sys.executable, "-c", code], env=cluster.env(), cwd=str(tmp_path),
-                         capture_output=True, text=True, timeout=240)
+        "sys.exit(code)\n"
+    )
+    res = cluster.run_on(
+        0,
+        [sys.executable, "-c", code],
+        env=cluster.env(),
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     ok = [line for line in res.stdout.splitlines() if "expected 10: OK" in line]
     assert len(ok) == 4 and any("gl-n1" in line for line in ok)
@@ -221,13 +283,27 @@ def test_dry_run_json_shows_interface_and_exports(cluster, tmp_path):
 
 def test_a_multi_host_plan_replays_from_its_json(cluster, tmp_path):
     hostfile = cluster.hostfile(slots=2, hosts=[0, 1])
-    res = cluster.run_on(0, launch_argv(cluster, "mpirun", hostfile, "--dry-run", "--json", SMOKE), env=cluster.env(),
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = cluster.run_on(
+        0,
+        launch_argv(cluster, "mpirun", hostfile, "--dry-run", "--json", SMOKE),
+        env=cluster.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     plan = tmp_path / "plan.json"
     plan.write_text(res.stdout)
-    res = cluster.run_on(0, [sys.executable, "-m", "gaudi_launch", "run", str(plan)], env=cluster.env(), cwd="/",
-                         capture_output=True, text=True, timeout=240)
+    res = cluster.run_on(
+        0,
+        [sys.executable, "-m", "gaudi_launch", "run", str(plan)],
+        env=cluster.env(),
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     ok = [line for line in res.stdout.splitlines() if "all_reduce sum = 10, expected 10: OK" in line]
     assert sum(" on gl-n0 " in line for line in ok) == 2 and sum(" on gl-n1 " in line for line in ok) == 2

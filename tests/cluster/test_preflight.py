@@ -4,6 +4,7 @@ Most checks call check_hosts in-process from the root namespace, which reaches t
 bridge (10.213.0.1). The name-resolution check and the "login node is a cluster host" checks run
 inside host 0, whose resolv.conf points at 127.0.0.1, so no DNS query ever leaves the machine.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,12 +36,30 @@ def opts(cluster, tmp_path, **kw) -> SshOptions:
     return SshOptions(**base)
 
 
-def check(cluster, ssh: SshOptions, hosts=None, script=SCRIPT, python=sys.executable, master_port=29577,
-          devices_needed=None, progress=None) -> CheckReport:
+def check(
+    cluster,
+    ssh: SshOptions,
+    hosts=None,
+    script=SCRIPT,
+    python=sys.executable,
+    master_port=29577,
+    devices_needed=None,
+    progress=None,
+) -> CheckReport:
     hosts = cluster.names if hosts is None else hosts
-    return check_hosts(hosts, python=python, script=script, cwd=REPO, master_host=hosts[0],
-                       master_addr=cluster.hosts[0].addr, master_port=master_port,
-                       devices_needed=devices_needed or {}, ssh=ssh, local=lambda h: False, progress=progress)
+    return check_hosts(
+        hosts,
+        python=python,
+        script=script,
+        cwd=REPO,
+        master_host=hosts[0],
+        master_addr=cluster.hosts[0].addr,
+        master_port=master_port,
+        devices_needed=devices_needed or {},
+        ssh=ssh,
+        local=lambda h: False,
+        progress=progress,
+    )
 
 
 _IN_HOST = textwrap.dedent("""
@@ -67,8 +86,15 @@ def check_in_host0(cluster, env=None, timeout=60, **kw) -> dict:
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = REPO
     env.pop("SSH_AUTH_SOCK", None)
-    r = cluster.run_on(0, [sys.executable, "-c", _IN_HOST, json.dumps(kw)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=timeout)
+    r = cluster.run_on(
+        0,
+        [sys.executable, "-c", _IN_HOST, json.dumps(kw)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout)
 
@@ -149,8 +175,9 @@ def test_unreachable_address_times_out(cluster, tmp_path):
 
 def test_name_that_does_not_resolve(cluster, tmp_path):
     name = "gl-nowhere.invalid"
-    got = check_in_host0(cluster, hosts=[name], master_host=name,
-                         ssh=dataclasses.asdict(opts(cluster, tmp_path, timeout=5.0)))
+    got = check_in_host0(
+        cluster, hosts=[name], master_host=name, ssh=dataclasses.asdict(opts(cluster, tmp_path, timeout=5.0))
+    )
     f = got["facts"][name]
     assert not f["ok"]
     assert f["reason"].startswith(f"name does not resolve: {name}"), f["reason"]
@@ -218,8 +245,9 @@ def test_login_node_in_the_cluster(cluster, tmp_path):
     (fake / "hl-smi").chmod(0o755)
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
     ssh = dataclasses.asdict(opts(cluster, tmp_path))
-    got = check_in_host0(cluster, env=env, hosts=cluster.names, ssh=ssh, master_port=29578,
-                         devices_needed={cluster.names[0]: 4})
+    got = check_in_host0(
+        cluster, env=env, hosts=cluster.names, ssh=ssh, master_port=29578, devices_needed={cluster.names[0]: 4}
+    )
     assert got["ok"], got["table"]
     f0 = got["facts"][cluster.names[0]]
     assert f0["hostname"] == cluster.names[0] and f0["devices"] == 4 and f0["port_free"] is True
@@ -227,14 +255,22 @@ def test_login_node_in_the_cluster(cluster, tmp_path):
     assert got["warnings"] == [f"device count not checked (no hl-smi) on {cluster.names[1]}, {cluster.names[2]}"]
 
     # too few devices on the login node, and its master port busy
-    holder = cluster.popen_on(0, [sys.executable, "-c",
-                                  "import socket, sys, time; s = socket.socket(); s.bind(('', 29579)); s.listen();"
-                                  "print('up', flush=True); time.sleep(60)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = cluster.popen_on(
+        0,
+        [
+            sys.executable,
+            "-c",
+            "import socket, sys, time; s = socket.socket(); s.bind(('', 29579)); s.listen();"
+            "print('up', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "up"
-        got = check_in_host0(cluster, env=env, hosts=cluster.names, ssh=ssh, master_port=29579,
-                             devices_needed={cluster.names[0]: 8})
+        got = check_in_host0(
+            cluster, env=env, hosts=cluster.names, ssh=ssh, master_port=29579, devices_needed={cluster.names[0]: 8}
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -257,9 +293,18 @@ def test_remote_master_port_busy(cluster, tmp_path):
 def test_unreachable_master(cluster, tmp_path):
     """Workers cannot reach the master address (the master's sshd is down): every host says so."""
     hosts = [cluster.names[1], cluster.names[2]]
-    report = check_hosts(hosts, python=sys.executable, script=SCRIPT, cwd=REPO, master_host=cluster.names[0],
-                         master_addr=f"10.{cluster.octet}.0.1", master_port=29577, devices_needed={},
-                         ssh=opts(cluster, tmp_path), local=lambda h: False)
+    report = check_hosts(
+        hosts,
+        python=sys.executable,
+        script=SCRIPT,
+        cwd=REPO,
+        master_host=cluster.names[0],
+        master_addr=f"10.{cluster.octet}.0.1",
+        master_port=29577,
+        devices_needed={},
+        ssh=opts(cluster, tmp_path),
+        local=lambda h: False,
+    )
     # 10.x.0.1 is the bridge: the root namespace has no sshd there, so port 22 is refused
     for h in hosts:
         f = report.facts[h]

@@ -1,5 +1,6 @@
 """Issue 12 on real hosts: the job's ssh honours the user's host-key policy, never forwards the agent,
 and cannot be handed extra options through a path; a silent sshd is named as such."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,11 @@ import pytest
 from tests.cluster.test_multinode import BACKENDS, ROOT, launch_argv
 from tests.helpers import wait_for
 
-PROBE = ("import json, os, socket\n"
-         "print(json.dumps({'rank': os.environ['RANK'], 'host': socket.gethostname(),"
-         " 'agent': os.environ.get('SSH_AUTH_SOCK')}))\n")
+PROBE = (
+    "import json, os, socket\n"
+    "print(json.dumps({'rank': os.environ['RANK'], 'host': socket.gethostname(),"
+    " 'agent': os.environ.get('SSH_AUTH_SOCK')}))\n"
+)
 
 
 def user_config(cluster, tmp_path, *, strict: str, known_hosts: str, extra=()) -> str:
@@ -32,8 +35,9 @@ def user_config(cluster, tmp_path, *, strict: str, known_hosts: str, extra=()) -
 def job(cluster, backend, tmp_path, config, *args, extra=(), timeout=180):
     hostfile = cluster.hostfile(slots=1, hosts=[0, 1])
     argv = launch_argv(cluster, backend, hostfile, *args, extra=["--ssh-config", config, *extra])
-    return cluster.run_on(0, argv, env=cluster.env(), cwd=str(tmp_path), capture_output=True, text=True,
-                          timeout=timeout)
+    return cluster.run_on(
+        0, argv, env=cluster.env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def probe_script(tmp_path) -> str:
@@ -43,10 +47,11 @@ def probe_script(tmp_path) -> str:
 
 
 def ranks(stdout: str) -> list:
-    return [json.loads(line[line.index("{"):]) for line in stdout.splitlines() if '"rank"' in line]
+    return [json.loads(line[line.index("{") :]) for line in stdout.splitlines() if '"rank"' in line]
 
 
 # ---- item 8: the user's ssh_config decides host-key checking ------------------------------------------
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_users_strict_host_key_checking_wins_without_preflight(cluster, backend, tmp_path):
@@ -76,8 +81,9 @@ def test_strict_host_keys_applies_to_the_jobs_own_ssh(cluster, backend, tmp_path
     known = tmp_path / "known_hosts"
     known.write_text("")
     config = user_config(cluster, tmp_path, strict="accept-new", known_hosts=str(known))
-    res = job(cluster, backend, tmp_path, config, probe_script(tmp_path),
-              extra=["--no-ssh-check", "--strict-host-keys"])
+    res = job(
+        cluster, backend, tmp_path, config, probe_script(tmp_path), extra=["--no-ssh-check", "--strict-host-keys"]
+    )
     assert res.returncode != 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert not any(r["host"] == "gl-n1" for r in ranks(res.stdout))
     assert known.read_text() == ""
@@ -97,6 +103,7 @@ def test_default_accepts_a_new_key_and_remembers_it(cluster, tmp_path):
 
 # ---- item 10: no agent forwarding -------------------------------------------------------------------
 
+
 @pytest.fixture
 def agent(tmp_path):
     sock = str(tmp_path / "agent.sock")
@@ -111,12 +118,19 @@ def agent(tmp_path):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_agent_is_not_forwarded_even_when_the_user_config_asks(cluster, backend, tmp_path, agent):
-    config = user_config(cluster, tmp_path, strict="accept-new", known_hosts=cluster.known_hosts,
-                         extra=["    ForwardAgent yes"])
+    config = user_config(
+        cluster, tmp_path, strict="accept-new", known_hosts=cluster.known_hosts, extra=["    ForwardAgent yes"]
+    )
     env = {**cluster.env(), "SSH_AUTH_SOCK": agent}
     # The config as given does forward the agent to a plain ssh: the job's ssh must not.
-    plain = cluster.run_on(0, ["/usr/bin/ssh", "-F", config, "gl-n1", "printenv", "SSH_AUTH_SOCK"], env=env,
-                           capture_output=True, text=True, timeout=30)
+    plain = cluster.run_on(
+        0,
+        ["/usr/bin/ssh", "-F", config, "gl-n1", "printenv", "SSH_AUTH_SOCK"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert plain.stdout.strip(), plain.stderr
     hostfile = cluster.hostfile(slots=1, hosts=[0, 1])
     argv = launch_argv(cluster, backend, hostfile, probe_script(tmp_path), extra=["--ssh-config", config])
@@ -127,6 +141,7 @@ def test_agent_is_not_forwarded_even_when_the_user_config_asks(cluster, backend,
 
 
 # ---- item 9: nothing reaches mpirun's space-split plm_rsh_args ------------------------------------------
+
 
 @pytest.mark.parametrize("option", ["--ssh-identity", "--ssh-config"])
 def test_a_space_in_an_ssh_path_cannot_inject_ssh_options(cluster, option, tmp_path):
@@ -143,22 +158,24 @@ def test_a_space_in_an_ssh_path_cannot_inject_ssh_options(cluster, option, tmp_p
 
 # ---- item 17: an sshd that never says hello ----------------------------------------------------------
 
-SILENT = ("import socket, sys, time\n"
-          "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-          "s.bind((sys.argv[1], 2222)); s.listen(8); print('ready', flush=True)\n"
-          "held = []\n"
-          "while True:\n"
-          "    held.append(s.accept()[0])\n")
+SILENT = (
+    "import socket, sys, time\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind((sys.argv[1], 2222)); s.listen(8); print('ready', flush=True)\n"
+    "held = []\n"
+    "while True:\n"
+    "    held.append(s.accept()[0])\n"
+)
 
 
 def test_a_host_that_never_sends_the_ssh_banner_is_named_as_such(cluster, tmp_path):
-    silent = cluster.popen_on(2, [sys.executable, "-c", SILENT, cluster.hosts[2].addr], stdout=subprocess.PIPE,
-                              text=True)
+    silent = cluster.popen_on(
+        2, [sys.executable, "-c", SILENT, cluster.hosts[2].addr], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert silent.stdout.readline().strip() == "ready"
         hostfile = cluster.hostfile(slots=1, hosts=[2])
-        argv = launch_argv(cluster, "mpirun", hostfile, "--check-only", "--ssh-port", "2222",
-                           "--ssh-timeout", "2")
+        argv = launch_argv(cluster, "mpirun", hostfile, "--check-only", "--ssh-port", "2222", "--ssh-timeout", "2")
         res = cluster.run_on(0, argv, env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
     finally:
         silent.kill()
@@ -171,26 +188,28 @@ def test_a_host_that_never_sends_the_ssh_banner_is_named_as_such(cluster, tmp_pa
 
 # ---- item 7: a remote rank's daemon does not outlive the job -----------------------------------------
 
-DAEMON = ("import os, socket, sys, time\n"
-          "if os.environ['RANK'] == '1':\n"
-          "    if os.fork() == 0:\n"
-          "        os.setsid()\n"
-          "        if os.fork() == 0:\n"
-          "            null = os.open(os.devnull, os.O_RDWR)\n"  # a daemon lets go of the job's output
-          "            for fd in (0, 1, 2):\n"
-          "                os.dup2(null, fd)\n"
-          "            os.closerange(3, 4096)\n"  # mpirun waits for EOF on its stddiag pipe (fd 3)
-          "            open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid()))\n"
-          "            os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
-          "            time.sleep(900)\n"
-          "        os._exit(0)\n"
-          "while not os.path.exists(sys.argv[1]):\n"  # every rank: rank 0's exit 3 must not come first
-          "    time.sleep(0.02)\n"
-          "if os.environ['RANK'] == '1':\n"
-          "    print('daemon on', socket.gethostname(), flush=True)\n"
-          "else:\n"
-          "    time.sleep(1)\n"
-          "sys.exit(int(sys.argv[2]))\n")
+DAEMON = (
+    "import os, socket, sys, time\n"
+    "if os.environ['RANK'] == '1':\n"
+    "    if os.fork() == 0:\n"
+    "        os.setsid()\n"
+    "        if os.fork() == 0:\n"
+    "            null = os.open(os.devnull, os.O_RDWR)\n"  # a daemon lets go of the job's output
+    "            for fd in (0, 1, 2):\n"
+    "                os.dup2(null, fd)\n"
+    "            os.closerange(3, 4096)\n"  # mpirun waits for EOF on its stddiag pipe (fd 3)
+    "            open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid()))\n"
+    "            os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+    "            time.sleep(900)\n"
+    "        os._exit(0)\n"
+    "while not os.path.exists(sys.argv[1]):\n"  # every rank: rank 0's exit 3 must not come first
+    "    time.sleep(0.02)\n"
+    "if os.environ['RANK'] == '1':\n"
+    "    print('daemon on', socket.gethostname(), flush=True)\n"
+    "else:\n"
+    "    time.sleep(1)\n"
+    "sys.exit(int(sys.argv[2]))\n"
+)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -6,6 +6,7 @@ mpirun's daemon there and sweeps the job at its end.
 
 A cluster of this module's own (glc/222) whose sshd logs at VERBOSE: every handshake is one
 "Accepted publickey" line, every session one "Starting session" line. The launcher runs "on" glc-n0, so glc-n1 and glc-n2 are the remote hosts."""
+
 from __future__ import annotations
 
 import glob
@@ -26,8 +27,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     require_cluster_support()
-    c = NetCluster(3, str(tmp_path_factory.mktemp("sharecluster")), prefix="glc", subnet_octet=222,
-                   sshd_log_level="VERBOSE")
+    c = NetCluster(
+        3, str(tmp_path_factory.mktemp("sharecluster")), prefix="glc", subnet_octet=222, sshd_log_level="VERBOSE"
+    )
     with running(c):
         yield c
 
@@ -48,15 +50,28 @@ def masters(job_id: str = "") -> list:
     """ssh masters still running (the pre-flight's ssh, ControlMaster=yes, or a background master
     whose title names the socket's directory), and our socket dirs."""
     ps = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    procs = [line for line in ps.splitlines() if ("ssh: " in line or "ControlMaster=yes" in line)
-             and f"gaudi-launch-{job_id}" in line and "-ssh/" in line]
+    procs = [
+        line
+        for line in ps.splitlines()
+        if ("ssh: " in line or "ControlMaster=yes" in line) and f"gaudi-launch-{job_id}" in line and "-ssh/" in line
+    ]
     return procs + glob.glob(f"/tmp/gaudi-launch-{job_id}*-ssh")
 
 
 def launch(cluster, tmp_path, *args, hosts=(0, 1, 2)):
     hostfile = cluster.hostfile(slots=1, hosts=list(hosts))
-    return [sys.executable, "-m", "gaudi_launch", "--hostfile", hostfile, "--ssh-config", cluster.ssh_config,
-            "--grace", "3", *args]
+    return [
+        sys.executable,
+        "-m",
+        "gaudi_launch",
+        "--hostfile",
+        hostfile,
+        "--ssh-config",
+        cluster.ssh_config,
+        "--grace",
+        "3",
+        *args,
+    ]
 
 
 def job_id(stderr: str) -> str:
@@ -68,8 +83,15 @@ def job_id(stderr: str) -> str:
 
 def test_an_mpirun_job_makes_one_handshake_and_one_session_per_remote_host_and_closes_it(cluster, tmp_path):
     before, sessions_before = handshakes(cluster), sessions(cluster)
-    res = cluster.run_on(0, launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/hostname"),
-                         env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = cluster.run_on(
+        0,
+        launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/hostname"),
+        env=cluster.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert sorted(line.split()[-1] for line in res.stdout.splitlines()) == ["glc-n0", "glc-n1", "glc-n2"]
     after = handshakes(cluster)
@@ -84,9 +106,15 @@ def test_a_user_rsh_agent_is_kept(cluster, tmp_path):
     """OMPI_MCA_plm_rsh_agent of the user's: mpirun's daemons go through it (here plain ssh, over the
     job's connection: still one handshake, but a session of its own per host)."""
     before, sessions_before = handshakes(cluster), sessions(cluster)
-    res = cluster.run_on(0, launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/true"),
-                         env=cluster.env({**os.environ, "OMPI_MCA_plm_rsh_agent": "ssh"}), cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    res = cluster.run_on(
+        0,
+        launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/true"),
+        env=cluster.env({**os.environ, "OMPI_MCA_plm_rsh_agent": "ssh"}),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert [a - b for a, b in zip(handshakes(cluster), before)] == [0, 1, 1]
     assert [a - b for a, b in zip(sessions(cluster), sessions_before)] == [0, 2, 2]
@@ -96,29 +124,56 @@ def test_a_user_rsh_agent_is_kept(cluster, tmp_path):
 def test_without_sharing_every_ssh_handshakes(cluster, tmp_path):
     """The same job with GAUDI_LAUNCH_SSH_SHARE=0: what the count above saves."""
     before = handshakes(cluster)
-    res = cluster.run_on(0, launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/true"),
-                         env=cluster.env({**os.environ, "GAUDI_LAUNCH_SSH_SHARE": "0"}), cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    res = cluster.run_on(
+        0,
+        launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/true"),
+        env=cluster.env({**os.environ, "GAUDI_LAUNCH_SSH_SHARE": "0"}),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert all(a - b >= 3 for a, b in list(zip(handshakes(cluster), before))[1:])
 
 
 def test_check_only_and_a_failed_job_close_their_connections(cluster, tmp_path):
     before = set(masters())  # (others' jobs may run beside this test: only new ones count)
-    res = cluster.run_on(0, launch(cluster, tmp_path, "--check-only"), env=cluster.env(), cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    res = cluster.run_on(
+        0,
+        launch(cluster, tmp_path, "--check-only"),
+        env=cluster.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert set(masters()) <= before
-    res = cluster.run_on(0, launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/false"),
-                         env=cluster.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = cluster.run_on(
+        0,
+        launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/false"),
+        env=cluster.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode != 0
     assert masters(job_id(res.stderr)) == []
 
 
 def test_ctrl_c_closes_the_connections(cluster, tmp_path):
-    proc = cluster.popen_on(0, launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/sleep", "60"),
-                            env=cluster.env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = cluster.popen_on(
+        0,
+        launch(cluster, tmp_path, "--backend", "mpirun", "--no_python", "/bin/sleep", "60"),
+        env=cluster.env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         first = proc.stderr.readline()  # "gaudi-launch: job ID: ...", once the pre-flight passed
         job = job_id(first)

@@ -1,5 +1,6 @@
 """A rank for supervisor tests. Every rank records its PID and a grandchild's in --pid-dir, waits
 until all ranks have done so, then the --fail-rank misbehaves (--how) while the others sleep."""
+
 import argparse
 import os
 import signal
@@ -43,6 +44,7 @@ if a.hold_gil:
     # collective does; PyDLL keeps the GIL for the call and no signal ends the wait, so neither
     # a Python signal handler nor a Python thread of this process runs again.
     import ctypes
+
     libc, mutex = ctypes.PyDLL(None), ctypes.create_string_buffer(64)  # zeroed = PTHREAD_MUTEX_INITIALIZER
     libc.pthread_mutex_lock(mutex)
     libc.pthread_mutex_lock(mutex)

@@ -3,6 +3,7 @@
 torchrun itself runs here (torch.distributed.run, from the venv's torch) beside gaudi-launch, and
 what the ranks see or what the failure summary says is compared. Remote hosts: tests/cluster/test_dropin.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,24 +48,56 @@ if __name__ == "__main__":
 # Set by torchrun for its own agent process (ranks inherit them): no agent here, so not ours.
 AGENT_ONLY = {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
 # Same meaning, a value of this job's own: compared by presence.
-PER_JOB = {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
-           # torchrun sets 1 thread per rank; gaudi-launch the rank's share of the cores (README)
-           "OMP_NUM_THREADS"}
+PER_JOB = {
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+    # torchrun sets 1 thread per rank; gaudi-launch the rank's share of the cores (README)
+    "OMP_NUM_THREADS",
+}
 
 
 def clean_env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TORCHELASTIC_", "ROLE_", "OMPI_", "PMIX_", "GAUDI_LAUNCH_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "OMP_NUM_THREADS",
-                         "GROUP_WORLD_SIZE", "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
-                         "HABANA_VISIBLE_MODULES", "CUDA_VISIBLE_DEVICES", "TORCH_NCCL_ASYNC_ERROR_HANDLING")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHELASTIC_", "ROLE_", "OMPI_", "PMIX_", "GAUDI_LAUNCH_"))
+        and k
+        not in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "OMP_NUM_THREADS",
+            "GROUP_WORLD_SIZE",
+            "CROSS_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "NODE_RANK",
+            "HABANA_VISIBLE_MODULES",
+            "CUDA_VISIBLE_DEVICES",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        )
+    }
     env.pop("_", None)
     return env
 
 
 def torchrun(script, cwd, env) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-            "--master_port", str(pick_free_port()), script]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(pick_free_port()),
+        script,
+    ]
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -79,7 +112,7 @@ def rank_envs(stdout: str, parent: dict) -> dict:
     for line in stdout.splitlines():
         start = line.find("ENV {")
         if start >= 0:
-            seen = json.loads(line[start + 4:])
+            seen = json.loads(line[start + 4 :])
             added = {k: v for k, v in seen["env"].items() if parent.get(k) != v}
             out[int(added["RANK"])] = (added, seen["elastic"], seen["error_dir"])
     return out
@@ -116,8 +149,8 @@ def torchrun_root_cause(stderr: str) -> list:
     lines = stderr.splitlines()
     start = lines.index("Root Cause (first observed failure):")
     at = next(i for i in range(start, len(lines)) if lines[i].startswith("  traceback : "))
-    block = [lines[at][len("  traceback : "):]]
-    for line in lines[at + 1:]:
+    block = [lines[at][len("  traceback : ") :]]
+    for line in lines[at + 1 :]:
         if line.startswith("=") or not line.strip():
             break
         block.append(line[2:])
@@ -128,7 +161,7 @@ def our_excerpt(stderr: str, rank: int) -> list:
     lines = stderr.splitlines()
     at = lines.index(f"last output of rank {rank}:")
     block = []
-    for line in lines[at + 1:]:
+    for line in lines[at + 1 :]:
         if not line.startswith("  | "):
             break
         block.append(line[4:].rstrip())
@@ -157,21 +190,28 @@ def visible(tmp_path, args, env) -> list:
     (tmp_path / "vis.py").write_text(
         "import json, os\n"
         "print('VIS ' + json.dumps({k: os.environ.get(k) for k in "
-        "('RANK', 'LOCAL_RANK', 'HABANA_VISIBLE_MODULES', 'CUDA_VISIBLE_DEVICES')}), flush=True)\n")
+        "('RANK', 'LOCAL_RANK', 'HABANA_VISIBLE_MODULES', 'CUDA_VISIBLE_DEVICES')}), flush=True)\n"
+    )
     argv = [sys.executable, "-m", "gaudi_launch", "--hostfile", "hostfile", *args, "vis.py"]
-    res = subprocess.run(argv, cwd=tmp_path, env={**clean_env(), **env}, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(argv, cwd=tmp_path, env={**clean_env(), **env}, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return sorted((json.loads(line[line.find("VIS ") + 4:]) for line in res.stdout.splitlines() if "VIS {" in line),
-                  key=lambda r: r["RANK"])
+    return sorted(
+        (json.loads(line[line.find("VIS ") + 4 :]) for line in res.stdout.splitlines() if "VIS {" in line),
+        key=lambda r: r["RANK"],
+    )
 
 
 @pytest.mark.parametrize("args", [*BACKENDS, ["--backend", "deepspeed"]], ids=[*IDS, "deepspeed"])
 def test_device_subset_means_the_same_devices_under_an_inherited_restriction(tmp_path, args):
-    seen = visible(tmp_path, ["--include", "localhost:1,3", *args],
-                   {"HABANA_VISIBLE_MODULES": "4,5,6,7", "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
-    assert seen == [{"RANK": str(r), "LOCAL_RANK": str(r), "HABANA_VISIBLE_MODULES": "5,7",
-                     "CUDA_VISIBLE_DEVICES": "1,3"} for r in (0, 1)]
+    seen = visible(
+        tmp_path,
+        ["--include", "localhost:1,3", *args],
+        {"HABANA_VISIBLE_MODULES": "4,5,6,7", "CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+    )
+    assert seen == [
+        {"RANK": str(r), "LOCAL_RANK": str(r), "HABANA_VISIBLE_MODULES": "5,7", "CUDA_VISIBLE_DEVICES": "1,3"}
+        for r in (0, 1)
+    ]
 
 
 def test_deepspeed_keeps_an_inherited_cuda_restriction_for_whole_hosts(tmp_path):
@@ -183,16 +223,48 @@ def test_deepspeed_keeps_an_inherited_cuda_restriction_for_whole_hosts(tmp_path)
 
 def test_uneven_selection_on_the_default_backend_says_what_works(tmp_path):
     (tmp_path / "hostfile").write_text("worker-0 slots=4\nworker-1 slots=4\n")
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "--hostfile", "hostfile", "--no-ssh-check",
-                          "--include", "worker-0:0,1@worker-1:2", "--dry-run", "train.py"],
-                         cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gaudi_launch",
+            "--hostfile",
+            "hostfile",
+            "--no-ssh-check",
+            "--include",
+            "worker-0:0,1@worker-1:2",
+            "--dry-run",
+            "train.py",
+        ],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and res.stdout == "" and "Traceback" not in res.stderr
     assert "--include: the mpirun backend (the default backend for several hosts)" in res.stderr
     assert "(worker-0: 2, worker-1: 1)" in res.stderr
     assert "use --use_deepspeed (--backend deepspeed) for uneven selections" in res.stderr
     assert "--num_devices 1" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "--hostfile", "hostfile", "--no-ssh-check",
-                          "--num_nodes", "3", "--dry-run", "train.py"],
-                         cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gaudi_launch",
+            "--hostfile",
+            "hostfile",
+            "--no-ssh-check",
+            "--num_nodes",
+            "3",
+            "--dry-run",
+            "train.py",
+        ],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "pass --num_nodes 2 or fewer (DeepSpeed silently runs on the 2 there are)" in res.stderr

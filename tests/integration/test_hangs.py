@@ -1,5 +1,6 @@
 """--hang-timeout with real processes: a rank that blocks before a collective is named, with the line
 where the others wait, the stacks are kept, and nothing is left running."""
+
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ import sys
 import textwrap
 import time
 
-from tests.helpers import all_gone, alive, read_pids
+from tests.helpers import alive, all_gone, read_pids
 
 # Four ranks all-reduce once per step with a heartbeat each; rank 3 sleeps before step 3's collective.
 HANG = textwrap.dedent("""
@@ -42,20 +43,39 @@ def test_a_rank_stuck_before_a_collective_is_named_with_where_the_others_wait(tm
     pid_dir, log_dir = tmp_path / "pids", tmp_path / "logs"
     pid_dir.mkdir()
     started = time.time()
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "--num_devices", "4", "--hang-timeout", "20",
-                          "--grace", "5", "--log-dir", str(log_dir), "hang.py", str(pid_dir)],
-                         capture_output=True, text=True, cwd=str(tmp_path), timeout=180)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gaudi_launch",
+            "--num_devices",
+            "4",
+            "--hang-timeout",
+            "20",
+            "--grace",
+            "5",
+            "--log-dir",
+            str(log_dir),
+            "hang.py",
+            str(pid_dir),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=180,
+    )
     ended = time.time()
     assert res.returncode == 5, res.stderr
     stuck_at = float((pid_dir / "stuck-at").read_text())
     assert ended - stuck_at < 40, (ended - stuck_at, started)
     sleep_line, collective_line = line_of(HANG, "LINE_SLEEP"), line_of(HANG, "LINE_COLLECTIVE")
     err = res.stderr
-    summary = err[err.index("gaudi-launch: job hung"):]
+    summary = err[err.index("gaudi-launch: job hung") :]
     first = re.search(r"first failure: (.*)", summary).group(1)
     assert first.startswith("no rank advanced for 2"), first
-    assert f"rank 3 in time.sleep at hang.py:{sleep_line}; ranks 0-2 in all_reduce at hang.py:{collective_line}" \
-        in first, first
+    assert (
+        f"rank 3 in time.sleep at hang.py:{sleep_line}; ranks 0-2 in all_reduce at hang.py:{collective_line}" in first
+    ), first
     assert f"rank 3 at hang.py:{sleep_line}: time.sleep(600)  # LINE_SLEEP" in summary
     stacks = [n for n in os.listdir(log_dir) if n.startswith("hang-")]
     assert len(stacks) == 1 and f"every rank's stacks: {log_dir / stacks[0]}" in summary
@@ -84,24 +104,67 @@ STALLS_ONCE = textwrap.dedent("""
 
 def test_a_hang_restarts_with_restart_on_hang(tmp_path):
     (tmp_path / "stall.py").write_text(STALLS_ONCE)
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "--num_devices", "2", "--hang-timeout", "3",
-                          "--max-restarts", "1", "--restart-on", "hang", "--restart-backoff", "0", "--grace", "2",
-                          "stall.py"], capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gaudi_launch",
+            "--num_devices",
+            "2",
+            "--hang-timeout",
+            "3",
+            "--max-restarts",
+            "1",
+            "--restart-on",
+            "hang",
+            "--restart-backoff",
+            "0",
+            "--grace",
+            "2",
+            "stall.py",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert "[rank 1] rank 1 done on attempt 1" in res.stdout and "rank 1 done on attempt 0" not in res.stdout
     stall = line_of(STALLS_ONCE, "LINE_STALL")
     assert "attempt 1 failed (hang); restart 1 of 1" in res.stderr
-    assert re.search(rf"attempt 1: hang: no rank advanced for \d+ s: rank 1 in time.sleep at stall.py:{stall}",
-                     res.stderr), res.stderr
+    assert re.search(
+        rf"attempt 1: hang: no rank advanced for \d+ s: rank 1 in time.sleep at stall.py:{stall}", res.stderr
+    ), res.stderr
     assert "attempt 2: finished" in res.stderr
 
 
 def test_mpirun_ranks_on_this_host_are_watched_too(tmp_path):
     (tmp_path / "stall.py").write_text(STALLS_ONCE)
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "--backend", "mpirun", "--no-ssh-check",
-                          "--num_devices", "2", "--hang-timeout", "3", "--grace", "2", "stall.py"],
-                         capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gaudi_launch",
+            "--backend",
+            "mpirun",
+            "--no-ssh-check",
+            "--num_devices",
+            "2",
+            "--hang-timeout",
+            "3",
+            "--grace",
+            "2",
+            "stall.py",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=120,
+    )
     assert res.returncode == 5, res.stderr
     stall = line_of(STALLS_ONCE, "LINE_STALL")
-    assert re.search(rf"first failure: no rank advanced for \d+ s: rank 1 in time.sleep at stall.py:{stall}; "
-                     r"rank 0: no stack", res.stderr), res.stderr  # rank 0 had finished: nothing to ask
+    assert re.search(
+        rf"first failure: no rank advanced for \d+ s: rank 1 in time.sleep at stall.py:{stall}; "
+        r"rank 0: no stack",
+        res.stderr,
+    ), res.stderr  # rank 0 had finished: nothing to ask

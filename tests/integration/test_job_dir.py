@@ -1,6 +1,7 @@
 """Issue 12 items 2 and 19 on real processes, on this host: a rank whose launcher is gone ends
 itself (the worker's watchdog), and the per-job directory is private, never reused, and removed at
 the next start when a SIGKILLed launcher left it behind."""
+
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from tests.helpers import all_gone, alive, read_pids, wait_for
+from tests.helpers import alive, all_gone, read_pids, wait_for
 
 # Records its pid and a child's, then sleeps; ignores SIGTERM when told to.
 SLEEPER = """\
@@ -31,17 +32,21 @@ def test_a_rank_whose_output_reader_is_gone_ends_its_group_even_ignoring_sigterm
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
     read_end, write_end = os.pipe()
-    env = {**os.environ, "GAUDI_LAUNCH_JOB_ID": "feedbeef", "GAUDI_LAUNCH_GRACE": "1", "RANK": "0",
-           "WORLD_SIZE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "gaudi_launch.process.worker", str(script), str(tmp_path), "--ignore-term"],
-                            stdout=write_end, stderr=write_end, env=env, start_new_session=True)
+    env = {**os.environ, "GAUDI_LAUNCH_JOB_ID": "feedbeef", "GAUDI_LAUNCH_GRACE": "1", "RANK": "0", "WORLD_SIZE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gaudi_launch.process.worker", str(script), str(tmp_path), "--ignore-term"],
+        stdout=write_end,
+        stderr=write_end,
+        env=env,
+        start_new_session=True,
+    )
     os.close(write_end)
     try:
         assert wait_for(lambda: os.path.exists(tmp_path / "r.pid"), timeout=60)
         pids = read_pids(str(tmp_path))
         time.sleep(0.5)
         assert all(alive(p) for p in pids)  # a living reader: nothing happens
-        os.close(read_end)                  # the launcher (or its ssh session) is gone
+        os.close(read_end)  # the launcher (or its ssh session) is gone
         assert all_gone(pids, timeout=1 + 10), [p for p in pids if alive(p)]
         assert proc.wait(timeout=10) == -signal.SIGKILL  # SIGTERM was ignored: SIGKILL after the grace
     finally:
@@ -55,8 +60,13 @@ def test_job_dir_is_private_left_by_sigkill_and_removed_at_the_next_start(tmp_pa
     script.write_text(SLEEPER)
     env = {**os.environ, "TMPDIR": str(tmp)}
     argv = [sys.executable, "-m", "gaudi_launch", "--num_devices", "1", "--backend", "deepspeed", "--grace", "2"]
-    job = subprocess.Popen([*argv, str(script), str(tmp_path)], env=env, cwd=str(tmp_path),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = subprocess.Popen(
+        [*argv, str(script), str(tmp_path)],
+        env=env,
+        cwd=str(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert wait_for(lambda: os.path.exists(tmp_path / "r.pid") or job.poll() is not None, timeout=120)
         pids = read_pids(str(tmp_path))
@@ -88,13 +98,19 @@ def test_a_local_job_removes_what_killed_jobs_left_and_nothing_of_a_live_one(tmp
     for d in [*dead, live]:
         d.mkdir(mode=0o700)
         os.utime(d, (old, old))
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
-                              env={**os.environ, "GAUDI_LAUNCH_JOB_ID": "0000beef"})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"], env={**os.environ, "GAUDI_LAUNCH_JOB_ID": "0000beef"}
+    )
     try:
         done = tmp_path / "done.py"
         done.write_text("print('ok')\n")
-        res = subprocess.run([sys.executable, "-m", "gaudi_launch", "--num_devices", "1", str(done)],
-                             env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [sys.executable, "-m", "gaudi_launch", "--num_devices", "1", str(done)],
+            env={**os.environ, "TMPDIR": str(tmp)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         assert not any(d.exists() for d in dead)
         assert live.is_dir()  # a process still carries that job's id

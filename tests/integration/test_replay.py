@@ -1,4 +1,5 @@
 """`gaudi-launch run plan.json` (--from-plan): the job a dry run showed, run as it was, or nothing."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,9 @@ import sys
 
 import pytest
 
-from gaudi_launch.plan.replay import differences, spec_from_request
-from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.replay import differences, spec_from_request
 
 # Each rank records what it was given: its working directory, argv, job id and a secret's check.
 SCRIPT = """import json, os, sys, time
@@ -29,8 +30,14 @@ sys.exit(int(os.environ.get("EXIT", "0")))
 
 
 def gl(*args, cwd, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "gaudi_launch", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.fixture
@@ -44,8 +51,24 @@ def job(tmp_path):
 
 
 def dry_run(work, out, *extra, env=None):
-    res = gl("--dry-run", "--json", "--hostfile", "hosts", "--num_devices", "2", "-x", f"OUT={out}", "-x", "FOO=bar",
-             *extra, "train.py", "--lr", "0.1", cwd=work, env=env)
+    res = gl(
+        "--dry-run",
+        "--json",
+        "--hostfile",
+        "hosts",
+        "--num_devices",
+        "2",
+        "-x",
+        f"OUT={out}",
+        "-x",
+        "FOO=bar",
+        *extra,
+        "train.py",
+        "--lr",
+        "0.1",
+        cwd=work,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     path = work / "plan.json"
     path.write_text(res.stdout)
@@ -88,8 +111,14 @@ def test_a_masked_secret_must_come_from_the_shell(job, tmp_path):
     work, out = job
     path, _ = dry_run(work, out, "-x", "HF_TOKEN", env={"HF_TOKEN": "hf_replaysecret"})
     env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "run", str(path)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", "run", str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2
     assert f"{path}: HF_TOKEN is masked in the plan" in res.stderr and "export HF_TOKEN" in res.stderr
     assert not list(out.iterdir())
@@ -105,10 +134,13 @@ def test_run_dry_run_shows_the_same_plan_with_a_fresh_job(job, tmp_path):
     assert again["request"] == saved["request"] and again["job_id"] != saved["job_id"]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--num_devices", "1"], "--num_devices: a plan brings all its options"),
-    (["train.py"], "SCRIPT: a plan brings all its options"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--num_devices", "1"], "--num_devices: a plan brings all its options"),
+        (["train.py"], "SCRIPT: a plan brings all its options"),
+    ],
+)
 def test_a_plan_takes_no_other_options(job, extra, message):
     work, out = job
     path, _ = dry_run(work, out)
@@ -132,13 +164,38 @@ def test_what_is_not_a_plan_is_named_with_its_line(tmp_path):
 
 
 def test_every_option_survives_the_round_trip():
-    spec = JobSpec(program=["t.py", "--x"], hostfile="h", include="a:0@b", num_nodes=2, num_devices=4,
-                   backend="mpirun", master_addr="10.0.0.1", master_port=29511, env={"A": "1"}, module=False,
-                   python="/usr/bin/python3", append_local_rank=True, log_dir="/tmp/l", grace=3.0, ssh_port=3022,
-                   ssh_identity="/k", ssh_config="/c", ssh_timeout=4.0, strict_host_keys=True, ssh_check=False,
-                   export_prefixes=["NCCL_"], efa=False, hccl_ofi_wrapper="/w", launcher="openmpi",
-                   launcher_args="-x", console_ranks=[0], max_restarts=2, restart_on="rank",
-                   restart_backoff=0.5, hang_timeout=30.0)
+    spec = JobSpec(
+        program=["t.py", "--x"],
+        hostfile="h",
+        include="a:0@b",
+        num_nodes=2,
+        num_devices=4,
+        backend="mpirun",
+        master_addr="10.0.0.1",
+        master_port=29511,
+        env={"A": "1"},
+        module=False,
+        python="/usr/bin/python3",
+        append_local_rank=True,
+        log_dir="/tmp/l",
+        grace=3.0,
+        ssh_port=3022,
+        ssh_identity="/k",
+        ssh_config="/c",
+        ssh_timeout=4.0,
+        strict_host_keys=True,
+        ssh_check=False,
+        export_prefixes=["NCCL_"],
+        efa=False,
+        hccl_ofi_wrapper="/w",
+        launcher="openmpi",
+        launcher_args="-x",
+        console_ranks=[0],
+        max_restarts=2,
+        restart_on="rank",
+        restart_backoff=0.5,
+        hang_timeout=30.0,
+    )
     request = json.loads(json.dumps(spec.as_request("/somewhere")))
     assert spec_from_request(request, {}, "p.json") == spec
 

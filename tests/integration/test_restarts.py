@@ -1,5 +1,6 @@
 """--max-restarts with real processes: a crashed run restarts and its loss curve continues exactly;
 without restarts nothing changes; exhausted restarts return the last failure; a stop never restarts."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.helpers import all_gone, alive, read_pids, wait_for
+from tests.helpers import alive, all_gone, read_pids, wait_for
 from tests.runtime.test_trainer import TASK
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,8 +40,14 @@ TRAIN = textwrap.dedent("""
 
 
 def gl(*args, cwd, env=None, timeout=240):
-    return subprocess.run([sys.executable, "-m", "gaudi_launch", *args], capture_output=True, text=True,
-                          cwd=str(cwd), env={**os.environ, **(env or {})}, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", *args],
+        capture_output=True,
+        text=True,
+        cwd=str(cwd),
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
 
 
 def jobs_started(stderr: str) -> int:
@@ -56,15 +63,27 @@ def test_a_rank_that_crashes_once_restarts_and_the_loss_curve_continues_exactly(
     (tmp_path / "train.py").write_text(TRAIN.format(root=str(ROOT), task=TASK))
     ref = gl("--num_devices", "2", "--device", "cpu", "train.py", str(tmp_path / "ref"), cwd=tmp_path)
     assert ref.returncode == 0, ref.stderr
-    res = gl("--num_devices", "2", "--device", "cpu", "--max-restarts", "1", "--restart-backoff", "0.5",
-             "train.py", str(tmp_path / "run"), cwd=tmp_path, env={"CRASH_STEP": "11"})
+    res = gl(
+        "--num_devices",
+        "2",
+        "--device",
+        "cpu",
+        "--max-restarts",
+        "1",
+        "--restart-backoff",
+        "0.5",
+        "train.py",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+        env={"CRASH_STEP": "11"},
+    )
     assert res.returncode == 0, res.stderr
     assert "[rank 1] rank 1 crashes after step 11" in res.stdout
     # every rank saw the attempt's number under both names
     assert res.stdout.count("attempt env 0 0") == 2 and res.stdout.count("attempt env 1 1") == 2, res.stdout
     err = res.stderr
     assert "attempt 1 failed (rank failure); restart 1 of 1 in 0.5 s" in err
-    summary = err[err.index("gaudi-launch: 2 attempt(s), up to 1 restart(s)"):]
+    summary = err[err.index("gaudi-launch: 2 attempt(s), up to 1 restart(s)") :]
     assert "attempt 1: rank failure: rank 1 on localhost, exit code 9 after" in summary
     assert "(then 0.5 s back-off)" in summary
     assert "attempt 2: finished after" in summary
@@ -98,11 +117,14 @@ def test_exhausted_restarts_return_the_last_failures_exit_code(tmp_path):
     (tmp_path / "flaky.py").write_text(FLAKY)
     res = gl("--num_devices", "2", "--max_restarts", "2", "--restart-backoff", "0", "flaky.py", cwd=tmp_path)
     assert res.returncode == 12, res.stderr
-    assert [line for line in res.stdout.splitlines() if "failing" in line] == \
-        ["[rank 1] failing on attempt 0", "[rank 1] failing on attempt 1", "[rank 1] failing on attempt 2"]
+    assert [line for line in res.stdout.splitlines() if "failing" in line] == [
+        "[rank 1] failing on attempt 0",
+        "[rank 1] failing on attempt 1",
+        "[rank 1] failing on attempt 2",
+    ]
     err = res.stderr
     assert jobs_started(err) == 3  # three jobs, each with its own id
-    summary = err[err.index("gaudi-launch: 3 attempt(s), up to 2 restart(s)"):]
+    summary = err[err.index("gaudi-launch: 3 attempt(s), up to 2 restart(s)") :]
     for n, code in ((1, 10), (2, 11), (3, 12)):
         assert f"attempt {n}: rank failure: rank 1 on localhost, exit code {code} after" in summary
     assert summary.rstrip().splitlines()[-2] == "exit code: 12"
@@ -119,8 +141,20 @@ def test_restart_on_leaves_other_failures_alone(tmp_path):
 
 
 def test_a_signal_to_the_launcher_never_restarts(tmp_path):
-    cmd = [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", "--grace", "5", "--max-restarts", "3",
-           RANK, "--pid-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gaudi_launch",
+        "--num_devices",
+        "2",
+        "--grace",
+        "5",
+        "--max-restarts",
+        "3",
+        RANK,
+        "--pid-dir",
+        str(tmp_path),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert wait_for(lambda: len([n for n in os.listdir(tmp_path) if n.endswith(".pid")]) == 2, timeout=60)
@@ -144,8 +178,9 @@ def test_distributed_runner_restarts_too(tmp_path, monkeypatch):
     (tmp_path / "flaky.py").write_text(FLAKY)
     monkeypatch.chdir(tmp_path)
     out, err = io.StringIO(), io.StringIO()
-    runner = DistributedRunner(["flaky.py"], world_size=2, master_port=None, max_restarts=1, restart_backoff=0,
-                               stdout=out, stderr=err)
+    runner = DistributedRunner(
+        ["flaky.py"], world_size=2, master_port=None, max_restarts=1, restart_backoff=0, stdout=out, stderr=err
+    )
     assert runner.run() == 11  # the last attempt's code
     assert runner.result.exit_code == 11 and runner.result.culprit.rank == 1
     assert "[rank 1] failing on attempt 1" in out.getvalue()
@@ -154,9 +189,24 @@ def test_distributed_runner_restarts_too(tmp_path, monkeypatch):
 
 def test_a_signal_during_the_back_off_ends_the_run_without_restarting(tmp_path):
     (tmp_path / "flaky.py").write_text(FLAKY)
-    proc = subprocess.Popen([sys.executable, "-m", "gaudi_launch", "--num_devices", "2", "--max-restarts", "3",
-                             "--restart-backoff", "60", "flaky.py"], cwd=str(tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gaudi_launch",
+            "--num_devices",
+            "2",
+            "--max-restarts",
+            "3",
+            "--restart-backoff",
+            "60",
+            "flaky.py",
+        ],
+        cwd=str(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = []
         for line in proc.stderr:  # wait for the back-off to begin

@@ -1,4 +1,5 @@
 """The supervisor with real processes: first-failure teardown, signals, summaries, no orphans."""
+
 from __future__ import annotations
 
 import io
@@ -11,19 +12,31 @@ import time
 import pytest
 
 from gaudi_launch.process.supervise import ProcSpec, Supervisor, failure_excerpt, format_summary
-from tests.helpers import all_gone, alive, read_pids, wait_for
+from tests.helpers import alive, all_gone, read_pids, wait_for
 
 RANK = os.path.join(os.path.dirname(__file__), "rank_behaviour.py")
 
 
 def launch_cmd(pid_dir, *extra, num=3, grace=5):
-    return [sys.executable, "-m", "gaudi_launch", "--num_devices", str(num), "--grace", str(grace),
-            RANK, "--pid-dir", str(pid_dir), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "gaudi_launch",
+        "--num_devices",
+        str(num),
+        "--grace",
+        str(grace),
+        RANK,
+        "--pid-dir",
+        str(pid_dir),
+        *extra,
+    ]
 
 
 def run_launcher(pid_dir, *extra, num=3, grace=5, timeout=60):
-    return subprocess.run(launch_cmd(pid_dir, *extra, num=num, grace=grace), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        launch_cmd(pid_dir, *extra, num=num, grace=grace), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_rank_exit_code_is_the_job_exit_code_and_the_rest_is_torn_down(tmp_path):
@@ -46,7 +59,7 @@ def test_summary_shows_the_failing_ranks_traceback(tmp_path):
     res = run_launcher(tmp_path, "--fail-rank", "2", "--how", "raise")
     assert res.returncode == 1
     err = res.stderr
-    summary = err[err.index("gaudi-launch: job failed"):]
+    summary = err[err.index("gaudi-launch: job failed") :]
     assert "first failure: rank 2" in summary
     assert "| Traceback (most recent call last):" in summary
     assert "| ValueError: boom from rank 2" in summary
@@ -72,9 +85,14 @@ def test_ranks_that_ignore_sigterm_are_killed_after_the_grace_period(tmp_path):
 def test_success_exits_zero_and_writes_per_rank_logs(tmp_path):
     pid_dir, log_dir = tmp_path / "pids", tmp_path / "logs"
     pid_dir.mkdir()
-    res = subprocess.run(launch_cmd(pid_dir, "--how", "ok", num=2)[:3] + ["--log-dir", str(log_dir)]
-                         + launch_cmd(pid_dir, "--how", "ok", num=2)[3:],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        launch_cmd(pid_dir, "--how", "ok", num=2)[:3]
+        + ["--log-dir", str(log_dir)]
+        + launch_cmd(pid_dir, "--how", "ok", num=2)[3:],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert "job failed" not in res.stderr
     assert sorted(os.listdir(log_dir)) == ["rank-0.log", "rank-1.log"]
@@ -84,10 +102,8 @@ def test_success_exits_zero_and_writes_per_rank_logs(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signal_to_the_launcher_tears_down_the_job_and_nothing_else(tmp_path, sig):
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
-                                 start_new_session=True)
-    launcher = subprocess.Popen(launch_cmd(tmp_path, num=3), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    launcher = subprocess.Popen(launch_cmd(tmp_path, num=3), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert wait_for(lambda: len(read_pids(tmp_path)) == 6, timeout=60)
         pids = read_pids(tmp_path)
@@ -106,8 +122,7 @@ def test_signal_to_the_launcher_tears_down_the_job_and_nothing_else(tmp_path, si
 
 
 def test_launcher_killed_with_sigkill_leaves_no_orphan_ranks(tmp_path):
-    launcher = subprocess.Popen(launch_cmd(tmp_path, num=2), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(launch_cmd(tmp_path, num=2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert wait_for(lambda: len(read_pids(tmp_path)) == 4, timeout=60)
     pids = read_pids(tmp_path)
     launcher.kill()
@@ -119,8 +134,9 @@ def test_launcher_killed_with_sigkill_leaves_no_orphan_ranks(tmp_path):
 def test_ranks_stuck_in_c_with_the_gil_held_end_with_a_sigkilled_launcher(tmp_path):
     # A rank hung in a collective may hold the GIL in C: its SIGTERM handler and any watchdog
     # thread never run again, so only something outside its interpreter can end it.
-    launcher = subprocess.Popen(launch_cmd(tmp_path, "--hold-gil", num=2, grace=2), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        launch_cmd(tmp_path, "--hold-gil", num=2, grace=2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     assert wait_for(lambda: len(read_pids(tmp_path)) == 4, timeout=60)
     pids = read_pids(tmp_path)
     time.sleep(1)  # past the pid files: in the mutex wait
@@ -130,8 +146,12 @@ def test_ranks_stuck_in_c_with_the_gil_held_end_with_a_sigkilled_launcher(tmp_pa
 
 
 def test_a_program_that_cannot_start_fails_with_127(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "--num_devices", "2", "--no_python",
-                          str(tmp_path / "does-not-exist")], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", "--no_python", str(tmp_path / "does-not-exist")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 127
     assert "could not start" in res.stderr
     assert "No such file or directory" in res.stderr
@@ -140,18 +160,28 @@ def test_a_program_that_cannot_start_fails_with_127(tmp_path):
 def test_supervisor_in_process_streams_with_prefixes_and_masks_secrets(tmp_path):
     out, err = io.StringIO(), io.StringIO()
     code = "import sys; print('hello hf_secretvalue'); print('oops', file=sys.stderr)"
-    specs = [ProcSpec(rank=r, host="localhost", argv=[sys.executable, "-c", code], env=dict(os.environ))
-             for r in range(2)]
-    result = Supervisor(specs, stdout=out, stderr=err, color=False,
-                        mask=lambda s: s.replace("hf_secretvalue", "***")).run()
+    specs = [
+        ProcSpec(rank=r, host="localhost", argv=[sys.executable, "-c", code], env=dict(os.environ)) for r in range(2)
+    ]
+    result = Supervisor(
+        specs, stdout=out, stderr=err, color=False, mask=lambda s: s.replace("hf_secretvalue", "***")
+    ).run()
     assert result.ok and result.exit_codes == {0: 0, 1: 0}
     assert sorted(out.getvalue().splitlines()) == ["[rank 0] hello ***", "[rank 1] hello ***"]
     assert sorted(err.getvalue().splitlines()) == ["[rank 0] oops", "[rank 1] oops"]
 
 
 def test_failure_excerpt_prefers_the_last_traceback():
-    tail = ["noise", "Traceback (most recent call last):", "  old", "E: 1", "more",
-            "Traceback (most recent call last):", '  File "x"', "ValueError: new"]
+    tail = [
+        "noise",
+        "Traceback (most recent call last):",
+        "  old",
+        "E: 1",
+        "more",
+        "Traceback (most recent call last):",
+        '  File "x"',
+        "ValueError: new",
+    ]
     assert failure_excerpt(tail) == tail[5:]
     assert failure_excerpt(["a", "b"]) == ["a", "b"]
 
@@ -171,12 +201,22 @@ def test_format_summary_names_root_cause_first():
 def test_culprit_of_a_multi_rank_process_comes_from_the_first_error_record():
     from gaudi_launch.process.supervise import ProcResult, find_culprit
 
-    mpirun = ProcResult(0, "n0", "mpirun", 5, 1, "failed", 3.0, tail=["x"],
-                        rank_hosts={0: "n0", 1: "n0", 2: "n1", 3: "n1"},
-                        rank_tails={2: ["working", "Traceback (most recent call last):", "ValueError: v"]},
-                        records=[{"rank": 2, "host": "n1", "exit_code": 1, "exc_type": "ValueError",
-                                  "message": "v"},
-                                 {"rank": 3, "host": "n1", "exit_code": 4}])
+    mpirun = ProcResult(
+        0,
+        "n0",
+        "mpirun",
+        5,
+        1,
+        "failed",
+        3.0,
+        tail=["x"],
+        rank_hosts={0: "n0", 1: "n0", 2: "n1", 3: "n1"},
+        rank_tails={2: ["working", "Traceback (most recent call last):", "ValueError: v"]},
+        records=[
+            {"rank": 2, "host": "n1", "exit_code": 1, "exc_type": "ValueError", "message": "v"},
+            {"rank": 3, "host": "n1", "exit_code": 4},
+        ],
+    )
     culprit = find_culprit(mpirun)
     assert (culprit.rank, culprit.host) == (2, "n1")
     assert culprit.status == "exit code 1 (ValueError: v)"

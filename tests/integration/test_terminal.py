@@ -1,4 +1,5 @@
 """What torchrun, DeepSpeed and accelerate users expect at the terminal, through the real CLI."""
+
 from __future__ import annotations
 
 import json
@@ -9,15 +10,15 @@ import subprocess
 import sys
 import time
 
-
 from gaudi_launch import __version__
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def gl(*args, cwd, timeout=120):
-    return subprocess.run([sys.executable, "-m", "gaudi_launch", *args], capture_output=True, text=True,
-                          cwd=str(cwd), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", *args], capture_output=True, text=True, cwd=str(cwd), timeout=timeout
+    )
 
 
 PROGRESS = """
@@ -35,8 +36,10 @@ def test_progress_bars_reach_a_terminal_live_and_logs_keep_the_last_state(tmp_pa
     pid, fd = pty.fork()
     if pid == 0:  # the launcher on a terminal, as a person runs it
         os.chdir(tmp_path)
-        os.execv(sys.executable, [sys.executable, "-m", "gaudi_launch", "--num_devices", "1", "--log-dir", "logs",
-                                  str(script), str(go)])
+        os.execv(
+            sys.executable,
+            [sys.executable, "-m", "gaudi_launch", "--num_devices", "1", "--log-dir", "logs", str(script), str(go)],
+        )
     seen, deadline = b"", time.monotonic() + 120
     try:
         while b"step 1/2" not in seen:  # before the line ends: it would never come if not live
@@ -80,8 +83,11 @@ def test_torchrun_spellings_paste_in(tmp_path):
     assert json.loads(res.stdout)["world_size"] == 2
     res = gl("--nproc_per_node", "cpu", "--dry-run", "--json", "t.py", cwd=tmp_path)
     assert json.loads(res.stdout)["world_size"] == os.cpu_count()
-    for option, words in [("--node-rank", "starts every node itself"), ("--rdzv-endpoint", "no rendezvous"),
-                          ("--rdzv_backend", "no rendezvous")]:
+    for option, words in [
+        ("--node-rank", "starts every node itself"),
+        ("--rdzv-endpoint", "no rendezvous"),
+        ("--rdzv_backend", "no rendezvous"),
+    ]:
         res = gl(option, "1", "t.py", cwd=tmp_path)
         assert res.returncode == 2 and words in res.stderr and "Traceback" not in res.stderr, res.stderr
     res = gl("--nnodes", "1:2", "t.py", cwd=tmp_path)
@@ -104,9 +110,11 @@ def test_slips_that_change_a_run_get_one_note(tmp_path):
     res = gl("--num_devices", "1", "plain.py", "--num_devices", "2", cwd=tmp_path)
     assert res.returncode == 0
     assert res.stderr.count("note: --num_devices after the script goes to the script") == 1
-    (tmp_path / "own.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
-                                     "p.add_argument('--num_devices')\np.add_argument('--local_rank', type=int)\n"
-                                     "print(p.parse_known_args()[0].local_rank)\n")
+    (tmp_path / "own.py").write_text(
+        "import argparse\np = argparse.ArgumentParser()\n"
+        "p.add_argument('--num_devices')\np.add_argument('--local_rank', type=int)\n"
+        "print(p.parse_known_args()[0].local_rank)\n"
+    )
     res = gl("--num_devices", "1", "own.py", "--num_devices", "2", cwd=tmp_path)
     assert "after the script" not in res.stderr  # the script defines it: it is the script's
     assert "own.py parses --local_rank but it is not appended" in res.stderr and "[rank 0] None" in res.stdout
@@ -115,8 +123,13 @@ def test_slips_that_change_a_run_get_one_note(tmp_path):
 
 
 def test_env_reports_versions_devices_and_tools_without_torch(tmp_path):
-    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "gaudi_launch", "env", "--json"],
-                         capture_output=True, text=True, cwd=str(tmp_path), timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gaudi_launch", "env", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout)
     import torch
@@ -144,6 +157,11 @@ def test_shell_completion_completes_options(tmp_path):
     env = dict(os.environ, COMP_WORDS="gaudi-launch --hostf", COMP_CWORD="1", _GAUDI_LAUNCH_COMPLETE="complete_bash")
     res = subprocess.run([exe], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=60)
     assert res.returncode == 0 and res.stdout.split() == ["--hostfile", "--hostfile_path"]
-    shown = subprocess.run([exe, "--show-completion", "bash"], capture_output=True, text=True, timeout=60,
-                           env=dict(os.environ, SHELL="/bin/bash"))
+    shown = subprocess.run(
+        [exe, "--show-completion", "bash"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, SHELL="/bin/bash"),
+    )
     assert "_GAUDI_LAUNCH_COMPLETE" in shown.stdout

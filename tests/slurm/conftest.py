@@ -1,4 +1,5 @@
 """A 3-node Slurm cluster (slurmctld, munged, one slurmd per network namespace) for the session."""
+
 from __future__ import annotations
 
 import os

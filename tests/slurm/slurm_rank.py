@@ -1,4 +1,5 @@
 """A rank for the Slurm tests: prints its layout and values, then fails or waits as told."""
+
 import json
 import os
 import socket
@@ -7,10 +8,25 @@ import sys
 import time
 
 rank = int(os.environ["RANK"])
-keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-        "GAUDI_LAUNCH_JOB_ID", "VALUE_A", "VALUE_B", "HABANA_VISIBLE_MODULES", "CUDA_VISIBLE_DEVICES")
-print("LAYOUT " + json.dumps({"host": socket.gethostname(), "argv": sys.argv[1:],
-                              **{k: os.environ.get(k) for k in keys}}), flush=True)
+keys = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GAUDI_LAUNCH_JOB_ID",
+    "VALUE_A",
+    "VALUE_B",
+    "HABANA_VISIBLE_MODULES",
+    "CUDA_VISIBLE_DEVICES",
+)
+print(
+    "LAYOUT "
+    + json.dumps({"host": socket.gethostname(), "argv": sys.argv[1:], **{k: os.environ.get(k) for k in keys}}),
+    flush=True,
+)
 how = sys.argv[1] if len(sys.argv) > 1 else "ok"
 if how.startswith("fail:"):
     _, who, code = how.split(":")

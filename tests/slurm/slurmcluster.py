@@ -18,6 +18,7 @@ Pitfalls measured while building it (see the notes in the shared notes' slurm-cl
 
 CLI: python -m tests.slurm.slurmcluster up [DIR] | down [DIR]   (a cluster to try things by hand)
 """
+
 from __future__ import annotations
 
 import atexit
@@ -28,14 +29,41 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
-from tests.cluster.netcluster import (ClusterError, _alive, _ip_batch, _link_names, _Lock, _netns_names,
-                                      _netns_pids, _run, _terminate, _write)
+from tests.cluster.netcluster import (
+    ClusterError,
+    _alive,
+    _ip_batch,
+    _link_names,
+    _Lock,
+    _netns_names,
+    _netns_pids,
+    _run,
+    _terminate,
+    _write,
+)
 
 DAEMONS = ("munged", "slurmctld", "slurmscriptd", "slurmd", "slurmstepd")
-REQUIRED = ("munged", "mungekey", "slurmctld", "slurmd", "srun", "sbatch", "salloc", "sinfo", "scontrol",
-            "squeue", "scancel", "ip", "nsenter", "unshare", "mount", "hostname")
+REQUIRED = (
+    "munged",
+    "mungekey",
+    "slurmctld",
+    "slurmd",
+    "srun",
+    "sbatch",
+    "salloc",
+    "sinfo",
+    "scontrol",
+    "squeue",
+    "scancel",
+    "ip",
+    "nsenter",
+    "unshare",
+    "mount",
+    "hostname",
+)
 
 CONF = """\
 ClusterName={pfx}
@@ -82,7 +110,7 @@ PartitionName={pfx} Nodes={pfx}-n[0-{last}] Default=YES MaxTime=INFINITE State=U
 """
 
 
-def missing_requirements() -> List[str]:
+def missing_requirements() -> list[str]:
     missing = [] if os.geteuid() == 0 else ["root (network namespaces, bind mounts, slurmd)"]
     return missing + [t for t in REQUIRED if shutil.which(t) is None]
 
@@ -95,8 +123,7 @@ def _topology() -> str:
 
 
 class SlurmCluster:
-    def __init__(self, n: int, workdir: str, prefix: str = "gls", subnet_octet: int = 215,
-                 lock_timeout: float = 600.0):
+    def __init__(self, n: int, workdir: str, prefix: str = "gls", subnet_octet: int = 215, lock_timeout: float = 600.0):
         self.n, self.prefix, self.octet = n, prefix, subnet_octet
         self.net = f"10.{subnet_octet}.0"
         self.workdir = os.path.abspath(workdir)
@@ -110,12 +137,12 @@ class SlurmCluster:
         self.munge_socket = os.path.join(self.run_dir, "munge.socket")
         self.lock_timeout = lock_timeout
         self._locks = [_Lock(f"prefix-{prefix}"), _Lock(f"net-10.{subnet_octet}")]
-        self.daemons: Dict[str, subprocess.Popen] = {}
+        self.daemons: dict[str, subprocess.Popen] = {}
         self._atexit = False
-        self.timings: Dict[str, float] = {}
+        self.timings: dict[str, float] = {}
 
     # ------------------------------------------------------------ public API
-    def env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    def env(self, base: Optional[dict[str, str]] = None) -> dict[str, str]:
         """For every Slurm client command and the launcher: SLURM_CONF set (never a DNS lookup)."""
         env = dict(os.environ if base is None else base)
         for name in [k for k in env if k.startswith("SLURM_")]:
@@ -129,10 +156,11 @@ class SlurmCluster:
     def run_on(self, i: int, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
         """argv as node i sees it: its network, hostname and /etc/hosts."""
         cwd = os.path.abspath(kwargs.pop("cwd", os.getcwd()))
-        return subprocess.run(["nsenter", "-t", str(self.node_pid(i)), "-n", "-u", "-m", f"--wd={cwd}", "--",
-                               *argv], **kwargs)
+        return subprocess.run(
+            ["nsenter", "-t", str(self.node_pid(i)), "-n", "-u", "-m", f"--wd={cwd}", "--", *argv], **kwargs
+        )
 
-    def job_processes(self, i: int) -> List[str]:
+    def job_processes(self, i: int) -> list[str]:
         """What runs in node i besides Slurm's own daemons: 'pid name' (zombies count as gone)."""
         out = []
         for pid in _netns_pids(self.names[i]):
@@ -141,18 +169,18 @@ class SlurmCluster:
                     stat = f.read()
             except OSError:
                 continue
-            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
             if stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X") and name not in DAEMONS:
                 out.append(f"{pid} {name}")
         return out
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         return self.up()
 
     def __exit__(self, *exc) -> None:
         self.down()
 
-    def up(self) -> "SlurmCluster":
+    def up(self) -> SlurmCluster:
         missing = missing_requirements()
         if missing:
             raise ClusterError("cannot build a Slurm test cluster here, missing: " + ", ".join(missing))
@@ -194,9 +222,8 @@ class SlurmCluster:
         self.timings["down"] = time.monotonic() - t0
 
     # ------------------------------------------------------------ building
-    def _ours(self, netns: List[str], links: List[str]):
-        return ([n for n in netns if n in self.names],
-                [l for l in links if l in self.veths or l == self.bridge])
+    def _ours(self, netns: list[str], links: list[str]):
+        return ([n for n in netns if n in self.names], [l for l in links if l in self.veths or l == self.bridge])
 
     def _write_files(self) -> None:
         base = self.workdir
@@ -213,13 +240,17 @@ class SlurmCluster:
         _write(os.path.join(base, "etc", "hosts"), "\n".join(hosts) + "\n")
         _write(os.path.join(base, "etc", "resolv.conf"), "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
         topo = _topology()
-        nodes = "\n".join(f"NodeName={name} NodeAddr={addr} NodeHostname={name} {topo} RealMemory=1000 "
-                          "State=UNKNOWN" for name, addr in zip(self.names, self.addrs))
+        nodes = "\n".join(
+            f"NodeName={name} NodeAddr={addr} NodeHostname={name} {topo} RealMemory=1000 State=UNKNOWN"
+            for name, addr in zip(self.names, self.addrs)
+        )
         # slurmd loads a cgroup plugin even with linuxproc; on a pure cgroup v2 host without systemd
         # its v2 plugin would otherwise look for systemd's scope (harmless on v1 hosts like this one)
         _write(os.path.join(base, "etc", "cgroup.conf"), "IgnoreSystemd=yes\n")
-        _write(self.conf, CONF.format(pfx=self.prefix, net=self.net, base=base, nodes=nodes, last=self.n - 1,
-                                     sock=self.munge_socket))
+        _write(
+            self.conf,
+            CONF.format(pfx=self.prefix, net=self.net, base=base, nodes=nodes, last=self.n - 1, sock=self.munge_socket),
+        )
         key = os.path.join(base, "munge", "munge.key")
         if not os.path.exists(key):
             fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
@@ -227,35 +258,68 @@ class SlurmCluster:
                 f.write(os.urandom(1024))
 
     def _build_network(self) -> None:
-        root = [f"link add {self.bridge} type bridge", f"addr add {self.net}.1/24 dev {self.bridge}",
-                f"link set {self.bridge} up"]
+        root = [
+            f"link add {self.bridge} type bridge",
+            f"addr add {self.net}.1/24 dev {self.bridge}",
+            f"link set {self.bridge} up",
+        ]
         for name, veth in zip(self.names, self.veths):
-            root += [f"netns add {name}", f"link add {veth} type veth peer name eth0 netns {name}",
-                     f"link set {veth} master {self.bridge}", f"link set {veth} up"]
+            root += [
+                f"netns add {name}",
+                f"link add {veth} type veth peer name eth0 netns {name}",
+                f"link set {veth} master {self.bridge}",
+                f"link set {veth} up",
+            ]
         _ip_batch(root)
         for name, addr in zip(self.names, self.addrs):
             _ip_batch(["link set lo up", f"addr add {addr}/24 dev eth0", "link set eth0 up"], netns=name)
 
-    def _on_node(self, i: int, label: str, argv: List[str]) -> None:
+    def _on_node(self, i: int, label: str, argv: list[str]) -> None:
         """Start a daemon as node i, in the foreground: nsenter, unshare and sh all exec in place,
         so the Popen is the daemon itself."""
-        script = ('mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && hostname "$3" '
-                  '&& shift 3 && exec "$@"')
+        script = (
+            'mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && hostname "$3" '
+            '&& shift 3 && exec "$@"'
+        )
         etc = os.path.join(self.workdir, "etc")
         with open(os.path.join(self.workdir, "log", f"{label}.out"), "ab") as log:
             self.daemons[label] = subprocess.Popen(
-                ["nsenter", f"--net=/run/netns/{self.names[i]}", "--", "unshare", "--uts", "--mount",
-                 "--propagation", "private", "--", "sh", "-c", script, "sh", os.path.join(etc, "hosts"),
-                 os.path.join(etc, "resolv.conf"), self.names[i], *argv],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd="/")
+                [
+                    "nsenter",
+                    f"--net=/run/netns/{self.names[i]}",
+                    "--",
+                    "unshare",
+                    "--uts",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "--",
+                    "sh",
+                    "-c",
+                    script,
+                    "sh",
+                    os.path.join(etc, "hosts"),
+                    os.path.join(etc, "resolv.conf"),
+                    self.names[i],
+                    *argv,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                cwd="/",
+            )
 
     def _wait(self, what: str, ready, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while not ready():
             dead = [k for k, p in self.daemons.items() if p.poll() is not None]
             if dead or time.monotonic() > deadline:
-                raise ClusterError(f"waiting for {what}: " + (f"{dead[0]} exited" if dead else "timed out")
-                                   + f"; logs in {self.workdir}/log: {self._log_tail()}")
+                raise ClusterError(
+                    f"waiting for {what}: "
+                    + (f"{dead[0]} exited" if dead else "timed out")
+                    + f"; logs in {self.workdir}/log: {self._log_tail()}"
+                )
             time.sleep(0.05)
 
     def _log_tail(self) -> str:
@@ -267,16 +331,27 @@ class SlurmCluster:
                 tails.append(f"[{name}] {text}")
         return " ".join(tails)[-3000:]
 
-    def _client_ok(self, argv: List[str]) -> bool:
+    def _client_ok(self, argv: list[str]) -> bool:
         return subprocess.run(argv, env=self.env(), capture_output=True, timeout=30).returncode == 0
 
     def _start_daemons(self) -> None:
         base = self.workdir
         sock = self.munge_socket
         # One munged for every node: a filesystem socket is reachable from every network namespace.
-        self._on_node(0, "munged", ["munged", "-F", f"--socket={sock}", f"--key-file={base}/munge/munge.key",
-                                    f"--pid-file={base}/run/munged.pid", f"--log-file={base}/log/munged.log",
-                                    f"--seed-file={base}/munge/munged.seed", f"--origin={self.addrs[0]}"])
+        self._on_node(
+            0,
+            "munged",
+            [
+                "munged",
+                "-F",
+                f"--socket={sock}",
+                f"--key-file={base}/munge/munge.key",
+                f"--pid-file={base}/run/munged.pid",
+                f"--log-file={base}/log/munged.log",
+                f"--seed-file={base}/munge/munged.seed",
+                f"--origin={self.addrs[0]}",
+            ],
+        )
         self._wait("munged", lambda: os.path.exists(sock))
         self._on_node(0, "slurmctld", ["slurmctld", "-D", "-f", self.conf])
         self._wait("slurmctld", lambda: self._client_ok(["scontrol", "ping"]))
@@ -284,15 +359,17 @@ class SlurmCluster:
             self._on_node(i, f"slurmd-{name}", ["slurmd", "-D", "-N", name, "-f", self.conf])
 
         def all_idle() -> bool:
-            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env(), capture_output=True,
-                                 text=True, timeout=30).stdout.split()
+            out = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env(), capture_output=True, text=True, timeout=30
+            ).stdout.split()
             return out[1::2].count("idle") == self.n
+
         self._wait(f"{self.n} idle nodes", all_idle)
 
     # ------------------------------------------------------------ teardown
     def _remove(self, ours, popens: Sequence[subprocess.Popen] = ()) -> None:
         netns, links = ours
-        pids: Dict[int, Optional[int]] = {}
+        pids: dict[int, Optional[int]] = {}
         for ns in netns:
             pids.update(_netns_pids(ns))
         for pid in list(pids):  # slurmstepd ignores SIGTERM: it would cost the whole grace
@@ -317,7 +394,7 @@ class SlurmCluster:
             raise ClusterError(f"teardown left processes {alive}")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in ("up", "down"):
         print("usage: python -m tests.slurm.slurmcluster up|down [DIR]", file=sys.stderr)

@@ -1,4 +1,5 @@
 """The slurm backend on a real Slurm cluster (3 nodes in network namespaces, tests/slurm/slurmcluster.py)."""
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,14 @@ def test_allreduce_inside_salloc(slurm_cluster):
     plan = json.loads(dry.stdout)
     assert (plan["backend"], plan["master_addr"], plan["ifname"]) == ("slurm", "gls-n0", "eth0")
     assert plan["env"]["GLOO_SOCKET_IFNAME"] == "eth0" and plan["env"]["HCCL_SOCKET_IFNAME"] == "eth0"
-    assert plan["commands"][0]["argv"][:6] == ["srun", f"--job-name=gaudi-launch-{plan['job_id']}", "--nodes=2",
-                                               "--ntasks=4", "--ntasks-per-node=2", "--nodelist=gls-n0,gls-n1"]
+    assert plan["commands"][0]["argv"][:6] == [
+        "srun",
+        f"--job-name=gaudi-launch-{plan['job_id']}",
+        "--nodes=2",
+        "--ntasks=4",
+        "--ntasks-per-node=2",
+        "--nodelist=gls-n0,gls-n1",
+    ]
 
 
 def test_allreduce_inside_sbatch(slurm_cluster, tmp_path):
@@ -58,16 +65,20 @@ def test_allreduce_inside_sbatch(slurm_cluster, tmp_path):
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\nexec " + " ".join([*LAUNCH, ALLREDUCE]) + "\n")
     out = tmp_path / "job.out"
-    r = launch(slurm_cluster, ["sbatch", "--parsable", "-N2", "--ntasks-per-node=2", f"--chdir={REPO}",
-                               f"--output={out}", str(script)])
+    r = launch(
+        slurm_cluster,
+        ["sbatch", "--parsable", "-N2", "--ntasks-per-node=2", f"--chdir={REPO}", f"--output={out}", str(script)],
+    )
     assert r.returncode == 0, r.stderr
     job = r.stdout.strip().split(";")[0]
 
     def state() -> str:  # polled: sbatch --wait checks only every few seconds, then less and less often
         shown = launch(slurm_cluster, ["scontrol", "-o", "show", "job", job]).stdout
         return " ".join(w for w in shown.split() if w.startswith(("JobState=", "ExitCode=")))
-    wait_for(lambda: any(s in state() for s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")),
-             timeout=180, interval=0.2)
+
+    wait_for(
+        lambda: any(s in state() for s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")), timeout=180, interval=0.2
+    )
     text = out.read_text() if out.exists() else ""
     assert state() == "JobState=COMPLETED ExitCode=0:0", text
     assert text.count("expected 10: OK") == 4, text
@@ -81,16 +92,21 @@ def test_allreduce_from_login_node(slurm_cluster):
 
 
 def test_layout_and_byte_exact_values(slurm_cluster, tmp_path):
-    a = 'it $(touch /tmp/gls-pwned) `id` "dq" \'sq\' ; & |\nsecond line\ttab  '
+    a = "it $(touch /tmp/gls-pwned) `id` \"dq\" 'sq' ; & |\nsecond line\ttab  "
     b = "ünïcode\\n=not-a-newline"
     env = slurm_cluster.env()
     env["VALUE_B"] = b  # exported by name (-x VALUE_B): the value stays off every argv
     logs = tmp_path / "logs"
-    r = launch(slurm_cluster, [*OUTSIDE, "--log-dir", str(logs), "-x", f"VALUE_A={a}", "-x", "VALUE_B", RANK, "ok", a],
-               env=env)
+    r = launch(
+        slurm_cluster, [*OUTSIDE, "--log-dir", str(logs), "-x", f"VALUE_A={a}", "-x", "VALUE_B", RANK, "ok", a], env=env
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert [layouts((logs / f"rank-{n}.log").read_text())[n]["host"] for n in range(4)] == [
-        "gls-n0", "gls-n0", "gls-n1", "gls-n1"]  # srun's --label sorts each line to its rank's log
+        "gls-n0",
+        "gls-n0",
+        "gls-n1",
+        "gls-n1",
+    ]  # srun's --label sorts each line to its rank's log
     got = layouts(r.stdout)
     assert sorted(got) == [0, 1, 2, 3], r.stdout
     for rank, data in got.items():
@@ -102,19 +118,22 @@ def test_layout_and_byte_exact_values(slurm_cluster, tmp_path):
     assert not os.path.exists("/tmp/gls-pwned")
 
 
-@pytest.mark.parametrize("how,code,message", [
-    ("fail:3:raise", 1, "RuntimeError: rank 3 crashed on purpose"),
-    ("fail:2:7", 7, "exit code 7"),
-])
+@pytest.mark.parametrize(
+    "how,code,message",
+    [
+        ("fail:3:raise", 1, "RuntimeError: rank 3 crashed on purpose"),
+        ("fail:2:7", 7, "exit code 7"),
+    ],
+)
 def test_remote_rank_failure_names_rank_host_and_code(slurm_cluster, how, code, message):
     # srun --kill-on-bad-exit itself returns 143: the rank's own code comes from its record or srun's report.
     r = launch(slurm_cluster, [*OUTSIDE, RANK, how])
     rank = int(how.split(":")[1])
     assert r.returncode == code, r.stdout + r.stderr
-    summary = r.stderr[r.stderr.index("gaudi-launch: job failed"):]
+    summary = r.stderr[r.stderr.index("gaudi-launch: job failed") :]
     assert f"first failure: rank {rank} on gls-n1" in summary and message in summary, summary
     if how.endswith("raise"):
-        assert 'in <module>\n  |     raise RuntimeError' in summary  # its traceback
+        assert "in <module>\n  |     raise RuntimeError" in summary  # its traceback
     assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=30)
 
 
@@ -122,10 +141,16 @@ def test_remote_rank_failure_names_rank_host_and_code(slurm_cluster, how, code, 
 def test_signal_leaves_no_process_on_any_node(slurm_cluster, sig):
     env = slurm_cluster.env()
     # Another Slurm job on the same nodes must survive.
-    other = subprocess.Popen(["srun", "-N2", "--ntasks-per-node=1", "--job-name=other-job", "sleep", "300"],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    launcher = subprocess.Popen([*OUTSIDE, RANK, "wait"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    other = subprocess.Popen(
+        ["srun", "-N2", "--ntasks-per-node=1", "--job-name=other-job", "sleep", "300"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    launcher = subprocess.Popen(
+        [*OUTSIDE, RANK, "wait"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         seen = []
         for line in launcher.stdout:
@@ -137,8 +162,10 @@ def test_signal_leaves_no_process_on_any_node(slurm_cluster, sig):
         out, err = launcher.communicate(timeout=60)
         assert launcher.returncode == 128 + sig, err
         assert f"the launcher received {signal.Signals(sig).name}" in err
+
         def ours():  # per node, what runs besides Slurm's daemons and the other job's sleeps
             return [p for i in range(3) for p in slurm_cluster.job_processes(i) if not p.endswith(" sleep")]
+
         wait_for(lambda: not ours(), timeout=30)
         assert not ours(), ours()
         # The other job's tasks are still there, and it is still running.
@@ -155,11 +182,36 @@ def test_signal_leaves_no_process_on_any_node(slurm_cluster, sig):
 
 def test_main_job_across_two_slurm_nodes(slurm_cluster, tmp_path):
     out = tmp_path / "clm"
-    r = launch(slurm_cluster, [*LAUNCH, "--backend", "slurm", "--num_nodes", "2", "--num_devices", "1",
-                               os.path.join(REPO, "scripts", "run_clm.py"), "--do_train", "--do_eval",
-                               "--output_dir", str(out), "--max_steps", "4", "--logging_steps", "2",
-                               "--per_device_train_batch_size", "4", "--max_train_samples", "64",
-                               "--max_eval_samples", "16", "--distribution_strategy", "fast_ddp"], timeout=600)
+    r = launch(
+        slurm_cluster,
+        [
+            *LAUNCH,
+            "--backend",
+            "slurm",
+            "--num_nodes",
+            "2",
+            "--num_devices",
+            "1",
+            os.path.join(REPO, "scripts", "run_clm.py"),
+            "--do_train",
+            "--do_eval",
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "4",
+            "--logging_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "4",
+            "--max_train_samples",
+            "64",
+            "--max_eval_samples",
+            "16",
+            "--distribution_strategy",
+            "fast_ddp",
+        ],
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (r.stdout + r.stderr).count("multi-node evaluation is not recommended") == 1  # rank 0, once
     results = json.loads((out / "results.json").read_text())
@@ -172,12 +224,20 @@ def test_a_ranks_daemon_does_not_outlive_the_job(slurm_cluster, tmp_path, inside
     # task per node) ends it on every node when the launcher is stopped. From a login node the
     # nodes and the job id are found once srun has them.
     pidfile = tmp_path / "launcher.pid"
-    job = [*LAUNCH, "--grace", "2", RANK, f"daemon:{tmp_path}"] if inside else \
-        [*LAUNCH, "--backend", "slurm", "--num_nodes", "2", "--grace", "2", RANK, f"daemon:{tmp_path}"]
+    job = (
+        [*LAUNCH, "--grace", "2", RANK, f"daemon:{tmp_path}"]
+        if inside
+        else [*LAUNCH, "--backend", "slurm", "--num_nodes", "2", "--grace", "2", RANK, f"daemon:{tmp_path}"]
+    )
     wrap = ["salloc", "-N2", "--ntasks-per-node=1"] if inside else []
     launcher = subprocess.Popen(
-        [*wrap, "sh", "-c", 'echo $$ > "$0" && exec "$@"', str(pidfile), *job], cwd=REPO, env=slurm_cluster.env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [*wrap, "sh", "-c", 'echo $$ > "$0" && exec "$@"', str(pidfile), *job],
+        cwd=REPO,
+        env=slurm_cluster.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         seen = 0
         for line in launcher.stdout:
@@ -196,6 +256,7 @@ def test_a_ranks_daemon_does_not_outlive_the_job(slurm_cluster, tmp_path, inside
                     return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
             except OSError:
                 return False
+
         assert wait_for(lambda: not any(running(p) for p in pids), timeout=30), pids
         assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=30)
     finally:
@@ -206,8 +267,14 @@ def test_a_ranks_daemon_does_not_outlive_the_job(slurm_cluster, tmp_path, inside
 
 def test_a_node_that_vanishes_ends_the_job_with_exit_4_naming_it(slurm_cluster):
     env = slurm_cluster.env()
-    launcher = subprocess.Popen(["salloc", "-N2", "--ntasks-per-node=1", *LAUNCH, "--grace", "2", RANK, "wait"],
-                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        ["salloc", "-N2", "--ntasks-per-node=1", *LAUNCH, "--grace", "2", RANK, "wait"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         seen = 0
         for line in launcher.stdout:
@@ -226,13 +293,15 @@ def test_a_node_that_vanishes_ends_the_job_with_exit_4_naming_it(slurm_cluster):
             launcher.wait()
     # Back on the network, the node ends what is left of the job (Slurm's own cleanup).
     assert wait_for(lambda: no_job_processes(slurm_cluster), timeout=90), [
-        slurm_cluster.job_processes(i) for i in range(3)]
+        slurm_cluster.job_processes(i) for i in range(3)
+    ]
 
     def all_idle() -> bool:  # for the next tests: a node Slurm marked down meanwhile is resumed
         states = launch(slurm_cluster, ["sinfo", "-h", "-N", "-o", "%N %t"]).stdout.split()[1::2]
         if any(s.rstrip("*~#").startswith(("down", "drain", "fail")) for s in states):
             launch(slurm_cluster, ["scontrol", "update", "nodename=gls-n1", "state=resume"])
         return states == ["idle"] * 3
+
     assert wait_for(all_idle, timeout=90, interval=0.5)
 
 
@@ -240,13 +309,17 @@ def test_nodes_are_checked_through_srun_before_anything_starts(slurm_cluster):
     r = launch(slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=1", *LAUNCH, "no_such_script.py"])
     assert r.returncode == 3, r.stderr
     assert "no_such_script.py does not exist on gls-n0, gls-n1" in r.stderr and "Traceback" not in r.stderr
-    r = launch(slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=1", *LAUNCH, "--python", "/nonexistent/python",
-                               RANK])
+    r = launch(
+        slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=1", *LAUNCH, "--python", "/nonexistent/python", RANK]
+    )
     assert r.returncode == 3 and "/nonexistent/python" in r.stderr, r.stderr
     # Another job's listener on the master port of the master node.
     listen = "import socket, time; s = socket.socket(); s.bind(('', 24567)); s.listen(); print('up', flush=True); time.sleep(60)"
-    holder = subprocess.Popen(["nsenter", "-t", str(slurm_cluster.node_pid(0)), "-n", "--", sys.executable, "-c", listen],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        ["nsenter", "-t", str(slurm_cluster.node_pid(0)), "-n", "--", sys.executable, "-c", listen],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "up"
         r = launch(slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=1", *LAUNCH, "--master_port", "24567", RANK])
@@ -262,16 +335,21 @@ def test_device_subset_inside_an_allocation(slurm_cluster):
     env = slurm_cluster.env()
     env["HABANA_VISIBLE_MODULES"] = "4,5,6,7"  # this shell's restriction: slot N is its Nth module
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    r = launch(slurm_cluster, ["salloc", "-N2", "--ntasks-per-node=2", *LAUNCH, "--include", "gls-n0:1@gls-n1:1",
-                               RANK, "ok"], env=env)
+    r = launch(
+        slurm_cluster,
+        ["salloc", "-N2", "--ntasks-per-node=2", *LAUNCH, "--include", "gls-n0:1@gls-n1:1", RANK, "ok"],
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     got = layouts(r.stdout)
-    assert [(got[n]["host"], got[n]["LOCAL_RANK"], got[n]["HABANA_VISIBLE_MODULES"], got[n]["CUDA_VISIBLE_DEVICES"])
-            for n in (0, 1)] == [("gls-n0", "0", "5", "1"), ("gls-n1", "0", "5", "1")]
+    assert [
+        (got[n]["host"], got[n]["LOCAL_RANK"], got[n]["HABANA_VISIBLE_MODULES"], got[n]["CUDA_VISIBLE_DEVICES"])
+        for n in (0, 1)
+    ] == [("gls-n0", "0", "5", "1"), ("gls-n1", "0", "5", "1")]
 
 
 def test_sbatch_script_runs_the_job_with_its_values(slurm_cluster, tmp_path):
-    a = 'it $(touch /tmp/gls-pwned) `id` "dq" \'sq\'\nsecond line'
+    a = "it $(touch /tmp/gls-pwned) `id` \"dq\" 'sq'\nsecond line"
     script, out = tmp_path / "job.sh", tmp_path / "job.out"
     r = launch(slurm_cluster, [*OUTSIDE, "--sbatch", str(script), "-x", f"VALUE_A={a}", RANK, "ok", "a b;$(x)"])
     assert r.returncode == 0 and script.exists(), r.stderr
@@ -283,6 +361,7 @@ def test_sbatch_script_runs_the_job_with_its_values(slurm_cluster, tmp_path):
     def state() -> str:
         shown = launch(slurm_cluster, ["scontrol", "-o", "show", "job", job]).stdout
         return " ".join(w for w in shown.split() if w.startswith(("JobState=", "ExitCode=")))
+
     wait_for(lambda: any(s in state() for s in ("COMPLETED", "FAILED", "CANCELLED")), timeout=180, interval=0.2)
     text = out.read_text() if out.exists() else ""
     assert state() == "JobState=COMPLETED ExitCode=0:0", text
@@ -300,22 +379,24 @@ def test_ctrl_c_while_srun_waits_for_nodes_cancels_the_request(slurm_cluster):
     # Drained nodes: a new job waits for them (pending), as on a busy cluster.
     launch(slurm_cluster, ["scontrol", "update", f"nodename={nodes}", "state=drain", "reason=gaudi-launch-test"])
     try:
-        launcher = subprocess.Popen([*OUTSIDE, RANK, "ok"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+        launcher = subprocess.Popen(
+            [*OUTSIDE, RANK, "ok"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
         def pending() -> bool:
             return " PD" in launch(slurm_cluster, ["squeue", "-h", "-o", "%j %t"]).stdout
+
         assert wait_for(pending, timeout=30)
         launcher.send_signal(signal.SIGINT)
         out, err = launcher.communicate(timeout=60)
         assert launcher.returncode == 130, err
         assert "LAYOUT" not in out  # nothing ran
-        assert wait_for(lambda: "gaudi-launch-" not in launch(slurm_cluster, ["squeue", "-h", "-o", "%j"]).stdout,
-                        timeout=30)  # the request is withdrawn, not left to run later
+        assert wait_for(
+            lambda: "gaudi-launch-" not in launch(slurm_cluster, ["squeue", "-h", "-o", "%j"]).stdout, timeout=30
+        )  # the request is withdrawn, not left to run later
     finally:
         if launcher is not None and launcher.poll() is None:
             launcher.kill()
             launcher.wait()
         launch(slurm_cluster, ["scontrol", "update", f"nodename={nodes}", "state=resume"])
-    assert wait_for(lambda: launch(slurm_cluster, ["sinfo", "-h", "-o", "%t"]).stdout.split() == ["idle"],
-                    timeout=30)
+    assert wait_for(lambda: launch(slurm_cluster, ["sinfo", "-h", "-o", "%t"]).stdout.split() == ["idle"], timeout=30)

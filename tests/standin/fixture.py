@@ -2,6 +2,7 @@
 
 Tests import it (``from tests.standin.fixture import hpu_stand_in``); it yields the call log.
 """
+
 from __future__ import annotations
 
 import os

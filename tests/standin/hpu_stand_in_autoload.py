@@ -3,6 +3,7 @@
 A module of its own: when a script imports habana_frameworks before torch, the stand-in device
 module is itself mid-import when torch calls this, and it registers the device on its own then.
 """
+
 import sys
 
 

@@ -25,11 +25,12 @@ Tests only. Needs a C++ compiler and ninja (the [dev] extra); the build is cache
 A top-level module, not part of the habana_frameworks package: tests purge that package between
 tests (a fresh "bridge" each time), while a device can be registered with torch once per process.
 """
+
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -73,7 +74,7 @@ DEFAULT_BF16_OPS = ("addmm", "addbmm", "baddbmm", "bmm", "conv1d", "conv2d", "do
 DEFAULT_FP32_OPS = ("cross_entropy", "log_softmax", "nll_loss", "softmax")
 
 _ext = None  # the C++ extension, once registered
-_libs: List[Any] = []  # torch.library registrations live as long as their Library object
+_libs: list[Any] = []  # torch.library registrations live as long as their Library object
 
 
 def _is_hpu(x: Any) -> bool:
@@ -89,8 +90,15 @@ class HpuTensor(torch.Tensor):
     def __new__(cls, elem: torch.Tensor):
         assert type(elem) is torch.Tensor and elem.device.type == "cpu", type(elem)
         out = torch.Tensor._make_wrapper_subclass(
-            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
-            layout=elem.layout, device=HPU, requires_grad=elem.requires_grad)
+            cls,
+            elem.shape,
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            layout=elem.layout,
+            device=HPU,
+            requires_grad=elem.requires_grad,
+        )
         out.elem = elem
         return out
 
@@ -138,7 +146,7 @@ def _record(name: str, **details) -> None:
 _TRANSFERS = ("aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize")
 
 
-def _run(func, args: Tuple, kwargs: Dict[str, Any]):
+def _run(func, args: tuple, kwargs: dict[str, Any]):
     if func.namespace == "c10d":
         return _collective(func, args, kwargs)
     cpu = []
@@ -151,12 +159,14 @@ def _run(func, args: Tuple, kwargs: Dict[str, Any]):
         return x
 
     uargs, ukwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
-    if func.name() in _HOST_SYNCS or (func.name() == "aten::_to_copy" and "device" in kwargs
-                                      and not _is_hpu(kwargs["device"])):
+    if func.name() in _HOST_SYNCS or (
+        func.name() == "aten::_to_copy" and "device" in kwargs and not _is_hpu(kwargs["device"])
+    ):
         _record("host_sync", op=func.name())
     if cpu and func.name() not in _TRANSFERS:
-        raise RuntimeError(f"{func}: Expected all tensors to be on the same device, but found at least two "
-                           f"devices, hpu:0 and cpu!")
+        raise RuntimeError(
+            f"{func}: Expected all tensors to be on the same device, but found at least two devices, hpu:0 and cpu!"
+        )
     to_host = func.name() == "aten::_to_copy" and "device" in kwargs and not _is_hpu(kwargs["device"])
     if _is_hpu(ukwargs.get("device")):
         ukwargs["device"] = torch.device("cpu")
@@ -176,7 +186,7 @@ def _backend(boxed_group):
     return group._get_backend(HPU)  # raises, as torch does, when no backend serves hpu
 
 
-def _elems(tensors: List[HpuTensor]) -> List[torch.Tensor]:
+def _elems(tensors: list[HpuTensor]) -> list[torch.Tensor]:
     bad = [t for t in tensors if not isinstance(t, HpuTensor)]
     if bad:
         raise RuntimeError("hccl: tensors must be on the same device (hpu)")
@@ -194,8 +204,9 @@ def _collective(func, args, kwargs):
     if name == "c10d::allreduce_":
         tensors, group = a[0], a[1]
         opts = c10d.AllreduceOptions()
-        opts.reduceOp = a[2] if isinstance(a[2], dist.ReduceOp) else \
-            dist.ReduceOp(dist.ReduceOp.RedOpType(a[2].op()))  # a boxed c10d.ReduceOp
+        opts.reduceOp = (
+            a[2] if isinstance(a[2], dist.ReduceOp) else dist.ReduceOp(dist.ReduceOp.RedOpType(a[2].op()))
+        )  # a boxed c10d.ReduceOp
         return tensors, _done(_backend(group).allreduce(_elems(tensors), opts))
     if name == "c10d::broadcast_":
         tensors, group, root_rank, root_tensor = a[0], a[1], a[2], a[3]
@@ -212,15 +223,16 @@ def _collective(func, args, kwargs):
         return output, _done(work)
     if name == "c10d::barrier":
         return _done(_backend(a[1]).barrier(c10d.BarrierOptions()))
-    raise NotImplementedError(f"hccl stand-in: {name} is not implemented; add it in tests/standin/"
-                              "hpu_stand_in_device.py")
+    raise NotImplementedError(
+        f"hccl stand-in: {name} is not implemented; add it in tests/standin/hpu_stand_in_device.py"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Autocast
 
 
-def _read_ops(var: str, default: Tuple[str, ...]) -> Tuple[str, ...]:
+def _read_ops(var: str, default: tuple[str, ...]) -> tuple[str, ...]:
     path = os.environ.get(var)
     if not path:
         return default
@@ -243,7 +255,7 @@ def _autocast_kernel(op, dtype: torch.dtype) -> Callable:
     return kernel
 
 
-def _register_autocast(lib, ops: Tuple[str, ...], dtype: torch.dtype) -> List[str]:
+def _register_autocast(lib, ops: tuple[str, ...], dtype: torch.dtype) -> list[str]:
     done = []
     for name in ops:
         packet = getattr(torch.ops.aten, name, None)
@@ -291,9 +303,13 @@ def register_device() -> None:
         return
     from torch.utils.cpp_extension import load_inline
 
-    _ext = load_inline("gaudi_launch_hpu_stand_in", cpp_sources=[_GUARD_SOURCE],
-                       functions=["hpu_stand_in_registered", "set_hpu_active"], extra_cflags=["-O0"],
-                       verbose=False)
+    _ext = load_inline(
+        "gaudi_launch_hpu_stand_in",
+        cpp_sources=[_GUARD_SOURCE],
+        functions=["hpu_stand_in_registered", "set_hpu_active"],
+        extra_cflags=["-O0"],
+        verbose=False,
+    )
     aten = torch.library.Library("aten", "IMPL")
     aten.impl("empty.memory_format", _factory(torch.empty), "HPU")
     aten.impl("empty_strided", _factory(torch.empty_strided), "HPU")
@@ -312,7 +328,7 @@ def activate(active: bool) -> None:
         _ext.set_hpu_active(active)
 
 
-def load() -> Dict[str, Any]:
+def load() -> dict[str, Any]:
     """The stand-in bridge loading: the device on, and the autocast op lists of the current
     environment registered (again at each fresh import of the stand-in bridge in tests); returns
     the lists in force."""
@@ -324,8 +340,10 @@ def load() -> Dict[str, Any]:
     bf16 = _read_ops("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", DEFAULT_BF16_OPS)
     fp32 = _read_ops("PT_HPU_AUTOCAST_FP32_OPS_LIST", DEFAULT_FP32_OPS)
     _autocast_lib = torch.library.Library("aten", "IMPL")
-    return {"bf16": _register_autocast(_autocast_lib, bf16, torch.bfloat16),
-            "fp32": _register_autocast(_autocast_lib, fp32, torch.float32)}
+    return {
+        "bf16": _register_autocast(_autocast_lib, bf16, torch.bfloat16),
+        "fp32": _register_autocast(_autocast_lib, fp32, torch.float32),
+    }
 
 
 def autoload() -> None:

@@ -1,4 +1,5 @@
 """Driving the CLI in-process for unit tests (with the `isolated` fixture from conftest.py)."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """Shared isolation for tests that drive the CLI in-process: an empty HOME and working directory
 (so no real ~/.deepspeed_env or ./.deepspeed_env is read) and a fixed device count."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace

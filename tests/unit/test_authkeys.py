@@ -1,4 +1,5 @@
 """gaudi_launch.remote.authkeys: the container's authorized_keys, with the real ssh-keygen."""
+
 from __future__ import annotations
 
 import subprocess
@@ -13,8 +14,11 @@ def keys(tmp_path_factory):
     d = tmp_path_factory.mktemp("keys")
     out = {}
     for name in ("leader", "other"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(d / name)],
-                       check=True, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(d / name)],
+            check=True,
+            stdin=subprocess.DEVNULL,
+        )
         out[name] = (d / f"{name}.pub").read_text().strip()
         out[name + "-private"] = (d / name).read_text()
     return out
@@ -28,8 +32,9 @@ def test_blob_is_found_behind_options_and_before_comments():
 
 def test_appends_once_by_key_and_never_glues_the_last_line():
     existing = "ssh-ed25519 AAAA1 old comment"  # no final newline
-    text, added, present = to_append(existing, ["ssh-ed25519 AAAA1 same key, other comment",
-                                                "ssh-ed25519 AAAA2 new", "ssh-ed25519 AAAA2 new again"])
+    text, added, present = to_append(
+        existing, ["ssh-ed25519 AAAA1 same key, other comment", "ssh-ed25519 AAAA2 new", "ssh-ed25519 AAAA2 new again"]
+    )
     assert (text, added, present) == ("\nssh-ed25519 AAAA2 new\n", 1, 2)
     assert to_append("", ["ssh-ed25519 AAAA3 x"]) == ("ssh-ed25519 AAAA3 x\n", 1, 0)
 
@@ -40,25 +45,32 @@ def env_for(tmp_path, **extra):
 
 def test_worker_gets_the_leader_key_once_across_restarts(tmp_path, keys):
     env = env_for(tmp_path, AUTHORIZED_KEY=keys["leader"])
-    assert setup(True, None, env) == [f"authorized keys from AUTHORIZED_KEY: 1 added, 0 already in "
-                                      f"{env['SSHD_AUTHORIZED_KEYS']}"]
+    assert setup(True, None, env) == [
+        f"authorized keys from AUTHORIZED_KEY: 1 added, 0 already in {env['SSHD_AUTHORIZED_KEYS']}"
+    ]
     assert "1 already in" in setup(True, None, env)[0]  # a restart adds nothing
     assert open(env["SSHD_AUTHORIZED_KEYS"]).read() == keys["leader"] + "\n"
     assert (tmp_path / "ssh").stat().st_mode & 0o777 == 0o700
 
 
-@pytest.mark.parametrize("case,message", [
-    ("none", "no authorized key: nobody could log in"),
-    ("empty", "AUTHORIZED_KEY is set but empty"),
-    ("missing", "does not exist (mount the leader's public key there)"),
-    ("private", "holds a PRIVATE key"),
-    ("garbage", "is not an SSH public key: 'ssh-ed25519 not-a-key'"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("none", "no authorized key: nobody could log in"),
+        ("empty", "AUTHORIZED_KEY is set but empty"),
+        ("missing", "does not exist (mount the leader's public key there)"),
+        ("private", "holds a PRIVATE key"),
+        ("garbage", "is not an SSH public key: 'ssh-ed25519 not-a-key'"),
+    ],
+)
 def test_bad_input_is_refused_with_its_reason(tmp_path, keys, case, message):
-    extra = {"none": {}, "empty": {"AUTHORIZED_KEY": ""},
-             "missing": {"AUTHORIZED_KEYS_FILE": str(tmp_path / "nowhere.pub")},
-             "private": {"AUTHORIZED_KEY": keys["leader-private"]},
-             "garbage": {"AUTHORIZED_KEY": "ssh-ed25519 not-a-key"}}[case]
+    extra = {
+        "none": {},
+        "empty": {"AUTHORIZED_KEY": ""},
+        "missing": {"AUTHORIZED_KEYS_FILE": str(tmp_path / "nowhere.pub")},
+        "private": {"AUTHORIZED_KEY": keys["leader-private"]},
+        "garbage": {"AUTHORIZED_KEY": "ssh-ed25519 not-a-key"},
+    }[case]
     with pytest.raises(BadKey) as err:
         setup(True, None, env_for(tmp_path, **extra))
     assert message in str(err.value)

@@ -1,4 +1,5 @@
 """Every backend module has the Backend interface: same functions, same parameters."""
+
 from __future__ import annotations
 
 import inspect

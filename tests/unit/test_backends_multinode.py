@@ -1,5 +1,6 @@
 """Pure parts of the multi-host backends: mpirun flags per OpenMPI version, output reassembly,
 failure reports, the job file, job-scoped teardown, the host watch."""
+
 from __future__ import annotations
 
 import os
@@ -9,24 +10,35 @@ import sys
 
 import pytest
 
-from gaudi_launch.remote import jobdir
 from gaudi_launch.backends import deepspeed, mpirun
-from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
+from gaudi_launch.process.worker import normalize_env, read_job_argv
+from gaudi_launch.remote import jobdir
 from gaudi_launch.remote.teardown import signal_job
 from gaudi_launch.remote.watch import HostWatch, reachable
-from gaudi_launch.process.worker import normalize_env, read_job_argv
 
 
 def two_node_plan(**kw) -> LaunchPlan:
     nodes = [NodePlan("gl-n0", 0, [0, 1], [0, 1]), NodePlan("gl-n1", 1, [0, 1], [2, 3])]
-    return LaunchPlan(backend="mpirun", world_size=4, master_addr="gl-n0", master_port=29600, nodes=nodes,
-                      env={"A": "1"}, commands=[], program=["t.py", "--x"], job_id="j1", **kw)
+    return LaunchPlan(
+        backend="mpirun",
+        world_size=4,
+        master_addr="gl-n0",
+        master_port=29600,
+        nodes=nodes,
+        env={"A": "1"},
+        commands=[],
+        program=["t.py", "--x"],
+        job_id="j1",
+        **kw,
+    )
 
 
 def test_mpirun_argv_openmpi4_without_core_count():
-    argv = mpirun.build_argv(two_node_plan(), JobSpec(program=["t.py"], python="/py"), version=4, root=True,
-                             exported=["A", "MASTER_ADDR"])
+    argv = mpirun.build_argv(
+        two_node_plan(), JobSpec(program=["t.py"], python="/py"), version=4, root=True, exported=["A", "MASTER_ADDR"]
+    )
     assert argv[:6] == ["mpirun", "--allow-run-as-root", "-n", "4", "--host", "gl-n0:2,gl-n1:2"]
     assert argv[argv.index("--map-by") + 1] == "ppr:2:node"
     assert argv[argv.index("--bind-to") + 1] == "none"
@@ -37,9 +49,16 @@ def test_mpirun_argv_openmpi4_without_core_count():
 
 
 def test_mpirun_argv_openmpi5_binds_cores_and_passes_ssh_and_network():
-    argv = mpirun.build_argv(two_node_plan(), JobSpec(program=["t.py"], python="/py"), version=5, root=False,
-                             exported=[], cores_per_host=16, tcp_cidr="10.0.0.0/24",
-                             rsh_args=["-p", "3022", "-F", "/cfg"])
+    argv = mpirun.build_argv(
+        two_node_plan(),
+        JobSpec(program=["t.py"], python="/py"),
+        version=5,
+        root=False,
+        exported=[],
+        cores_per_host=16,
+        tcp_cidr="10.0.0.0/24",
+        rsh_args=["-p", "3022", "-F", "/cfg"],
+    )
     assert "--allow-run-as-root" not in argv
     assert argv[argv.index("--map-by") + 1] == "ppr:2:node:PE=8"
     assert argv[argv.index("--bind-to") + 1] == "core"
@@ -52,42 +71,54 @@ def test_mpirun_argv_openmpi5_binds_cores_and_passes_ssh_and_network():
 def test_ompi_demux_reassembles_lines_split_across_ranks():
     demux = mpirun.OmpiDemux()
     out = []
-    for line in ["[1,0]<stdout>:hi 0 line 1[1,1]<stdout>:hi 1 line 0",
-                 "[1,0]<stdout>:",
-                 "[1,0]<stdout>:hi[1,0]<stdout>: 0 line 2[1,0]<stdout>:",
-                 "--------------------------------------------------------------------------",
-                 "[1,1]<stderr>:partial"]:
+    for line in [
+        "[1,0]<stdout>:hi 0 line 1[1,1]<stdout>:hi 1 line 0",
+        "[1,0]<stdout>:",
+        "[1,0]<stdout>:hi[1,0]<stdout>: 0 line 2[1,0]<stdout>:",
+        "--------------------------------------------------------------------------",
+        "[1,1]<stderr>:partial",
+    ]:
         out += demux(line)
     out += demux(None)
-    assert out == [(1, "hi 1 line 0"), (0, "hi 0 line 1"), (0, "hi 0 line 2"),
-                   (None, "-" * 74), (1, "partial")]
+    assert out == [(1, "hi 1 line 0"), (0, "hi 0 line 1"), (0, "hi 0 line 2"), (None, "-" * 74), (1, "partial")]
 
 
 def test_ompi5_demux_takes_the_space_of_its_tag_and_keeps_the_programs_own():
     # OpenMPI 5 (PMIx iof) formats "[%s,%s]<%s>: ": job suffix, rank, stream, then one space.
     demux = mpirun.OmpiDemux(5)
     out = []
-    for line in ["[1,0]<stdout>: hello", "[1,1]<stderr>:   indented", "[prterun-h-42,2]<stdout>: odd namespace",
-                 "[1,3]<stdout>: no newline[1,0]<stdout>: next", "[1,0]<stddiag>: diag",
-                 "[1,0]<stdout>:no space is not a v5 tag"]:
+    for line in [
+        "[1,0]<stdout>: hello",
+        "[1,1]<stderr>:   indented",
+        "[prterun-h-42,2]<stdout>: odd namespace",
+        "[1,3]<stdout>: no newline[1,0]<stdout>: next",
+        "[1,0]<stddiag>: diag",
+        "[1,0]<stdout>:no space is not a v5 tag",
+    ]:
         out += demux(line)
-    assert out == [(0, "hello"), (1, "  indented"), (2, "odd namespace"), (0, "next"), (0, "diag"),
-                   (None, "[1,0]<stdout>:no space is not a v5 tag")]
+    assert out == [
+        (0, "hello"),
+        (1, "  indented"),
+        (2, "odd namespace"),
+        (0, "next"),
+        (0, "diag"),
+        (None, "[1,0]<stdout>:no space is not a v5 tag"),
+    ]
     assert demux(None) == [(3, "no newline")]
     assert mpirun.OmpiDemux(4)("[1,0]<stdout>: kept")[0] == (0, " kept")  # v4: the space is the program's
 
 
 def test_mpirun_explains_its_own_failure_reports():
     hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
-    c = mpirun.explain(["mpirun noticed that process rank 2 with PID 0 on node b exited on signal 9 (Killed)."],
-                       hosts)
+    c = mpirun.explain(["mpirun noticed that process rank 2 with PID 0 on node b exited on signal 9 (Killed)."], hosts)
     assert (c.rank, c.host, c.status) == (2, "b", "killed by SIGKILL")
     c = mpirun.explain(["  Process name: [[28933,1],1]", "  Exit code:    3"], hosts)
     assert (c.rank, c.host, c.status) == (1, "a", "exit code 3")
     assert mpirun.explain(["nothing here"], hosts) is None
     # OpenMPI 5 (PRRTE's help-prun.txt): the same reports, worded and named differently.
-    c = mpirun.explain(["prterun noticed that process rank 3 with PID 0 on node b exited on",
-                        "signal 15 (Terminated)."], hosts)
+    c = mpirun.explain(
+        ["prterun noticed that process rank 3 with PID 0 on node b exited on", "signal 15 (Terminated)."], hosts
+    )
     assert (c.rank, c.host, c.status) == (3, "b", "killed by SIGTERM")
     c = mpirun.explain(["   Process name: [prterun-a-4242@1,2]", "   Exit code:    7"], hosts)
     assert (c.rank, c.host, c.status) == (2, "b", "exit code 7")
@@ -100,8 +131,14 @@ def test_deepspeed_argv_names_a_job_file_and_a_hostfile_of_the_selection(tmp_pat
     spec = JobSpec(program=["t.py", "a b", "$(x)"], python="/nowhere/py", launcher_args="-l root", grace=3)
     environ = {"HCCL_X": "v w", "OTHER": "no"}
     argv = deepspeed.build_argv(plan, spec, environ, str(tmp_path))
-    assert argv[:6] == ["/nowhere/py", "-m", "gaudi_launch.backends.ds_runner", "--hostfile", f"{tmp_path}/hostfile",
-                        "--force_multi"]
+    assert argv[:6] == [
+        "/nowhere/py",
+        "-m",
+        "gaudi_launch.backends.ds_runner",
+        "--hostfile",
+        f"{tmp_path}/hostfile",
+        "--force_multi",
+    ]
     # No --include (DeepSpeed splits it on '@', user@host too): the hostfile holds the selection's
     # rank counts, the device subset travels in the job file.
     assert "--include" not in argv and "--exclude" not in argv
@@ -122,7 +159,8 @@ def test_pdsh_output_goes_to_the_rank_its_relay_tagged_and_recognises_node_failu
     assert demux("gl-n1: @@gaudi-launch-rank@@3 hello") == [(3, "hello")]
     assert demux("@@gaudi-launch-rank@@0 local  line ") == [(0, "local  line ")]  # one node: no pdsh
     assert demux("gl-n1: @@gaudi-launch-rank@@3 @@gaudi-launch-error-record@@ {}") == [
-        (3, "@@gaudi-launch-error-record@@ {}")]
+        (3, "@@gaudi-launch-error-record@@ {}")
+    ]
     assert demux("gl-n2: @@gaudi-launch-rank@@3 x") == [(None, "gl-n2: @@gaudi-launch-rank@@3 x")]  # not ours
     assert deepspeed.node_failed("pdsh@gl-n0: gl-n1: ssh exited with exit code 1")
     assert not deepspeed.node_failed("pdsh@gl-n0: gl-n1: ssh exited with exit code 0")
@@ -148,12 +186,27 @@ def test_job_file_round_trips_anything_and_refuses_another_file(tmp_path):
 
 
 def test_worker_maps_openmpi_and_deepspeed_layouts():
-    ompi = normalize_env({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
-                          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
-                          "OMPI_COMM_WORLD_NODE_RANK": "1"})
+    ompi = normalize_env(
+        {
+            "OMPI_COMM_WORLD_RANK": "5",
+            "OMPI_COMM_WORLD_SIZE": "8",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+            "OMPI_COMM_WORLD_NODE_RANK": "1",
+        }
+    )
     assert (ompi["RANK"], ompi["WORLD_SIZE"], ompi["LOCAL_RANK"], ompi["NODE_RANK"]) == ("5", "8", "1", "1")
-    ds = normalize_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
-                        "MASTER_ADDR": "m", "MASTER_PORT": "1"})
+    ds = normalize_env(
+        {
+            "RANK": "3",
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": "1",
+            "LOCAL_SIZE": "2",
+            "CROSS_RANK": "1",
+            "MASTER_ADDR": "m",
+            "MASTER_PORT": "1",
+        }
+    )
     assert (ds["LOCAL_WORLD_SIZE"], ds["NODE_RANK"], ds["GROUP_RANK"]) == ("2", "1", "1")
 
 
@@ -163,8 +216,9 @@ def test_signal_job_touches_only_its_own_job():
     other = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "GAUDI_LAUNCH_JOB_ID": "jobAB"})
     plain = subprocess.Popen([sys.executable, "-c", code])
     try:
-        hits = signal_job(["localhost"], "jobA", signal.SIGTERM, ssh_args=[], python=sys.executable,
-                          is_local=lambda h: True)
+        hits = signal_job(
+            ["localhost"], "jobA", signal.SIGTERM, ssh_args=[], python=sys.executable, is_local=lambda h: True
+        )
         assert hits == {"localhost": 1}
         assert mine.wait(timeout=10) == -signal.SIGTERM
         assert other.poll() is None and plain.poll() is None

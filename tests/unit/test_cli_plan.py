@@ -3,6 +3,7 @@
 Every test runs with HOME and the working directory in tmp_path (no real ~/.deepspeed_env or
 ./.deepspeed_env is read) and with HABANA_VISIBLE_MODULES fixing the detected device count.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,41 @@ from tests.unit.cli_helpers import plan_of, run_cli, user_error
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = [sys.executable, "-u", "-m", "gaudi_launch.process.worker"]
-CONTRACT_KEYS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "NODE_RANK",
-                 "GROUP_RANK", "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "GAUDI_LAUNCH_JOB_ID",
-                 # torchrun's other worker variables (issue 10 item 7)
-                 "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
-                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
-TOP_KEYS = {"backend", "world_size", "master_addr", "master_port", "nodes", "env", "commands",
-            "program", "notes", "job_id"}
+CONTRACT_KEYS = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GAUDI_LAUNCH_JOB_ID",
+    # torchrun's other worker variables (issue 10 item 7)
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+}
+TOP_KEYS = {
+    "backend",
+    "world_size",
+    "master_addr",
+    "master_port",
+    "nodes",
+    "env",
+    "commands",
+    "program",
+    "notes",
+    "job_id",
+}
 
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
@@ -99,8 +127,7 @@ def test_master_port_given_is_used(capsys):
 
 
 def test_master_addr_given_is_used(capsys):
-    plan = plan_of(capsys, "--num_devices", "1", "--master_addr", "10.1.2.3", "--master_port", "29511",
-                   "train.py")
+    plan = plan_of(capsys, "--num_devices", "1", "--master_addr", "10.1.2.3", "--master_port", "29511", "train.py")
     assert plan["master_addr"] == "10.1.2.3"
     assert plan["master_port"] == 29511  # remote master: not checked from here
     assert plan["commands"][0]["env"]["MASTER_ADDR"] == "10.1.2.3"
@@ -133,8 +160,12 @@ def test_two_host_hostfile_is_mpirun(capsys, two_hosts):
     assert all("=" not in name for name in exported)  # values never on the command line
     assert "gaudi_launch.process.worker" in argv
     assert argv[-3:] == ["train.py", "--lr", "1"]
-    assert cmd["env"] == {"MASTER_ADDR": "worker-0", "MASTER_PORT": str(plan["master_port"]),
-                          "CROSS_SIZE": "2", "GAUDI_LAUNCH_JOB_ID": plan["job_id"]}
+    assert cmd["env"] == {
+        "MASTER_ADDR": "worker-0",
+        "MASTER_PORT": str(plan["master_port"]),
+        "CROSS_SIZE": "2",
+        "GAUDI_LAUNCH_JOB_ID": plan["job_id"],
+    }
 
 
 def test_mpirun_exports_env_file_and_x_names(capsys, two_hosts):
@@ -159,8 +190,7 @@ def test_exclude_drops_host(capsys, two_hosts):
 
 
 def test_include_slots_on_remote_host_mpirun(capsys, two_hosts):
-    plan = plan_of(capsys, "--hostfile", two_hosts, "--include", "worker-1:1,3", "--backend", "mpirun",
-                   "train.py")
+    plan = plan_of(capsys, "--hostfile", two_hosts, "--include", "worker-1:1,3", "--backend", "mpirun", "train.py")
     assert plan["backend"] == "mpirun"
     assert plan["world_size"] == 2
     assert plan["master_addr"] == "worker-1"
@@ -175,21 +205,24 @@ def test_include_slots_on_remote_host_mpirun_reach_the_ranks(capsys, two_hosts):
     # variable that the worker turns into HABANA_VISIBLE_MODULES for its node.
     from gaudi_launch.process.worker import normalize_env
 
-    plan = plan_of(capsys, "--hostfile", two_hosts, "--include", "worker-1:1,3", "--backend", "mpirun",
-                   "train.py")
+    plan = plan_of(capsys, "--hostfile", two_hosts, "--include", "worker-1:1,3", "--backend", "mpirun", "train.py")
     cmd = plan["commands"][0]
     exported = [cmd["argv"][i + 1] for i, a in enumerate(cmd["argv"]) if a == "-x"]
     assert plan["env"]["GAUDI_LAUNCH_NODE_DEVICES"] == "1,3"
     assert "GAUDI_LAUNCH_NODE_DEVICES" in exported
-    rank1 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-             "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "GAUDI_LAUNCH_NODE_DEVICES": "1,3"}
+    rank1 = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "GAUDI_LAUNCH_NODE_DEVICES": "1,3",
+    }
     env = normalize_env(rank1)
     assert (env["HABANA_VISIBLE_MODULES"], env["LOCAL_RANK"], env["NODE_RANK"]) == ("1,3", "1", "0")
 
 
 def test_include_slots_on_localhost_local_backend(capsys, local_hostfile):
-    plan = plan_of(capsys, "--hostfile", local_hostfile, "--include", "localhost:1,3", "--backend", "local",
-                   "train.py")
+    plan = plan_of(capsys, "--hostfile", local_hostfile, "--include", "localhost:1,3", "--backend", "local", "train.py")
     assert plan["backend"] == "local"
     assert plan["world_size"] == 2
     assert plan["nodes"] == [{"host": "localhost", "node_rank": 0, "devices": [1, 3], "ranks": [0, 1]}]
@@ -219,9 +252,29 @@ def test_include_slots_respect_inherited_visible_modules(capsys, monkeypatch):
 
 # ----------------------------------------------------------------------------- script argv
 
-TRICKY_ARGS = ["--lr", "1e-4", "a b", "'q'", '"dq"', "$(rm -rf /)", ";", "&&", '{"a": [1, 2]}', "--",
-               "-x", "--dry-run", "--help", "--num_devices=9", "", "  ", "tab\tnew\nline", "*.py",
-               "`id`", "\\", "ünïcödé ✓ 日本"]
+TRICKY_ARGS = [
+    "--lr",
+    "1e-4",
+    "a b",
+    "'q'",
+    '"dq"',
+    "$(rm -rf /)",
+    ";",
+    "&&",
+    '{"a": [1, 2]}',
+    "--",
+    "-x",
+    "--dry-run",
+    "--help",
+    "--num_devices=9",
+    "",
+    "  ",
+    "tab\tnew\nline",
+    "*.py",
+    "`id`",
+    "\\",
+    "ünïcödé ✓ 日本",
+]
 
 
 @pytest.mark.parametrize("backend", ["local", "mpirun", "deepspeed"])
@@ -237,7 +290,7 @@ def test_script_args_pass_through_byte_exact(capsys, backend):
             assert cmd["argv"][-2].startswith("--job-file=") and cmd["argv"][-1].startswith("--job-sha256=")
             assert not any(a in " ".join(cmd["argv"]) for a in TRICKY_ARGS if len(a) > 2)
         else:
-            assert cmd["argv"][-len(TRICKY_ARGS) - 1:] == ["train.py", *TRICKY_ARGS]
+            assert cmd["argv"][-len(TRICKY_ARGS) - 1 :] == ["train.py", *TRICKY_ARGS]
 
 
 def test_script_args_pass_through_text_dry_run(capsys):
@@ -247,17 +300,36 @@ def test_script_args_pass_through_text_dry_run(capsys):
     # one command; an argument holding a newline makes it span lines, quoted
     command = out.split("commands:\n", 1)[1].split("] ", 1)[1]
     tokens = shlex.split(command)
-    assert tokens[-len(TRICKY_ARGS) - 1:] == ["train.py", *TRICKY_ARGS]
+    assert tokens[-len(TRICKY_ARGS) - 1 :] == ["train.py", *TRICKY_ARGS]
 
 
 def test_options_after_script_are_not_interpreted(capsys, two_hosts):
-    plan = plan_of(capsys, "--num_devices", "2", "train.py", "--num_devices", "9", "--backend", "mpirun",
-                   "--hostfile", two_hosts, "--json")
+    plan = plan_of(
+        capsys,
+        "--num_devices",
+        "2",
+        "train.py",
+        "--num_devices",
+        "9",
+        "--backend",
+        "mpirun",
+        "--hostfile",
+        two_hosts,
+        "--json",
+    )
     assert plan["world_size"] == 2
     assert plan["backend"] == "local"
     assert [n["host"] for n in plan["nodes"]] == ["localhost"]
-    assert plan["program"] == ["train.py", "--num_devices", "9", "--backend", "mpirun", "--hostfile",
-                               two_hosts, "--json"]
+    assert plan["program"] == [
+        "train.py",
+        "--num_devices",
+        "9",
+        "--backend",
+        "mpirun",
+        "--hostfile",
+        two_hosts,
+        "--json",
+    ]
 
 
 def test_double_dash_before_script(capsys):
@@ -281,8 +353,7 @@ def test_no_python_argv_is_the_program(capsys):
 
 def test_python_option_sets_interpreter(capsys):
     plan = plan_of(capsys, "--num_devices", "1", "--python", "/opt/py/bin/python3", "train.py")
-    assert plan["commands"][0]["argv"] == ["/opt/py/bin/python3", "-u", "-m", "gaudi_launch.process.worker",
-                                           "train.py"]
+    assert plan["commands"][0]["argv"] == ["/opt/py/bin/python3", "-u", "-m", "gaudi_launch.process.worker", "train.py"]
 
 
 def test_module_with_no_python_is_error(capsys):
@@ -291,8 +362,7 @@ def test_module_with_no_python_is_error(capsys):
 
 
 def test_deepspeed_with_no_python_is_error(capsys):
-    err = user_error(capsys, "--dry-run", "--num_devices", "1", "--backend", "deepspeed", "--no_python",
-                     "./run.sh")
+    err = user_error(capsys, "--dry-run", "--num_devices", "1", "--backend", "deepspeed", "--no_python", "./run.sh")
     assert "--no_python" in err
 
 
@@ -320,8 +390,7 @@ def test_default_does_not_append_local_rank(capsys):
 
 
 def test_no_local_rank_with_append_local_rank_is_error(capsys):
-    err = user_error(capsys, "--dry-run", "--num_devices", "2", "--no_local_rank", "--append-local-rank",
-                     "train.py")
+    err = user_error(capsys, "--dry-run", "--num_devices", "2", "--no_local_rank", "--append-local-rank", "train.py")
     assert "--no_local_rank" in err
     assert err.startswith("gaudi-launch: error: ")
 
@@ -339,9 +408,18 @@ def test_deepspeed_append_local_rank_drops_no_local_rank(capsys):
 # ----------------------------------------------------------------------------- gaudi_spawn flags
 
 
-@pytest.mark.parametrize("flags", [["--world_size", "4"], ["--world-size", "4"], ["--num_devices", "4"],
-                                   ["--num-devices", "4"], ["--num_gpus", "4"], ["--nproc_per_node", "4"],
-                                   ["--world_size", "4", "--num_devices", "4"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--world_size", "4"],
+        ["--world-size", "4"],
+        ["--num_devices", "4"],
+        ["--num-devices", "4"],
+        ["--num_gpus", "4"],
+        ["--nproc_per_node", "4"],
+        ["--world_size", "4", "--num_devices", "4"],
+    ],
+)
 def test_world_size_aliases(capsys, monkeypatch, flags):
     monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1,2,3,4,5,6,7")
     plan = plan_of(capsys, *flags, "train.py")
@@ -366,7 +444,7 @@ def test_use_deepspeed(capsys, flag, two_hosts):
     assert argv[1:3] == ["-m", "gaudi_launch.backends.ds_runner"]
     assert "--no_local_rank" in argv
     i = argv.index("--module")
-    assert argv[i:i + 2] == ["--module", "gaudi_launch.process.worker"]
+    assert argv[i : i + 2] == ["--module", "gaudi_launch.process.worker"]
     assert argv[i + 2].startswith("--job-file=") and len(argv) == i + 4
     assert plan["program"] == ["train.py", "--bf16"]
     assert argv[argv.index("--master_addr") + 1] == "worker-0"
@@ -402,8 +480,21 @@ SECRET = "hf_supersecretvalue"
 
 
 def test_secret_masked_in_json(capsys):
-    rc, out, err = run_cli(capsys, "--dry-run", "--json", "--num_devices", "2", "-x", f"HF_TOKEN={SECRET}",
-                           "-x", "PLAIN=visible", "train.py", "--token", SECRET, f"--tok={SECRET}")
+    rc, out, err = run_cli(
+        capsys,
+        "--dry-run",
+        "--json",
+        "--num_devices",
+        "2",
+        "-x",
+        f"HF_TOKEN={SECRET}",
+        "-x",
+        "PLAIN=visible",
+        "train.py",
+        "--token",
+        SECRET,
+        f"--tok={SECRET}",
+    )
     assert rc == 0, err
     assert SECRET not in out and SECRET not in err
     plan = json.loads(out)
@@ -414,8 +505,19 @@ def test_secret_masked_in_json(capsys):
 
 
 def test_secret_masked_in_text(capsys):
-    rc, out, err = run_cli(capsys, "--dry-run", "--num_devices", "2", "-x", f"HF_TOKEN={SECRET}",
-                           "-x", "PLAIN=visible", "train.py", "--token", SECRET)
+    rc, out, err = run_cli(
+        capsys,
+        "--dry-run",
+        "--num_devices",
+        "2",
+        "-x",
+        f"HF_TOKEN={SECRET}",
+        "-x",
+        "PLAIN=visible",
+        "train.py",
+        "--token",
+        SECRET,
+    )
     assert rc == 0, err
     assert SECRET not in out and SECRET not in err
     assert "HF_TOKEN=***" in out
@@ -427,8 +529,9 @@ def test_secret_masked_in_text(capsys):
 
 def test_secret_masked_in_mpirun_plan(capsys, two_hosts):
     for extra in (["--json"], []):
-        rc, out, err = run_cli(capsys, "--dry-run", *extra, "--hostfile", two_hosts, "-x",
-                               f"MY_API_KEY={SECRET}", "train.py", SECRET)
+        rc, out, err = run_cli(
+            capsys, "--dry-run", *extra, "--hostfile", two_hosts, "-x", f"MY_API_KEY={SECRET}", "train.py", SECRET
+        )
         assert rc == 0, err
         assert SECRET not in out
         assert "MY_API_KEY" in out
@@ -444,8 +547,9 @@ def test_secret_from_env_file_masked(capsys, isolated):
 
 def test_secret_with_quote_inside_argument_masked_in_text(capsys):
     secret = "ab'cdef"
-    rc, out, err = run_cli(capsys, "--dry-run", "--num_devices", "1", "-x", f"HF_TOKEN={secret}",
-                           "train.py", f"--t={secret}")
+    rc, out, err = run_cli(
+        capsys, "--dry-run", "--num_devices", "1", "-x", f"HF_TOKEN={secret}", "train.py", f"--t={secret}"
+    )
     assert rc == 0, err
     line = next(x for x in out.splitlines() if "rank 0]" in x)
     tokens = shlex.split(line.split("] ", 1)[1])
@@ -538,14 +642,17 @@ def test_missing_explicit_hostfile(capsys, isolated):
     assert "hint:" in err
 
 
-@pytest.mark.parametrize("text, line, words", [
-    ("worker-0 slots=4\nworker-0 slots=2\n", 2, "duplicate host 'worker-0'"),
-    ("# head\nworker-0 slots=0\n", 2, "slots must be at least 1"),
-    ("worker-0 slots=4 gpus=2\n", 1, "unknown key 'gpus'"),
-    ("worker-0\n", 1, "missing slots"),
-    ("worker-0 slots=x\n", 1, "slots must be a positive integer"),
-    ("worker-0:22 slots=4\n", 1, "unexpected ':'"),
-])
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ("worker-0 slots=4\nworker-0 slots=2\n", 2, "duplicate host 'worker-0'"),
+        ("# head\nworker-0 slots=0\n", 2, "slots must be at least 1"),
+        ("worker-0 slots=4 gpus=2\n", 1, "unknown key 'gpus'"),
+        ("worker-0\n", 1, "missing slots"),
+        ("worker-0 slots=x\n", 1, "slots must be a positive integer"),
+        ("worker-0:22 slots=4\n", 1, "unexpected ':'"),
+    ],
+)
 def test_bad_hostfile_line(capsys, tmp_path, text, line, words):
     hf = write(tmp_path / "hf", text)
     err = user_error(capsys, "--dry-run", "--hostfile", hf, "train.py")
@@ -559,20 +666,23 @@ def test_empty_hostfile(capsys, tmp_path):
     assert f"{hf}: the hostfile lists no hosts" in err
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--include", "nohost"], ["--include", "Hostname 'nohost' not found"]),
-    (["--exclude", "nohost"], ["--exclude", "Hostname 'nohost' not found"]),
-    (["--include", "worker-0:4"], ["--include", "No slot 4 on host 'worker-0'"]),
-    (["--include", "worker-0", "--exclude", "worker-1"], ["--include/--exclude"]),
-    (["--exclude", "worker-0@worker-1"], ["--exclude", "leaves no hosts"]),
-    (["--num_nodes", "3"], ["--num_nodes", "3"]),
-    (["--num_nodes", "0"], ["--num_nodes"]),
-    (["--num_devices", "5"], ["--num_devices", "5"]),
-    (["--num_devices", "0"], ["--num_devices"]),
-    (["--backend", "bogus"], ["--backend", "bogus"]),
-    (["--backend", "local"], ["'worker-0' is another host"]),
-    (["--grace", "-1"], ["--grace"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--include", "nohost"], ["--include", "Hostname 'nohost' not found"]),
+        (["--exclude", "nohost"], ["--exclude", "Hostname 'nohost' not found"]),
+        (["--include", "worker-0:4"], ["--include", "No slot 4 on host 'worker-0'"]),
+        (["--include", "worker-0", "--exclude", "worker-1"], ["--include/--exclude"]),
+        (["--exclude", "worker-0@worker-1"], ["--exclude", "leaves no hosts"]),
+        (["--num_nodes", "3"], ["--num_nodes", "3"]),
+        (["--num_nodes", "0"], ["--num_nodes"]),
+        (["--num_devices", "5"], ["--num_devices", "5"]),
+        (["--num_devices", "0"], ["--num_devices"]),
+        (["--backend", "bogus"], ["--backend", "bogus"]),
+        (["--backend", "local"], ["'worker-0' is another host"]),
+        (["--grace", "-1"], ["--grace"]),
+    ],
+)
 def test_selection_errors(capsys, two_hosts, argv, words):
     err = user_error(capsys, "--dry-run", "--hostfile", two_hosts, *argv, "train.py")
     assert err.startswith("gaudi-launch: error: ")
@@ -622,13 +732,16 @@ def test_master_port_in_use(capsys):
     assert f"port {port} is already in use" in err
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--num_devices", "abc", "train.py"], ["--num_devices", "abc"]),
-    (["--bogus-option", "train.py"], ["--bogus-option"]),
-    (["train.py", "--num_devices"], None),  # after the script: fine, not an error (checked below)
-    (["--num_devices"], ["--num_devices"]),
-    (["--grace", "soon", "train.py"], ["--grace"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--num_devices", "abc", "train.py"], ["--num_devices", "abc"]),
+        (["--bogus-option", "train.py"], ["--bogus-option"]),
+        (["train.py", "--num_devices"], None),  # after the script: fine, not an error (checked below)
+        (["--num_devices"], ["--num_devices"]),
+        (["--grace", "soon", "train.py"], ["--grace"]),
+    ],
+)
 def test_click_usage_errors(capsys, argv, words):
     if words is None:
         plan = plan_of(capsys, *argv)
@@ -674,8 +787,16 @@ def test_text_dry_run_local(capsys):
 def test_help(capsys):
     rc, out, err = run_cli(capsys, "--help")
     assert rc == 0
-    for opt in ("--hostfile", "--include", "--exclude", "--world_size", "--num_devices", "--dry-run",
-                "--use_mpi", "-x"):
+    for opt in (
+        "--hostfile",
+        "--include",
+        "--exclude",
+        "--world_size",
+        "--num_devices",
+        "--dry-run",
+        "--use_mpi",
+        "-x",
+    ):
         assert opt in out
     rc2, out2, _ = run_cli(capsys, "-h")
     assert rc2 == 0 and out2 == out
@@ -691,8 +812,11 @@ def test_version(capsys):
 
 
 def _subprocess_env(tmp_path) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DS_ENV_FILE", "GAUDI_LAUNCH_DEBUG", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DS_ENV_FILE", "GAUDI_LAUNCH_DEBUG", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")
+    }
     env.update(HOME=str(tmp_path), HABANA_VISIBLE_MODULES="0,1", PYTHONPATH=str(REPO))
     return env
 
@@ -700,16 +824,26 @@ def _subprocess_env(tmp_path) -> dict:
 HEAVY = ("torch", "transformers", "deepspeed")
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["--dry-run", "--num_devices", "2", "x.py"],
-                                  ["--dry-run", "--json", "--use_deepspeed", "x.py"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["--dry-run", "--num_devices", "2", "x.py"], ["--dry-run", "--json", "--use_deepspeed", "x.py"]],
+)
 def test_launcher_imports_no_torch(tmp_path, argv):
     (tmp_path / "x.py").write_text("")  # the deepspeed plan's pre-flight checks that it exists
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "gaudi_launch", *argv],
-                          cwd=tmp_path, env=_subprocess_env(tmp_path), capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gaudi_launch", *argv],
+        cwd=tmp_path,
+        env=_subprocess_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    modules = [line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
-               if line.startswith("import time:") and "|" in line]
+    modules = [
+        line.rsplit("|", 1)[1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    ]
     assert "gaudi_launch.cli" in modules  # the import log is really there
     for line in proc.stderr.splitlines():
         for heavy in HEAVY:
@@ -718,16 +852,27 @@ def test_launcher_imports_no_torch(tmp_path, argv):
 
 
 def test_python_m_version(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gaudi_launch", "--version"], cwd=tmp_path,
-                          env=_subprocess_env(tmp_path), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", "--version"],
+        cwd=tmp_path,
+        env=_subprocess_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"gaudi-launch {__version__}"
 
 
 def test_python_m_user_error_exit_status(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gaudi_launch", "--dry-run", "--backend", "bogus", "x.py"],
-                          cwd=tmp_path, env=_subprocess_env(tmp_path), capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", "--dry-run", "--backend", "bogus", "x.py"],
+        cwd=tmp_path,
+        env=_subprocess_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.startswith("gaudi-launch: error: --backend: unknown backend 'bogus'")

@@ -1,4 +1,5 @@
 """``--config job.yaml``: gaudi_launch.inputs.config.load_config and its use by the command line."""
+
 from __future__ import annotations
 
 import json
@@ -7,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.cli_helpers import plan_of, run_cli, user_error
-from gaudi_launch.inputs.config import load_config, normalize_key
 from gaudi_launch.errors import UserError
-
+from gaudi_launch.inputs.config import load_config, normalize_key
+from tests.unit.cli_helpers import plan_of, run_cli, user_error
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 
@@ -37,8 +37,10 @@ def load_error(path: str) -> UserError:
 
 
 def test_load_config_names_values_and_lines(tmp_path):
-    path = job(tmp_path, "# a job\nnum-devices: 2\n\n--master_port: 29600\nenv: {A: '1'}\n"
-                         "script: train.py\nscript_args: [--lr, 1e-4]\n")
+    path = job(
+        tmp_path,
+        "# a job\nnum-devices: 2\n\n--master_port: 29600\nenv: {A: '1'}\nscript: train.py\nscript_args: [--lr, 1e-4]\n",
+    )
     assert load_config(path) == [
         ("num_devices", 2, f"{path}:2"),
         ("master_port", 29600, f"{path}:4"),
@@ -48,12 +50,23 @@ def test_load_config_names_values_and_lines(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("key, name", [
-    ("num_gpus", "num_devices"), ("nproc_per_node", "num_devices"), ("num-devices", "num_devices"),
-    ("hostfile_path", "hostfile"), ("training_script", "script"), ("script", "script"),
-    ("args", "script_args"), ("training_script_args", "script_args"), ("script-args", "script_args"),
-    ("--use-mpi", "use_mpi"), ("append-local-rank", "append_local_rank"), ("env_file", "env_file"),
-])
+@pytest.mark.parametrize(
+    "key, name",
+    [
+        ("num_gpus", "num_devices"),
+        ("nproc_per_node", "num_devices"),
+        ("num-devices", "num_devices"),
+        ("hostfile_path", "hostfile"),
+        ("training_script", "script"),
+        ("script", "script"),
+        ("args", "script_args"),
+        ("training_script_args", "script_args"),
+        ("script-args", "script_args"),
+        ("--use-mpi", "use_mpi"),
+        ("append-local-rank", "append_local_rank"),
+        ("env_file", "env_file"),
+    ],
+)
 def test_normalize_key(key, name):
     assert normalize_key(key) == name
 
@@ -64,11 +77,17 @@ def test_load_config_empty_and_comment_only(tmp_path):
 
 
 def test_load_config_values_are_plain_python(tmp_path):
-    path = job(tmp_path, "use_mpi: true\ngrace: 2.5\nhostfile: null\nenv: [A=1, B=2]\n"
-                         "include: &x worker-0\nexclude: *x\n")
+    path = job(
+        tmp_path, "use_mpi: true\ngrace: 2.5\nhostfile: null\nenv: [A=1, B=2]\ninclude: &x worker-0\nexclude: *x\n"
+    )
     assert [(n, v) for n, v, _ in load_config(path)] == [
-        ("use_mpi", True), ("grace", 2.5), ("hostfile", None), ("env", ["A=1", "B=2"]),
-        ("include", "worker-0"), ("exclude", "worker-0")]
+        ("use_mpi", True),
+        ("grace", 2.5),
+        ("hostfile", None),
+        ("env", ["A=1", "B=2"]),
+        ("include", "worker-0"),
+        ("exclude", "worker-0"),
+    ]
 
 
 def test_load_config_duplicate_across_spellings(tmp_path):
@@ -93,12 +112,15 @@ def test_load_config_not_a_mapping(tmp_path, text, line):
     assert err.hint
 
 
-@pytest.mark.parametrize("text, line", [
-    ("num_devices: 2\nenv: [A=1\n", 3),
-    ("num_devices: 2\n  bad: indent\n", 2),
-    ("a: 1\n---\nb: 2\n", 2),
-    ('a: "unterminated\n', 2),
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("num_devices: 2\nenv: [A=1\n", 3),
+        ("num_devices: 2\n  bad: indent\n", 2),
+        ("a: 1\n---\nb: 2\n", 2),
+        ('a: "unterminated\n', 2),
+    ],
+)
 def test_load_config_invalid_yaml_names_line(tmp_path, text, line):
     path = job(tmp_path, text)
     err = load_error(path)
@@ -136,8 +158,11 @@ def test_load_config_directory(tmp_path):
 
 def test_config_dash_and_underscore_spellings(capsys, tmp_path):
     port = free_port()
-    path = job(tmp_path, f"num_devices: 2\nmaster-port: {port}\nenv: {{A: \"1\", B: 2, C: null}}\n"
-                         "use-mpi: false\nscript: train.py\nscript_args: [--lr, '1e-4', 3, 'a b']\n")
+    path = job(
+        tmp_path,
+        f'num_devices: 2\nmaster-port: {port}\nenv: {{A: "1", B: 2, C: null}}\n'
+        "use-mpi: false\nscript: train.py\nscript_args: [--lr, '1e-4', 3, 'a b']\n",
+    )
     plan = plan_of(capsys, "--config", path)
     assert plan["backend"] == "local"
     assert plan["world_size"] == 2
@@ -150,7 +175,7 @@ def test_config_dash_and_underscore_spellings(capsys, tmp_path):
 
 
 def test_config_env_as_list(capsys, tmp_path):
-    path = job(tmp_path, "env: [\"A=1\", \"B=x=y\"]\nnum-devices: 1\nscript: t.py\n")
+    path = job(tmp_path, 'env: ["A=1", "B=x=y"]\nnum-devices: 1\nscript: t.py\n')
     plan = plan_of(capsys, "--config", path)
     assert plan["env"] == {"A": "1", "B": "x=y"}
 
@@ -158,8 +183,11 @@ def test_config_env_as_list(capsys, tmp_path):
 def test_config_aliases_and_flags(capsys, tmp_path):
     hf = tmp_path / "hf"
     hf.write_text("worker-0 slots=4\nworker-1 slots=4\n")
-    path = job(tmp_path, f"hostfile_path: {hf}\nnproc_per_node: 2\nuse_deepspeed: true\n"
-                         "training_script: t.py\ntraining_script_args: [--bf16]\n")
+    path = job(
+        tmp_path,
+        f"hostfile_path: {hf}\nnproc_per_node: 2\nuse_deepspeed: true\n"
+        "training_script: t.py\ntraining_script_args: [--bf16]\n",
+    )
     plan = plan_of(capsys, "--config", path)
     assert plan["backend"] == "deepspeed"
     assert plan["world_size"] == 4
@@ -171,7 +199,9 @@ def test_config_module_and_append_local_rank(capsys, tmp_path):
     path = job(tmp_path, "module: true\nappend-local-rank: true\nnum_devices: 2\nscript: pkg.train\n")
     plan = plan_of(capsys, "--config", path)
     assert [c["argv"][-3:] for c in plan["commands"]] == [
-        ["-m", "pkg.train", "--local_rank=0"], ["-m", "pkg.train", "--local_rank=1"]]
+        ["-m", "pkg.train", "--local_rank=0"],
+        ["-m", "pkg.train", "--local_rank=1"],
+    ]
 
 
 def test_config_dry_run_key(capsys, tmp_path):
@@ -183,10 +213,12 @@ def test_config_dry_run_key(capsys, tmp_path):
 
 def test_command_line_wins_over_config(capsys, tmp_path):
     yaml_port, cli_port = free_port(), free_port()
-    path = job(tmp_path, f"num_devices: 2\nmaster_port: {yaml_port}\nenv: {{A: yaml}}\nbackend: mpirun\n"
-                         "script: train.py\n")
-    plan = plan_of(capsys, "--config", path, "--num_devices", "3", "--master_port", cli_port,
-                   "-x", "A=cli", "--backend", "local")
+    path = job(
+        tmp_path, f"num_devices: 2\nmaster_port: {yaml_port}\nenv: {{A: yaml}}\nbackend: mpirun\nscript: train.py\n"
+    )
+    plan = plan_of(
+        capsys, "--config", path, "--num_devices", "3", "--master_port", cli_port, "-x", "A=cli", "--backend", "local"
+    )
     assert plan["world_size"] == 3
     assert plan["master_port"] == cli_port
     assert plan["env"]["A"] == "cli"
@@ -206,18 +238,21 @@ def test_command_line_script_drops_config_script_args(capsys, tmp_path):
     assert plan["program"] == ["other.py"]
 
 
-@pytest.mark.parametrize("text, line, words", [
-    ("num_devices: 2\nnum_widgets: 3\n", 2, ["unknown option 'num_widgets'"]),
-    ("num_devices: two\n", 1, ["num_devices"]),
-    ("script: t.py\nscript_args: --lr 1\n", 2, ["script_args"]),
-    ("version: true\n", 1, ["unknown option 'version'"]),
-    ("config: other.yaml\n", 1, ["unknown option 'config'"]),
-    ("help: true\n", 1, ["unknown option 'help'"]),
-    ("num_devices: 2\nnum-devices: 3\n", 2, ["given twice"]),
-    ("- num_devices\n", 1, ["mapping"]),
-    ("num_devices: 2\nenv: {A: 1\n", 3, ["not valid YAML"]),
-    ("use_mpi: maybe\n", 1, ["use_mpi"]),
-])
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ("num_devices: 2\nnum_widgets: 3\n", 2, ["unknown option 'num_widgets'"]),
+        ("num_devices: two\n", 1, ["num_devices"]),
+        ("script: t.py\nscript_args: --lr 1\n", 2, ["script_args"]),
+        ("version: true\n", 1, ["unknown option 'version'"]),
+        ("config: other.yaml\n", 1, ["unknown option 'config'"]),
+        ("help: true\n", 1, ["unknown option 'help'"]),
+        ("num_devices: 2\nnum-devices: 3\n", 2, ["given twice"]),
+        ("- num_devices\n", 1, ["mapping"]),
+        ("num_devices: 2\nenv: {A: 1\n", 3, ["not valid YAML"]),
+        ("use_mpi: maybe\n", 1, ["use_mpi"]),
+    ],
+)
 def test_config_errors_name_file_and_line(capsys, tmp_path, text, line, words):
     path = job(tmp_path, text)
     err = user_error(capsys, "--dry-run", "--config", path)
@@ -239,8 +274,9 @@ def test_config_value_errors_come_from_planning(capsys, tmp_path):
     assert "--backend" in err and "bogus" in err
 
 
-@pytest.mark.parametrize("text", ["num_devices: !foo 3\n", "num_devices: !!int two\n",
-                                  "script: !!python/name:os.system\n"])
+@pytest.mark.parametrize(
+    "text", ["num_devices: !foo 3\n", "num_devices: !!int two\n", "script: !!python/name:os.system\n"]
+)
 def test_config_bad_tag_is_user_error(capsys, tmp_path, text):
     path = job(tmp_path, text)
     err = user_error(capsys, "--dry-run", "--config", path, "train.py")

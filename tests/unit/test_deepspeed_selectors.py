@@ -7,6 +7,7 @@ Deliberate differences (README, "Differences from DeepSpeed / gaudi_spawn / torc
 host is an error here (DeepSpeed returns an empty pool and fails later), and a host named both
 whole and with slots is refused (DeepSpeed silently takes only the slots).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -67,9 +68,15 @@ def test_mutually_exclusive():
 
 
 SAME_AS_DEEPSPEED = [
-    ("include", "worker-0:1,1"), ("include", "worker-0:1@worker-0:0,1"), ("include", "worker-1:3@worker-1:0"),
-    ("include", "worker-1@worker-0:2"), ("include", "worker-0@worker-0"), ("include", "worker-0:3,2,3"),
-    ("exclude", "worker-0:1,1"), ("exclude", "worker-0:1@worker-0:2"), ("exclude", "worker-1@worker-1"),
+    ("include", "worker-0:1,1"),
+    ("include", "worker-0:1@worker-0:0,1"),
+    ("include", "worker-1:3@worker-1:0"),
+    ("include", "worker-1@worker-0:2"),
+    ("include", "worker-0@worker-0"),
+    ("include", "worker-0:3,2,3"),
+    ("exclude", "worker-0:1,1"),
+    ("exclude", "worker-0:1@worker-0:2"),
+    ("exclude", "worker-1@worker-1"),
     ("exclude", "worker-0:0,1@worker-1:3@worker-0:1"),
 ]
 
@@ -77,8 +84,7 @@ SAME_AS_DEEPSPEED = [
 @pytest.mark.parametrize("option, spec", SAME_AS_DEEPSPEED)
 def test_same_pool_as_the_installed_deepspeed(option, spec):
     runner = _deepspeed_runner()
-    theirs = runner.parse_resource_filter({h.name: list(range(h.slots)) for h in TWO},
-                                          **{f"{option}_str": spec})
+    theirs = runner.parse_resource_filter({h.name: list(range(h.slots)) for h in TWO}, **{f"{option}_str": spec})
     assert pool(TWO, **{option: spec}) == {h: sorted(s) for h, s in theirs.items()}
 
 

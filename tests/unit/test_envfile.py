@@ -4,8 +4,10 @@ import os
 import sys
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.envfile import (
     DEFAULT_NAME,
     is_secret,
@@ -15,7 +17,6 @@ from gaudi_launch.inputs.envfile import (
     parse_assignments,
     parse_env_text,
 )
-from gaudi_launch.errors import UserError
 
 
 def parse(text: str) -> dict[str, str]:
@@ -55,8 +56,7 @@ def test_split_on_first_equals():
 
 
 def test_empty_values():
-    assert parse("A=\nB=''\nC=\"\"\nD=   \nE= # just a comment") == {
-        "A": "", "B": "", "C": "", "D": "", "E": ""}
+    assert parse("A=\nB=''\nC=\"\"\nD=   \nE= # just a comment") == {"A": "", "B": "", "C": "", "D": "", "E": ""}
 
 
 def test_whitespace_around_name_and_unquoted_value_stripped():
@@ -68,8 +68,7 @@ def test_trailing_comment_on_unquoted_value():
 
 
 def test_hash_without_preceding_whitespace_is_value():
-    assert parse("URL=http://x/#frag\nB=a#b #c\nC=#x") == {
-        "URL": "http://x/#frag", "B": "a#b", "C": "#x"}
+    assert parse("URL=http://x/#frag\nB=a#b #c\nC=#x") == {"URL": "http://x/#frag", "B": "a#b", "C": "#x"}
 
 
 def test_single_quotes_literal():
@@ -79,7 +78,7 @@ C='say "hi"'
 D='# not a comment'"""
     assert parse(text) == {
         "A": "  spaced  ",
-        "B": r'back\slash \n \" $HOME',
+        "B": r"back\slash \n \" $HOME",
         "C": 'say "hi"',
         "D": "# not a comment",
     }
@@ -414,16 +413,10 @@ def test_non_utf8_file(dirs):
 
 def test_byte_exact_values_from_file(dirs):
     home, cwd = dirs
-    text = (
-        "CMD='$(rm -rf /); `id` && echo \"x\"'\n"
-        "JSON='{\"a\": [1, 2], \"u\": \"ü\"}'\n"
-        "EQ=a=b=c\n"
-        "SEMI=a;b\n"
-        "UNI=日本 ✓\n"
-    )
+    text = 'CMD=\'$(rm -rf /); `id` && echo "x"\'\nJSON=\'{"a": [1, 2], "u": "ü"}\'\nEQ=a=b=c\nSEMI=a;b\nUNI=日本 ✓\n'
     write(cwd / DEFAULT_NAME, text)
     assert load(home, cwd)[0] == {
-        "CMD": "$(rm -rf /); `id` && echo \"x\"",
+        "CMD": '$(rm -rf /); `id` && echo "x"',
         "JSON": '{"a": [1, 2], "u": "ü"}',
         "EQ": "a=b=c",
         "SEMI": "a;b",
@@ -456,10 +449,14 @@ def test_assignments_basic():
 
 
 def test_assignments_byte_exact():
-    items = ["Q='quoted'", 'D="dq"', "S= spaced ", "C=$(id);`x`", "J={\"a\": 1}", "U=ü✓"]
+    items = ["Q='quoted'", 'D="dq"', "S= spaced ", "C=$(id);`x`", 'J={"a": 1}', "U=ü✓"]
     assert parse_assignments(items) == {
-        "Q": "'quoted'", "D": '"dq"', "S": " spaced ", "C": "$(id);`x`",
-        "J": '{"a": 1}', "U": "ü✓",
+        "Q": "'quoted'",
+        "D": '"dq"',
+        "S": " spaced ",
+        "C": "$(id);`x`",
+        "J": '{"a": 1}',
+        "U": "ü✓",
     }
 
 
@@ -506,20 +503,48 @@ def test_assignments_bad_name_does_not_echo_value():
 # ---------------------------------------------------------------- secrets
 
 
-@pytest.mark.parametrize("name", [
-    "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY", "GITHUB_TOKEN", "DB_PASSWORD",
-    "HUGGINGFACEHUB_API_TOKEN", "hf_token", "MY_PASSWD", "SMTP_PASS", "OPENAI_APIKEY",
-    "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_CREDENTIAL", "SSH_PRIVATE_KEY", "KEY",
-    "ACCESSTOKEN", "MYSECRETTHING", "ROOTPASSWORD",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "HF_TOKEN",
+        "AWS_SECRET_ACCESS_KEY",
+        "WANDB_API_KEY",
+        "GITHUB_TOKEN",
+        "DB_PASSWORD",
+        "HUGGINGFACEHUB_API_TOKEN",
+        "hf_token",
+        "MY_PASSWD",
+        "SMTP_PASS",
+        "OPENAI_APIKEY",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "AZURE_CREDENTIAL",
+        "SSH_PRIVATE_KEY",
+        "KEY",
+        "ACCESSTOKEN",
+        "MYSECRETTHING",
+        "ROOTPASSWORD",
+    ],
+)
 def test_is_secret_yes(name):
     assert is_secret(name)
 
 
-@pytest.mark.parametrize("name", [
-    "PATH", "KEYBOARD_LAYOUT", "MONKEY", "HCCL_OVER_OFI", "LD_LIBRARY_PATH", "PASSPORT",
-    "MASTER_ADDR", "HOME", "PT_HPU_LAZY_MODE", "KEYS", "",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "PATH",
+        "KEYBOARD_LAYOUT",
+        "MONKEY",
+        "HCCL_OVER_OFI",
+        "LD_LIBRARY_PATH",
+        "PASSPORT",
+        "MASTER_ADDR",
+        "HOME",
+        "PT_HPU_LAZY_MODE",
+        "KEYS",
+        "",
+    ],
+)
 def test_is_secret_no(name):
     assert not is_secret(name)
 

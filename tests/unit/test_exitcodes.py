@@ -1,4 +1,5 @@
 """The README's exit-status table and gaudi_launch.exitcodes say the same."""
+
 from __future__ import annotations
 
 import os

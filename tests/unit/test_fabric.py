@@ -3,10 +3,11 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gaudi_launch.plan import fabric
 from gaudi_launch.errors import UserError
+from gaudi_launch.plan import fabric
 from gaudi_launch.plan.fabric import (
     AMAZON_LIBS,
     DEFAULT_OFI_WRAPPER,
@@ -146,7 +147,9 @@ def test_parse_ip_addr_ignores_garbage():
 
 def test_parse_ip_addr_this_machine_format():
     # exact spacing of a real `ip -o addr show` line
-    line = "4: eth0    inet 192.0.2.2/24 brd 192.0.2.255 scope global eth0\\       valid_lft forever preferred_lft forever"
+    line = (
+        "4: eth0    inet 192.0.2.2/24 brd 192.0.2.255 scope global eth0\\       valid_lft forever preferred_lft forever"
+    )
     assert parse_ip_addr(line) == [Interface("eth0", ["192.0.2.2/24"])]
 
 
@@ -173,8 +176,9 @@ def test_choose_common_name_when_hosts_have_different_extra_names():
 
 
 def test_choose_prefers_real_nic_then_alphabetical():
-    both = ifs(("docker0", ["10.0.0.50/24"]), ("veth1", ["10.0.0.51/24"]), ("eth1", ["10.0.0.2/24"]),
-               ("eth0", ["10.0.0.3/24"]))
+    both = ifs(
+        ("docker0", ["10.0.0.50/24"]), ("veth1", ["10.0.0.51/24"]), ("eth1", ["10.0.0.2/24"]), ("eth0", ["10.0.0.3/24"])
+    )
     assert choose_interface("10.0.0.1", {"a": both, "b": both}) == ("eth0", "subnet")
     only_virtual = ifs(("virbr0", ["10.0.0.50/24"]), ("docker0", ["10.0.0.51/24"]))
     assert choose_interface("10.0.0.1", {"a": only_virtual}) == ("docker0", "subnet")
@@ -230,10 +234,18 @@ def test_choose_fallback_when_no_host_on_subnet():
     h = {"dl1-a": parse_ip_addr(DL1_A), "dl1-b": parse_ip_addr(DL1_B)}
     # first name on the first host, other than lo*/docker*, that every host has
     assert choose_interface("54.201.33.7", h) == ("ens32", "fallback")
-    order = ifs(("lo", ["127.0.0.1/8"]), ("docker0", ["172.17.0.1/16"]), ("ens5", ["172.31.8.20/20"]),
-                ("ens6", ["172.31.9.20/20"]))
-    other = ifs(("docker0", ["172.17.0.1/16"]), ("ens6", ["172.31.9.21/20"]), ("ens5", ["172.31.8.21/20"]),
-                ("lo", ["127.0.0.1/8"]))
+    order = ifs(
+        ("lo", ["127.0.0.1/8"]),
+        ("docker0", ["172.17.0.1/16"]),
+        ("ens5", ["172.31.8.20/20"]),
+        ("ens6", ["172.31.9.20/20"]),
+    )
+    other = ifs(
+        ("docker0", ["172.17.0.1/16"]),
+        ("ens6", ["172.31.9.21/20"]),
+        ("ens5", ["172.31.8.21/20"]),
+        ("lo", ["127.0.0.1/8"]),
+    )
     assert choose_interface("54.201.33.7", {"a": order, "b": other}) == ("ens5", "fallback")
 
 
@@ -318,7 +330,9 @@ def test_efa_present_missing_sysfs(tmp_path, monkeypatch):
 
 
 def test_efa_present_fi_info(tmp_path, monkeypatch):
-    monkeypatch.setattr(fabric.shutil, "which", lambda name: "/opt/amazon/efa/bin/fi_info" if name == "fi_info" else None)
+    monkeypatch.setattr(
+        fabric.shutil, "which", lambda name: "/opt/amazon/efa/bin/fi_info" if name == "fi_info" else None
+    )
     calls = []
 
     def fake_run(cmd, **kw):
@@ -395,8 +409,10 @@ def test_efa_env_is_pure():
 
 
 @settings(max_examples=300, deadline=None)
-@given(ld=st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=60),
-       wrapper=st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_characters="\0:"), max_size=12)))
+@given(
+    ld=st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=60),
+    wrapper=st.one_of(st.none(), st.text(alphabet=st.characters(blacklist_characters="\0:"), max_size=12)),
+)
 def test_efa_env_property_no_empty_entry_and_idempotent(ld, wrapper):
     base = {"LD_LIBRARY_PATH": ld}
     once = efa_env(base, wrapper)

@@ -1,4 +1,5 @@
 """The one per-host fan-out (gaudi_launch/remote/fanout.py) and its users."""
+
 from __future__ import annotations
 
 import threading
@@ -71,10 +72,9 @@ def test_the_per_host_loops_all_use_it():
     """Issue 15: one fan-out helper, not a thread loop per module."""
     import inspect
 
-    from gaudi_launch.reports import environment as envreport
-
-    from gaudi_launch.remote import preflight, teardown
     from gaudi_launch.backends import deepspeed
+    from gaudi_launch.remote import preflight, teardown
+    from gaudi_launch.reports import environment as envreport
 
     for module in (envreport, preflight, teardown, deepspeed):
         src = inspect.getsource(module)

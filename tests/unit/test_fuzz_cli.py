@@ -1,5 +1,6 @@
 """Property tests: whatever the hostfile, env file or options, gaudi-launch --dry-run answers with a
 plan (exit 0) or one clear user error naming where the problem is (exit 2), never a traceback."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +17,9 @@ from hypothesis import strategies as st
 from gaudi_launch.cli import main
 from gaudi_launch.inputs.envfile import mask_env, parse_env_text
 
-SETTINGS = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 ERROR_RE = re.compile(r"gaudi-launch: error: (.*?): ")
 
 
@@ -65,18 +67,55 @@ def temp_file(data, suffix: str):
 
 # ----------------------------------------------------------------------------- hostfiles
 
-HOST_TOKENS = ["host-1", "host-2", "worker-0", "localhost", "127.0.0.1", "10.0.0.7", "999.1.1.1",
-               "fe80::1", "[fe80::1]", "[host]", "a@b", "deploy@worker-0", "@x", "a@b@c", "host:22",
-               "slots=2", "slots=4", "slots=0", "slots=-1", "slots=x", "Slots=2", "slots=", "gpus=2",
-               "foo=bar", "=", "#", "# comment", "4", "", " ", "\t", "a,b", "-bad", "ü"]
+HOST_TOKENS = [
+    "host-1",
+    "host-2",
+    "worker-0",
+    "localhost",
+    "127.0.0.1",
+    "10.0.0.7",
+    "999.1.1.1",
+    "fe80::1",
+    "[fe80::1]",
+    "[host]",
+    "a@b",
+    "deploy@worker-0",
+    "@x",
+    "a@b@c",
+    "host:22",
+    "slots=2",
+    "slots=4",
+    "slots=0",
+    "slots=-1",
+    "slots=x",
+    "Slots=2",
+    "slots=",
+    "gpus=2",
+    "foo=bar",
+    "=",
+    "#",
+    "# comment",
+    "4",
+    "",
+    " ",
+    "\t",
+    "a,b",
+    "-bad",
+    "ü",
+]
 host_line = st.lists(st.sampled_from(HOST_TOKENS), min_size=0, max_size=4).map(" ".join)
 HOSTS = ["worker-0", "worker-1", "deploy@worker-2", "10.0.0.7", "[fe80::1]", "localhost", "Worker-0"]
 plausible_hostfile = st.tuples(
     st.lists(st.sampled_from(HOSTS), min_size=1, max_size=4, unique=True),
     st.lists(st.sampled_from(["1", "2", "4", "2"]), min_size=4, max_size=4),
     st.sampled_from(["", "  # trailing comment", "\r", " extra", ""]),
-).map(lambda t: "# hosts\n" + "\n".join(f"{h} slots={n}{t[2] if i == 1 else ''}"
-                                          for i, (h, n) in enumerate(zip(t[0], t[1]))) + "\n")
+).map(
+    lambda t: (
+        "# hosts\n"
+        + "\n".join(f"{h} slots={n}{t[2] if i == 1 else ''}" for i, (h, n) in enumerate(zip(t[0], t[1])))
+        + "\n"
+    )
+)
 hostfile_text = st.one_of(
     plausible_hostfile,
     st.lists(st.one_of(host_line, st.text(max_size=20)), max_size=6).map("\n".join),
@@ -102,7 +141,7 @@ def test_fuzz_hostfile(text):
     if where.startswith("--"):
         return  # e.g. --hostfile: uneven nodes for mpirun
     assert where.startswith(path), err
-    rest = where[len(path):]
+    rest = where[len(path) :]
     if rest == "":  # a whole-file problem: no hosts at all, or not UTF-8
         assert "lists no hosts" in err or "UTF-8" in err, err
         return
@@ -114,9 +153,30 @@ def test_fuzz_hostfile(text):
 
 # ----------------------------------------------------------------------------- env files
 
-ENV_TOKENS = ["A=1", "HF_TOKEN=hf_abcdefgh", "export B=2", "export", "C='x y'", 'D="a\\nb"', "E='open",
-              'F="open', "G=x # c", "H='a'b", "1X=2", "=v", "I", "# c", "", "  ", "J=$(id)", "K=a=b",
-              "L=\x00", "M.N=1", "O = 3", "P='q' # ok"]
+ENV_TOKENS = [
+    "A=1",
+    "HF_TOKEN=hf_abcdefgh",
+    "export B=2",
+    "export",
+    "C='x y'",
+    'D="a\\nb"',
+    "E='open",
+    'F="open',
+    "G=x # c",
+    "H='a'b",
+    "1X=2",
+    "=v",
+    "I",
+    "# c",
+    "",
+    "  ",
+    "J=$(id)",
+    "K=a=b",
+    "L=\x00",
+    "M.N=1",
+    "O = 3",
+    "P='q' # ok",
+]
 env_line = st.one_of(st.sampled_from(ENV_TOKENS), st.text(max_size=15))
 env_text = st.one_of(st.lists(env_line, max_size=6).map("\n".join), st.text(max_size=60))
 
@@ -137,7 +197,7 @@ def test_fuzz_env_file(text):
     assert where, err
     where = where.group(1)
     assert where.startswith(path), err
-    line = re.fullmatch(r":(\d+)", where[len(path):])
+    line = re.fullmatch(r":(\d+)", where[len(path) :])
     assert line, err
     if isinstance(text, str):
         assert 1 <= int(line.group(1)) <= text.count("\n") + 1
@@ -150,24 +210,53 @@ VALUES = {
     "--num_devices": st.one_of(small_int, st.sampled_from(["", "x", "2.5"])),
     "--world_size": st.one_of(small_int, st.sampled_from(["", "x"])),
     "--num_nodes": st.one_of(small_int, st.sampled_from(["x"])),
-    "--include": st.one_of(st.sampled_from(["localhost", "localhost:0", "localhost:1,3", "localhost:9",
-                                            "nohost", "", "@", "localhost:a", "localhost:-1",
-                                            "[fe80::1]:0", "localhost:0,0", "localhost@localhost"]),
-                           st.text(max_size=10)),
-    "--exclude": st.one_of(st.sampled_from(["localhost", "localhost:0", "localhost:0,1,2,3", "nohost",
-                                            ""]), st.text(max_size=10)),
-    "--master_port": st.one_of(st.integers(min_value=-1, max_value=70000).map(str),
-                               st.sampled_from(["x", "0", "65535", "65536"])),
+    "--include": st.one_of(
+        st.sampled_from(
+            [
+                "localhost",
+                "localhost:0",
+                "localhost:1,3",
+                "localhost:9",
+                "nohost",
+                "",
+                "@",
+                "localhost:a",
+                "localhost:-1",
+                "[fe80::1]:0",
+                "localhost:0,0",
+                "localhost@localhost",
+            ]
+        ),
+        st.text(max_size=10),
+    ),
+    "--exclude": st.one_of(
+        st.sampled_from(["localhost", "localhost:0", "localhost:0,1,2,3", "nohost", ""]), st.text(max_size=10)
+    ),
+    "--master_port": st.one_of(
+        st.integers(min_value=-1, max_value=70000).map(str), st.sampled_from(["x", "0", "65535", "65536"])
+    ),
     "--master_addr": st.sampled_from(["localhost", "127.0.0.1", "10.0.0.1", "worker-0"]),
-    "-x": st.one_of(st.sampled_from(["A=1", "HF_TOKEN=hf_secretvalue", "1A=2", "noeq", "=v", "B=",
-                                     "C=a=b", "D=\x00"]), st.text(max_size=10)),
+    "-x": st.one_of(
+        st.sampled_from(["A=1", "HF_TOKEN=hf_secretvalue", "1A=2", "noeq", "=v", "B=", "C=a=b", "D=\x00"]),
+        st.text(max_size=10),
+    ),
     "--backend": st.sampled_from(["auto", "local", "mpirun", "deepspeed", "bogus", ""]),
     "--grace": st.sampled_from(["-1", "0", "2.5", "nan", "inf", "x", "1e3"]),
     "--python": st.sampled_from(["python3", "/usr/bin/python3", ""]),
     "--env-file": st.sampled_from(["/nonexistent/gaudi-launch-test.env", ""]),
 }
-FLAGS = ["--use_mpi", "--use-mpi", "--use_deepspeed", "--module", "-m", "--no_python",
-         "--append-local-rank", "--no_local_rank", "--json", "--dry_run"]
+FLAGS = [
+    "--use_mpi",
+    "--use-mpi",
+    "--use_deepspeed",
+    "--module",
+    "-m",
+    "--no_python",
+    "--append-local-rank",
+    "--no_local_rank",
+    "--json",
+    "--dry_run",
+]
 
 
 @st.composite
@@ -181,8 +270,9 @@ def option_argv(draw):
                 argv.append(draw(VALUES[name]))
         else:
             argv.append(draw(st.sampled_from(FLAGS)))
-    tail = draw(st.sampled_from([[], ["train.py"], ["train.py", "--num_devices", "9", "--help"],
-                                 ["pkg.mod", "-x", "A"]]))
+    tail = draw(
+        st.sampled_from([[], ["train.py"], ["train.py", "--num_devices", "9", "--help"], ["pkg.mod", "-x", "A"]])
+    )
     return argv + tail
 
 
@@ -209,9 +299,12 @@ def test_fuzz_options(argv, with_hostfile):
     match = ERROR_RE.match(err)
     if match:  # our UserError: WHERE names an option, the script, or a file
         where = match.group(1)
-        assert (where.startswith("-") or where == "SCRIPT"
-                or (hostfile and where.startswith(hostfile))
-                or where.startswith("/nonexistent/")), err
+        assert (
+            where.startswith("-")
+            or where == "SCRIPT"
+            or (hostfile and where.startswith(hostfile))
+            or where.startswith("/nonexistent/")
+        ), err
     else:  # click's usage error names the option or the offending token
         assert "Error:" in err, err
         assert any(k in err for k in KNOWN) or "No such option" in err, err

@@ -2,6 +2,7 @@
 
 Regenerate after an intended change with GOLDEN_UPDATE=1 and review the diff like code.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,16 +23,25 @@ SCENARIOS = {
     "mpirun-efa": ["--backend", "mpirun", "--efa", "--hccl-ofi-wrapper", "/opt/hccl_ofi_wrapper"],
     "mpirun-exclude": ["--backend", "mpirun", "--no-efa", "--exclude", "gaudi-a:3@gaudi-b:3"],
     "deepspeed-plain": ["--backend", "deepspeed", "--no-efa"],
-    "deepspeed-efa-include": ["--backend", "deepspeed", "--efa", "--include", "gaudi-a:0,1@gaudi-b:2,3",
-                              "--ssh-port", "3022"],
+    "deepspeed-efa-include": [
+        "--backend",
+        "deepspeed",
+        "--efa",
+        "--include",
+        "gaudi-a:0,1@gaudi-b:2,3",
+        "--ssh-port",
+        "3022",
+    ],
 }
 
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
     for name in list(os.environ):
-        if name.startswith(("HCCL_", "PT_HPU", "HABANA_", "GC_", "HLS_", "HBN_", "SYN", "DS_ENV")) \
-                or name in ("LD_LIBRARY_PATH", "PYTHONPATH"):
+        if name.startswith(("HCCL_", "PT_HPU", "HABANA_", "GC_", "HLS_", "HBN_", "SYN", "DS_ENV")) or name in (
+            "LD_LIBRARY_PATH",
+            "PYTHONPATH",
+        ):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")  # exported by prefix
@@ -51,8 +61,9 @@ def normalized(plan: dict) -> dict:
             argv[4] = "TMP/" + os.path.basename(argv[4])
             argv[-2] = "--job-file=TMP/" + os.path.basename(argv[-2])
             argv[-1] = "--job-sha256=DIGEST"  # covers a random key
-        cmd["env"] = {k: ("TMP/" + os.path.basename(v) if k == "DS_ENV_FILE" else v)
-                      for k, v in cmd["env"].items() if k != "PATH"}
+        cmd["env"] = {
+            k: ("TMP/" + os.path.basename(v) if k == "DS_ENV_FILE" else v) for k, v in cmd["env"].items() if k != "PATH"
+        }
     return plan
 
 
@@ -60,8 +71,22 @@ def normalized(plan: dict) -> dict:
 def test_dry_run_json_matches_golden(name):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(["--dry-run", "--json", "--no-ssh-check", "--hostfile", "hostfile", "--master_port", "29600",
-                   *SCENARIOS[name], "train.py", "--bf16", "--lr", "1e-4"])
+        rc = main(
+            [
+                "--dry-run",
+                "--json",
+                "--no-ssh-check",
+                "--hostfile",
+                "hostfile",
+                "--master_port",
+                "29600",
+                *SCENARIOS[name],
+                "train.py",
+                "--bf16",
+                "--lr",
+                "1e-4",
+            ]
+        )
     assert rc == 0, err.getvalue()
     assert "hf_secret_value" not in out.getvalue()
     plan = normalized(json.loads(out.getvalue()))

@@ -1,5 +1,6 @@
 """--hang-timeout: reading faulthandler's stacks, finding where each rank waits, grouping ranks,
 and the watch's decision from real heartbeat files."""
+
 from __future__ import annotations
 
 import os
@@ -9,10 +10,18 @@ import time
 import pytest
 
 from gaudi_launch.errors import UserError
-from gaudi_launch.process.hangs import (HangWatch, check_watchable, main_thread, parse_stacks, rank_ranges, summarize,
-                                where_waiting, with_heartbeats)
-from gaudi_launch.process.heartbeats import HEARTBEAT_DIR
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.process.hangs import (
+    HangWatch,
+    check_watchable,
+    main_thread,
+    parse_stacks,
+    rank_ranges,
+    summarize,
+    where_waiting,
+    with_heartbeats,
+)
+from gaudi_launch.process.heartbeats import HEARTBEAT_DIR
 from tests.unit.cli_helpers import plan_of, user_error
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
@@ -47,8 +56,10 @@ def test_the_main_threads_wait_is_the_innermost_library_call_from_user_code():
 
 
 def test_waiting_in_c_code_is_named_by_the_call_on_the_users_line():
-    dump = 'Current thread 0x1 (most recent call first):\n  File "/home/u/train.py", line 30 in <module>\n' \
-           '  File "<frozen runpy>", line 88 in _run_code\n'
+    dump = (
+        'Current thread 0x1 (most recent call first):\n  File "/home/u/train.py", line 30 in <module>\n'
+        '  File "<frozen runpy>", line 88 in _run_code\n'
+    )
     frames = main_thread(parse_stacks(dump)).frames
     assert where_waiting(frames, source) == ("time.sleep", "train.py:30", "time.sleep(600)")
 
@@ -62,9 +73,11 @@ def test_ranks_are_grouped_the_odd_one_out_first():
     assert rank_ranges([3]) == "rank 3" and rank_ranges([0, 1, 2, 5, 7, 8]) == "ranks 0-2,5,7-8"
     places = {r: ("all_reduce", "train.py:41", "") for r in (0, 1, 2)}
     places[3] = ("time.sleep", "train.py:30", "")
-    assert summarize(places, 6, 20.4) == ("no rank advanced for 20 s: rank 3 in time.sleep at train.py:30; "
-                                          "ranks 0-2 in all_reduce at train.py:41; "
-                                          "ranks 4-5: no stack (on another host, or not running)")
+    assert summarize(places, 6, 20.4) == (
+        "no rank advanced for 20 s: rank 3 in time.sleep at train.py:30; "
+        "ranks 0-2 in all_reduce at train.py:41; "
+        "ranks 4-5: no stack (on another host, or not running)"
+    )
 
 
 def test_the_watch_fires_once_when_no_heartbeat_is_newer_than_the_timeout(tmp_path):
@@ -97,8 +110,9 @@ def test_heartbeat_directory_reaches_the_ranks_and_bad_timeouts_are_refused(caps
     plan = plan_of(capsys, "--num_devices", "2", "--hang-timeout", "30", "t.py")
     assert set(plan["env"]) == {HEARTBEAT_DIR}
     open("t.py", "w").close()
-    assert "--hang-timeout: a number of seconds, at least 1, got 0.5" in user_error(capsys, "--hang-timeout", "0.5",
-                                                                                     "t.py")
+    assert "--hang-timeout: a number of seconds, at least 1, got 0.5" in user_error(
+        capsys, "--hang-timeout", "0.5", "t.py"
+    )
 
 
 def test_hang_detection_needs_a_rank_on_this_host(tmp_path):
@@ -126,8 +140,8 @@ def test_only_the_ranks_own_live_processes_are_asked_for_stacks(tmp_path):
         watch.create()
         watch.begin(3, "j")
         me, pid = socket.gethostname(), sleeper.pid
-        (directory / "rank-0.pid").write_text(f"{me} {pid} {start_time(pid)}\n")       # the rank itself
-        (directory / "rank-1.pid").write_text(f"{me} {pid} {start_time(pid) + 1}\n")   # a reused pid
+        (directory / "rank-0.pid").write_text(f"{me} {pid} {start_time(pid)}\n")  # the rank itself
+        (directory / "rank-1.pid").write_text(f"{me} {pid} {start_time(pid) + 1}\n")  # a reused pid
         (directory / "rank-2.pid").write_text(f"other-host {pid} {start_time(pid)}\n")  # another host's
         watch.dump(6.0)
         assert asked == [(pid, signal.SIGUSR2)]

@@ -1,4 +1,5 @@
 """Tests for gaudi_launch.inputs.hostfile: parsing hostfiles, selectors and host selection."""
+
 from __future__ import annotations
 
 import re
@@ -504,10 +505,42 @@ class TestSelect:
 
 
 _TOKENS = [
-    "worker-0", "worker-1", "WORKER-0", "10.0.0.1", "999.1.1.1", "fe80::1", "[fe80::1]", "[fe80::1",
-    "u@worker-0", "u@[fe80::1]", "a@b@c", "host:22", "@", "[]", "-x",
-    "slots=1", "slots=8", "slots=0", "slots=", "slots=-1", "slots=x", "slots=1e3", "Slots=2",
-    "gpus=1", "=", "=1", "#", "# comment", "slots", "8", ",", "a,b", "\t", "\r", "٣", "é",
+    "worker-0",
+    "worker-1",
+    "WORKER-0",
+    "10.0.0.1",
+    "999.1.1.1",
+    "fe80::1",
+    "[fe80::1]",
+    "[fe80::1",
+    "u@worker-0",
+    "u@[fe80::1]",
+    "a@b@c",
+    "host:22",
+    "@",
+    "[]",
+    "-x",
+    "slots=1",
+    "slots=8",
+    "slots=0",
+    "slots=",
+    "slots=-1",
+    "slots=x",
+    "slots=1e3",
+    "Slots=2",
+    "gpus=1",
+    "=",
+    "=1",
+    "#",
+    "# comment",
+    "slots",
+    "8",
+    ",",
+    "a,b",
+    "\t",
+    "\r",
+    "٣",
+    "é",
 ]
 
 _line_from_tokens = st.lists(st.sampled_from(_TOKENS), max_size=5).map(" ".join)

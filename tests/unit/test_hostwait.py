@@ -1,4 +1,5 @@
 """--wait-hosts: the bounded wait for every host's sshd, on real sockets and a simulated clock."""
+
 from __future__ import annotations
 
 import socket
@@ -59,9 +60,14 @@ class Clock:
 def test_waits_until_a_late_host_answers():
     clock, lines = Clock(), []
     up_at = {"a": 0.0, "b": 3.0}
-    wait_for([("a", "10.0.0.1", 22), ("b", "10.0.0.2", 3022)], 30,
-             probe=lambda addr, port: None if clock.t >= up_at["a" if addr.endswith("1") else "b"] else "refused",
-             log=lines.append, clock=clock, sleep=clock.sleep)
+    wait_for(
+        [("a", "10.0.0.1", 22), ("b", "10.0.0.2", 3022)],
+        30,
+        probe=lambda addr, port: None if clock.t >= up_at["a" if addr.endswith("1") else "b"] else "refused",
+        log=lines.append,
+        clock=clock,
+        sleep=clock.sleep,
+    )
     assert "  a:22 answers (after 0 s)" in lines
     assert "  b:3022 answers (after 3 s)" in lines
     assert "  waiting for b:3022: refused (30 s left)" in lines
@@ -71,9 +77,14 @@ def test_waits_until_a_late_host_answers():
 def test_names_the_silent_host_and_why_after_the_deadline():
     clock, lines = Clock(), []
     with pytest.raises(HostsUnreachable) as err:
-        wait_for([("a", "10.0.0.1", 22), ("b", "10.0.0.2", 22)], 4,
-                 probe=lambda addr, port: None if addr.endswith("1") else "timed out",
-                 log=lines.append, clock=clock, sleep=clock.sleep)
+        wait_for(
+            [("a", "10.0.0.1", 22), ("b", "10.0.0.2", 22)],
+            4,
+            probe=lambda addr, port: None if addr.endswith("1") else "timed out",
+            log=lines.append,
+            clock=clock,
+            sleep=clock.sleep,
+        )
     assert err.value.exit_code == ExitCode.PREFLIGHT == 3
     assert "unreachable host(s) after waiting 4 s: b" in str(err.value) and "--wait-hosts" in str(err.value)
     assert "  b:22 did not answer within 4 s (timed out)" in lines

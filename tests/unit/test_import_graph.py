@@ -1,15 +1,15 @@
 """The launcher's modules import each other without cycles, counting imports inside functions too
 (a function-level import hides a cycle until the day it runs first in a new order)."""
+
 from __future__ import annotations
 
 import ast
 import os
-from typing import Dict, List, Set
 
 PKG = os.path.join(os.path.dirname(__file__), "..", "..", "gaudi_launch")
 
 
-def modules() -> Dict[str, str]:
+def modules() -> dict[str, str]:
     out = {}
     for dirpath, _, files in os.walk(PKG):
         for name in files:
@@ -20,10 +20,14 @@ def modules() -> Dict[str, str]:
     return out
 
 
-def imported(tree: ast.Module, me: str, known: Dict[str, str]) -> Set[str]:
+def imported(tree: ast.Module, me: str, known: dict[str, str]) -> set[str]:
     """gaudi_launch modules this module imports anywhere, except under `if TYPE_CHECKING:`."""
-    typing_only = {id(n) for b in tree.body if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test)
-                   for n in ast.walk(b)}
+    typing_only = {
+        id(n)
+        for b in tree.body
+        if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test)
+        for n in ast.walk(b)
+    }
     out = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:
@@ -48,18 +52,18 @@ def imported(tree: ast.Module, me: str, known: Dict[str, str]) -> Set[str]:
     return out
 
 
-def graph() -> Dict[str, Set[str]]:
+def graph() -> dict[str, set[str]]:
     known = modules()
     return {m: imported(ast.parse(open(p).read()), m, known) for m, p in known.items()}
 
 
-def cycles(g: Dict[str, Set[str]]) -> List[List[str]]:
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan)."""
-    index: Dict[str, int] = {}
-    low: Dict[str, int] = {}
-    stack: List[str] = []
-    on: Set[str] = set()
-    found: List[List[str]] = []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
 
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)

@@ -1,5 +1,6 @@
 """Issue 12 (items 1, 4, 13, 19), the pure and file-level parts: the per-job directory and job file,
 the DeepSpeed runner's scrubbed environment and validated values, masking of exported secrets."""
+
 from __future__ import annotations
 
 import os
@@ -9,17 +10,26 @@ import time
 
 import pytest
 
-from gaudi_launch.remote import jobdir
 from gaudi_launch.backends import deepspeed
 from gaudi_launch.errors import UserError
-from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
+from gaudi_launch.remote import jobdir
 
 
 def plan_of(**kw) -> LaunchPlan:
     nodes = [NodePlan("gl-n0", 0, [0, 1], [0, 1]), NodePlan("gl-n1", 1, [0, 1], [2, 3])]
-    base = dict(backend="deepspeed", world_size=4, master_addr="gl-n0", master_port=29600, nodes=nodes,
-                env={}, commands=[], program=["t.py"], job_id="0123abcd")
+    base = dict(
+        backend="deepspeed",
+        world_size=4,
+        master_addr="gl-n0",
+        master_port=29600,
+        nodes=nodes,
+        env={},
+        commands=[],
+        program=["t.py"],
+        job_id="0123abcd",
+    )
     base.update(kw)
     return LaunchPlan(**base)
 
@@ -59,13 +69,13 @@ def test_a_dir_of_another_mode_or_a_link_is_not_private(tmp_path):
 
 def test_is_stale_decisions():
     host = "me"
-    dead_owner = "me 999999999 1"   # no such pid
+    dead_owner = "me 999999999 1"  # no such pid
     assert jobdir.is_stale(dead_owner, "aa", 500, set(), host)
-    assert not jobdir.is_stale(dead_owner, "aa", 500, {"aa"}, host)           # a process still carries the id
-    assert not jobdir.is_stale(dead_owner, "aa", 5, set(), host)              # too young: ranks may be starting
-    assert not jobdir.is_stale("other 999999999 1", "aa", 500, set(), host)   # another host's launcher
+    assert not jobdir.is_stale(dead_owner, "aa", 500, {"aa"}, host)  # a process still carries the id
+    assert not jobdir.is_stale(dead_owner, "aa", 5, set(), host)  # too young: ranks may be starting
+    assert not jobdir.is_stale("other 999999999 1", "aa", 500, set(), host)  # another host's launcher
     assert not jobdir.is_stale(jobdir.owner_record(), "aa", 500, set(), jobdir.owner_record().split()[0])
-    assert jobdir.is_stale(None, "aa", 500, set(), host)                      # made by ranks, none left
+    assert jobdir.is_stale(None, "aa", 500, set(), host)  # made by ranks, none left
 
 
 def test_clean_stale_removes_only_dead_jobs_of_ours(tmp_path):
@@ -74,9 +84,9 @@ def test_clean_stale_removes_only_dead_jobs_of_ours(tmp_path):
     (dead / "owner").unlink()
     jobdir.write_private(str(dead / "owner"), f"{jobdir.owner_record().split()[0]} 999999999 1\n".encode())
     mine = tmp_path / "gaudi-launch-00000002"
-    jobdir.create(str(mine))            # this live process's
+    jobdir.create(str(mine))  # this live process's
     other = tmp_path / "gaudi-launch-00000003"
-    other.mkdir(mode=0o755)             # not private: not ours to judge
+    other.mkdir(mode=0o755)  # not private: not ours to judge
     os.chmod(other, 0o755)
     unrelated = tmp_path / "gaudi-launch-notajob"
     unrelated.mkdir(mode=0o700)
@@ -102,8 +112,11 @@ def test_receive_accepts_the_same_file_on_a_shared_filesystem_and_refuses_anothe
 def test_receive_over_stdin_as_ssh_runs_it(tmp_path):
     path = str(tmp_path / "gaudi-launch-0123abcd")
     data = b'{"secret": "s3cr3t"}'
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch.remote.jobdir", "receive", path, jobdir.digest(data)],
-                         input=data, capture_output=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch.remote.jobdir", "receive", path, jobdir.digest(data)],
+        input=data,
+        capture_output=True,
+    )
     assert res.returncode == 0, res.stderr
     assert open(os.path.join(path, "job.json"), "rb").read() == data
     res = subprocess.run([sys.executable, "-m", "gaudi_launch.remote.jobdir", "remove", path], capture_output=True)
@@ -136,12 +149,26 @@ def test_an_interpreter_path_a_shell_would_split_is_refused(tmp_path):
 
 
 def test_runner_environment_is_scrubbed():
-    environ = {"PATH": "/bin", "HOME": "/root", "PYTHONPATH": "$(touch x)", "MLFLOW_TRACKING_TOKEN": "tok",
-               "UCX_TLS": "x", "MV2_X": "y", "NCCL_DEBUG": "INFO", "HF_TOKEN": "hf", "SSH_AUTH_SOCK": "/s",
-               "OMPI_MCA_btl": "tcp,self"}
+    environ = {
+        "PATH": "/bin",
+        "HOME": "/root",
+        "PYTHONPATH": "$(touch x)",
+        "MLFLOW_TRACKING_TOKEN": "tok",
+        "UCX_TLS": "x",
+        "MV2_X": "y",
+        "NCCL_DEBUG": "INFO",
+        "HF_TOKEN": "hf",
+        "SSH_AUTH_SOCK": "/s",
+        "OMPI_MCA_btl": "tcp,self",
+    }
     env = deepspeed.runner_env(environ, {"DS_ENV_FILE": "/j/job.env"})
-    assert env == {"PATH": "/bin", "HOME": "/root", "SSH_AUTH_SOCK": "/s", "OMPI_MCA_btl": "tcp,self",
-                   "DS_ENV_FILE": "/j/job.env"}
+    assert env == {
+        "PATH": "/bin",
+        "HOME": "/root",
+        "SSH_AUTH_SOCK": "/s",
+        "OMPI_MCA_btl": "tcp,self",
+        "DS_ENV_FILE": "/j/job.env",
+    }
     assert not any(k.startswith(("PYTHON", "MLFLOW", "MV2", "UCX", "NCCL")) for k in deepspeed.RUNNER_ENV)
 
 
@@ -158,12 +185,14 @@ def test_exported_secrets_are_masked_and_never_shown(monkeypatch):
 
 
 def test_ds_runner_never_installs_deepspeeds_handler():
-    code = ("import signal, types, sys\n"
-            "from gaudi_launch.backends import ds_runner\n"
-            "s = ds_runner._without_handlers(signal)\n"
-            "s.signal(signal.SIGTERM, lambda *a: print('pkill'))\n"
-            "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
-            "assert s.SIGTERM == signal.SIGTERM\n")
+    code = (
+        "import signal, types, sys\n"
+        "from gaudi_launch.backends import ds_runner\n"
+        "s = ds_runner._without_handlers(signal)\n"
+        "s.signal(signal.SIGTERM, lambda *a: print('pkill'))\n"
+        "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+        "assert s.SIGTERM == signal.SIGTERM\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
@@ -173,8 +202,9 @@ def test_the_launchers_directory_replaces_the_job_dir_on_pythonpath():
 
     ds = {"PYTHONPATH": "/tmp/gaudi-launch-0123abcd"}  # what DeepSpeed's runner exported
     assert cwd_on_path({}, ds, "/tmp/gaudi-launch-0123abcd", "/work") == {"PYTHONPATH": "/work"}
-    assert cwd_on_path({"PYTHONPATH": "/mine"}, ds, "/tmp/gaudi-launch-0123abcd", "/work") == \
-        {"PYTHONPATH": "/work:/mine"}
+    assert cwd_on_path({"PYTHONPATH": "/mine"}, ds, "/tmp/gaudi-launch-0123abcd", "/work") == {
+        "PYTHONPATH": "/work:/mine"
+    }
     assert cwd_on_path({"A": "1"}, {"PYTHONPATH": "/x"}, "/tmp/gaudi-launch-0123abcd", "/work") == {"A": "1"}
 
 
@@ -182,8 +212,17 @@ def test_a_worker_given_another_job_file_refuses_to_start(tmp_path):
     os.chmod(tmp_path, 0o700)
     data = jobdir.payload({}, ["t.py"], False, str(tmp_path), "k")
     jobdir.write_private(str(tmp_path / "job.json"), data)
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch.process.worker", f"--job-file={tmp_path}/job.json",
-                          "--job-sha256=" + "0" * 64], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gaudi_launch.process.worker",
+            f"--job-file={tmp_path}/job.json",
+            "--job-sha256=" + "0" * 64,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2
     assert "cannot start from the job file" in res.stderr and "digest" in res.stderr
     assert "Traceback" not in res.stderr

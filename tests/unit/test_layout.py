@@ -1,10 +1,10 @@
 """README's Layout section is drawn from the package tree: every module is named under its own
 package there, and every module named there exists."""
+
 from __future__ import annotations
 
 import os
 import re
-from typing import Dict, Set, Tuple
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 PKG = os.path.join(ROOT, "gaudi_launch")
@@ -13,11 +13,11 @@ PY = re.compile(r"(?<![\w/.])((?:\w+/)*\w+\.py)\b")
 
 def layout_block() -> str:
     readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme[readme.index("\n## Layout\n"):]
+    section = readme[readme.index("\n## Layout\n") :]
     return section.split("```\n")[1]
 
 
-def named_in_layout(block: str) -> Tuple[Set[str], Set[str], Set[str]]:
+def named_in_layout(block: str) -> tuple[set[str], set[str], set[str]]:
     """(modules named as package-relative paths, packages given a line of their own, runtime stems). Pure."""
     modules, packages, runtime = set(), set(), set()
     package, in_runtime = "", False
@@ -40,9 +40,9 @@ def named_in_layout(block: str) -> Tuple[Set[str], Set[str], Set[str]]:
     return modules, packages, runtime
 
 
-def tree() -> Dict[str, Set[str]]:
+def tree() -> dict[str, set[str]]:
     """package ('' for the top) -> its module files."""
-    out: Dict[str, Set[str]] = {}
+    out: dict[str, set[str]] = {}
     for entry in sorted(os.listdir(PKG)):
         path = os.path.join(PKG, entry)
         if entry.endswith(".py"):
@@ -64,8 +64,10 @@ def test_every_module_is_named_under_its_package_and_every_named_one_exists():
 
 
 def test_the_parser_reads_packages_and_flags_what_is_missing():
-    block = ("gaudi_launch/  x\n  cli.py  the CLI (inputs/options.py)\n  inputs/  what\n    spec.py  a;  hostfile.py  b\n"
-             "  runtime/  args, device\nscripts/  x\n")
+    block = (
+        "gaudi_launch/  x\n  cli.py  the CLI (inputs/options.py)\n  inputs/  what\n    spec.py  a;  hostfile.py  b\n"
+        "  runtime/  args, device\nscripts/  x\n"
+    )
     modules, packages, runtime = named_in_layout(block)
     assert modules == {"cli.py", "inputs/options.py", "inputs/spec.py", "inputs/hostfile.py"}
     assert packages == {"inputs", "runtime"} and {"args", "device"} <= runtime

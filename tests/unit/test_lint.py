@@ -1,5 +1,6 @@
-"""Static checks find nothing: ruff (pyflakes and syntax errors, [tool.ruff]) in gaudi_launch, and mypy
-([tool.mypy] in pyproject.toml: the launcher, gaudi_launch but its runtime)."""
+"""Static checks find nothing: ruff's lint and its formatter ([tool.ruff] in pyproject.toml) over the
+whole repository, and mypy ([tool.mypy]: the launcher, gaudi_launch but its runtime)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,13 +20,19 @@ def run_tool(module: str, *args: str, timeout: float) -> subprocess.CompletedPro
         if os.environ.get("CI") == "true":
             pytest.fail(f"{module} is not installed (pip install -e '.[dev]')")
         pytest.skip(f"{module} is not installed (pip install -e '.[dev]')")
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_ruff_finds_nothing():
-    res = run_tool("ruff", "check", "--no-cache", "gaudi_launch", timeout=120)
+    res = run_tool("ruff", "check", "--no-cache", ".", timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_ruff_format_would_change_nothing():
+    res = run_tool("ruff", "format", "--check", "--no-cache", ".", timeout=120)
+    assert res.returncode == 0, "run `ruff format .`:\n" + res.stdout + res.stderr
 
 
 def test_mypy_finds_nothing():

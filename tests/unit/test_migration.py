@@ -1,5 +1,6 @@
 """Migration hazards from gaudi_spawn / DeepSpeed (issue 10 item 12): what the README's
 "Differences from DeepSpeed / gaudi_spawn / torchrun" says is what the CLI does."""
+
 from __future__ import annotations
 
 import re
@@ -31,10 +32,16 @@ def test_readme_lists_the_differences_under_usage():
     text = usage_section("Differences from DeepSpeed / gaudi_spawn / torchrun")
     rows = [line for line in text.splitlines() if re.match(r"\| (DeepSpeed|torchrun|gaudi_spawn)", line)]
     assert len(rows) >= 15
-    for needle in ("`--world_size` is ranks per node, even with a hostfile",
-                   "A hostfile without `--use_deepspeed` runs `mpirun`",
-                   "`--num_nodes` above the host count", "uneven selections", "`--local_rank=N`",
-                   "`OMP_NUM_THREADS=1`", "`TORCHELASTIC_USE_AGENT_STORE`", "`ValueError`"):
+    for needle in (
+        "`--world_size` is ranks per node, even with a hostfile",
+        "A hostfile without `--use_deepspeed` runs `mpirun`",
+        "`--num_nodes` above the host count",
+        "uneven selections",
+        "`--local_rank=N`",
+        "`OMP_NUM_THREADS=1`",
+        "`TORCHELASTIC_USE_AGENT_STORE`",
+        "`ValueError`",
+    ):
         assert needle in text, needle
 
 

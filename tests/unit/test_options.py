@@ -1,5 +1,6 @@
 """Options declared once (gaudi_launch/inputs/options.py): every JobSpec option is a command-line option and
 a DistributedRunner keyword, with one default, and reaches the same JobSpec from both."""
+
 from __future__ import annotations
 
 import inspect
@@ -13,8 +14,8 @@ import pytest
 from gaudi_launch import cli
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.options import default_of, option_fields
-from gaudi_launch.runner import DistributedRunner
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.runner import DistributedRunner
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 
@@ -49,19 +50,76 @@ def test_every_option_is_a_cli_option_and_a_runner_keyword_with_one_default():
 def test_upstream_positional_parameters_keep_their_place():
     params = [p for p in inspect.signature(DistributedRunner).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
     assert [(p.name, p.default) for p in params] == [
-        ("command_list", None), ("world_size", 1), ("hostfile", None), ("use_mpi", False), ("use_deepspeed", False),
-        ("master_port", 29500), ("use_env", False), ("map_by", "socket"), ("multi_hls", None)]
+        ("command_list", None),
+        ("world_size", 1),
+        ("hostfile", None),
+        ("use_mpi", False),
+        ("use_deepspeed", False),
+        ("master_port", 29500),
+        ("use_env", False),
+        ("map_by", "socket"),
+        ("multi_hls", None),
+    ]
 
 
 # Options the runner did not take before options were declared once, with values off their defaults.
-VALUES = dict(num_devices=2, ssh_timeout=3.0, strict_host_keys=True, wait_hosts=5.0, export_prefixes=["NCCL_"],
-              hccl_ofi_wrapper="/opt/w", launcher="openmpi", launcher_args="-x A", partition="p", time="1:00",
-              account="acct", slurm_args="--exclusive", console_ranks=[0, 1], module=True, restart_on="hang",
-              hostfile=None, include=None, grace=2.5, efa=False, ssh_check=False)
-FLAGS = ["--num_devices", "2", "--ssh-timeout", "3", "--strict-host-keys", "--wait-hosts", "5",
-         "--export-prefix", "NCCL_", "--hccl-ofi-wrapper", "/opt/w", "--launcher", "openmpi", "--launcher-args", "-x A",
-         "--partition", "p", "--time", "1:00", "--account", "acct", "--slurm-args", "--exclusive", "--ranks", "1,0",
-         "-m", "--restart-on", "hang", "--grace", "2.5", "--no-efa", "--master_port", "29500"]
+VALUES = dict(
+    num_devices=2,
+    ssh_timeout=3.0,
+    strict_host_keys=True,
+    wait_hosts=5.0,
+    export_prefixes=["NCCL_"],
+    hccl_ofi_wrapper="/opt/w",
+    launcher="openmpi",
+    launcher_args="-x A",
+    partition="p",
+    time="1:00",
+    account="acct",
+    slurm_args="--exclusive",
+    console_ranks=[0, 1],
+    module=True,
+    restart_on="hang",
+    hostfile=None,
+    include=None,
+    grace=2.5,
+    efa=False,
+    ssh_check=False,
+)
+FLAGS = [
+    "--num_devices",
+    "2",
+    "--ssh-timeout",
+    "3",
+    "--strict-host-keys",
+    "--wait-hosts",
+    "5",
+    "--export-prefix",
+    "NCCL_",
+    "--hccl-ofi-wrapper",
+    "/opt/w",
+    "--launcher",
+    "openmpi",
+    "--launcher-args",
+    "-x A",
+    "--partition",
+    "p",
+    "--time",
+    "1:00",
+    "--account",
+    "acct",
+    "--slurm-args",
+    "--exclusive",
+    "--ranks",
+    "1,0",
+    "-m",
+    "--restart-on",
+    "hang",
+    "--grace",
+    "2.5",
+    "--no-efa",
+    "--master_port",
+    "29500",
+]
 
 
 def spec_from_cli(monkeypatch, argv) -> JobSpec:
@@ -112,12 +170,14 @@ def test_cli_options_are_click_options_with_the_old_types():
 
 # ----------------------------------------------------------------------------- shell completion
 
+
 def _complete(env_extra, *args, home=None):
     env = dict(os.environ, **env_extra)
     if home:
         env["HOME"] = home
-    return subprocess.run([sys.executable, "-m", "gaudi_launch", *args], capture_output=True, text=True,
-                          env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", *args], capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 def test_completion_script_is_produced_and_answers_with_click():
@@ -126,7 +186,9 @@ def test_completion_script_is_produced_and_answers_with_click():
     assert "complete -o nosort -F" in shown.stdout
     for shell in ("zsh", "fish"):
         assert "_GAUDI_LAUNCH_COMPLETE" in _complete({}, "--show-completion", shell).stdout
-    res = _complete({"COMP_WORDS": "gaudi-launch --ssh-t", "COMP_CWORD": "1", "_GAUDI_LAUNCH_COMPLETE": "bash_complete"})
+    res = _complete(
+        {"COMP_WORDS": "gaudi-launch --ssh-t", "COMP_CWORD": "1", "_GAUDI_LAUNCH_COMPLETE": "bash_complete"}
+    )
     assert res.returncode == 0 and res.stdout.split() == ["plain,--ssh-timeout"]
     bad = _complete({}, "--show-completion", "tcsh")
     assert bad.returncode == 2 and "tcsh" in bad.stderr and "bash, zsh or fish" in bad.stderr

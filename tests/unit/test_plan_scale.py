@@ -1,6 +1,7 @@
 """Plans for very large clusters (issue 18): a 10,000-host x 8 mpirun plan whose argv the kernel
 accepts (mpirun reads the hosts from a hostfile in the job's private directory once the list is too
 long for one argument), built without running anything."""
+
 from __future__ import annotations
 
 import errno
@@ -10,10 +11,10 @@ import subprocess
 
 import pytest
 
-from gaudi_launch.remote import jobdir
 from gaudi_launch.backends import mpirun
-from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.remote import jobdir
 
 ARG_MAX_ONE = 128 * 1024  # Linux MAX_ARG_STRLEN
 
@@ -21,8 +22,9 @@ ARG_MAX_ONE = 128 * 1024  # Linux MAX_ARG_STRLEN
 def big_plan(tmp_path, hosts: int, per_host: int = 8):
     hostfile = tmp_path / f"hosts.{hosts}"
     hostfile.write_text("".join(f"node{i:05d}.cluster.example slots={per_host}\n" for i in range(hosts)))
-    spec = JobSpec(program=["/bin/true"], no_python=True, hostfile=str(hostfile), backend="mpirun",
-                   ssh_check=False, efa=False)
+    spec = JobSpec(
+        program=["/bin/true"], no_python=True, hostfile=str(hostfile), backend="mpirun", ssh_check=False, efa=False
+    )
     return build_plan(spec, environ={"PATH": os.environ.get("PATH", "")})
 
 
@@ -45,8 +47,7 @@ def test_10000_hosts_x_8_argv_execs(tmp_path):
 def test_the_same_hosts_on_one_argument_would_not_exec(tmp_path):
     """Why the hostfile: the `--host` list for these hosts is one argument over Linux's limit."""
     plan = big_plan(tmp_path, 10_000)
-    argv = mpirun.build_argv(plan, JobSpec(program=["/bin/true"], no_python=True), version=4, root=False,
-                             exported=[])
+    argv = mpirun.build_argv(plan, JobSpec(program=["/bin/true"], no_python=True), version=4, root=False, exported=[])
     assert len(argv[argv.index("--host") + 1]) > ARG_MAX_ONE
     with pytest.raises(OSError) as err:
         subprocess.run(harmless(argv))
@@ -56,8 +57,10 @@ def test_the_same_hosts_on_one_argument_would_not_exec(tmp_path):
 def test_short_lists_stay_on_the_command_line(tmp_path):
     plan = big_plan(tmp_path, 100)
     argv = plan.commands[0].argv
-    assert argv[argv.index("--host") + 1].split(",")[:2] == ["node00000.cluster.example:8",
-                                                             "node00001.cluster.example:8"]
+    assert argv[argv.index("--host") + 1].split(",")[:2] == [
+        "node00000.cluster.example:8",
+        "node00001.cluster.example:8",
+    ]
     assert "--hostfile" not in argv and mpirun.write_hostfile(plan) is None
 
 
@@ -74,7 +77,6 @@ def test_the_hostfile_is_written_private_and_names_every_host(tmp_path, monkeypa
     assert len(lines) == 3000 and lines[0] == "node00000.cluster.example slots=4"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
-
 
 
 def test_host_key_policy_from_ssh_config_without_parsing_when_unset(tmp_path, monkeypatch):

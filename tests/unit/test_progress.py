@@ -1,4 +1,5 @@
 """Splitting output into finished lines and carriage-return progress states (gaudi_launch/process/progress.py)."""
+
 from gaudi_launch.process.progress import LineSplitter
 
 
@@ -12,7 +13,11 @@ def pieces(*chunks: bytes):
 
 def test_a_progress_bar_gives_each_state_then_its_last_state_as_the_line():
     assert pieces(b"\r 10%|#", b"\r 50%|####\r100%|########", b"\n") == [
-        (" 10%|#", False), (" 50%|####", False), ("100%|########", False), ("100%|########", True)]
+        (" 10%|#", False),
+        (" 50%|####", False),
+        ("100%|########", False),
+        ("100%|########", True),
+    ]
     # a state, then a bare newline: the line is that state
     assert pieces(b"\r 50%|####\r", b"x\r\n") == [(" 50%|####", False), ("x", True)]
     assert pieces(b"\r 50%|####\r", b"\n") == [(" 50%|####", True)]  # "\r\n" split across reads

@@ -1,5 +1,6 @@
 """The deepspeed backend's rank relay (relay.py) and the worker's --local_rank handling: pure parts
 (issue 10 items 3 and 10). The relay on real processes: tests/integration/test_deepspeed_backend.py."""
+
 from __future__ import annotations
 
 from gaudi_launch.process import relay

@@ -1,4 +1,5 @@
 """gaudi-launch report: PNG plots of a run's metrics.jsonl and of benchmark JSONs, and its errors."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,6 @@ import sys
 import pytest
 
 from gaudi_launch import cli
-
 from gaudi_launch.reports import plots as report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -34,50 +34,112 @@ def write_metrics(run_dir, rows) -> str:
 
 
 def train_row(step, loss):
-    return {"step": step, "loss": loss, "learning_rate": 1e-3 * (1 - step / 100),
-            "train_samples_per_second": 500.0 + step, "train_tokens_per_second": 32000.0 + 64 * step,
-            "train_steps_per_second": 30.0, "train_runtime": step / 30, "measured_steps": step - 3,
-            "memory_allocated (GB)": 0.38, "max_memory_allocated (GB)": 0.39, "total_memory_available (GB)": 23.54}
+    return {
+        "step": step,
+        "loss": loss,
+        "learning_rate": 1e-3 * (1 - step / 100),
+        "train_samples_per_second": 500.0 + step,
+        "train_tokens_per_second": 32000.0 + 64 * step,
+        "train_steps_per_second": 30.0,
+        "train_runtime": step / 30,
+        "measured_steps": step - 3,
+        "memory_allocated (GB)": 0.38,
+        "max_memory_allocated (GB)": 0.39,
+        "total_memory_available (GB)": 23.54,
+    }
 
 
-RUN = ([{"step": -1, "eval_loss": 6.9, "perplexity": 1000.0}]
-       + [train_row(s, 6.3 - s / 100) for s in range(10, 90, 10)]
-       + [{"step": 81, "train_samples_per_second": 538.0, "train_tokens_per_second": 34455.0,
-           "train_steps_per_second": 33.6, "train_runtime": 2.4, "measured_steps": 78, "train_loss": 6.1,
-           "global_step": 81},
-          {"step": -1, "eval_loss": 5.9, "perplexity": 368.0}])
+RUN = (
+    [{"step": -1, "eval_loss": 6.9, "perplexity": 1000.0}]
+    + [train_row(s, 6.3 - s / 100) for s in range(10, 90, 10)]
+    + [
+        {
+            "step": 81,
+            "train_samples_per_second": 538.0,
+            "train_tokens_per_second": 34455.0,
+            "train_steps_per_second": 33.6,
+            "train_runtime": 2.4,
+            "measured_steps": 78,
+            "train_loss": 6.1,
+            "global_step": 81,
+        },
+        {"step": -1, "eval_loss": 5.9, "perplexity": 368.0},
+    ]
+)
 
-TRAIN_BENCH = {"config": {"steps": 40, "warmup": 5, "batch": 8, "block": 64, "ranks": 2, "repeats": 3},
-               "results": {"gaudi-launch Trainer, fast_ddp": {"samples_per_s": [540.0, 520.0, 560.0], "median": 540.0,
-                                                              "step_ms": 29.6, "ratio": 1.3},
-                           "gaudi-launch Trainer, DDP": {"samples_per_s": [500.0, 490.0, 510.0], "median": 500.0,
-                                                         "step_ms": 32.0, "ratio": 1.2},
-                           "transformers Trainer, DDP": {"samples_per_s": [415.0, 400.0, 420.0], "median": 415.0,
-                                                         "step_ms": 38.5, "ratio": 1.0}}}
+TRAIN_BENCH = {
+    "config": {"steps": 40, "warmup": 5, "batch": 8, "block": 64, "ranks": 2, "repeats": 3},
+    "results": {
+        "gaudi-launch Trainer, fast_ddp": {
+            "samples_per_s": [540.0, 520.0, 560.0],
+            "median": 540.0,
+            "step_ms": 29.6,
+            "ratio": 1.3,
+        },
+        "gaudi-launch Trainer, DDP": {
+            "samples_per_s": [500.0, 490.0, 510.0],
+            "median": 500.0,
+            "step_ms": 32.0,
+            "ratio": 1.2,
+        },
+        "transformers Trainer, DDP": {
+            "samples_per_s": [415.0, 400.0, 420.0],
+            "median": 415.0,
+            "step_ms": 38.5,
+            "ratio": 1.0,
+        },
+    },
+}
 
 
 def launch_entry(med, ratio):
-    return {"label": "x", "seconds": [med * 0.9, med, med * 1.1], "median": med, "min": med * 0.9,
-            "max": med * 1.1, "ratio": ratio}
+    return {
+        "label": "x",
+        "seconds": [med * 0.9, med, med * 1.1],
+        "median": med,
+        "min": med * 0.9,
+        "max": med * 1.1,
+        "ratio": ratio,
+    }
 
 
 LAUNCH_BENCH = {
-    "bench": "launch", "device": "cpu: test, 2 cores", "versions": {"torch": "2.13.0"}, "git_revision": "abc1234",
-    "config": {"ranks": 2, "repeats": 3, "cold_repeats": 5}, "baseline": "mpirun (raw)",
+    "bench": "launch",
+    "device": "cpu: test, 2 cores",
+    "versions": {"torch": "2.13.0"},
+    "git_revision": "abc1234",
+    "config": {"ranks": 2, "repeats": 3, "cold_repeats": 5},
+    "baseline": "mpirun (raw)",
     "results": {
-        "1 host": {"gaudi-launch (local)": {**launch_entry(2.7, 0.9), "label": "gaudi-launch (local)"},
-                   "mpirun (raw)": {**launch_entry(3.0, 1.0), "label": "mpirun (raw)"},
-                   "torchrun": {"label": "torchrun", "error": "exit 1, 0/2 ranks reported OK"}},
-        "2 hosts": {"gaudi-launch (local)": {"label": "gaudi-launch (local)", "skipped": "this host only"},
-                    "mpirun (raw)": {**launch_entry(4.8, 1.0), "label": "mpirun (raw)"}}},
-    "start_up": {"python -c pass": {**launch_entry(0.02, 1.0), "over_python_ms": 0.0},
-                 "gaudi-launch --help": {**launch_entry(0.1, 5.0), "over_python_ms": 80.0}}}
+        "1 host": {
+            "gaudi-launch (local)": {**launch_entry(2.7, 0.9), "label": "gaudi-launch (local)"},
+            "mpirun (raw)": {**launch_entry(3.0, 1.0), "label": "mpirun (raw)"},
+            "torchrun": {"label": "torchrun", "error": "exit 1, 0/2 ranks reported OK"},
+        },
+        "2 hosts": {
+            "gaudi-launch (local)": {"label": "gaudi-launch (local)", "skipped": "this host only"},
+            "mpirun (raw)": {**launch_entry(4.8, 1.0), "label": "mpirun (raw)"},
+        },
+    },
+    "start_up": {
+        "python -c pass": {**launch_entry(0.02, 1.0), "over_python_ms": 0.0},
+        "gaudi-launch --help": {**launch_entry(0.1, 5.0), "over_python_ms": 80.0},
+    },
+}
 
-MFU_BENCH = {"bench": "mfu", "device": "cpu: test", "config": {"model": "small"},
-             "peak": {"fp32": {"flops": 9.0e10, "size": 1024, "per_size": {"1024": 9.0e10}},
-                      "bf16": {"flops": 2.5e11, "size": 512, "per_size": {"512": 2.5e11}}},
-             "training": {"fp32": {"flops": 4.5e10, "mfu": 0.5, "tokens_per_s": 7500.0},
-                          "bf16": {"flops": 5.0e10, "mfu": 0.2, "tokens_per_s": 8300.0}}}
+MFU_BENCH = {
+    "bench": "mfu",
+    "device": "cpu: test",
+    "config": {"model": "small"},
+    "peak": {
+        "fp32": {"flops": 9.0e10, "size": 1024, "per_size": {"1024": 9.0e10}},
+        "bf16": {"flops": 2.5e11, "size": 512, "per_size": {"512": 2.5e11}},
+    },
+    "training": {
+        "fp32": {"flops": 4.5e10, "mfu": 0.5, "tokens_per_s": 7500.0},
+        "bf16": {"flops": 5.0e10, "mfu": 0.2, "tokens_per_s": 8300.0},
+    },
+}
 
 
 def assert_png(path, min_bytes=5000):
@@ -112,8 +174,9 @@ def test_metrics_file_and_out_dir_through_the_cli(tmp_path, capsys):
 
 def test_nan_loss_and_a_half_written_last_line_still_plot(tmp_path, capsys):
     needs_matplotlib()
-    path = write_metrics(tmp_path / "run", [train_row(10, 6.0), {**train_row(20, 0), "loss": "nan"},
-                                            train_row(30, 5.0)])
+    path = write_metrics(
+        tmp_path / "run", [train_row(10, 6.0), {**train_row(20, 0), "loss": "nan"}, train_row(30, 5.0)]
+    )
     with open(path, "a") as f:
         f.write('{"step": 40, "loss": 4.')  # a killed job's last line
     assert report.main([path, "--out", str(tmp_path / "o")]) == 0
@@ -130,9 +193,11 @@ def test_only_the_last_of_several_runs_in_one_file_is_plotted():
 
 
 def test_a_resumed_run_continues_the_curve():
-    rows = ([train_row(s, 6.0 - s / 100) for s in (10, 20, 30)]  # crashed after step 30, checkpoint at 20
-            + [train_row(s, 7.0 - s / 100) for s in (30, 40)]
-            + [{"step": 40, "train_loss": 6.5, "global_step": 40, "train_samples_per_second": 500.0}])
+    rows = (
+        [train_row(s, 6.0 - s / 100) for s in (10, 20, 30)]  # crashed after step 30, checkpoint at 20
+        + [train_row(s, 7.0 - s / 100) for s in (30, 40)]
+        + [{"step": 40, "train_loss": 6.5, "global_step": 40, "train_samples_per_second": 500.0}]
+    )
     parts = report.split_rows(rows)
     assert parts["left_out"] == 0
     assert [(r["step"], r["loss"]) for r in parts["train"]] == [(10, 5.9), (20, 5.8), (30, 6.7), (40, 6.6)]
@@ -141,8 +206,11 @@ def test_a_resumed_run_continues_the_curve():
 
 def test_restart_marks_are_not_training_rows_and_are_drawn(tmp_path, capsys):
     # --max-restarts: crashed after step 30, the Trainer resumed from checkpoint-20 and marked it
-    rows = ([train_row(s, 6.0 - s / 100) for s in (10, 20, 30)] + [{"step": 20, "restart": 1}]
-            + [train_row(s, 6.0 - s / 100) for s in (30, 40)])
+    rows = (
+        [train_row(s, 6.0 - s / 100) for s in (10, 20, 30)]
+        + [{"step": 20, "restart": 1}]
+        + [train_row(s, 6.0 - s / 100) for s in (30, 40)]
+    )
     parts = report.split_rows(rows)
     assert [(r["step"], r["loss"]) for r in parts["train"]] == [(10, 5.9), (20, 5.8), (30, 5.7), (40, 5.6)]
     assert parts["restarts"] == [20] and parts["left_out"] == 0
@@ -151,11 +219,14 @@ def test_restart_marks_are_not_training_rows_and_are_drawn(tmp_path, capsys):
     assert os.path.join(str(tmp_path), "loss.png") in written
 
 
-@pytest.mark.parametrize("name,data,files", [
-    ("bench_train.json", TRAIN_BENCH, ["bench_train.png"]),
-    ("launch.json", LAUNCH_BENCH, ["launch.png", "launch-start-up.png"]),
-    ("mfu.json", MFU_BENCH, ["mfu.png"]),
-])
+@pytest.mark.parametrize(
+    "name,data,files",
+    [
+        ("bench_train.json", TRAIN_BENCH, ["bench_train.png"]),
+        ("launch.json", LAUNCH_BENCH, ["launch.png", "launch-start-up.png"]),
+        ("mfu.json", MFU_BENCH, ["mfu.png"]),
+    ],
+)
 def test_bench_json_is_recognised_by_content_and_drawn_as_bars(tmp_path, capsys, name, data, files):
     needs_matplotlib()
     src = tmp_path / name
@@ -175,14 +246,17 @@ def test_bench_kind_detection():
     assert report.bench_kind([1, 2]) is None
 
 
-@pytest.mark.parametrize("case,message", [
-    ("missing", "no such file or directory"),
-    ("no-metrics", "no metrics.jsonl here"),
-    ("empty", "no metrics in it"),
-    ("garbage", "no metrics in it"),
-    ("unknown-json", "not a benchmark result this knows"),
-    ("bad-json", "not JSON"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("missing", "no such file or directory"),
+        ("no-metrics", "no metrics.jsonl here"),
+        ("empty", "no metrics in it"),
+        ("garbage", "no metrics in it"),
+        ("unknown-json", "not a benchmark result this knows"),
+        ("bad-json", "not JSON"),
+    ],
+)
 def test_bad_input_is_a_clear_message_and_exit_2(tmp_path, capsys, case, message):
     src = tmp_path / "run"
     if case == "no-metrics":
@@ -225,22 +299,34 @@ def test_usage_errors_exit_2_through_the_cli(capsys):
 
 
 def test_the_launcher_imports_neither_matplotlib_nor_torch():
-    code = ("import sys\nfrom gaudi_launch import cli\n"
-            "rc = cli.main(['--help'])\n"
-            "bad = [m for m in ('matplotlib', 'torch', 'gaudi_launch.reports.plots') if m in sys.modules]\n"
-            "print('LOADED', bad)\nsys.exit(rc)\n")
+    code = (
+        "import sys\nfrom gaudi_launch import cli\n"
+        "rc = cli.main(['--help'])\n"
+        "bad = [m for m in ('matplotlib', 'torch', 'gaudi_launch.reports.plots') if m in sys.modules]\n"
+        "print('LOADED', bad)\nsys.exit(rc)\n"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "LOADED []" in res.stdout
 
 
 # transformers' Trainer writes trainer_state.json; its log_history is what a run of it looked like.
-HF_STATE = {"log_history": [
-    {"epoch": 0.5, "learning_rate": 4e-05, "loss": 6.9, "step": 10},
-    {"epoch": 1.0, "eval_loss": 6.2, "eval_runtime": 1.0, "step": 20},
-    {"epoch": 1.0, "learning_rate": 3e-05, "loss": 6.1, "step": 20},
-    {"epoch": 1.0, "step": 20, "total_flos": 1.0, "train_loss": 6.5, "train_runtime": 9.0,
-     "train_samples_per_second": 35.5, "train_steps_per_second": 2.2}]}
+HF_STATE = {
+    "log_history": [
+        {"epoch": 0.5, "learning_rate": 4e-05, "loss": 6.9, "step": 10},
+        {"epoch": 1.0, "eval_loss": 6.2, "eval_runtime": 1.0, "step": 20},
+        {"epoch": 1.0, "learning_rate": 3e-05, "loss": 6.1, "step": 20},
+        {
+            "epoch": 1.0,
+            "step": 20,
+            "total_flos": 1.0,
+            "train_loss": 6.5,
+            "train_runtime": 9.0,
+            "train_samples_per_second": 35.5,
+            "train_steps_per_second": 2.2,
+        },
+    ]
+}
 
 
 def test_transformers_trainer_state_is_plotted_too(tmp_path, capsys):

@@ -1,14 +1,25 @@
 """--max-restarts: the pure decisions (what restarts, how long to wait, what the ranks see, the summary)."""
+
 from __future__ import annotations
 
 import pytest
 
-from gaudi_launch.plan.contract import elastic_env
 from gaudi_launch.errors import UserError
-from gaudi_launch.process.restarts import (Attempt, HostsExhausted, attempt_spec, backoff_s, failure_cause, format_attempts,
-                                   hosts_for_attempt, lost_hosts_in, parse_restart_on, restart_count,
-                                   should_restart)
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.contract import elastic_env
+from gaudi_launch.process.restarts import (
+    Attempt,
+    HostsExhausted,
+    attempt_spec,
+    backoff_s,
+    failure_cause,
+    format_attempts,
+    hosts_for_attempt,
+    lost_hosts_in,
+    parse_restart_on,
+    restart_count,
+    should_restart,
+)
 from gaudi_launch.process.supervise import Culprit, JobResult, ProcResult
 from tests.unit.cli_helpers import plan_of, user_error
 
@@ -18,9 +29,14 @@ pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 def result(code, *, interrupted=None, rank_failed=True):
     proc = ProcResult(rank=1, host="h", name="rank 1", pid=5, returncode=code, state="failed", runtime_s=1.0)
     failed = rank_failed and code not in (0, 4)
-    return JobResult(exit_code=code, procs=[proc], first_failure=proc if failed else None,
-                     culprit=Culprit(1, "h", f"exit code {code}", []) if failed else None,
-                     interrupted_by=interrupted, summary="")
+    return JobResult(
+        exit_code=code,
+        procs=[proc],
+        first_failure=proc if failed else None,
+        culprit=Culprit(1, "h", f"exit code {code}", []) if failed else None,
+        interrupted_by=interrupted,
+        summary="",
+    )
 
 
 def test_which_failures_restart():
@@ -71,15 +87,18 @@ def test_dry_run_shows_the_restart_variables(capsys):
 def test_bad_restart_options_name_the_option(capsys):
     open("t.py", "w").close()
     assert "--max-restarts: a whole number from 0 to 1000, got -1" in user_error(capsys, "--max-restarts", "-1", "t.py")
-    assert "--restart-backoff: a number of seconds" in user_error(capsys, "--max-restarts", "1", "--restart-backoff",
-                                                                   "nan", "t.py")
+    assert "--restart-backoff: a number of seconds" in user_error(
+        capsys, "--max-restarts", "1", "--restart-backoff", "nan", "t.py"
+    )
     err = user_error(capsys, "--backend", "slurm", "--sbatch", "job.sh", "--max-restarts", "1", "t.py")
     assert "--max-restarts: the batch script --sbatch writes runs the job once" in err
 
 
 def test_attempt_summary():
-    attempts = [Attempt(1, 9, "rank", "rank 1 on h", "exit code 9", 12.34, backoff_s=1.0),
-                Attempt(2, 0, None, None, "exit code 0", 20.0)]
+    attempts = [
+        Attempt(1, 9, "rank", "rank 1 on h", "exit code 9", 12.34, backoff_s=1.0),
+        Attempt(2, 0, None, None, "exit code 0", 20.0),
+    ]
     text = format_attempts(attempts, 2, 0)
     assert "attempt 1: rank failure: rank 1 on h, exit code 9 after 12.3 s (then 1 s back-off)" in text
     assert "attempt 2: finished after 20.0 s" in text

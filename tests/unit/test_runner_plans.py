@@ -1,4 +1,5 @@
 """DistributedRunner (optimum-habana's entry point) as a planner: plans() starts nothing."""
+
 from __future__ import annotations
 
 import os
@@ -37,17 +38,20 @@ def test_distributed_runner_is_exported():
 
 
 def test_import_gaudi_launch_does_not_import_torch(tmp_path):
-    code = ("import sys, gaudi_launch\n"
-            "from gaudi_launch import DistributedRunner\n"
-            "import gaudi_launch.runner, gaudi_launch.plan.planner, gaudi_launch.backends.local\n"
-            "plans = DistributedRunner(['t.py --x'], world_size=2, master_port=None).plans()\n"
-            "assert plans[0].world_size == 2\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'deepspeed'))\n"
-            "print('HEAVY=' + ','.join(heavy))\n")
+    code = (
+        "import sys, gaudi_launch\n"
+        "from gaudi_launch import DistributedRunner\n"
+        "import gaudi_launch.runner, gaudi_launch.plan.planner, gaudi_launch.backends.local\n"
+        "plans = DistributedRunner(['t.py --x'], world_size=2, master_port=None).plans()\n"
+        "assert plans[0].world_size == 2\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'deepspeed'))\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("DS_ENV_FILE", "PYTHONPATH")}
     env.update(HOME=str(tmp_path), HABANA_VISIBLE_MODULES="0,1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "HEAVY="
 
@@ -86,7 +90,7 @@ def test_list_command_keeps_items_exactly():
     items = ["train.py", "a b", "'q'", "--x=1 2", "", "ü"]
     (plan,) = runner([items], world_size=1).plans()
     assert plan.program == items
-    assert plan.commands[0].argv[-len(items):] == items
+    assert plan.commands[0].argv[-len(items) :] == items
 
 
 def test_several_commands_give_several_plans():
@@ -100,15 +104,18 @@ def test_no_commands_no_plans():
     assert runner().plans() == []
 
 
-@pytest.mark.parametrize("command, expected", [
-    ("train.py --a", (None, ["train.py", "--a"])),
-    ("python train.py", ("python", ["train.py"])),
-    ("python3.10 -u x.py -u", ("python3.10", ["x.py", "-u"])),
-    (["/opt/bin/python", "x.py"], ("/opt/bin/python", ["x.py"])),
-    ("ipython x.py", (None, ["ipython", "x.py"])),
-    ("./python-wrapper.sh x", (None, ["./python-wrapper.sh", "x"])),
-    ([1, "x"], (None, ["1", "x"])),
-])
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        ("train.py --a", (None, ["train.py", "--a"])),
+        ("python train.py", ("python", ["train.py"])),
+        ("python3.10 -u x.py -u", ("python3.10", ["x.py", "-u"])),
+        (["/opt/bin/python", "x.py"], ("/opt/bin/python", ["x.py"])),
+        ("ipython x.py", (None, ["ipython", "x.py"])),
+        ("./python-wrapper.sh x", (None, ["./python-wrapper.sh", "x"])),
+        ([1, "x"], (None, ["1", "x"])),
+    ],
+)
 def test_command_to_program(command, expected):
     assert command_to_program(command) == expected
 
@@ -152,11 +159,13 @@ def test_use_mpi_with_use_deepspeed_is_user_error():
 
 def test_bad_input_from_python_is_a_value_error_as_upstream(tmp_path):
     # optimum-habana raises ValueError for these: `except ValueError` in callers must keep working.
-    cases = [lambda: runner(["train.py"], use_mpi=True, use_deepspeed=True),
-             lambda: runner(["train.py"], world_size=0),
-             lambda: runner(["t.py"], master_port=70000).plans(),
-             lambda: runner(["t.py"], hostfile=str(tmp_path / "missing")).plans(),
-             lambda: runner([""]).plans()]
+    cases = [
+        lambda: runner(["train.py"], use_mpi=True, use_deepspeed=True),
+        lambda: runner(["train.py"], world_size=0),
+        lambda: runner(["t.py"], master_port=70000).plans(),
+        lambda: runner(["t.py"], hostfile=str(tmp_path / "missing")).plans(),
+        lambda: runner([""]).plans(),
+    ]
     for case in cases:
         with pytest.raises(ValueError) as info:
             case()
@@ -195,8 +204,7 @@ def test_default_world_size_is_one():
 def test_os_environ_unchanged(isolated):
     (isolated.cwd / ".deepspeed_env").write_text("FROM_FILE=1\n")
     before = dict(os.environ)
-    plans = runner(["train.py --lr 1", "python3 other.py"], world_size=2, env={"KW": "1"},
-                   use_mpi=False).plans()
+    plans = runner(["train.py --lr 1", "python3 other.py"], world_size=2, env={"KW": "1"}, use_mpi=False).plans()
     assert len(plans) == 2
     assert dict(os.environ) == before
     assert "FROM_FILE" not in os.environ and "RANK" not in os.environ

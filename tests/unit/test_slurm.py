@@ -1,4 +1,5 @@
 """The slurm backend's decisions, from crafted Slurm variables: no Slurm needed."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,31 +10,40 @@ import sys
 
 import pytest
 
-from gaudi_launch.inputs import slurm
 from gaudi_launch.backends import slurm as backend
 from gaudi_launch.cli import main
 from gaudi_launch.errors import UserError
-from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.inputs import slurm
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.worker import normalize_env
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden")
-ALLOC = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gn[01-03]", "SLURM_TASKS_PER_NODE": "2(x3)",
-         "PATH": "/usr/bin:/bin"}
+ALLOC = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NODELIST": "gn[01-03]",
+    "SLURM_TASKS_PER_NODE": "2(x3)",
+    "PATH": "/usr/bin:/bin",
+}
 
 
 def plan_for(environ=None, facts=None, **spec):
-    return backend.build_plan(JobSpec(program=["train.py", "--bf16"], backend="slurm", efa=False, **spec),
-                              dict(ALLOC if environ is None else environ),
-                              hostnames=lambda text, env: slurm.expand_hostlist(text),
-                              probe=lambda nodes, master, python, env, script="", port=0: facts)
+    return backend.build_plan(
+        JobSpec(program=["train.py", "--bf16"], backend="slurm", efa=False, **spec),
+        dict(ALLOC if environ is None else environ),
+        hostnames=lambda text, env: slurm.expand_hostlist(text),
+        probe=lambda nodes, master, python, env, script="", port=0: facts,
+    )
 
 
-@pytest.mark.parametrize("text,names", [
-    ("gls-n[0-2]", ["gls-n0", "gls-n1", "gls-n2"]),
-    ("a1,b[08-10],c", ["a1", "b08", "b09", "b10", "c"]),
-    ("r[1-2]n[1,3]", ["r1n1", "r1n3", "r2n1", "r2n3"]),
-])
+@pytest.mark.parametrize(
+    "text,names",
+    [
+        ("gls-n[0-2]", ["gls-n0", "gls-n1", "gls-n2"]),
+        ("a1,b[08-10],c", ["a1", "b08", "b09", "b10", "c"]),
+        ("r[1-2]n[1,3]", ["r1n1", "r1n3", "r2n1", "r2n3"]),
+    ],
+)
 def test_host_list_expanded_as_scontrol_does(text, names):
     assert slurm.expand_hostlist(text) == names
 
@@ -59,9 +69,17 @@ def test_plan_inside_allocation_from_slurm_facts():
     assert [n.ranks for n in plan.nodes] == [[0, 1], [2, 3], [4, 5]]
     assert (plan.master_addr, plan.master_port) == ("gn01", 24242)
     cmd = plan.commands[0]
-    assert cmd.argv[:9] == ["srun", f"--job-name=gaudi-launch-{plan.job_id}", "--nodes=3", "--ntasks=6",
-                            "--ntasks-per-node=2", "--nodelist=gn01,gn02,gn03", "--kill-on-bad-exit=1",
-                            "--label", f"--export=ALL,GAUDI_LAUNCH_JOB_ID={plan.job_id}"]
+    assert cmd.argv[:9] == [
+        "srun",
+        f"--job-name=gaudi-launch-{plan.job_id}",
+        "--nodes=3",
+        "--ntasks=6",
+        "--ntasks-per-node=2",
+        "--nodelist=gn01,gn02,gn03",
+        "--kill-on-bad-exit=1",
+        "--label",
+        f"--export=ALL,GAUDI_LAUNCH_JOB_ID={plan.job_id}",
+    ]
     assert cmd.argv[9:] == [sys.executable, "-u", "-m", "gaudi_launch.process.worker", "train.py", "--bf16"]
     assert cmd.env["MASTER_ADDR"] == "gn01" and cmd.env["MASTER_PORT"] == "24242"
     # sbatch --cpus-per-task reaches the ranks' step (srun no longer inherits it since Slurm 22.05)
@@ -84,14 +102,34 @@ def test_selection_as_for_hostfiles():
 
 
 def test_plan_from_login_node():
-    plan = plan_for(environ={"PATH": "/bin"}, num_nodes=2, num_devices=8, partition="gaudi", time="1:00:00",
-                    account="proj", slurm_args="--exclusive --comment 'a b'")
+    plan = plan_for(
+        environ={"PATH": "/bin"},
+        num_nodes=2,
+        num_devices=8,
+        partition="gaudi",
+        time="1:00:00",
+        account="proj",
+        slurm_args="--exclusive --comment 'a b'",
+    )
     argv = plan.commands[0].argv
-    assert argv[:5] == ["srun", f"--job-name=gaudi-launch-{plan.job_id}", "--nodes=2", "--ntasks=16",
-                        "--ntasks-per-node=8"]
-    assert argv[5:14] == ["--kill-on-bad-exit=1", "--label", f"--export=ALL,GAUDI_LAUNCH_JOB_ID={plan.job_id}",
-                          "--partition=gaudi",
-                          "--time=1:00:00", "--account=proj", "--exclusive", "--comment", "a b"]
+    assert argv[:5] == [
+        "srun",
+        f"--job-name=gaudi-launch-{plan.job_id}",
+        "--nodes=2",
+        "--ntasks=16",
+        "--ntasks-per-node=8",
+    ]
+    assert argv[5:14] == [
+        "--kill-on-bad-exit=1",
+        "--label",
+        f"--export=ALL,GAUDI_LAUNCH_JOB_ID={plan.job_id}",
+        "--partition=gaudi",
+        "--time=1:00:00",
+        "--account=proj",
+        "--exclusive",
+        "--comment",
+        "a b",
+    ]
     assert "MASTER_ADDR" not in plan.commands[0].env  # the ranks take the step's first node
     with pytest.raises(UserError, match="inside an allocation"):
         plan_for(environ={}, include="n1:0,1")
@@ -119,14 +157,44 @@ def test_values_travel_in_srun_environment_not_argv():
 
 
 def test_rank_layout_from_srun_variables():
-    env = {slurm.RANKS_FROM: "slurm", "GAUDI_LAUNCH_JOB_ID": "j", "RANK": "99", "SLURM_JOB_ID": "7",
-           "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_NUM_TASKS": "4",
-           "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NODELIST": "c[5-6]"}
+    env = {
+        slurm.RANKS_FROM: "slurm",
+        "GAUDI_LAUNCH_JOB_ID": "j",
+        "RANK": "99",
+        "SLURM_JOB_ID": "7",
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_STEP_NODELIST": "c[5-6]",
+    }
     out = normalize_env(env)
-    assert {k: out[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
-                                "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_WORLD_SIZE")} == {
-        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1",
-        "CROSS_SIZE": "2", "MASTER_ADDR": "c5", "MASTER_PORT": "20007", "GROUP_WORLD_SIZE": "2"}
+    assert {
+        k: out[k]
+        for k in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "NODE_RANK",
+            "CROSS_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "GROUP_WORLD_SIZE",
+        )
+    } == {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+        "NODE_RANK": "1",
+        "CROSS_SIZE": "2",
+        "MASTER_ADDR": "c5",
+        "MASTER_PORT": "20007",
+        "GROUP_WORLD_SIZE": "2",
+    }
     given = normalize_env({**env, "MASTER_ADDR": "m", "MASTER_PORT": "29600"})
     assert "MASTER_ADDR" not in given and "MASTER_PORT" not in given  # the launcher's are kept
 
@@ -135,7 +203,8 @@ def test_srun_output_read_back():
     demux = backend.srun_demux()
     assert demux(" 3: hello: world") == [(3, "hello: world")]
     assert demux("srun: error: gn02: task 3: Exited with exit code 7") == [
-        (None, "srun: error: gn02: task 3: Exited with exit code 7")]
+        (None, "srun: error: gn02: task 3: Exited with exit code 7")
+    ]
     lines = ["srun: error: gn02: task 3: Exited with exit code 7", "srun: error: gn01: tasks 0-1: Terminated"]
     culprit = backend.explain(lines)
     assert (culprit.rank, culprit.host, culprit.status, culprit.exit_code) == (3, "gn02", "exit code 7", 7)
@@ -154,16 +223,42 @@ def test_dry_run_needs_no_slurm(monkeypatch, tmp_path):
     assert "srun --job-name=gaudi-launch-" in out.getvalue() and "--ntasks=4" in out.getvalue()
 
 
-@pytest.mark.parametrize("name,args,environ", [
-    ("slurm-allocation", ["--exclude", "gaudi2", "--no-ssh-check"],
-     {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "gaudi[1-3]", "SLURM_NTASKS_PER_NODE": "8"}),
-    ("slurm-login", ["--backend", "slurm", "--num_nodes", "2", "--num_devices", "8", "--partition", "gaudi2",
-                     "--time", "2:00:00", "--account", "ml", "--slurm-args", "--exclusive --mem=0"], {}),
-])
+@pytest.mark.parametrize(
+    "name,args,environ",
+    [
+        (
+            "slurm-allocation",
+            ["--exclude", "gaudi2", "--no-ssh-check"],
+            {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "gaudi[1-3]", "SLURM_NTASKS_PER_NODE": "8"},
+        ),
+        (
+            "slurm-login",
+            [
+                "--backend",
+                "slurm",
+                "--num_nodes",
+                "2",
+                "--num_devices",
+                "8",
+                "--partition",
+                "gaudi2",
+                "--time",
+                "2:00:00",
+                "--account",
+                "ml",
+                "--slurm-args",
+                "--exclusive --mem=0",
+            ],
+            {},
+        ),
+    ],
+)
 def test_dry_run_json_matches_golden(name, args, environ, monkeypatch, tmp_path):
     for key in list(os.environ):
-        if key.startswith(("SLURM_", "HCCL_", "PT_HPU", "HABANA_", "GC_", "HLS_", "HBN_", "SYN", "DS_ENV")) \
-                or key in ("LD_LIBRARY_PATH", "PYTHONPATH"):
+        if key.startswith(("SLURM_", "HCCL_", "PT_HPU", "HABANA_", "GC_", "HLS_", "HBN_", "SYN", "DS_ENV")) or key in (
+            "LD_LIBRARY_PATH",
+            "PYTHONPATH",
+        ):
             monkeypatch.delenv(key, raising=False)
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
@@ -197,8 +292,17 @@ def test_planner_hands_slurm_plans_over(monkeypatch):
 def test_job_id_sweep_runs_beside_the_step_on_every_node():
     plan = plan_for(num_nodes=2)
     argv = backend.sweep_argv(plan, JobSpec(program=["t.py"]), "4242", ["gn01", "gn02"], 15, 100.0)
-    assert argv[:9] == ["srun", "--overlap", "--jobid=4242", f"--job-name=gaudi-launch-{plan.job_id}-sweep",
-                        "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=gn01,gn02", "--label"]
+    assert argv[:9] == [
+        "srun",
+        "--overlap",
+        "--jobid=4242",
+        f"--job-name=gaudi-launch-{plan.job_id}-sweep",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--nodelist=gn01,gn02",
+        "--label",
+    ]
     assert argv[-3:] == [plan.job_id, "15", "100.0"]
     found = backend.parse_sweep_output("0: 2\n1: 0\n1: 77\tpython\t0\tnot allowed to signal it\n", ["gn01", "gn02"])
     assert found["gn01"].hit == 2 and found["gn02"].hit == 0
@@ -207,13 +311,20 @@ def test_job_id_sweep_runs_beside_the_step_on_every_node():
 
 def test_interface_from_what_srun_found_on_the_nodes():
     def ip(addr, other="10.9.0.5/16"):
-        return (f"1: lo    inet 127.0.0.1/8 scope host lo\n2: eth0    inet {other} brd x scope global eth0\n"
-                f"3: ens5    inet {addr}/24 brd x scope global ens5\n")
-    facts = {"gn01": {"ip_addr": ip("10.1.0.11"), "master_ip": "10.1.0.11"},
-             "gn02": {"ip_addr": ip("10.1.0.12"), "master_ip": "10.1.0.11"},
-             "gn03": {"ip_addr": ip("10.1.0.13"), "master_ip": "10.1.0.11"}}
+        return (
+            f"1: lo    inet 127.0.0.1/8 scope host lo\n2: eth0    inet {other} brd x scope global eth0\n"
+            f"3: ens5    inet {addr}/24 brd x scope global ens5\n"
+        )
+
+    facts = {
+        "gn01": {"ip_addr": ip("10.1.0.11"), "master_ip": "10.1.0.11"},
+        "gn02": {"ip_addr": ip("10.1.0.12"), "master_ip": "10.1.0.11"},
+        "gn03": {"ip_addr": ip("10.1.0.13"), "master_ip": "10.1.0.11"},
+    }
     plan = plan_for(facts=facts)
-    assert plan.ifname == "ens5" and plan.env["GLOO_SOCKET_IFNAME"] == "ens5" and plan.env["HCCL_SOCKET_IFNAME"] == "ens5"
+    assert (
+        plan.ifname == "ens5" and plan.env["GLOO_SOCKET_IFNAME"] == "ens5" and plan.env["HCCL_SOCKET_IFNAME"] == "ens5"
+    )
     mine = plan_for(environ={**ALLOC, "HCCL_SOCKET_IFNAME": "eth0"}, facts=facts)
     assert mine.ifname == "eth0" and "HCCL_SOCKET_IFNAME" not in mine.env  # the user's own, inherited
     assert plan_for(facts=None).ifname is None  # srun could not probe: defaults, with a note
@@ -240,8 +351,10 @@ def test_a_node_without_the_script_or_interpreter_stops_the_job_before_it_starts
 
 
 def test_where_the_watch_probes_each_node():
-    shown = ("NodeName=gn01 Arch=x86_64 CoresPerSocket=2 NodeAddr=10.1.0.11 NodeHostName=gn01 State=ALLOCATED\n"
-             "NodeName=gn02 Arch=x86_64 NodeHostName=gn02 State=ALLOCATED\n")
+    shown = (
+        "NodeName=gn01 Arch=x86_64 CoresPerSocket=2 NodeAddr=10.1.0.11 NodeHostName=gn01 State=ALLOCATED\n"
+        "NodeName=gn02 Arch=x86_64 NodeHostName=gn02 State=ALLOCATED\n"
+    )
     assert backend.parse_node_addrs(shown) == {"gn01": "10.1.0.11", "gn02": "gn02"}
     assert backend.parse_slurmd_port("SlurmctldPort = 6817\nSlurmdPort              = 7001\n") == 7001
     assert backend.parse_slurmd_port("") == 6818
@@ -262,7 +375,7 @@ def test_check_only_and_job_file_with_slurm(monkeypatch, tmp_path):
     assert "--time=1:00:00" in argv and "--account=ml" in argv and "--nodes=2" in argv
 
 
-@pytest.mark.parametrize("value", ['x $(y) `z` "q" \'s\'', "a\nb\tc\\n\\", "", "$HOME ${X}", "ünï\r\n"])
+@pytest.mark.parametrize("value", ["x $(y) `z` \"q\" 's'", "a\nb\tc\\n\\", "", "$HOME ${X}", "ünï\r\n"])
 def test_sbatch_env_file_reads_back_exactly(value):
     from gaudi_launch.inputs.envfile import parse_env_text
     from gaudi_launch.plan.sbatch import env_file_text
@@ -274,16 +387,37 @@ def test_sbatch_script_for_the_job(tmp_path, monkeypatch):
     from gaudi_launch.plan import sbatch
 
     monkeypatch.chdir(tmp_path)
-    plan = plan_for(environ={}, num_nodes=2, num_devices=8, partition="gaudi2", time="1:00:00",
-                    slurm_args="--exclusive", env={"TOKEN_X": "s3cret value"}, sbatch="job.sh", grace=5.0)
-    spec = JobSpec(program=["train.py", "--bf16", "a b"], backend="slurm", num_nodes=2, num_devices=8,
-                   partition="gaudi2", time="1:00:00", slurm_args="--exclusive", sbatch="job.sh", grace=5.0)
+    plan = plan_for(
+        environ={},
+        num_nodes=2,
+        num_devices=8,
+        partition="gaudi2",
+        time="1:00:00",
+        slurm_args="--exclusive",
+        env={"TOKEN_X": "s3cret value"},
+        sbatch="job.sh",
+        grace=5.0,
+    )
+    spec = JobSpec(
+        program=["train.py", "--bf16", "a b"],
+        backend="slurm",
+        num_nodes=2,
+        num_devices=8,
+        partition="gaudi2",
+        time="1:00:00",
+        slurm_args="--exclusive",
+        sbatch="job.sh",
+        grace=5.0,
+    )
     written = sbatch.write(plan, spec, {})
     text = open(written["script"]).read()
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8\n" in text and "#SBATCH --partition=gaudi2\n" in text
     assert "#SBATCH --time=1:00:00\n" in text and "#SBATCH --exclusive\n" in text
-    assert text.rstrip().splitlines()[-1].endswith(f"--env-file {written['env_file']} --python {sys.executable} "
-                                                   "train.py --bf16 'a b'")
+    assert (
+        text.rstrip()
+        .splitlines()[-1]
+        .endswith(f"--env-file {written['env_file']} --python {sys.executable} train.py --bf16 'a b'")
+    )
     assert "s3cret" not in text and oct(os.stat(written["env_file"]).st_mode & 0o777) == "0o600"
     with pytest.raises(UserError, match="exists already"):
         sbatch.write(plan, spec, {})
@@ -292,7 +426,9 @@ def test_sbatch_script_for_the_job(tmp_path, monkeypatch):
 
 
 def test_srun_failing_itself_is_not_blamed_on_a_rank():
-    culprit = backend.explain(["srun: error: Unable to create step for job 1: More processors requested than permitted"])
+    culprit = backend.explain(
+        ["srun: error: Unable to create step for job 1: More processors requested than permitted"]
+    )
     assert culprit.rank is None and "--overcommit" in culprit.status and culprit.exit_code is None
     # a task's report wins over srun's own words
     assert backend.explain(["srun: error: x", "srun: error: n2: task 1: Exited with exit code 3"]).rank == 1

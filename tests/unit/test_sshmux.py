@@ -1,4 +1,5 @@
 """The job's shared ssh connections (sshmux.py) and how mpirun's argv uses them: the pure parts."""
+
 from __future__ import annotations
 
 import os
@@ -6,8 +7,8 @@ import stat
 
 import pytest
 
-from gaudi_launch.remote import sshmux
 from gaudi_launch.backends import mpirun
+from gaudi_launch.remote import sshmux
 
 
 def test_control_dir_fits_the_unix_socket_limit(tmp_path):
@@ -41,7 +42,7 @@ def test_mpirun_daemons_go_over_the_connections_without_tree_spawn():
     out = mpirun.over_connections(argv, ["-o", "ControlPath=/tmp/d/%C", "-o", "ControlMaster=no"])
     i = out.index("plm_rsh_args")
     assert out[i + 1] == "-o BatchMode=yes -F /c -o ControlPath=/tmp/d/%C -o ControlMaster=no"
-    assert out[i + 2:i + 5] == ["--mca", "plm_rsh_no_tree_spawn", "1"]
+    assert out[i + 2 : i + 5] == ["--mca", "plm_rsh_no_tree_spawn", "1"]
     assert out[-1] == "/bin/true" and argv[argv.index("plm_rsh_args") + 1] == "-o BatchMode=yes -F /c"
     bare = mpirun.over_connections(["mpirun", "/bin/true"], ["-o", "ControlPath=/tmp/d/%C"])
     assert bare[1:3] == ["--mca", "plm_rsh_args"] and bare[-1] == "/bin/true"
@@ -55,16 +56,28 @@ def test_the_sweep_runs_through_the_kept_session(tmp_path):
     from gaudi_launch.remote import teardown
 
     job = "abad1dea"
-    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                              env={"GAUDI_LAUNCH_JOB_ID": job, "PATH": "/usr/bin:/bin"})
+    victim = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={"GAUDI_LAUNCH_JOB_ID": job, "PATH": "/usr/bin:/bin"}
+    )
     conn = sshmux.Connections("c0ffee00", [], tmp=str(tmp_path))
     try:
-        agent = subprocess.Popen([sys.executable, "-S", "-u", "-c", teardown.AGENT_CODE], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        agent = subprocess.Popen(
+            [sys.executable, "-S", "-u", "-c", teardown.AGENT_CODE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         conn.adopt("h1", agent)
         assert conn.agent_run("h1", teardown.kill_args(job, 0), 10).splitlines()[0] == "1"  # found, signal 0
-        swept = teardown.sweep_job(["h1"], job, 15, ssh_args=["-o", "BatchMode=yes"], python="/nowhere/python",
-                                   is_local=lambda h: False, via=conn.agent_run)
+        swept = teardown.sweep_job(
+            ["h1"],
+            job,
+            15,
+            ssh_args=["-o", "BatchMode=yes"],
+            python="/nowhere/python",
+            is_local=lambda h: False,
+            via=conn.agent_run,
+        )
         assert swept["h1"].hit == 1  # through the agent: the ssh fallback (to host h1) would have failed
         assert victim.wait(10) == -15
         assert conn.agent_run("nohost", ["x", "0"], 1) is None  # no agent there: the caller uses ssh
@@ -92,6 +105,7 @@ def test_a_sigkilled_launchers_empty_directory_is_removed_at_the_next_start():
         d.mkdir(mode=0o700)
     (old_full / "socket").write_text("")
     import socket
+
     deaf = socket.socket(socket.AF_UNIX)
     deaf.bind(str(old_rsh / sshmux.RSH_SOCKET))
     deaf.close()  # the socket file stays, with nobody behind it
@@ -118,8 +132,13 @@ def _session_agent(env=None):
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-S", "-u", "-c", sshmux.SESSION_AGENT], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-S", "-u", "-c", sshmux.SESSION_AGENT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
 
 
 def test_the_session_runs_a_command_as_sshd_would(tmp_path):
@@ -153,12 +172,17 @@ def _rsh(conn, tmp_path, *args):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake_ssh = bin_dir / "ssh"  # the fallback: prints what it was given
-    fake_ssh.write_text("#!/bin/sh\necho \"ssh $*\"\nexit 5\n")
+    fake_ssh.write_text('#!/bin/sh\necho "ssh $*"\nexit 5\n')
     fake_ssh.chmod(0o755)
     agent = conn.rsh_agent(2).split()
     assert agent[:4] == [sys.executable, "-S", "-I", sshmux.RSH_AGENT] and agent[-2:] == [conn.rsh_socket(), "2"]
-    return subprocess.run([*agent, "-o", "BatchMode=yes", *args], capture_output=True, text=True, timeout=30,
-                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    return subprocess.run(
+        [*agent, "-o", "BatchMode=yes", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )
 
 
 def test_mpiruns_rsh_agent_starts_daemons_through_the_sessions(tmp_path):
@@ -192,13 +216,16 @@ def test_the_rsh_agent_is_left_out_when_mpirun_would_split_its_paths(tmp_path, m
 
 
 def test_mpirun_daemons_through_the_sessions_argv():
-    argv = mpirun.over_connections(["mpirun", "--mca", "plm_rsh_args", "-F /c", "/bin/true"],
-                                   ["-o", "ControlPath=/tmp/d/%C", "-o", "ControlMaster=no"])
+    argv = mpirun.over_connections(
+        ["mpirun", "--mca", "plm_rsh_args", "-F /c", "/bin/true"],
+        ["-o", "ControlPath=/tmp/d/%C", "-o", "ControlMaster=no"],
+    )
     seen = []
 
     def agent(n):
         seen.append(n)
         return "/py -S -I /a.py /tmp/d/rsh 6"
+
     out = mpirun.through_sessions(argv, agent)
     assert seen == [6]  # -F /c -o ControlPath=... -o ControlMaster=no
     i = out.index("plm_rsh_agent")
@@ -211,8 +238,12 @@ def test_mpirun_daemons_through_the_sessions_argv():
 def test_rsh_agent_arguments_and_answers():
     from gaudi_launch.remote import rshagent
 
-    assert rshagent.split(["/s", "2", "-o", "X=y", "h1", "orted", "-mca"]) == ("/s", ["-o", "X=y"], "h1",
-                                                                              ["orted", "-mca"])
+    assert rshagent.split(["/s", "2", "-o", "X=y", "h1", "orted", "-mca"]) == (
+        "/s",
+        ["-o", "X=y"],
+        "h1",
+        ["orted", "-mca"],
+    )
     assert rshagent.split(["/s", "0", "h1", "true"]) == ("/s", [], "h1", ["true"])
     for bad in (["/s", "3", "-o", "X", "h1"], ["/s", "x", "h1", "true"], ["/s"]):
         with pytest.raises(ValueError):

@@ -6,7 +6,7 @@ import socket
 import sys
 
 print("python_ok=1")
-print("python_version=%s" % sys.version.split()[0])
+print(f"python_version={sys.version.split()[0]}")
 try:
     import importlib.util
 
@@ -22,11 +22,11 @@ try:
         site = os.path.dirname(list(found_spec.submodule_search_locations or [])[0])
         found = sorted(glob.glob(os.path.join(site, "deepspeed-*.dist-info")))
         if len(found) == 1:
-            print("deepspeed=%s" % os.path.basename(found[0])[len("deepspeed-"):-len(".dist-info")])
+            print("deepspeed={}".format(os.path.basename(found[0])[len("deepspeed-") : -len(".dist-info")]))
         else:
             from importlib.metadata import version
 
-            print("deepspeed=%s" % version("deepspeed"))
+            print("deepspeed={}".format(version("deepspeed")))
     except Exception:
         print("deepspeed=unknown")
 except Exception:
@@ -38,10 +38,10 @@ try:
     print("master_reachable=1")
 except socket.gaierror as e:
     print("master_reachable=0")
-    print("master_error=%s does not resolve (%s)" % (addr, e))
+    print(f"master_error={addr} does not resolve ({e})")
 except Exception as e:
     print("master_reachable=0")
-    print("master_error=%s" % (e,))
+    print(f"master_error={e}")
 sys.stdout.flush()
 if len(sys.argv) > 3:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -51,6 +51,6 @@ if len(sys.argv) > 3:
         print("port_free=1")
     except Exception as e:
         print("port_free=0")
-        print("port_error=%s" % (e,))
+        print(f"port_error={e}")
     finally:
         s.close()

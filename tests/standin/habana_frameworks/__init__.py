@@ -7,6 +7,7 @@ eager mode, and import-time settings are frozen when habana_frameworks.torch fir
 module names the bridge source (HabanaAI/gaudi-pytorch-bridge 1.19) it follows. The arithmetic
 runs on the CPU underneath (tests/standin/hpu_stand_in_device.py).
 """
+
 from __future__ import annotations
 
 import atexit

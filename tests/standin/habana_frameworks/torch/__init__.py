@@ -4,8 +4,9 @@ As the real package's __init__.py: importing it (which importing any of its subm
 loads the bridge once, freezing the import-time settings (lazy mode, autocast op lists), and
 imports core, distributed.hccl and hpu.
 """
-from habana_frameworks import record
+
 import hpu_stand_in_device as _bridge
+from habana_frameworks import record
 from habana_frameworks.torch.utils.internal import is_lazy
 
 _autocast_ops = _bridge.load()

@@ -5,12 +5,12 @@ As python_packages/habana_frameworks/torch/core/__init__.py and core/step_closur
 mode), ``_mark_step_if_lazy`` is what the fused optimizers call, and importing the module
 registers habana_frameworks.torch.hpu as ``torch.hpu``.
 """
+
 from __future__ import annotations
 
 import os
 
 import torch
-
 from habana_frameworks import record
 from habana_frameworks.torch import hpu
 from habana_frameworks.torch.utils.internal import is_lazy, lazy_only
@@ -28,9 +28,12 @@ def _read(path):
 
 # The real bridge reads these once, at import: the tests assert they were set (and the op-list
 # files written) before it.
-record("core.import", PT_HPU_LAZY_MODE=os.environ.get("PT_HPU_LAZY_MODE"),
-       **{var: os.environ.get(var) for var in _LISTS},
-       op_lists={var: _read(os.environ.get(var)) for var in _LISTS})
+record(
+    "core.import",
+    PT_HPU_LAZY_MODE=os.environ.get("PT_HPU_LAZY_MODE"),
+    **{var: os.environ.get(var) for var in _LISTS},
+    op_lists={var: _read(os.environ.get(var)) for var in _LISTS},
+)
 
 torch._register_device_module("hpu", hpu)
 

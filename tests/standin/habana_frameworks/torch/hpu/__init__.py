@@ -4,14 +4,14 @@ As python_packages/habana_frameworks/torch/hpu/__init__.py (bridge 1.19): the HP
 (``ModuleCacher``, ``wrap_in_hpu_graph``) is exported only in lazy mode (``if is_lazy(): from
 .graphs import *``); memory_stats reports InUse/MaxInUse/Limit in bytes.
 """
+
 from __future__ import annotations
 
 import torch
-
 from habana_frameworks import record
 from habana_frameworks.torch.utils.internal import is_lazy
 
-GB = 1024 ** 3
+GB = 1024**3
 # Plausible Gaudi2 figures, in bytes, as the real memory_stats() reports them.
 MEMORY = {"InUse": int(1.234 * GB), "MaxInUse": int(2.5 * GB), "Limit": int(94.62 * GB)}
 

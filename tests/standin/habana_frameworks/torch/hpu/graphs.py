@@ -6,12 +6,12 @@ DistributedDataParallel (``forward(*inputs, **kwargs)``) cannot be wrapped: opti
 the model first and DDP after. With ``inplace=True`` it replaces ``model.forward`` and returns the
 model itself. The stand-in records the wrap and each training forward it would have cached.
 """
+
 from __future__ import annotations
 
 import inspect
 
 import torch
-
 from habana_frameworks import record
 
 _UNSUPPORTED = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)
@@ -19,7 +19,7 @@ _UNSUPPORTED = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIO
 
 def _check_signature(forward) -> None:
     for name, p in inspect.signature(forward).parameters.items():
-        assert p.kind not in _UNSUPPORTED, "Unsupported argument type : {0}".format(p.kind)
+        assert p.kind not in _UNSUPPORTED, f"Unsupported argument type : {p.kind}"
 
 
 class ModuleCacher(torch.nn.Module):
@@ -27,11 +27,22 @@ class ModuleCacher(torch.nn.Module):
         super().__init__()
         self.max_graphs = max_graphs
 
-    def __call__(self, model, use_lfu=False, inplace=True, allow_unused_input=False, asynchronous=False,
-                 have_grad_accumulation=False, log_frequency=100, verbose=False, disable_tensor_cache=False,
-                 dry_run=False):
-        assert not isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)), \
+    def __call__(
+        self,
+        model,
+        use_lfu=False,
+        inplace=True,
+        allow_unused_input=False,
+        asynchronous=False,
+        have_grad_accumulation=False,
+        log_frequency=100,
+        verbose=False,
+        disable_tensor_cache=False,
+        dry_run=False,
+    ):
+        assert not isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)), (
             "Use DataParallel/DistributedDataParallel only after wrapping with ModuleCacher"
+        )
         _check_signature(model.forward)
         record("ModuleCacher", model=type(model).__name__, inplace=inplace)
         orig = model.forward
@@ -50,8 +61,12 @@ def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dr
     """As the bridge's: replaces ``module.forward`` in place and returns the module. A replayed
     graph carries no autograd history, so the stand-in runs the forward without one: training
     through it fails at backward, as it would on a Gaudi."""
-    record("wrap_in_hpu_graph", model=type(module).__name__, disable_tensor_cache=disable_tensor_cache,
-           max_graphs=max_graphs)
+    record(
+        "wrap_in_hpu_graph",
+        model=type(module).__name__,
+        disable_tensor_cache=disable_tensor_cache,
+        max_graphs=max_graphs,
+    )
     orig = module.forward
 
     def forward(*args, **kwargs):

@@ -4,6 +4,7 @@ As python_packages/habana_frameworks/torch/utils/internal.py (bridge 1.19): ``is
 PT_HPU_LAZY_MODE != "0" on first use, and ``lazy_only`` turns a function into a no-op (warning
 once) when the process is in eager mode.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,10 @@ def lazy_only(func):
     def non_lazy(*args, **kwargs):
         if not warned:
             warned.append(True)
-            warnings.warn(f"Calling {func.__name__} function does not have any effect. It's lazy mode only "
-                          "functionality.", stacklevel=2)
+            warnings.warn(
+                f"Calling {func.__name__} function does not have any effect. It's lazy mode only functionality.",
+                stacklevel=2,
+            )
 
     non_lazy.__name__ = func.__name__
     return non_lazy

@@ -5,11 +5,11 @@ As python_packages/habana_frameworks/torch/distributed/hccl/__init__.py (bridge 
 therefore fails ("No backend type associated with device type cpu"), as on Gaudi. Underneath, the
 stand-in's collectives on hpu tensors run over gloo (see tests/standin/hpu_stand_in_device.py).
 """
+
 from __future__ import annotations
 
-import torch.distributed as dist
-
 import habana_frameworks.torch  # noqa: F401  (loads the stand-in device first, like the real package)
+import torch.distributed as dist
 from habana_frameworks import record
 
 

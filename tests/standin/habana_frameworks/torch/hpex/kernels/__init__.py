@@ -9,11 +9,11 @@ with a causal mask, ``valid_seq_len`` only in causal inference without a mask; a
 grouped-query K/V (fewer heads than Q) itself, so callers need not repeat them. Inputs must be
 on the device.
 """
+
 from __future__ import annotations
 
-import torch
-
 import hpu_stand_in_device as _bridge
+import torch
 from habana_frameworks import record
 
 
@@ -23,9 +23,21 @@ def _is_gqa(q, k) -> bool:
 
 class FusedSDPA:
     @staticmethod
-    def apply(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, softmax_mode="None",
-              recompute_mode=None, valid_seq_len=None, seq_padding_type="left", return_dropout_mask=False,
-              return_attn_probs=False):
+    def apply(
+        q,
+        k,
+        v,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        scale=None,
+        softmax_mode="None",
+        recompute_mode=None,
+        valid_seq_len=None,
+        seq_padding_type="left",
+        return_dropout_mask=False,
+        return_attn_probs=False,
+    ):
         tensors = [t for t in (q, k, v, attn_mask) if t is not None]
         if not all(_bridge.is_hpu_tensor(t) for t in tensors):
             raise RuntimeError("FusedSDPA: all inputs must be hpu tensors")
@@ -36,18 +48,30 @@ class FusedSDPA:
             assert requires_backward is False, "return_attn_probs is supported only for inference mode"
             recompute = False
         if recompute and requires_backward and softmax_mode == "fast":
-            assert is_causal is True, ("Optimized softmax mode is supported in recompute training mode only in "
-                                       "causal(triangular) mask case")
+            assert is_causal is True, (
+                "Optimized softmax mode is supported in recompute training mode only in causal(triangular) mask case"
+            )
         if valid_seq_len is not None:
-            assert is_causal and not requires_backward and attn_mask is None, \
+            assert is_causal and not requires_backward and attn_mask is None, (
                 "Valid sequence length is supported only in inference with is_causal(triangular) mask case"
+            )
         gqa = _is_gqa(q, k)
-        record("FusedSDPA.apply", shape=tuple(q.shape), kv_shape=tuple(k.shape), gqa=gqa,
-               mask=None if attn_mask is None else str(attn_mask.dtype), dropout_p=dropout_p,
-               is_causal=is_causal, scale=scale, softmax_mode=given_softmax_mode, recompute_mode=recompute_mode)
+        record(
+            "FusedSDPA.apply",
+            shape=tuple(q.shape),
+            kv_shape=tuple(k.shape),
+            gqa=gqa,
+            mask=None if attn_mask is None else str(attn_mask.dtype),
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            softmax_mode=given_softmax_mode,
+            recompute_mode=recompute_mode,
+        )
         if gqa:
             assert q.shape[1] % k.shape[1] == 0, "query heads must be a multiple of key/value heads"
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )

@@ -4,10 +4,10 @@ As python_packages/habana_frameworks/torch/hpex/normalization/FusedClipNorm.py (
 ``max_norm`` is kept as a tensor on the device; ``clip_norm`` marks a step before and after (in
 lazy mode), skips parameters without a gradient and returns the total norm as a device tensor.
 """
+
 from __future__ import annotations
 
 import torch
-
 from habana_frameworks import record
 from habana_frameworks.torch import core as htcore
 

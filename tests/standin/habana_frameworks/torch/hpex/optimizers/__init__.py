@@ -6,27 +6,29 @@ lr=1e-3, eps=1e-6, weight_decay=0.0; the step count lives in ``group["step"]`` (
 ``w *= 1 - wd * lr``; ``step`` marks a step before each group and after the update (in lazy mode).
 The update is computed here with torch ops on the device tensors, as the fused kernel would.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
-
 from habana_frameworks import record
 from habana_frameworks.torch import core as htcore
 
 
 class FusedAdamW(torch.optim.Optimizer):
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, bias_correction=True,
-                 moments_dtype=None):
+    def __init__(
+        self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, bias_correction=True, moments_dtype=None
+    ):
         if lr < 0.0:
-            raise ValueError("Invalid learning rate: {} - should be >= 0.0".format(lr))
+            raise ValueError(f"Invalid learning rate: {lr} - should be >= 0.0")
         if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
-            raise ValueError("Invalid beta parameter: {}".format(betas))
+            raise ValueError(f"Invalid beta parameter: {betas}")
         if not 0.0 <= eps:
-            raise ValueError("Invalid epsilon value: {} - should be >= 0.0".format(eps))
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                      bias_correction=bias_correction))
+            raise ValueError(f"Invalid epsilon value: {eps} - should be >= 0.0")
+        super().__init__(
+            params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
+        )
         record("FusedAdamW", lr=lr, eps=eps, weight_decay=weight_decay, groups=len(self.param_groups))
 
     @torch.no_grad()
