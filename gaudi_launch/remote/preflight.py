@@ -12,11 +12,7 @@ are tested without a network; ``check_hosts`` does the I/O. Never imports torch.
 from __future__ import annotations
 
 import dataclasses
-import errno
-import getpass
-import logging
 import os
-import shlex
 import socket
 import subprocess
 import threading
@@ -26,24 +22,23 @@ from typing import Callable, Optional
 
 from gaudi_launch.remote import probe
 from gaudi_launch.remote.fanout import per_host
+from gaudi_launch.remote.sshclient import (
+    CommandFailed,
+    SshOptions,
+    Target,
+    keys_description,
+    load_config,
+    quiet_paramiko,
+    run_command,
+    target_of,
+)
+from gaudi_launch.remote.sshfailures import classify_ssh_error
 from gaudi_launch.remote.sshmux import SESSION_AGENT, read_until
 
-DEFAULT_KEYS = ("id_ed25519", "id_rsa", "id_ecdsa")
 PROBE_TIMEOUT = 60.0  # seconds for the probe command itself, once logged in
-_AGENT = "ssh-agent keys"
 
 
 # ---------------------------------------------------------------- data
-
-
-@dataclass
-class SshOptions:
-    port: Optional[int] = None  # --ssh-port; None: from the ssh config for that host, else 22
-    identity: Optional[str] = None  # --ssh-identity; None: ssh config / default keys / agent
-    config: Optional[str] = None  # --ssh-config; None: ~/.ssh/config if it exists
-    timeout: float = 10.0  # --ssh-timeout: connect timeout (also banner and auth)
-    strict: bool = False  # --strict-host-keys: refuse unknown host keys (else accept-new)
-    known_hosts: Optional[str] = None  # None: UserKnownHostsFile of the ssh config, else ~/.ssh/known_hosts
 
 
 @dataclass
@@ -112,397 +107,6 @@ def _summary(f: HostFacts) -> str:
         parts.append(f"{f.devices} devices")
     parts.append(f"{f.elapsed_s:.2f} s")
     return ", ".join(parts)
-
-
-# ---------------------------------------------------------------- classification (pure)
-
-
-def _split_user(host: str) -> tuple[Optional[str], str]:
-    if "@" in host:
-        user, name = host.rsplit("@", 1)
-        return (user or None), name
-    return None, host
-
-
-def _strip_brackets(name: str) -> str:
-    return name[1:-1] if name.startswith("[") and name.endswith("]") else name
-
-
-def _keys_of(key_tried: Optional[str]) -> list[str]:
-    return [k.strip() for k in (key_tried or "").split(",") if k.strip() and k.strip() != _AGENT]
-
-
-def _known_hosts_name(name: str, port: int) -> str:
-    return name if port == 22 else f"[{name}]:{port}"
-
-
-def _fingerprint(key) -> str:
-    try:
-        return f"{key.get_name()} {key.fingerprint}"
-    except Exception:  # very old paramiko, odd key objects
-        try:
-            return f"{key.get_name()} MD5:{key.get_fingerprint().hex()}"
-        except Exception:
-            return "?"
-
-
-def _errno_of(exc: BaseException) -> Optional[int]:
-    errs = getattr(exc, "errors", None)  # paramiko NoValidConnectionsError: {addr: OSError}
-    if isinstance(errs, dict) and errs:
-        codes = {getattr(e, "errno", None) for e in errs.values()}
-        if errno.ECONNREFUSED in codes:
-            return errno.ECONNREFUSED
-        return next(iter(codes))
-    return getattr(exc, "errno", None)
-
-
-def classify_ssh_error(exc: BaseException, host: str, opts: SshOptions, key_tried: Optional[str]) -> tuple[str, str]:
-    """(reason, fix) for an exception raised while connecting/logging in to ``host``. Pure.
-
-    ``host`` is what we connected to, ``user@name`` or ``name``; ``opts.port`` the port used
-    (None means 22); ``key_tried`` a comma-separated list of the keys offered (may include
-    "ssh-agent keys").
-    """
-    import paramiko  # the launcher imports this module lazily; paramiko is a dependency
-
-    port = opts.port or 22
-    user, name = _split_user(host)
-    name = _strip_brackets(name)
-    target = f"{user}@{name}" if user else name
-    port_opt = f" -p {port}" if port != 22 else ""
-    kh = opts.known_hosts
-    default_kh = os.path.expanduser("~/.ssh/known_hosts")
-    kh_opt = f" -f {shlex.quote(kh)}" if kh and kh != default_kh else ""
-    kh_name = _known_hosts_name(name, port)
-    text = str(exc) or type(exc).__name__
-    keys = _keys_of(key_tried)
-    tried = key_tried or "no key"  # (paramiko only refuses auth after offering something)
-
-    if isinstance(exc, paramiko.BadHostKeyException):
-        got, want = _fingerprint(exc.key), _fingerprint(exc.expected_key)
-        return (
-            f"host key changed (server offers {got}, known_hosts has {want})",
-            "if the host was reinstalled (not an attack), remove the old key: "
-            f"ssh-keygen -R {shlex.quote(kh_name)}{kh_opt}, then run again",
-        )
-
-    if isinstance(exc, paramiko.PasswordRequiredException):
-        key = keys[0] if keys else "the key"
-        return (
-            f"key {key} needs a passphrase (the pre-flight never prompts)",
-            f"load it into an agent first: eval $(ssh-agent) && ssh-add {key}",
-        )
-
-    if isinstance(exc, paramiko.AuthenticationException) and "timeout" in text.lower():
-        return (
-            f"{name}:{port} did not finish authentication within {opts.timeout:g} s",
-            "the server is slow or overloaded (DNS lookups in sshd: UseDNS no); raise --ssh-timeout",
-        )
-
-    if isinstance(exc, paramiko.AuthenticationException):
-        label = "key" if len(keys) + (_AGENT in (key_tried or "")) == 1 else "keys"
-        pub = f"{keys[0]}.pub" if keys else "~/.ssh/id_ed25519.pub"
-        copy = f"ssh-copy-id -i {shlex.quote(pub)}{port_opt} {target}"
-        return (
-            f"auth refused for {target} (tried {label} {tried})",
-            f"install the public key on {name}: {copy}\n"
-            f"(or append {pub} to ~{user or ''}/.ssh/authorized_keys there), "
-            "or give the right key with --ssh-identity",
-        )
-
-    if isinstance(exc, paramiko.SSHException):
-        low = text.lower()
-        if "not found in known_hosts" in low:
-            file = shlex.quote(kh) if kh and kh != default_kh else "~/.ssh/known_hosts"
-            offers = text.split("it offers ", 1)[1].rstrip(")") if "it offers " in text else None
-            return (
-                f"unknown host key for {kh_name}"
-                + (f" ({offers})" if offers else "")
-                + f", not in {file}, and new keys are refused "
-                "(--strict-host-keys, or StrictHostKeyChecking yes/ask in the ssh config)",
-                "check the key's fingerprint with the host's admin, then add it: "
-                f"ssh-keyscan{port_opt} {shlex.quote(name)} >> {file}; "
-                "or let new keys in (no --strict-host-keys; StrictHostKeyChecking accept-new)",
-            )
-        if "protocol banner" in low or "no existing session" in low:
-            # paramiko says "No existing session" when the handshake never finished (its connect
-            # wait ran out just before the banner timeout): not a key problem.
-            return (
-                f"{name}:{port} did not answer the SSH handshake (no SSH banner within {opts.timeout:g} s)",
-                f"check that sshd (not another service) listens on port {port} and is not overloaded "
-                "(MaxStartups); raise --ssh-timeout if the host is slow",
-            )
-        if "no authentication methods available" in low:
-            what = (
-                f"none of {key_tried} could be used"
-                if key_tried
-                else "no identity file, no default key in ~/.ssh, no ssh-agent"
-            )
-            return (
-                f"no SSH key to offer ({what})",
-                "create a key (ssh-keygen -t ed25519) and install it: "
-                f"ssh-copy-id -i ~/.ssh/id_ed25519.pub{port_opt} {target}; or give one with --ssh-identity",
-            )
-        return (f"ssh failed: {text}", f"try it by hand: ssh -v{port_opt} {target} true")
-
-    if isinstance(exc, socket.gaierror):
-        return (
-            f"name does not resolve: {name} ({exc.strerror or text})",
-            "fix the name in the hostfile, or add it to /etc/hosts (or DNS) on this machine",
-        )
-
-    if isinstance(exc, (socket.timeout, TimeoutError)) or _errno_of(exc) in (errno.ETIMEDOUT,):
-        return (
-            f"timed out after {opts.timeout:g} s connecting to {name}:{port}",
-            "check the address in the hostfile, the route to it and firewalls / security groups "
-            f"(port {port} must be open); raise --ssh-timeout for slow networks",
-        )
-
-    code = _errno_of(exc)
-    if isinstance(exc, ConnectionRefusedError) or code == errno.ECONNREFUSED:
-        return (
-            f"connection refused by {name}:{port}",
-            f"is sshd running on {name} and listening on port {port}? "
-            "DL1/Gaudi containers often run sshd on 3022: use --ssh-port 3022 (or Port in ~/.ssh/config)",
-        )
-    if code in (errno.EHOSTUNREACH, errno.ENETUNREACH):
-        return (
-            f"{name}:{port} is unreachable ({os.strerror(code)})",
-            "check the address in the hostfile, the route to it and firewalls / security groups",
-        )
-    if isinstance(exc, (EOFError, ConnectionResetError)):
-        return (
-            f"{name}:{port} closed the connection ({text})",
-            "sshd refused the session early: check its log on that host (AllowUsers, MaxStartups, TCP wrappers)",
-        )
-    if isinstance(exc, FileNotFoundError) and getattr(exc, "filename", None):
-        return (f"cannot read {exc.filename}: {exc.strerror}", "check --ssh-identity / --ssh-config")
-    return (f"ssh failed: {type(exc).__name__}: {text}", f"try it by hand: ssh -v{port_opt} {target} true")
-
-
-# ---------------------------------------------------------------- SSH plumbing
-
-
-@dataclass
-class _Target:
-    entry: str  # as in the hostfile
-    name: str  # host part of the entry (no user, no brackets)
-    hostname: str  # what we connect to (ssh config HostName, else name)
-    user: str
-    port: int
-    key_files: list[str]  # explicit identity files (existing)
-    look_for_keys: bool
-    allow_agent: bool
-    known_hosts: str
-    global_known_hosts: list[str]
-    strict: bool
-    proxy_command: Optional[str]
-    config_error: Optional[str] = None
-    proxy_jump: Optional[str] = None
-
-
-def _expand(path: str) -> str:
-    return os.path.expanduser(os.path.expandvars(path))
-
-
-def _config_path(opts: SshOptions) -> Optional[str]:
-    if opts.config:
-        return _expand(opts.config)
-    default = os.path.expanduser("~/.ssh/config")
-    return default if os.path.isfile(default) else None
-
-
-def _load_config(opts: SshOptions):
-    """paramiko.SSHConfig or None, and an error text."""
-    import paramiko
-
-    path = _config_path(opts)
-    if path is None:
-        return None, None
-    try:
-        return paramiko.SSHConfig.from_path(path), None
-    except Exception as e:  # unreadable, bad syntax
-        return None, f"cannot read ssh config {path}: {e}"
-
-
-def _target(entry: str, opts: SshOptions, config) -> _Target:
-    user, name = _split_user(entry)
-    name = _strip_brackets(name)
-    conf: dict = {}
-    error = None
-    if config is not None:
-        try:
-            conf = dict(config.lookup(name))
-        except Exception as e:  # Match exec without `invoke`, bad tokens...
-            error = f"ssh config lookup for {name} failed: {e}"
-    hostname = conf.get("hostname") or name
-    port = opts.port
-    if port is None:
-        try:
-            port = int(conf.get("port", 22))
-        except ValueError:
-            port = 22
-    user = user or conf.get("user") or getpass.getuser()
-    if opts.identity:
-        key_files = [_expand(opts.identity)]
-        look = False
-    else:
-        key_files = [_expand(k) for k in conf.get("identityfile", []) or []]
-        key_files = [k for k in key_files if os.path.isfile(k)]
-        look = not conf.get("identityfile")
-    identities_only = str(conf.get("identitiesonly", "no")).lower() == "yes"
-    known = opts.known_hosts
-    if not known:
-        files = str(conf.get("userknownhostsfile", "")).split()
-        known = files[0] if files else "~/.ssh/known_hosts"
-    globals_ = str(conf.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts")).split()
-    # "ask" under BatchMode (the job's ssh always has it) refuses an unknown key, as "yes" does.
-    strict = opts.strict or str(conf.get("stricthostkeychecking", "")).lower() in ("yes", "ask")
-    return _Target(
-        entry=entry,
-        name=name,
-        hostname=hostname,
-        user=user,
-        port=port,
-        key_files=key_files,
-        look_for_keys=look,
-        allow_agent=not identities_only,
-        known_hosts=_expand(known),
-        global_known_hosts=[_expand(g) for g in globals_],
-        strict=strict,
-        proxy_command=conf.get("proxycommand") if str(conf.get("proxycommand", "")).lower() != "none" else None,
-        proxy_jump=conf.get("proxyjump"),
-        config_error=error,
-    )
-
-
-def _keys_description(t: _Target) -> str:
-    keys = list(t.key_files)
-    if t.look_for_keys:
-        home = os.path.expanduser("~/.ssh")
-        keys += [os.path.join(home, k) for k in DEFAULT_KEYS if os.path.isfile(os.path.join(home, k))]
-    if t.allow_agent and os.environ.get("SSH_AUTH_SOCK"):
-        keys.append(_AGENT)
-    return ", ".join(keys) if keys else ""
-
-
-_write_lock = threading.Lock()
-
-
-def _append_known_host(path: str, name: str, key) -> None:
-    import paramiko
-
-    line = paramiko.hostkeys.HostKeyEntry([name], key).to_line()
-    with _write_lock:
-        d = os.path.dirname(path)
-        if d and not os.path.isdir(d):
-            os.makedirs(d, mode=0o700, exist_ok=True)
-        prefix = ""
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                if f.tell() > 0:
-                    f.seek(-1, os.SEEK_END)
-                    prefix = "" if f.read(1) == b"\n" else "\n"
-        except FileNotFoundError:
-            pass
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "a") as f:
-            f.write(prefix + line)
-
-
-def _policies():
-    import paramiko
-
-    class AcceptNew(paramiko.MissingHostKeyPolicy):
-        """StrictHostKeyChecking=accept-new: remember a new host's key (appended, never rewritten)."""
-
-        def __init__(self, path: str):
-            self.path = path
-
-        def missing_host_key(self, client, hostname, key):
-            client.get_host_keys().add(hostname, key.get_name(), key)
-            _append_known_host(self.path, hostname, key)
-
-    class Reject(paramiko.MissingHostKeyPolicy):
-        def __init__(self, path: str):
-            self.path = path
-
-        def missing_host_key(self, client, hostname, key):
-            raise paramiko.SSHException(
-                f"Server {hostname!r} not found in known_hosts ({self.path}; it offers {_fingerprint(key)})"
-            )
-
-    return AcceptNew, Reject
-
-
-def _quiet_paramiko() -> None:
-    # Transport threads log failures at ERROR; without a handler Python prints them to stderr.
-    log = logging.getLogger("paramiko")
-    if not log.handlers:
-        log.addHandler(logging.NullHandler())
-
-
-class _ProbeFailed(Exception):
-    """Logged in, but running the probe command failed (timeout, channel refused)."""
-
-
-def _connect_kwargs() -> set:
-    import inspect
-
-    import paramiko
-
-    return set(inspect.signature(paramiko.SSHClient.connect).parameters)
-
-
-def _ssh_run(t: _Target, opts: SshOptions, command: str) -> tuple[str, str, int]:
-    """Log in to t and run command; (stdout, stderr, exit status).
-
-    Login failures raise what paramiko raises (for classify_ssh_error); failures after login
-    raise _ProbeFailed.
-    """
-    import paramiko
-
-    AcceptNew, Reject = _policies()
-    client = paramiko.SSHClient()
-    try:
-        for g in t.global_known_hosts:
-            if g != "/dev/null" and os.path.isfile(g):
-                try:
-                    client.load_system_host_keys(g)
-                except Exception:
-                    pass
-        if os.path.isfile(t.known_hosts):
-            client.load_host_keys(t.known_hosts)
-        client.set_missing_host_key_policy(Reject(t.known_hosts) if t.strict else AcceptNew(t.known_hosts))
-        sock = paramiko.ProxyCommand(t.proxy_command) if t.proxy_command else None
-        kwargs = dict(
-            port=t.port,
-            username=t.user,
-            password=None,
-            key_filename=t.key_files or None,
-            timeout=opts.timeout,
-            banner_timeout=opts.timeout,
-            auth_timeout=opts.timeout,
-            allow_agent=t.allow_agent,
-            look_for_keys=t.look_for_keys,
-            sock=sock,
-        )
-        if "channel_timeout" in _connect_kwargs():
-            kwargs["channel_timeout"] = opts.timeout
-        client.connect(t.hostname, **kwargs)
-        try:
-            _, stdout, stderr = client.exec_command(command, timeout=PROBE_TIMEOUT)
-            stdout.channel.shutdown_write()
-            out = stdout.read().decode("utf-8", "replace")
-            err = stderr.read().decode("utf-8", "replace")
-            return out, err, stdout.channel.recv_exit_status()
-        except socket.timeout:
-            raise _ProbeFailed(f"the probe did not finish within {PROBE_TIMEOUT:g} s") from None
-        except Exception as e:
-            raise _ProbeFailed(f"could not run the probe: {type(e).__name__}: {e}") from None
-    finally:
-        client.close()
 
 
 def _master_run(connections, host: str, command: str, opts: SshOptions) -> tuple[Optional[str], str]:
@@ -682,7 +286,7 @@ def check_hosts(
     With ``connections`` (sshmux.Connections) the probe runs through the job's own ssh, whose
     connection stays open for the rest of the job; when that ssh fails before the probe ran,
     paramiko connects again to tell why (a failure costs a second attempt, a success nothing)."""
-    _quiet_paramiko()
+    quiet_paramiko()
     loaded: dict = {}
     load_lock = threading.Lock()
 
@@ -691,11 +295,11 @@ def check_hosts(
         name a remote master's port (importing paramiko alone costs a tenth of a second or more)."""
         with load_lock:
             if "config" not in loaded:
-                loaded["config"] = _load_config(ssh)
+                loaded["config"] = load_config(ssh)
         return loaded["config"]
 
-    def target(host: str) -> _Target:
-        return _target(host, ssh, config_of()[0])
+    def target(host: str) -> Target:
+        return target_of(host, ssh, config_of()[0])
 
     master_local = bool(local(master_host))
 
@@ -717,7 +321,7 @@ def check_hosts(
         if is_master and master_local:
             facts.port_free = master_port_free
         cmd = probe.command(python, script, cwd, master_addr, master_probe_port, check_port)
-        t: Optional[_Target] = None
+        t: Optional[Target] = None
         try:
             if local(host):
                 where = f"{host} (this machine)"
@@ -751,8 +355,8 @@ def check_hosts(
                             facts.reason = f"identity file {missing[0]} does not exist"
                             facts.fix = "give an existing private key with --ssh-identity"
                             return facts
-                        out, err, _ = _ssh_run(t, ssh, cmd)
-                except _ProbeFailed as exc:
+                        out, err, _ = run_command(t, ssh, cmd, PROBE_TIMEOUT)
+                except CommandFailed as exc:
                     facts.reason = str(exc)
                     facts.fix = (
                         "check the host by hand: ssh to it and run hl-smi, mpirun --version and "
@@ -763,7 +367,7 @@ def check_hosts(
                     t = t or target(host)
                     o = dataclasses.replace(ssh, port=t.port, known_hosts=t.known_hosts, strict=t.strict)
                     facts.reason, facts.fix = classify_ssh_error(
-                        exc, f"{t.user}@{t.hostname}", o, _keys_description(t) or None
+                        exc, f"{t.user}@{t.hostname}", o, keys_description(t) or None
                     )
                     if t.hostname != t.name:
                         facts.reason += f" ({t.name} = {t.hostname} in the ssh config)"

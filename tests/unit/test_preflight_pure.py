@@ -1,4 +1,5 @@
-"""The SSH pre-flight's pure parts: error classification, judging a probe's result, the report."""
+"""The SSH pre-flight's pure parts: login failures classified (sshfailures.py), the host-key policies
+(sshclient.py), a probe's result judged and the report (preflight.py)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,10 @@ import socket
 import paramiko
 import pytest
 
-from gaudi_launch.remote.preflight import (
-    CheckReport,
-    HostFacts,
-    SshOptions,
-    _judge,
-    _policies,
-    _versions_warning,
-    _warnings,
-    classify_ssh_error,
-)
+from gaudi_launch.remote.preflight import CheckReport, HostFacts, _judge, _versions_warning, _warnings
 from gaudi_launch.remote.probe import ProbeResult
+from gaudi_launch.remote.sshclient import SshOptions, policies
+from gaudi_launch.remote.sshfailures import classify_ssh_error
 
 OPTS = SshOptions(port=22, identity="/keys/id_ed25519", timeout=7.0, known_hosts="/tmp/kh")
 KEY = "/home/u/.ssh/id_ed25519"
@@ -156,7 +150,7 @@ def test_real_reject_policies_are_classified():
         paramiko.RejectPolicy().missing_host_key(_Client(), "gl-n1", key)
     reason, _ = classify_ssh_error(info.value, "gl-n1", SshOptions(strict=True), None)
     assert "unknown host key" in reason
-    _, Reject = _policies()  # ours also names the offered key's fingerprint
+    _, Reject = policies()  # ours also names the offered key's fingerprint
     with pytest.raises(paramiko.SSHException) as info:
         Reject("/tmp/kh").missing_host_key(_Client(), "gl-n1", key)
     reason, _ = classify_ssh_error(info.value, "gl-n1", SshOptions(strict=True), None)
