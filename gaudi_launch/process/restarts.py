@@ -11,6 +11,7 @@ in the first place. The decisions are pure functions; ``run_job`` is the thin lo
 from __future__ import annotations
 
 import dataclasses
+import enum
 import signal
 import sys
 import threading
@@ -28,15 +29,27 @@ if TYPE_CHECKING:  # types only: spec.py imports this module
     from gaudi_launch.plan.launchplan import LaunchPlan
     from gaudi_launch.process.supervise import JobResult
 
-CAUSES = ("rank", "host", "hang")  # a rank failed; a host stopped answering; no rank advanced
+
+class Cause(str, enum.Enum):
+    """Why an attempt failed, as --restart-on names it."""
+
+    RANK = "rank"  # a rank failed
+    HOST = "host"  # a host stopped answering
+    HANG = "hang"  # no rank advanced for --hang-timeout seconds
+
+    def __str__(self) -> str:
+        return self.value
+
+
+CAUSES = tuple(Cause)
 MAX_RESTARTS = 1000  # a typo guard, not a policy
 BACKOFF_CAP_S = 60.0  # doubling back-off never waits longer than this
 RESTART_COUNT = "GAUDI_LAUNCH_RESTART_COUNT"
 MAX_RESTARTS_VAR = "GAUDI_LAUNCH_MAX_RESTARTS"
-_CAUSE_WORDS = {"rank": "rank failure", "host": "host lost", "hang": "hang"}
+_CAUSE_WORDS = {Cause.RANK: "rank failure", Cause.HOST: "host lost", Cause.HANG: "hang"}
 
 
-def parse_restart_on(text: str) -> frozenset[str]:
+def parse_restart_on(text: str) -> frozenset[Cause]:
     """'rank,hang' -> {'rank', 'hang'}; 'all' is every cause. Pure."""
     names = [n.strip().lower() for n in str(text).split(",") if n.strip()]
     if names == ["all"]:
@@ -44,7 +57,7 @@ def parse_restart_on(text: str) -> frozenset[str]:
     unknown = [n for n in names if n not in CAUSES]
     if unknown or not names:
         raise UserError(f"{text!r}: a comma-separated list of {', '.join(CAUSES)} (or all)", where="--restart-on")
-    return frozenset(names)
+    return frozenset(Cause(n) for n in names)
 
 
 def attempt_spec(spec, attempt: int, lost_hosts: Sequence[str] = ()):
@@ -121,19 +134,19 @@ def backoff_s(restart: int, base: float, cap: float = BACKOFF_CAP_S) -> float:
     return min(cap, base * (2 ** max(0, restart - 1)))
 
 
-def failure_cause(result) -> Optional[str]:
+def failure_cause(result) -> Optional[Cause]:
     """'rank', 'host' or 'hang' for a failed job; None when it succeeded or was stopped on
     purpose (a signal to the launcher), which never restarts. Pure."""
     if result.ok or result.interrupted_by:
         return None
     if getattr(result, "hung", None):
-        return "hang"
+        return Cause.HANG
     if result.first_failure is None and result.exit_code == ExitCode.HOST_LOST:
-        return "host"
-    return "rank"
+        return Cause.HOST
+    return Cause.RANK
 
 
-def should_restart(result, restarts_done: int, max_restarts: int, restart_on: frozenset[str]) -> bool:
+def should_restart(result, restarts_done: int, max_restarts: int, restart_on: frozenset[Cause]) -> bool:
     cause = failure_cause(result)
     return cause is not None and cause in restart_on and restarts_done < max_restarts
 
@@ -142,7 +155,7 @@ def should_restart(result, restarts_done: int, max_restarts: int, restart_on: fr
 class Attempt:
     number: int  # 1-based, as printed
     exit_code: int
-    cause: Optional[str]  # None: it succeeded (or was stopped)
+    cause: Optional[Cause]  # None: it succeeded (or was stopped)
     culprit: Optional[str]  # "rank 1 on host-a", or the lost host's message
     status: str  # "exit code 9", "killed by SIGKILL", ...
     runtime_s: float
@@ -281,7 +294,7 @@ def _attempts(
                 result, exit_code=for_signal(signum), interrupted_by=signal.Signals(signum).name
             )
             break
-        if cause == "host":  # left out from now on (a spare, if any, takes its place)
+        if cause == Cause.HOST:  # left out from now on (a spare, if any, takes its place)
             lost += [h for h in lost_hosts_in(result.lost, [n.host for n in plan.nodes]) if h not in lost]
         current = attempt_spec(spec, restart, lost)
         try:

@@ -10,6 +10,7 @@ a record (``JobResult``) with one failure summary, root cause first.
 from __future__ import annotations
 
 import ctypes
+import enum
 import errno
 import os
 import queue
@@ -82,6 +83,20 @@ class Culprit:
     exit_code: Optional[int] = None  # its own code, when its launcher returns another (srun: 143)
 
 
+class ProcState(str, enum.Enum):
+    """Where a process is: not started, then running, then ok, failed or torn down (stopped by us
+    because of another's failure or a signal to the launcher)."""
+
+    NOT_STARTED = "not started"
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
+    TORN_DOWN = "torn down"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class ProcResult:
     rank: int
@@ -89,7 +104,7 @@ class ProcResult:
     name: str
     pid: Optional[int]
     returncode: Optional[int]  # Popen convention: -N means killed by signal N
-    state: str  # "ok", "failed", "torn down", "not started"
+    state: ProcState  # how it ended: ok, failed, torn down or not started
     runtime_s: float
     tail: list[str] = field(default_factory=list)  # all output lines, in order
     killed: bool = False  # needed SIGKILL after the grace period
@@ -220,13 +235,15 @@ def format_summary(
             lines.append(f"{who} printed nothing")
     if interrupted_by:
         lines.append(f"the launcher received {interrupted_by} and stopped the job")
-    also = [p.name + f" ({p.status})" for p in procs if p.state == "failed" and p is not first]
+    also = [p.name + f" ({p.status})" for p in procs if p.state == ProcState.FAILED and p is not first]
     if first is not None:
         also += [f"rank {r['rank']}" for r in first.records[1:] if isinstance(r.get("rank"), int)]
     if also:
         lines.append("also failed: " + ", ".join(also))
     torn = [
-        f"{p.name} ({'SIGKILL after grace period' if p.killed else p.status})" for p in procs if p.state == "torn down"
+        f"{p.name} ({'SIGKILL after grace period' if p.killed else p.status})"
+        for p in procs
+        if p.state == ProcState.TORN_DOWN
     ]
     if first is not None and len(first.rank_hosts) > 1:
         failed = {r.get("rank") for r in first.records} | {culprit.rank if culprit else None}
@@ -235,7 +252,7 @@ def format_summary(
             torn.append(", ".join(f"rank {r}" for r in rest) + f" (stopped by {first.name})")
     if torn:
         lines.append("torn down as a consequence: " + ", ".join(torn))
-    never = [p.name for p in procs if p.state == "not started"]
+    never = [p.name for p in procs if p.state == ProcState.NOT_STARTED]
     if never:
         lines.append("never started: " + ", ".join(never))
     if log_dir:
@@ -265,7 +282,7 @@ class _Proc:
         self.rank_tails: dict[int, deque[str]] = {}
         self.records: list[dict] = []
         self.readers: list[threading.Thread] = []
-        self.state = "not started"
+        self.state = ProcState.NOT_STARTED
         self.killed = False
 
 
@@ -468,7 +485,7 @@ class Supervisor:
             self._spawn_failed = True
             self._events.put(("exit", proc.index))
             return
-        proc.popen, proc.state = popen, "running"
+        proc.popen, proc.state = popen, ProcState.RUNNING
         for pipe, sink in ((popen.stdout, self.out), (popen.stderr, self.err)):
             t = threading.Thread(target=self._pump, args=(proc, pipe, sink), daemon=True)
             t.start()
@@ -577,8 +594,8 @@ class Supervisor:
             if deadline is None:
                 deadline = time.monotonic() + self.grace
                 for p in self.procs:
-                    if p.state == "running" and p.returncode is None:
-                        p.state = "torn down"
+                    if p.state == ProcState.RUNNING and p.returncode is None:
+                        p.state = ProcState.TORN_DOWN
                 self._signal_groups(signal.SIGTERM)
                 self._sweep(signal.SIGTERM)
 
@@ -599,8 +616,8 @@ class Supervisor:
                 continue
             if kind == "rank failed":
                 proc = self.procs[value]
-                if proc.state == "running":
-                    proc.state = "failed"
+                if proc.state == ProcState.RUNNING:
+                    proc.state = ProcState.FAILED
                     if first is None and interrupted is None and self.lost is None:
                         first = proc
                     teardown()
@@ -624,11 +641,11 @@ class Supervisor:
             proc = self.procs[value]
             pending.discard(value)
             if proc.returncode == 0:
-                if proc.state == "running":
-                    proc.state = "ok"
-            elif proc.state == "running" or (proc.state == "not started" and proc.popen is None):
+                if proc.state == ProcState.RUNNING:
+                    proc.state = ProcState.OK
+            elif proc.state == ProcState.RUNNING or (proc.state == ProcState.NOT_STARTED and proc.popen is None):
                 # (a process already marked failed by a rank's record keeps that verdict)
-                proc.state = "failed"
+                proc.state = ProcState.FAILED
                 if first is None and interrupted is None:
                     first = proc
                 teardown()

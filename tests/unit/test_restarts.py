@@ -9,6 +9,7 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import elastic_env
 from gaudi_launch.process.restarts import (
     Attempt,
+    Cause,
     HostsExhausted,
     attempt_spec,
     backoff_s,
@@ -41,8 +42,8 @@ def result(code, *, interrupted=None, rank_failed=True):
 
 def test_which_failures_restart():
     assert failure_cause(result(0)) is None
-    assert failure_cause(result(9)) == "rank"
-    assert failure_cause(result(4, rank_failed=False)) == "host"
+    assert failure_cause(result(9)) is Cause.RANK and str(Cause.RANK) == "rank"
+    assert failure_cause(result(4, rank_failed=False)) is Cause.HOST
     assert failure_cause(result(143, interrupted="SIGTERM", rank_failed=False)) is None  # stopped on purpose
     assert failure_cause(result(9, interrupted="SIGINT")) is None  # Ctrl-C while a rank failed: still a stop
     every = parse_restart_on("all")
@@ -53,7 +54,7 @@ def test_which_failures_restart():
 
 def test_restart_on_spellings():
     assert parse_restart_on("all") == parse_restart_on("rank,host,hang") == {"rank", "host", "hang"}
-    assert parse_restart_on(" Hang , rank") == {"hang", "rank"}
+    assert parse_restart_on(" Hang , rank") == {Cause.HANG, Cause.RANK}
     for bad in ("", "rank,disk", "always"):
         with pytest.raises(UserError) as exc:
             parse_restart_on(bad)
