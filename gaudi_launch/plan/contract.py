@@ -12,6 +12,8 @@ from collections import ChainMap
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Optional, cast
 
+from gaudi_launch.process.wire import NO_PYTHON_FLAG
+
 if TYPE_CHECKING:  # types only: the rank bootstrap imports this module, and nothing heavier
     from gaudi_launch.inputs.spec import JobSpec
     from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
@@ -175,8 +177,8 @@ def rank_contract(
 
 
 def worker_argv(spec: JobSpec, python: Optional[str] = None) -> list[str]:
-    """How one rank starts the user's program: through our bootstrap, unless it is not Python."""
-    if spec.no_python:
-        return list(spec.program)
+    """How one rank starts the user's program: through our bootstrap, which a --no_python executable
+    goes through too (it then runs as the bootstrap's child, inside the rank's process group, so the
+    group's teardown and the launcher watch cover it as they cover a Python rank)."""
     head = [python or spec.python, "-u", "-m", "gaudi_launch.process.worker"]
-    return head + (["-m"] if spec.module else []) + list(spec.program)
+    return head + (["-m"] if spec.module else [NO_PYTHON_FLAG] if spec.no_python else []) + list(spec.program)

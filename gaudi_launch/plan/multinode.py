@@ -165,7 +165,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
     script = spec.program[0] if spec.program and not spec.module else None
     report = check_hosts(
         [n.host for n in plan.nodes],
-        python=spec.python if not spec.no_python else "python3",
+        python=spec.python,  # --no_python ranks start through our bootstrap too
         script=script,
         cwd=os.getcwd(),
         master_host=master_host(plan),

@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +39,7 @@ from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
 from gaudi_launch.plan.contract import elastic_env, node_layout, node_visibility, read_error_file
 from gaudi_launch.process import relay
 from gaudi_launch.process.heartbeats import HEARTBEAT_DIR, install_stack_dump
-from gaudi_launch.process.wire import TORN_DOWN, record_line
+from gaudi_launch.process.wire import NO_PYTHON_FLAG, TORN_DOWN, record_line
 from gaudi_launch.remote.jobdir import JobDirError, check_private_dir, clean_stale, path_for, read_job
 from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
 
@@ -356,6 +357,31 @@ def _watch(fds: list[int], rank_gone: int, grace: float) -> None:
         os.killpg(group, signal.SIGKILL)
 
 
+def run_program(argv: list[str], environ: Mapping[str, str]) -> int:
+    """A --no_python rank: the executable runs as our child, in our process group. Its exit status is
+    the rank's; killed by a signal, the rank ends by the same signal once its group is ended."""
+    try:
+        child = subprocess.Popen(argv, env=dict(environ))
+    except OSError as exc:
+        print(f"gaudi-launch worker: could not start {argv[0]}: {exc.strerror}", file=sys.stderr)
+        emit_error_record(error_record(environ, exit_code=127))
+        return 127
+    while True:
+        try:
+            code = child.wait()
+            break
+        except KeyboardInterrupt:  # Ctrl-C reached the whole group: the child decides what it means
+            continue
+    if code < 0:
+        _end_group()
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code
+    if code:
+        emit_error_record(error_record(environ, exit_code=code))
+    return code
+
+
 def cwd_on_path(env: Mapping[str, str], environ: Mapping[str, str], job_dir: str, cwd: str) -> dict[str, str]:
     """DeepSpeed's multi-node runners put their working directory first on the ranks' PYTHONPATH;
     ours is the job directory, so put the launcher's directory there instead, as `deepspeed` would. Pure."""
@@ -410,7 +436,8 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
             )
         environ.update(env)
     _whole_lines()
-    if not argv or argv == ["-m"]:
+    no_python = argv[:1] == [NO_PYTHON_FLAG]
+    if not argv or argv in (["-m"], [NO_PYTHON_FLAG]):
         print("usage: python -m gaudi_launch.process.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     environ.update(normalize_env(environ, os.cpu_count()))
@@ -429,12 +456,14 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
         signal.signal(signal.SIGTERM, _term_whole_group)
         if environ.get("GAUDI_LAUNCH_JOB_ID"):
             watch_launcher(_grace(environ))
-    as_module = argv[0] == "-m"
+    as_module = argv[0] in ("-m", NO_PYTHON_FLAG)
     target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
     if uses_hpu(environ):
         environ.update(_hpu_env(args, environ))
-        if int(environ.get("WORLD_SIZE", "1") or 1) > 1:
+        if int(environ.get("WORLD_SIZE", "1") or 1) > 1 and not no_python:
             _register_hccl()
+    if no_python:
+        return run_program([target, *args], environ)
     try:
         if as_module:
             sys.argv = [target, *args]

@@ -185,3 +185,37 @@ def test_shell_syntax_in_the_working_directory_or_launcher_env_runs_nothing(clus
     assert sorted(int(r["rank"]) for r in seen) == [0, 1, 2, 3]
     assert {r["cwd"] for r in seen} == {str(cwd)}  # the ranks still run where the launcher was
     assert {r["path0"] for r in seen} == {str(cwd)}  # and find its modules first, as with `deepspeed`
+
+
+# A --no_python rank: an executable (not Python) that starts a child of its own and waits.
+NO_PYTHON_RANK = """\
+#!/bin/sh
+sleep 900 &
+printf '%s\\n%s\\n' "$$" "$!" > "$1/$RANK.tmp" && mv "$1/$RANK.tmp" "$1/$RANK.pid"
+wait
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", "mpirun"])
+def test_sigkill_of_a_launcher_ends_its_no_python_ranks_too(cluster, backend, tmp_path):
+    # Such a rank runs under our bootstrap like a Python one (its group, the launcher watch): before,
+    # mpirun started the executable itself, and it outlived a SIGKILLed launcher on host 0.
+    rank = tmp_path / "rank.sh"
+    rank.write_text(NO_PYTHON_RANK)
+    rank.chmod(0o755)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    hosts = hosts_for(backend)
+    argv = launch_argv(cluster, backend, cluster.hostfile(slots=2, hosts=list(hosts)), "--no_python", str(rank))
+    job = cluster.popen_on(
+        0, [*argv, str(pid_dir)], env=cluster.env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        wait_started(job, str(pid_dir), 2 * len(hosts))
+        pids = read_pids(pid_dir)
+        assert len(pids) == 4 * len(hosts) and all(alive(p) for p in pids)
+        job.kill()
+        job.communicate(timeout=30)
+        assert all_gone(pids, timeout=GRACE + 10), [p for p in pids if alive(p)]
+    finally:
+        job.kill()

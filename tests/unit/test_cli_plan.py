@@ -345,9 +345,10 @@ def test_module_flag(capsys):
         assert plan["program"] == ["pkg.mod", "--a", "1"]
 
 
-def test_no_python_argv_is_the_program(capsys):
+def test_no_python_program_runs_under_the_bootstrap_untouched(capsys):
     plan = plan_of(capsys, "--num_devices", "2", "--no_python", "./run.sh", "a b", "--c")
-    assert [c["argv"] for c in plan["commands"]] == [["./run.sh", "a b", "--c"]] * 2
+    head = [sys.executable, "-u", "-m", "gaudi_launch.process.worker", "--gaudi-launch-no-python"]
+    assert [c["argv"] for c in plan["commands"]] == [head + ["./run.sh", "a b", "--c"]] * 2
     assert [c["env"]["RANK"] for c in plan["commands"]] == ["0", "1"]
 
 
