@@ -1,5 +1,6 @@
 """--torch_compile on CPU for real: the Trainer steps through the compiled model, a short last batch
 runs the graph compiled at the first step (no recompilation mid-run), and the loss falls."""
+
 from __future__ import annotations
 
 import json
@@ -24,17 +25,23 @@ def marked(batch) -> list:
 
 
 def batch() -> dict:
-    return {"input_ids": torch.zeros(4, 8, dtype=torch.long), "labels": torch.zeros(4, 8, dtype=torch.long),
-            "scale": torch.tensor(1.0), "note": "not a tensor"}
+    return {
+        "input_ids": torch.zeros(4, 8, dtype=torch.long),
+        "labels": torch.zeros(4, 8, dtype=torch.long),
+        "scale": torch.tensor(1.0),
+        "note": "not a tensor",
+    }
 
 
 def test_the_batch_dimension_is_dynamic_only_when_compiling_off_hpu():
     b = batch()
     mark_batch_dynamic(b, CPU, TrainingArguments(torch_compile=True))
     assert marked(b) == ["input_ids", "labels"]  # a 0-d tensor has no batch dimension
-    for info, args in ((CPU, TrainingArguments()),  # eager: nothing to compile
-                       (HPU, TrainingArguments(torch_compile=True)),  # Gaudi keeps static shapes
-                       (CPU, TrainingArguments(torch_compile=True, compile_dynamic=False))):  # asked for static
+    for info, args in (
+        (CPU, TrainingArguments()),  # eager: nothing to compile
+        (HPU, TrainingArguments(torch_compile=True)),  # Gaudi keeps static shapes
+        (CPU, TrainingArguments(torch_compile=True, compile_dynamic=False)),  # asked for static shapes
+    ):
         b = batch()
         mark_batch_dynamic(b, info, args)
         assert marked(b) == [], (info.kind, args.torch_compile, args.compile_dynamic)
@@ -52,8 +59,16 @@ def test_torch_compile_trains_through_the_compiled_model_without_recompiling(tmp
     model.loss_type = "ForCausalLM"  # as run_clm.py: no warning (a graph break under compile) per forward
     ids = torch.randint(0, 64, (20, 32), generator=torch.Generator().manual_seed(0))
     dataset = data.BlockDataset([{"input_ids": row.tolist()} for row in ids])  # batches of 8, 8 and 4
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=9,
-                             learning_rate=3e-3, logging_steps=1, save_steps=0, device="cpu", torch_compile=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        max_steps=9,
+        learning_rate=3e-3,
+        logging_steps=1,
+        save_steps=0,
+        device="cpu",
+        torch_compile=True,
+    )
     torch._dynamo.reset()
     counters.clear()
     graphs = {}
@@ -61,8 +76,14 @@ def test_torch_compile_trains_through_the_compiled_model_without_recompiling(tmp
     def on_step(step):
         graphs[step] = (counters["stats"]["unique_graphs"], counters["aot_autograd"]["total"])
 
-    trainer = Trainer(model, args, train_dataset=dataset, data_collator=data.causal_lm_collator, log=lambda s: None,
-                      on_step_end=on_step)
+    trainer = Trainer(
+        model,
+        args,
+        train_dataset=dataset,
+        data_collator=data.causal_lm_collator,
+        log=lambda s: None,
+        on_step_end=on_step,
+    )
     assert isinstance(trainer.train_model, torch._dynamo.eval_frame.OptimizedModule)
     assert trainer.train_model._orig_mod is trainer.model
     out = trainer.train()
