@@ -5,8 +5,9 @@ workers' Python exist, is the script there, how many Gaudi devices does ``hl-smi
 OpenMPI / DeepSpeed versions are installed, can the host reach the master, and (on the master)
 is the master port free. Every failure comes with a reason and a fix, as one table.
 
-Pure parts (``classify_ssh_error``, ``CheckReport``; the probe itself is probe.py)
-are tested without a network; ``check_hosts`` does the I/O. Never imports torch.
+``check_hosts`` does the I/O: each host's probe (probe.py) through the job's OpenSSH connection, or
+through our own client (sshclient.py) when there is none; a failed login becomes a reason and a fix
+(sshfailures.py). Judging a probe's result and the report are pure. Never imports torch.
 """
 
 from __future__ import annotations
