@@ -9,6 +9,7 @@ Offline, the model comes from a local config directory or checkpoint (a hub name
 the hub is reachable: here it is not, and you get a clear message). With no data flags it trains on
 the small public-domain corpus and tokenizer shipped in gaudi_launch/runtime/assets.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,12 +22,12 @@ from gaudi_launch.runtime.args import TrainingArguments, parse_args
 
 @dataclass
 class ModelArguments:
-    model_name_or_path: Optional[str] = None   # a local checkpoint directory
-    config_name: Optional[str] = None          # a local config directory (trained from scratch)
-    tokenizer_name: Optional[str] = None       # a local tokenizer directory; default: the shipped one
+    model_name_or_path: Optional[str] = None  # a local checkpoint directory
+    config_name: Optional[str] = None  # a local config directory (trained from scratch)
+    tokenizer_name: Optional[str] = None  # a local tokenizer directory; default: the shipped one
     use_cache: bool = False
-    model_type: Optional[str] = None           # from scratch: gpt2 (the shipped tiny config) is the one here
-    config_overrides: Optional[str] = None     # "n_embd=10,n_layer=2": applied to the config from scratch
+    model_type: Optional[str] = None  # from scratch: gpt2 (the shipped tiny config) is the one here
+    config_overrides: Optional[str] = None  # "n_embd=10,n_layer=2": applied to the config from scratch
 
 
 @dataclass
@@ -39,7 +40,7 @@ class DataArguments:
     block_size: int = 64
     max_train_samples: Optional[int] = None
     max_eval_samples: Optional[int] = None
-    streaming: bool = False                    # accepted: the offline corpus is read into memory anyway
+    streaming: bool = False  # accepted: the offline corpus is read into memory anyway
 
 
 def build_model(margs: ModelArguments, vocab_size: int):
@@ -53,14 +54,19 @@ def build_model(margs: ModelArguments, vocab_size: int):
     config_dir = margs.config_name or (source if source and os.path.isdir(source) else None)
     if config_dir is None:
         if source:
-            print(f"run_clm: '{source}' is not a local directory and the hub is not reachable here: "
-                  "training the shipped tiny GPT-2 from scratch instead (pass --config_name DIR or "
-                  "--model_name_or_path DIR for another model)", file=sys.stderr)
+            print(
+                f"run_clm: '{source}' is not a local directory and the hub is not reachable here: "
+                "training the shipped tiny GPT-2 from scratch instead (pass --config_name DIR or "
+                "--model_name_or_path DIR for another model)",
+                file=sys.stderr,
+            )
         config_dir = os.path.join(ASSETS, "tiny-gpt2")
     config = AutoConfig.from_pretrained(config_dir)
     if margs.model_type and margs.model_type != config.model_type:
-        raise SystemExit(f"run_clm.py: error: --model_type {margs.model_type}: only {config.model_type} "
-                         "(the shipped tiny config) can be built offline here; pass --config_name DIR")
+        raise SystemExit(
+            f"run_clm.py: error: --model_type {margs.model_type}: only {config.model_type} "
+            "(the shipped tiny config) can be built offline here; pass --config_name DIR"
+        )
     if margs.config_overrides:
         config.update_from_string(margs.config_overrides)  # as transformers' run_clm
     if config.vocab_size != vocab_size:
@@ -89,9 +95,9 @@ def main(argv=None) -> int:
     train_blocks = data.tokenize_and_group(texts["train"], tokenizer, dargs.block_size)
     eval_blocks = data.tokenize_and_group(texts["validation"], tokenizer, dargs.block_size)
     if dargs.max_train_samples:
-        train_blocks = train_blocks[:dargs.max_train_samples]
+        train_blocks = train_blocks[: dargs.max_train_samples]
     if dargs.max_eval_samples:
-        eval_blocks = eval_blocks[:dargs.max_eval_samples]
+        eval_blocks = eval_blocks[: dargs.max_eval_samples]
     set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
     model = build_model(margs, len(tokenizer))
     model.config.use_cache = margs.use_cache
@@ -99,11 +105,17 @@ def main(argv=None) -> int:
         # transformers 5 derives it from the class name, which GPT2LMHeadModel does not match; it
         # falls back to the causal-LM loss anyway, but warns on every rank.
         model.loss_type = "ForCausalLM"
-    trainer = Trainer(model, targs, train_dataset=data.BlockDataset(train_blocks),
-                      eval_dataset=data.BlockDataset(eval_blocks), data_collator=data.causal_lm_collator,
-                      tokens_per_sample=dargs.block_size)
+    trainer = Trainer(
+        model,
+        targs,
+        train_dataset=data.BlockDataset(train_blocks),
+        eval_dataset=data.BlockDataset(eval_blocks),
+        data_collator=data.causal_lm_collator,
+        tokens_per_sample=dargs.block_size,
+    )
     train_and_evaluate(trainer, tokenizer, targs)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,6 +11,7 @@ config/checkpoint directory), trained from scratch on a summarization set made f
 (with --predict_with_generate) and the activation memory one training step keeps for backward, which
 --gradient_checkpointing (the guide's only memory optimisation for T5-3B) cuts.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,21 +24,21 @@ from gaudi_launch.runtime.args import TrainingArguments, parse_args
 
 @dataclass
 class ModelArguments:
-    model_name_or_path: Optional[str] = None   # a local checkpoint directory
-    config_name: Optional[str] = None          # a local config directory (trained from scratch)
-    tokenizer_name: Optional[str] = None       # a local tokenizer directory; default: the shipped one
+    model_name_or_path: Optional[str] = None  # a local checkpoint directory
+    config_name: Optional[str] = None  # a local config directory (trained from scratch)
+    tokenizer_name: Optional[str] = None  # a local tokenizer directory; default: the shipped one
     use_cache: bool = False
 
 
 @dataclass
 class DataArguments:
-    dataset_name: Optional[str] = None         # accepted; offline, the shipped fables are the data set
+    dataset_name: Optional[str] = None  # accepted; offline, the shipped fables are the data set
     dataset_config_name: Optional[str] = None
     source_prefix: str = "summarize: "
     max_source_length: int = 128
     max_target_length: int = 48
     val_max_target_length: Optional[int] = None
-    pad_to_max_length: bool = False            # fixed shapes (what HPU lazy mode and graphs want)
+    pad_to_max_length: bool = False  # fixed shapes (what HPU lazy mode and graphs want)
     num_beams: int = 1
     max_train_samples: Optional[int] = None
     max_eval_samples: Optional[int] = None
@@ -60,9 +61,11 @@ def build_model(margs: ModelArguments, vocab_size: int):
     if source and os.path.isdir(source):
         return AutoModelForSeq2SeqLM.from_pretrained(source)
     if source:
-        print(f"run_summarization: '{source}' is not a local directory and the hub is not reachable here: "
-              "training the shipped tiny T5 from scratch instead (pass --config_name DIR for another model)",
-              file=sys.stderr)
+        print(
+            f"run_summarization: '{source}' is not a local directory and the hub is not reachable here: "
+            "training the shipped tiny T5 from scratch instead (pass --config_name DIR for another model)",
+            file=sys.stderr,
+        )
     config = AutoConfig.from_pretrained(margs.config_name or os.path.join(ASSETS, "tiny-t5"))
     config.vocab_size = vocab_size
     return AutoModelForSeq2SeqLM.from_config(config)
@@ -99,20 +102,26 @@ def generate_rouge(trainer, tokenizer, pairs, encoded, collator, dargs, sargs):
     model.eval()
     with torch.no_grad():
         for start in range(0, len(encoded), 8):
-            batch = collator(encoded[start:start + 8])
-            out = model.generate(input_ids=batch["input_ids"].to(trainer.info.device),
-                                 attention_mask=batch["attention_mask"].to(trainer.info.device),
-                                 max_new_tokens=max_new, num_beams=beams, do_sample=False)
+            batch = collator(encoded[start : start + 8])
+            out = model.generate(
+                input_ids=batch["input_ids"].to(trainer.info.device),
+                attention_mask=batch["attention_mask"].to(trainer.info.device),
+                max_new_tokens=max_new,
+                num_beams=beams,
+                do_sample=False,
+            )
             predictions += tokenizer.batch_decode(out.cpu(), skip_special_tokens=True)
     model.train()
     scores = corpus_rouge(predictions, [p["summary"] for p in pairs])
-    return {**scores, "gen_len": sum(len(p.split()) for p in predictions) / max(1, len(predictions)),
-            "example": predictions[0] if predictions else ""}
+    return {
+        **scores,
+        "gen_len": sum(len(p.split()) for p in predictions) / max(1, len(predictions)),
+        "example": predictions[0] if predictions else "",
+    }
 
 
 def main(argv=None) -> int:
-    margs, dargs, sargs, targs = parse_args((ModelArguments, DataArguments, Seq2SeqArguments, TrainingArguments),
-                                            argv)
+    margs, dargs, sargs, targs = parse_args((ModelArguments, DataArguments, Seq2SeqArguments, TrainingArguments), argv)
     from gaudi_launch.runtime import data, summarization
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
     from gaudi_launch.runtime.examples import saved_tokenizer, train_and_evaluate
@@ -129,31 +138,52 @@ def main(argv=None) -> int:
     train_pairs = summarization.fable_pairs(texts["train"])
     eval_pairs = summarization.fable_pairs(texts["validation"])
     if dargs.max_train_samples:
-        train_pairs = train_pairs[:dargs.max_train_samples]
+        train_pairs = train_pairs[: dargs.max_train_samples]
     if dargs.max_eval_samples:
-        eval_pairs = eval_pairs[:dargs.max_eval_samples]
+        eval_pairs = eval_pairs[: dargs.max_eval_samples]
     target_len = dargs.val_max_target_length or dargs.max_target_length
-    train = summarization.encode_pairs(train_pairs, tokenizer, dargs.max_source_length, dargs.max_target_length,
-                                       dargs.source_prefix)
-    evals = summarization.encode_pairs(eval_pairs, tokenizer, dargs.max_source_length, target_len,
-                                       dargs.source_prefix)
+    train = summarization.encode_pairs(
+        train_pairs, tokenizer, dargs.max_source_length, dargs.max_target_length, dargs.source_prefix
+    )
+    evals = summarization.encode_pairs(eval_pairs, tokenizer, dargs.max_source_length, target_len, dargs.source_prefix)
     fixed = dargs.pad_to_max_length
-    collator = summarization.Seq2SeqCollator(tokenizer.pad_token_id, dargs.max_source_length if fixed else 0,
-                                             dargs.max_target_length if fixed else 0)
+    collator = summarization.Seq2SeqCollator(
+        tokenizer.pad_token_id, dargs.max_source_length if fixed else 0, dargs.max_target_length if fixed else 0
+    )
     set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
     model = build_model(margs, len(tokenizer))
     model.config.use_cache = margs.use_cache
-    trainer = Trainer(model, targs, train_dataset=summarization.ListDataset(train),
-                      eval_dataset=summarization.ListDataset(evals), data_collator=collator,
-                      tokens_per_sample=dargs.max_source_length)
-    results = {"activation_memory (MB)": round(activation_bytes(
-        trainer.model, {k: v.to(trainer.info.device) for k, v in collator(train[:targs.per_device_train_batch_size]
-                                                                         ).items()}) / 2 ** 20, 3),
-               "gradient_checkpointing": targs.gradient_checkpointing}
+    trainer = Trainer(
+        model,
+        targs,
+        train_dataset=summarization.ListDataset(train),
+        eval_dataset=summarization.ListDataset(evals),
+        data_collator=collator,
+        tokens_per_sample=dargs.max_source_length,
+    )
+    results = {
+        "activation_memory (MB)": round(
+            activation_bytes(
+                trainer.model,
+                {k: v.to(trainer.info.device) for k, v in collator(train[: targs.per_device_train_batch_size]).items()},
+            )
+            / 2**20,
+            3,
+        ),
+        "gradient_checkpointing": targs.gradient_checkpointing,
+    }
     rouge = sargs.predict_with_generate and trainer.rank == 0
-    train_and_evaluate(trainer, tokenizer, targs, results, extra_eval=(
-        lambda: generate_rouge(trainer, tokenizer, eval_pairs, evals, collator, dargs, sargs)) if rouge else None)
+    train_and_evaluate(
+        trainer,
+        tokenizer,
+        targs,
+        results,
+        extra_eval=(lambda: generate_rouge(trainer, tokenizer, eval_pairs, evals, collator, dargs, sargs))
+        if rouge
+        else None,
+    )
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,6 +4,7 @@ Scripts written for optimum-habana (run_clm.py and friends) keep their command l
 names and defaults are GaudiTrainingArguments'. Torch is not imported here so that argument errors
 show up in a fraction of a second, before any rank pays for importing torch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,13 +15,14 @@ import sys
 import types
 import typing
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Optional
 
 
 def _opt(default: Any, help: str = "", choices: Optional[Sequence[Any]] = None) -> Any:
-    meta: Dict[str, Any] = {"help": help}
+    meta: dict[str, Any] = {"help": help}
     if choices is not None:
         meta["choices"] = tuple(choices)
     return field(default=default, metadata=meta)
@@ -29,13 +31,14 @@ def _opt(default: Any, help: str = "", choices: Optional[Sequence[Any]] = None) 
 NOT_IMPLEMENTED = "optimum-habana's flag: accepted, no effect in this runtime (a note says so when set)"
 
 
-def not_implemented_notes(args: Any) -> Dict[str, str]:
+def not_implemented_notes(args: Any) -> dict[str, str]:
     """One line per accepted-but-unimplemented flag set away from its default. Pure."""
     notes = {}
     for f in dataclasses.fields(args):
         if f.metadata.get("help") == NOT_IMPLEMENTED and getattr(args, f.name) != f.default:
-            notes[f.name] = (f"--{f.name} is accepted for optimum-habana compatibility but has no effect in "
-                             "gaudi-launch's runtime")
+            notes[f.name] = (
+                f"--{f.name} is accepted for optimum-habana compatibility but has no effect in gaudi-launch's runtime"
+            )
     return notes
 
 
@@ -47,11 +50,16 @@ class TrainingArguments:
     overwrite_output_dir: bool = _opt(False)
     do_train: bool = _opt(False)
     do_eval: bool = _opt(False)
-    use_habana: bool = _opt(False, "run on a Gaudi: an error, before training, when none is usable here "
-                                   "(--device cpu, or gaudi-launch --device cpu, overrides it)")
+    use_habana: bool = _opt(
+        False,
+        "run on a Gaudi: an error, before training, when none is usable here "
+        "(--device cpu, or gaudi-launch --device cpu, overrides it)",
+    )
     use_lazy_mode: Optional[bool] = _opt(
-        None, "HPU lazy mode (PT_HPU_LAZY_MODE=1); false or --torch_compile: eager. Default: the user's "
-              "PT_HPU_LAZY_MODE, else the Gaudi software's own default")
+        None,
+        "HPU lazy mode (PT_HPU_LAZY_MODE=1); false or --torch_compile: eager. Default: the user's "
+        "PT_HPU_LAZY_MODE, else the Gaudi software's own default",
+    )
     use_hpu_graphs_for_training: bool = _opt(False, "HPU graphs (CUDA graphs via torch.compile on CUDA)")
     distribution_strategy: str = _opt("ddp", choices=("ddp", "fast_ddp"))
     bf16: bool = _opt(False, "bfloat16 autocast")
@@ -84,25 +92,31 @@ class TrainingArguments:
     torch_compile: bool = _opt(False)
     deepspeed: Optional[str] = _opt(None, "DeepSpeed config file")
     gaudi_config_name: Optional[str] = _opt(None, "gaudi_config.json path/dir or a shipped name (Habana/gpt2)")
-    device: Optional[str] = _opt(None, "default: hpu if habana_frameworks imports, else cuda, else cpu",
-                                 choices=("hpu", "cuda", "cpu"))
+    device: Optional[str] = _opt(
+        None, "default: hpu if habana_frameworks imports, else cuda, else cpu", choices=("hpu", "cuda", "cpu")
+    )
     fast_ddp_buffer_dtype: Optional[str] = _opt(None, "default: bf16 on HPU, fp32 elsewhere", choices=("bf16", "fp32"))
-    fused_kernels: bool = _opt(True, "off HPU, swap a model's slow modules for fused torch equivalents (GPT-2's "
-                                     "gelu_new: one F.gelu kernel, equal up to rounding); false keeps the model's own")
+    fused_kernels: bool = _opt(
+        True,
+        "off HPU, swap a model's slow modules for fused torch equivalents (GPT-2's "
+        "gelu_new: one F.gelu kernel, equal up to rounding); false keeps the model's own",
+    )
     report_to: str = _opt("none")
     ddp_timeout: int = _opt(1800, "seconds")
     attn_implementation: Optional[str] = _opt(
-        None, "attention kernel; gaudi_fused_sdpa is Gaudi's FusedSDPA (torch SDPA off HPU); default: the model's own",
-        choices=("eager", "sdpa", "gaudi_fused_sdpa"))
+        None,
+        "attention kernel; gaudi_fused_sdpa is Gaudi's FusedSDPA (torch SDPA off HPU); default: the model's own",
+        choices=("eager", "sdpa", "gaudi_fused_sdpa"),
+    )
     use_flash_attention: bool = _opt(False, "older optimum-habana spelling of --attn_implementation gaudi_fused_sdpa")
     flash_attention_recompute: bool = _opt(False, "FusedSDPA recomputes in backward instead of storing (less memory)")
     flash_attention_causal_mask: bool = _opt(False, "FusedSDPA applies the causal mask itself; padding masks dropped")
     flash_attention_fast_softmax: bool = _opt(False, "FusedSDPA's fast (reduced-precision) softmax")
     local_rank: int = _opt(-1, "accepted for --local_rank compatibility; LOCAL_RANK from the env wins")
-    eval_strategy: str = _opt("no", "evaluate during training: every eval_steps, or after each epoch",
-                              choices=("no", "steps", "epoch"))
-    evaluation_strategy: Optional[str] = _opt(None, "older name of --eval_strategy",
-                                              choices=("no", "steps", "epoch"))
+    eval_strategy: str = _opt(
+        "no", "evaluate during training: every eval_steps, or after each epoch", choices=("no", "steps", "epoch")
+    )
+    evaluation_strategy: Optional[str] = _opt(None, "older name of --eval_strategy", choices=("no", "steps", "epoch"))
     eval_steps: Optional[int] = _opt(None, "with --eval_strategy steps; default: logging_steps")
     logging_first_step: bool = _opt(False)
     # ---- the rest of optimum-habana 1.21.2's GaudiTrainingArguments (same names and defaults) ----
@@ -110,17 +124,20 @@ class TrainingArguments:
     use_hpu_graphs: bool = _opt(False, "older name of --use_hpu_graphs_for_inference")
     disable_tensor_cache_hpu_graphs: bool = _opt(False, "HPU graphs for inference keep no tensor cache")
     max_hpu_graphs: Optional[int] = _opt(None, "most HPU graphs kept for inference")
-    adjust_throughput: bool = _opt(False, "leave logging and saving time out of the throughput too "
-                                          "(evaluation time is always left out)")
-    logging_nan_inf_filter: bool = _opt(False, "a nan/inf step loss is logged as the mean so far (training "
-                                               "is unchanged)")
+    adjust_throughput: bool = _opt(
+        False, "leave logging and saving time out of the throughput too (evaluation time is always left out)"
+    )
+    logging_nan_inf_filter: bool = _opt(
+        False, "a nan/inf step loss is logged as the mean so far (training is unchanged)"
+    )
     ddp_bucket_cap_mb: Optional[int] = _opt(230, "DDP bucket size (distribution_strategy ddp)")
     ddp_find_unused_parameters: Optional[bool] = _opt(False, "DDP find_unused_parameters")
     compile_dynamic: Optional[bool] = _opt(None, "torch.compile dynamic= (None: torch decides)")
     cache_size_limit: Optional[int] = _opt(None, "torch._dynamo cache_size_limit with --torch_compile")
     sdp_on_bf16: bool = _opt(False, "allow bf16 reductions in torch's math SDPA")
-    optim: str = _opt("adamw_torch", "AdamW (fused on HPU when the gaudi config asks); other optimizers: "
-                                     "accepted, AdamW is used")
+    optim: str = _opt(
+        "adamw_torch", "AdamW (fused on HPU when the gaudi config asks); other optimizers: accepted, AdamW is used"
+    )
     use_compiled_autograd: bool = _opt(False, NOT_IMPLEMENTED)
     compile_from_sec_iteration: bool = _opt(False, NOT_IMPLEMENTED)
     use_zero3_leaf_promotion: bool = _opt(False, NOT_IMPLEMENTED)
@@ -153,8 +170,11 @@ class TrainingArguments:
         if self.eval_strategy == "steps" and not self.eval_steps:
             self.eval_steps = self.logging_steps
         elif self.eval_steps and self.eval_strategy != "steps":
-            warnings.warn(f"--eval_steps {self.eval_steps} has no effect with --eval_strategy {self.eval_strategy} "
-                          "(add --eval_strategy steps)", stacklevel=3)
+            warnings.warn(
+                f"--eval_steps {self.eval_steps} has no effect with --eval_strategy {self.eval_strategy} "
+                "(add --eval_strategy steps)",
+                stacklevel=3,
+            )
         if self.use_hpu_graphs:
             self.use_hpu_graphs_for_inference = True
         if os.environ.get("RANK", "0") == "0":  # one note per job, not one per rank
@@ -164,14 +184,20 @@ class TrainingArguments:
                 warnings.warn(f"--optim {self.optim}: gaudi-launch's runtime trains with AdamW", stacklevel=3)
         if self.use_flash_attention:
             if self.attn_implementation not in (None, "gaudi_fused_sdpa"):
-                raise ValueError(f"--use_flash_attention asks for gaudi_fused_sdpa but --attn_implementation is "
-                                 f"{self.attn_implementation}: pass only one of them")
+                raise ValueError(
+                    f"--use_flash_attention asks for gaudi_fused_sdpa but --attn_implementation is "
+                    f"{self.attn_implementation}: pass only one of them"
+                )
             self.attn_implementation = "gaudi_fused_sdpa"
-        flash = [f"--{name}" for name in ("flash_attention_recompute", "flash_attention_causal_mask",
-                                          "flash_attention_fast_softmax") if getattr(self, name)]
+        flash = [
+            f"--{name}"
+            for name in ("flash_attention_recompute", "flash_attention_causal_mask", "flash_attention_fast_softmax")
+            if getattr(self, name)
+        ]
         if flash and self.attn_implementation != "gaudi_fused_sdpa":
-            raise ValueError(f"{', '.join(flash)} only apply to Gaudi's fused attention: "
-                             "add --attn_implementation gaudi_fused_sdpa")
+            raise ValueError(
+                f"{', '.join(flash)} only apply to Gaudi's fused attention: add --attn_implementation gaudi_fused_sdpa"
+            )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,7 +213,7 @@ def _str2bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
 
 
-def _type_hints(cls: type) -> Dict[str, Any]:
+def _type_hints(cls: type) -> dict[str, Any]:
     # `from __future__ import annotations` makes every annotation a string; a script may use
     # Optional/List without importing them at runtime, so fall back to typing's namespace.
     try:
@@ -209,7 +235,7 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any) -
     names = [f"--{f.name}"]
     if "_" in f.name:
         names.append(f"--{f.name.replace('_', '-')}")
-    kwargs: Dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help") or None}
+    kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help") or None}
     if f.default is not dataclasses.MISSING:
         kwargs["default"] = f.default
     elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
@@ -225,15 +251,20 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any) -
         # `--flag`, `--flag true|false` and `--no_flag`, as HfArgumentParser accepts them.
         parser.add_argument(*names, type=_str2bool, nargs="?", const=True, metavar="BOOL", **kwargs)
         no_names = [f"--no_{f.name}", f"--no-{f.name.replace('_', '-')}"]
-        parser.add_argument(*dict.fromkeys(no_names), dest=f.name, action="store_false",
-                            default=argparse.SUPPRESS, help=f"set {f.name} to False")
+        parser.add_argument(
+            *dict.fromkeys(no_names),
+            dest=f.name,
+            action="store_false",
+            default=argparse.SUPPRESS,
+            help=f"set {f.name} to False",
+        )
         return
-    if typing.get_origin(tp) in (list, List) or tp is list:
+    if typing.get_origin(tp) in (list, list) or tp is list:
         item = (typing.get_args(tp) or (str,))[0]
         kwargs.update(nargs="+", type=item)
     elif tp in (int, float, str):
         kwargs["type"] = tp
-    elif tp in (dict, Dict) or typing.get_origin(tp) is dict:
+    elif tp in (dict, dict) or typing.get_origin(tp) is dict:
         kwargs["type"] = json.loads
     else:
         kwargs["type"] = str
@@ -242,11 +273,12 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any) -
     parser.add_argument(*names, **kwargs)
 
 
-def build_parser(dataclass_types: Sequence[type], prog: Optional[str] = None,
-                 add_help: bool = True) -> argparse.ArgumentParser:
+def build_parser(
+    dataclass_types: Sequence[type], prog: Optional[str] = None, add_help: bool = True
+) -> argparse.ArgumentParser:
     # allow_abbrev=False: `--learning 1` must not silently mean --learning_rate.
     parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False, add_help=add_help)
-    owner: Dict[str, str] = {}
+    owner: dict[str, str] = {}
     for cls in dataclass_types:
         if not dataclasses.is_dataclass(cls):
             raise TypeError(f"{cls!r} is not a dataclass")
@@ -262,7 +294,7 @@ def build_parser(dataclass_types: Sequence[type], prog: Optional[str] = None,
     return parser
 
 
-def parse_args(dataclass_types: Tuple[type, ...], argv: Optional[List[str]] = None) -> tuple:
+def parse_args(dataclass_types: tuple[type, ...], argv: Optional[list[str]] = None) -> tuple:
     """Fill each dataclass from one command line, like HfArgumentParser.parse_args_into_dataclasses.
 
     Unknown arguments exit with status 2 and argparse's message naming them.
@@ -293,14 +325,14 @@ class GaudiConfig:
     """optimum-habana's gaudi_config.json: which Gaudi-specific accelerations to use."""
 
     use_torch_autocast: bool = False
-    autocast_bf16_ops: Optional[List[str]] = None
-    autocast_fp32_ops: Optional[List[str]] = None
+    autocast_bf16_ops: Optional[list[str]] = None
+    autocast_fp32_ops: Optional[list[str]] = None
     use_dynamic_shapes: bool = False
     use_fused_adam: bool = False
     use_fused_clip_norm: bool = False
 
     @classmethod
-    def from_dict(cls, data: Dict[str, Any], source: str = "<dict>") -> "GaudiConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> GaudiConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -309,7 +341,7 @@ class GaudiConfig:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike) -> "GaudiConfig":
+    def from_pretrained(cls, name_or_path: str | os.PathLike) -> GaudiConfig:
         path = Path(name_or_path)
         if path.is_dir():
             path = path / CONFIG_NAME
@@ -321,7 +353,8 @@ class GaudiConfig:
                 raise FileNotFoundError(
                     f"gaudi config {str(name_or_path)!r} is neither a file, a directory with {CONFIG_NAME}, "
                     f"nor a shipped name ({', '.join(shipped_gaudi_configs()) or 'none'}); the Hugging Face "
-                    f"Hub is not consulted, so download the file and pass its path")
+                    f"Hub is not consulted, so download the file and pass its path"
+                )
             path = _SHIPPED / name / CONFIG_NAME
         try:
             data = json.loads(path.read_text())
@@ -331,10 +364,10 @@ class GaudiConfig:
             raise ValueError(f"{path}: expected a JSON object")
         return cls.from_dict(data, source=str(path))
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def shipped_gaudi_configs() -> List[str]:
+def shipped_gaudi_configs() -> list[str]:
     """Names like 'Habana/gpt2' that ship with the package."""
     return sorted(str(p.parent.relative_to(_SHIPPED)) for p in _SHIPPED.glob(f"*/*/{CONFIG_NAME}"))

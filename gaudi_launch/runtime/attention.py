@@ -5,12 +5,13 @@ function that calls ``habana_frameworks.torch.hpex.kernels.FusedSDPA`` on HPU. O
 request becomes torch's SDPA ("sdpa"), which picks flash kernels on CUDA by itself. Models whose
 attention does not dispatch through ``AttentionInterface`` keep their own, with a warning.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import warnings
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 
@@ -33,16 +34,25 @@ def resolve_attn_implementation(requested: Optional[str], device_kind: str) -> O
     return requested
 
 
-def fused_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
-                       scaling: Optional[float] = None, is_causal: Optional[bool] = None,
-                       options: FusedSDPAOptions = FusedSDPAOptions(), **kwargs: Any
-                       ) -> Tuple[torch.Tensor, None]:
+def fused_sdpa_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    options: FusedSDPAOptions = FusedSDPAOptions(),
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: q/k/v are (batch, heads, seq, dim); the output is
     (batch, seq, heads, dim) and no attention weights (the kernel never materialises them)."""
     if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
-        raise ValueError(f"{type(module).__name__}: {FUSED_SDPA} supports neither position biases nor "
-                         "soft-capping; use --attn_implementation eager for this model")
+        raise ValueError(
+            f"{type(module).__name__}: {FUSED_SDPA} supports neither position biases nor "
+            "soft-capping; use --attn_implementation eager for this model"
+        )
     kernels = importlib.import_module("habana_frameworks.torch.hpex.kernels")
     # Grouped-query K/V (fewer heads than Q) go in as they are: the kernel handles them itself.
     q_len = query.shape[2]
@@ -53,8 +63,17 @@ def fused_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.
     else:
         # transformers leaves the mask out exactly when the pattern is plain causal.
         causal = bool(causal_layer and attention_mask is None and q_len > 1)
-    out = kernels.FusedSDPA.apply(query, key, value, attention_mask, dropout,
-                                  causal, scaling, "fast" if options.fast_softmax else "None", options.recompute)
+    out = kernels.FusedSDPA.apply(
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout,
+        causal,
+        scaling,
+        "fast" if options.fast_softmax else "None",
+        options.recompute,
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -63,7 +82,7 @@ def register_fused_sdpa(options: FusedSDPAOptions) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    def forward(*args: Any, **kwargs: Any) -> Tuple[torch.Tensor, None]:
+    def forward(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
         return fused_sdpa_forward(*args, options=options, **kwargs)
 
     AttentionInterface.register(FUSED_SDPA, forward)
@@ -77,21 +96,34 @@ def apply_attention(model: torch.nn.Module, args: Any, info: DeviceInfo) -> Opti
     if name is None:
         return None
     if name != requested:
-        warnings.warn(f"--attn_implementation {requested} is Gaudi's kernel; on {info.kind} the model uses "
-                      f"torch's scaled_dot_product_attention ({name}) instead", stacklevel=2)
+        warnings.warn(
+            f"--attn_implementation {requested} is Gaudi's kernel; on {info.kind} the model uses "
+            f"torch's scaled_dot_product_attention ({name}) instead",
+            stacklevel=2,
+        )
     if name == FUSED_SDPA:
-        register_fused_sdpa(FusedSDPAOptions(recompute=args.flash_attention_recompute,
-                                             causal_mask=args.flash_attention_causal_mask,
-                                             fast_softmax=args.flash_attention_fast_softmax))
+        register_fused_sdpa(
+            FusedSDPAOptions(
+                recompute=args.flash_attention_recompute,
+                causal_mask=args.flash_attention_causal_mask,
+                fast_softmax=args.flash_attention_fast_softmax,
+            )
+        )
     setter = getattr(model, "set_attn_implementation", None)
     if setter is None:
-        warnings.warn(f"{type(model).__name__} is not a transformers model: --attn_implementation {requested} "
-                      "does not apply to it", stacklevel=2)
+        warnings.warn(
+            f"{type(model).__name__} is not a transformers model: --attn_implementation {requested} "
+            "does not apply to it",
+            stacklevel=2,
+        )
         return None
     try:
         setter(name)
     except (ValueError, ImportError) as exc:
-        warnings.warn(f"{type(model).__name__} cannot use attn_implementation={name!r} ({exc}); "
-                      f"it keeps {model.config._attn_implementation!r}", stacklevel=2)
+        warnings.warn(
+            f"{type(model).__name__} cannot use attn_implementation={name!r} ({exc}); "
+            f"it keeps {model.config._attn_implementation!r}",
+            stacklevel=2,
+        )
         return model.config._attn_implementation
     return name

@@ -8,6 +8,7 @@ leaves a ``checkpoint-*`` directory that resuming would trip over. Temp director
 crash are ignored by :func:`latest_checkpoint`; they are not deleted automatically, because on a
 shared filesystem another job could be writing one.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ import random
 import re
 import shutil
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -68,8 +69,8 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _rng_state() -> Dict[str, Any]:
-    state: Dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     try:
         import numpy as np
     except ImportError:
@@ -86,7 +87,7 @@ def _rng_state() -> Dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: Dict[str, Any]) -> None:
+def _set_rng_state(state: dict[str, Any]) -> None:
     python = state["python"]
     # random.setstate insists on tuples; rebuild them rather than trusting the file's containers.
     random.setstate((python[0], tuple(python[1]), python[2]))
@@ -115,7 +116,7 @@ def _distributed(world: int) -> bool:
     return True
 
 
-def _checkpoints(output_dir: str) -> List[Tuple[int, str]]:
+def _checkpoints(output_dir: str) -> list[tuple[int, str]]:
     """(step, path) of every checkpoint-N directory, oldest first."""
     found = []
     try:
@@ -220,10 +221,11 @@ def save_checkpoint(
         os_error = _os_error(exc)
         if os_error is not None:  # e.g. disk full: say where, and that nothing older was touched
             kept = latest_checkpoint(output_dir)
-            raise CheckpointError(f"saving checkpoint-{step} failed writing {writing}: "
-                                  f"{os_error.strerror or os_error}; "
-                                  f"{'the previous checkpoint ' + kept + ' is kept' if kept else 'no older checkpoint exists'}"
-                                  ) from exc
+            raise CheckpointError(
+                f"saving checkpoint-{step} failed writing {writing}: "
+                f"{os_error.strerror or os_error}; "
+                f"{'the previous checkpoint ' + kept + ' is kept' if kept else 'no older checkpoint exists'}"
+            ) from exc
         raise
 
     if distributed:
@@ -242,12 +244,15 @@ def save_checkpoint(
     return final
 
 
-def complete_checkpoints(output_dir: str) -> List[str]:
+def complete_checkpoints(output_dir: str) -> list[str]:
     """Every complete ``checkpoint-N`` in ``output_dir``, newest (by N) first."""
     # Renaming makes every checkpoint-N complete; the check guards against directories that
     # some other tool (or a person) put there.
-    return [path for _, path in reversed(_checkpoints(output_dir))
-            if os.path.isfile(os.path.join(path, STATE)) and os.path.isfile(os.path.join(path, MODEL))]
+    return [
+        path
+        for _, path in reversed(_checkpoints(output_dir))
+        if os.path.isfile(os.path.join(path, STATE)) and os.path.isfile(os.path.join(path, MODEL))
+    ]
 
 
 def latest_checkpoint(output_dir: str) -> Optional[str]:
@@ -266,6 +271,7 @@ def load_checkpoint(
     map_location: Any = "cpu",
 ) -> dict:
     """Restore model, optimizer, scheduler and this rank's RNG from ``path``; return trainer_state."""
+
     # weights_only: a checkpoint directory should never be able to run code on load.
     def load(name: str, where: Any = map_location) -> Any:
         file = os.path.join(path, name)
@@ -273,8 +279,9 @@ def load_checkpoint(
             return torch.load(file, map_location=where, weights_only=True)
         except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
             # A truncated or damaged file (a crash or a full disk outside our atomic save).
-            raise CheckpointError(f"{file} cannot be loaded: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-                                  ) from exc
+            raise CheckpointError(
+                f"{file} cannot be loaded: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            ) from exc
 
     # Everything is read before anything is applied: a bad file leaves the model as it was.
     model_state = load(MODEL)

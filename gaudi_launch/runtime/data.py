@@ -16,10 +16,12 @@ The pipeline mirrors Hugging Face's run_clm example: texts -> token ids, joined 
 between documents -> cut into equal blocks (the remainder is dropped) -> labels are the
 inputs (the model shifts them). ``transformers`` is imported only by ``load_tokenizer``.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 import torch
 from torch.utils.data import Dataset
@@ -35,8 +37,10 @@ EOS_TOKEN = "<|endoftext|>"
 BUILTIN = "builtin"
 
 _HUB_HINT = "the Hugging Face hub is not reachable here; pass a local directory"
-_DATA_FILE_HINT = ("use --train_file/--validation_file with local plain-text .txt files "
-                   "(or no data options at all for the built-in corpus)")
+_DATA_FILE_HINT = (
+    "use --train_file/--validation_file with local plain-text .txt files "
+    "(or no data options at all for the built-in corpus)"
+)
 
 
 class DataError(UserError, ValueError):
@@ -46,10 +50,16 @@ class DataError(UserError, ValueError):
 
 # --------------------------------------------------------------------------- tokenizer
 
+
 def _looks_like_path(name: str) -> bool:
     """Hub ids are ``name`` or ``org/name``; anything else that is not on disk is a missing path."""
-    return (os.path.isabs(name) or name.startswith((".", "~")) or name.endswith(".json")
-            or name.count("/") > 1 or "\\" in name)
+    return (
+        os.path.isabs(name)
+        or name.startswith((".", "~"))
+        or name.endswith(".json")
+        or name.count("/") > 1
+        or "\\" in name
+    )
 
 
 def _ensure_special_tokens(tokenizer):
@@ -80,19 +90,21 @@ def load_tokenizer(name_or_path: Optional[str] = None):
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError...
-            raise DataError(f"cannot load a tokenizer from directory {path}: {type(e).__name__}: {e}",
-                            where="--tokenizer_name",
-                            hint="the directory needs tokenizer.json (and tokenizer_config.json), "
-                                 "or the vocab/merges files of a slow tokenizer") from None
+            raise DataError(
+                f"cannot load a tokenizer from directory {path}: {type(e).__name__}: {e}",
+                where="--tokenizer_name",
+                hint="the directory needs tokenizer.json (and tokenizer_config.json), "
+                "or the vocab/merges files of a slow tokenizer",
+            ) from None
     elif os.path.isfile(path):
         if not path.endswith(".json"):
-            raise DataError(f"{path} is not a tokenizer.json file or a tokenizer directory",
-                            where="--tokenizer_name")
+            raise DataError(f"{path} is not a tokenizer.json file or a tokenizer directory", where="--tokenizer_name")
         try:
             tokenizer = PreTrainedTokenizerFast(tokenizer_file=path)
         except Exception as e:  # noqa: BLE001
-            raise DataError(f"cannot load {path} as a tokenizers JSON file: {type(e).__name__}: {e}",
-                            where="--tokenizer_name") from None
+            raise DataError(
+                f"cannot load {path} as a tokenizers JSON file: {type(e).__name__}: {e}", where="--tokenizer_name"
+            ) from None
     elif _looks_like_path(name_or_path):
         raise DataError(f"no such tokenizer file or directory: {path}", where="--tokenizer_name")
     else:
@@ -110,14 +122,17 @@ def load_tokenizer(name_or_path: Optional[str] = None):
 
 # --------------------------------------------------------------------------- text files
 
-def read_text_file(path: str) -> List[str]:
+
+def read_text_file(path: str) -> list[str]:
     """The examples in a plain-text file: one per non-blank line (blank lines only separate)."""
     if not os.path.isfile(path):
         raise DataError(f"no such file: {path}")
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".txt", ".text", ""):
-        raise DataError(f"{path}: only plain-text .txt files are supported (one paragraph per line), "
-                        f"not {ext}", hint="convert it to text, one document or paragraph per line")
+        raise DataError(
+            f"{path}: only plain-text .txt files are supported (one paragraph per line), not {ext}",
+            hint="convert it to text, one document or paragraph per line",
+        )
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -126,7 +141,7 @@ def read_text_file(path: str) -> List[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def _split_off_validation(texts: List[str], percentage: int) -> Dict[str, List[str]]:
+def _split_off_validation(texts: list[str], percentage: int) -> dict[str, list[str]]:
     """run_clm's convention: validation is the first ``percentage`` % of the examples, train the rest."""
     n = len(texts) * percentage // 100
     if percentage > 0 and n == 0 and len(texts) >= 2:
@@ -135,14 +150,20 @@ def _split_off_validation(texts: List[str], percentage: int) -> Dict[str, List[s
 
 
 def _check_percentage(validation_split_percentage: int) -> None:
-    if isinstance(validation_split_percentage, bool) or not isinstance(validation_split_percentage, int) \
-            or not 0 <= validation_split_percentage < 100:
-        raise DataError(f"validation_split_percentage must be an integer from 0 to 99, "
-                        f"got {validation_split_percentage!r}", where="--validation_split_percentage")
+    if (
+        isinstance(validation_split_percentage, bool)
+        or not isinstance(validation_split_percentage, int)
+        or not 0 <= validation_split_percentage < 100
+    ):
+        raise DataError(
+            f"validation_split_percentage must be an integer from 0 to 99, got {validation_split_percentage!r}",
+            where="--validation_split_percentage",
+        )
 
 
-def load_text_files(train_file: Optional[str], validation_file: Optional[str],
-                    validation_split_percentage: int = 10) -> Dict[str, List[str]]:
+def load_text_files(
+    train_file: Optional[str], validation_file: Optional[str], validation_split_percentage: int = 10
+) -> dict[str, list[str]]:
     """``{"train": [...], "validation": [...]}``, each a list of texts (non-blank lines).
 
     No ``train_file``: the shipped corpus (its own validation file unless ``validation_file``
@@ -162,13 +183,17 @@ def load_text_files(train_file: Optional[str], validation_file: Optional[str],
         return {"train": texts, "validation": read_text_file(validation_file)}
     splits = _split_off_validation(texts, validation_split_percentage)
     if not splits["train"]:
-        raise DataError(f"{train_file} has only {len(texts)} line(s): nothing left to train on after "
-                        f"splitting off {validation_split_percentage}% for validation",
-                        where="--train_file", hint="pass --validation_file or a lower --validation_split_percentage")
+        raise DataError(
+            f"{train_file} has only {len(texts)} line(s): nothing left to train on after "
+            f"splitting off {validation_split_percentage}% for validation",
+            where="--train_file",
+            hint="pass --validation_file or a lower --validation_split_percentage",
+        )
     return splits
 
 
 # --------------------------------------------------------------------------- blocks
+
 
 def _encode(texts: Sequence[str], tokenizer) -> tuple:
     """(list of token-id lists, eos id) for a transformers tokenizer or a raw tokenizers.Tokenizer."""
@@ -179,7 +204,7 @@ def _encode(texts: Sequence[str], tokenizer) -> tuple:
     return ids, tokenizer.eos_token_id
 
 
-def tokenize_and_group(texts: Sequence[str], tokenizer, block_size: int) -> List[Dict[str, List[int]]]:
+def tokenize_and_group(texts: Sequence[str], tokenizer, block_size: int) -> list[dict[str, list[int]]]:
     """Token ids of all ``texts``, each followed by eos, concatenated and cut into
     ``block_size`` blocks: ``[{"input_ids": [...], "labels": [...]}, ...]``, labels equal to the
     inputs. The tail shorter than a block is dropped, so fewer tokens than ``block_size`` give
@@ -189,16 +214,19 @@ def tokenize_and_group(texts: Sequence[str], tokenizer, block_size: int) -> List
         raise DataError(f"block_size must be a positive integer, got {block_size!r}", where="--block_size")
     ids, eos = _encode(texts, tokenizer)
     if eos is None:
-        raise DataError("the tokenizer has no eos token, which separates documents",
-                        where="--tokenizer_name", hint=f"use a tokenizer with {EOS_TOKEN} or set eos_token")
-    stream: List[int] = []
+        raise DataError(
+            "the tokenizer has no eos token, which separates documents",
+            where="--tokenizer_name",
+            hint=f"use a tokenizer with {EOS_TOKEN} or set eos_token",
+        )
+    stream: list[int] = []
     for doc in ids:
         stream.extend(doc)
         stream.append(eos)
     n_blocks = len(stream) // block_size
     blocks = []
     for i in range(n_blocks):
-        block = stream[i * block_size:(i + 1) * block_size]
+        block = stream[i * block_size : (i + 1) * block_size]
         blocks.append({"input_ids": block, "labels": list(block)})
     return blocks
 
@@ -213,11 +241,12 @@ class BlockDataset(Dataset):
         width = lengths.pop() if lengths else 0
         shape = (len(blocks), width)
         self.input_ids = torch.tensor([list(b["input_ids"]) for b in blocks], dtype=torch.long).reshape(shape)
-        self.labels = torch.tensor([list(b.get("labels", b["input_ids"])) for b in blocks],
-                                   dtype=torch.long).reshape(shape)
+        self.labels = torch.tensor([list(b.get("labels", b["input_ids"])) for b in blocks], dtype=torch.long).reshape(
+            shape
+        )
 
     @classmethod
-    def from_texts(cls, texts: Sequence[str], tokenizer, block_size: int) -> "BlockDataset":
+    def from_texts(cls, texts: Sequence[str], tokenizer, block_size: int) -> BlockDataset:
         return cls(tokenize_and_group(texts, tokenizer, block_size))
 
     @property
@@ -227,25 +256,27 @@ class BlockDataset(Dataset):
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {"input_ids": self.input_ids[index], "labels": self.labels[index]}
 
 
-def causal_lm_collator(features: Sequence[Mapping[str, Any]]) -> Dict[str, torch.Tensor]:
+def causal_lm_collator(features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
     """Stack equal-length features into ``input_ids``, ``labels`` (the inputs when a feature has
     none) and an all-ones ``attention_mask``, each ``(batch, block)`` int64."""
     if not features:
         raise ValueError("causal_lm_collator got an empty batch")
     try:
         input_ids = torch.stack([torch.as_tensor(f["input_ids"], dtype=torch.long) for f in features])
-        labels = torch.stack([torch.as_tensor(f["labels"] if "labels" in f else f["input_ids"], dtype=torch.long)
-                              for f in features])
+        labels = torch.stack(
+            [torch.as_tensor(f["labels"] if "labels" in f else f["input_ids"], dtype=torch.long) for f in features]
+        )
     except RuntimeError as e:
         raise ValueError(f"causal_lm_collator needs equal-length features (use tokenize_and_group): {e}") from None
     return {"input_ids": input_ids, "labels": labels, "attention_mask": torch.ones_like(input_ids)}
 
 
 # --------------------------------------------------------------------------- hub datasets
+
 
 def _text_column(split) -> str:
     names = list(getattr(split, "column_names", []) or [])
@@ -259,8 +290,9 @@ def _text_column(split) -> str:
     raise DataError(f"the dataset has no text column (columns: {names})", where="--dataset_name")
 
 
-def load_dataset_by_name(name: str, config_name: Optional[str] = None,
-                         validation_split_percentage: int = 10) -> Dict[str, List[str]]:
+def load_dataset_by_name(
+    name: str, config_name: Optional[str] = None, validation_split_percentage: int = 10
+) -> dict[str, list[str]]:
     """``{"train": [...], "validation": [...]}`` from a Hugging Face dataset, through the
     ``datasets`` library. That needs ``datasets`` installed and the hub reachable (or the
     dataset already cached); otherwise a ``DataError`` says to use --train_file/--validation_file.
@@ -273,14 +305,19 @@ def load_dataset_by_name(name: str, config_name: Optional[str] = None,
     except ImportError:
         raise DataError(
             f"--dataset_name {name!r} needs the `datasets` package and the Hugging Face hub, and neither "
-            f"is available here", where="--dataset_name", hint=_DATA_FILE_HINT) from None
+            f"is available here",
+            where="--dataset_name",
+            hint=_DATA_FILE_HINT,
+        ) from None
     try:
         loaded = datasets.load_dataset(name, config_name)
     except Exception as e:  # noqa: BLE001 - offline, unknown name, no cache: all the same to the user
         raise DataError(
             f"cannot load dataset {name!r}{f' ({config_name})' if config_name else ''}: {type(e).__name__}: {e}. "
             f"--dataset_name needs the Hugging Face hub, which is not reachable here",
-            where="--dataset_name", hint=_DATA_FILE_HINT) from None
+            where="--dataset_name",
+            hint=_DATA_FILE_HINT,
+        ) from None
     if "train" not in loaded:
         raise DataError(f"dataset {name!r} has no train split (splits: {list(loaded)})", where="--dataset_name")
     train_split = loaded["train"]

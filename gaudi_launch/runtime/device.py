@@ -4,6 +4,7 @@ HPU code imports ``habana_frameworks`` lazily and only on the HPU path: it is no
 importing it freezes settings read from the environment (lazy mode, autocast op lists), so
 ``prepare_hpu_env`` (hpu_env.py; the worker runs it before the script) must come first.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -12,7 +13,7 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 
@@ -28,7 +29,7 @@ class DeviceUnavailable(RuntimeError):
 @dataclass
 class DeviceInfo:
     kind: str  # "hpu" | "cuda" | "cpu"
-    device: "torch.device"
+    device: torch.device
     dist_backend: str  # "hccl" | "nccl" | "gloo"
     lazy: bool  # HPU lazy mode: ops are queued into a graph until mark_step()
     local_rank: int
@@ -59,9 +60,13 @@ def _auto_kind() -> str:
 def select_device(args: Any = None, force: Optional[str] = None) -> DeviceInfo:
     # --device on gaudi-launch reaches every rank as GAUDI_LAUNCH_DEVICE; the script's own wins.
     # --use_habana asks for a Gaudi: no silent fall-back to the CPU when there is none.
-    kind = (force or (getattr(args, "device", None) if args is not None else None)
-            or os.environ.get("GAUDI_LAUNCH_DEVICE")
-            or ("hpu" if getattr(args, "use_habana", False) else None) or _auto_kind())
+    kind = (
+        force
+        or (getattr(args, "device", None) if args is not None else None)
+        or os.environ.get("GAUDI_LAUNCH_DEVICE")
+        or ("hpu" if getattr(args, "use_habana", False) else None)
+        or _auto_kind()
+    )
     if kind not in _BACKENDS:
         raise ValueError(f"unknown device {kind!r}: expected hpu, cuda or cpu")
     local_rank = _local_rank(args)
@@ -82,9 +87,11 @@ def select_device(args: Any = None, force: Optional[str] = None) -> DeviceInfo:
 def _load_bridge(args: Any) -> None:
     """Import the Gaudi bridge, with a clear error when it cannot load here."""
     if importlib.util.find_spec("habana_frameworks") is None:
-        raise DeviceUnavailable("device 'hpu' requested but habana_frameworks is not importable here: it comes with "
-                           "Intel Gaudi's software stack (its containers), not PyPI. Run on a Gaudi host, or "
-                           "pass --device cpu")
+        raise DeviceUnavailable(
+            "device 'hpu' requested but habana_frameworks is not importable here: it comes with "
+            "Intel Gaudi's software stack (its containers), not PyPI. Run on a Gaudi host, or "
+            "pass --device cpu"
+        )
     if args is not None and "habana_frameworks.torch.core" not in sys.modules:
         prepare_hpu_env(args)  # lazy mode must be in the env before the import below
     try:
@@ -92,11 +99,14 @@ def _load_bridge(args: Any) -> None:
         hpu = importlib.import_module("habana_frameworks.torch.hpu")
     except (ImportError, OSError, AssertionError, RuntimeError) as exc:
         # e.g. a torch the bridge was not built for, or no Gaudi driver on this host
-        raise DeviceUnavailable(f"device 'hpu' requested but the Gaudi bridge did not load: "
-                           f"{type(exc).__name__}: {exc}") from exc
+        raise DeviceUnavailable(
+            f"device 'hpu' requested but the Gaudi bridge did not load: {type(exc).__name__}: {exc}"
+        ) from exc
     if not hpu.is_available():
-        raise DeviceUnavailable("device 'hpu' requested but habana_frameworks.torch.hpu.is_available() is False: "
-                           "no Gaudi device is usable by this process (driver, HABANA_VISIBLE_MODULES)")
+        raise DeviceUnavailable(
+            "device 'hpu' requested but habana_frameworks.torch.hpu.is_available() is False: "
+            "no Gaudi device is usable by this process (driver, HABANA_VISIBLE_MODULES)"
+        )
 
 
 def bridge_is_lazy() -> bool:
@@ -119,7 +129,7 @@ def set_dynamic_shapes(info: DeviceInfo, enabled: bool) -> None:
 # Process group
 
 
-def init_distributed(info: DeviceInfo, timeout_s: float = 1800) -> Tuple[int, int]:
+def init_distributed(info: DeviceInfo, timeout_s: float = 1800) -> tuple[int, int]:
     """(rank, world) from RANK/WORLD_SIZE; a process group only when world > 1."""
     import torch.distributed as dist
 
@@ -131,12 +141,14 @@ def init_distributed(info: DeviceInfo, timeout_s: float = 1800) -> Tuple[int, in
         return dist.get_rank(), dist.get_world_size()
     missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
     if missing:
-        raise RuntimeError(f"WORLD_SIZE={world} but {' and '.join(missing)} not set: "
-                           "start the script with gaudi-launch (or torchrun)")
+        raise RuntimeError(
+            f"WORLD_SIZE={world} but {' and '.join(missing)} not set: start the script with gaudi-launch (or torchrun)"
+        )
     if info.dist_backend == "hccl":
         importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers "hccl"
-    dist.init_process_group(info.dist_backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        info.dist_backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+    )
     return rank, world
 
 
@@ -162,7 +174,7 @@ def synchronize(info: DeviceInfo) -> None:
 
 
 def _gb(n_bytes: float) -> float:
-    return round(n_bytes / 1024 ** 3, 2)
+    return round(n_bytes / 1024**3, 2)
 
 
 def _proc_kb(path: str, key: str) -> Optional[int]:
@@ -176,7 +188,7 @@ def _proc_kb(path: str, key: str) -> Optional[int]:
     return None
 
 
-def memory_stats(info: DeviceInfo) -> Dict[str, float]:
+def memory_stats(info: DeviceInfo) -> dict[str, float]:
     """optimum-habana's memory figures in GB (2 decimals); on CPU this process's resident memory."""
     if info.kind == "hpu":
         stats = importlib.import_module("habana_frameworks.torch.hpu").memory_stats()

@@ -6,16 +6,17 @@ HF's ``HfTrainerDeepSpeedConfig.trainer_config_process`` fills them from the Tra
 the two cannot disagree. This does the same; an "auto" left that nothing here can fill is an error
 naming its key. Torch-free and pure.
 """
+
 from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 AUTO = "auto"
 
 
-def load_ds_config(config: Any) -> Dict[str, Any]:
+def load_ds_config(config: Any) -> dict[str, Any]:
     """A DeepSpeed config from a path or a dict (a copy: the caller's is never changed)."""
     if isinstance(config, dict):
         return copy.deepcopy(config)
@@ -31,7 +32,7 @@ def load_ds_config(config: Any) -> Dict[str, Any]:
     return data
 
 
-def _fill(config: Dict[str, Any], path: str, value: Any) -> None:
+def _fill(config: dict[str, Any], path: str, value: Any) -> None:
     """Set the value at dotted ``path`` when it is "auto" there (a value the user wrote stands)."""
     *parents, key = path.split(".")
     node = config
@@ -43,14 +44,15 @@ def _fill(config: Dict[str, Any], path: str, value: Any) -> None:
         node[key] = value
 
 
-def _autos(node: Any, prefix: str = "") -> List[str]:
+def _autos(node: Any, prefix: str = "") -> list[str]:
     if isinstance(node, dict):
         return [p for k, v in node.items() for p in _autos(v, f"{prefix}{k}.")]
     return [prefix.rstrip(".")] if node == AUTO else []
 
 
-def resolve_ds_config(config: Dict[str, Any], args: Any, world: int, total_steps: int,
-                      hidden_size: Optional[int] = None) -> Dict[str, Any]:
+def resolve_ds_config(
+    config: dict[str, Any], args: Any, world: int, total_steps: int, hidden_size: Optional[int] = None
+) -> dict[str, Any]:
     """``config`` with every "auto" filled from ``args`` (TrainingArguments); a new dict.
 
     ``total_steps`` is the run's optimizer steps (for a scheduler's total_num_steps);
@@ -59,12 +61,16 @@ def resolve_ds_config(config: Dict[str, Any], args: Any, world: int, total_steps
     out = copy.deepcopy(config)
     accum = max(1, args.gradient_accumulation_steps)
     micro = args.per_device_train_batch_size
-    for key, flag, ours in (("train_micro_batch_size_per_gpu", "per_device_train_batch_size", micro),
-                            ("gradient_accumulation_steps", "gradient_accumulation_steps", accum)):
+    for key, flag, ours in (
+        ("train_micro_batch_size_per_gpu", "per_device_train_batch_size", micro),
+        ("gradient_accumulation_steps", "gradient_accumulation_steps", accum),
+    ):
         if out.get(key, AUTO) != AUTO and out[key] != ours:
             # DeepSpeed would batch differently from the data loader: HF refuses this too.
-            raise ValueError(f"--deepspeed: {key} is {out[key]} but --{flag} is {ours}: make them agree, "
-                             f"or write \"auto\" in the config")
+            raise ValueError(
+                f"--deepspeed: {key} is {out[key]} but --{flag} is {ours}: make them agree, "
+                f'or write "auto" in the config'
+            )
     for path, value in [
         ("train_micro_batch_size_per_gpu", micro),
         ("gradient_accumulation_steps", accum),
@@ -88,7 +94,7 @@ def resolve_ds_config(config: Dict[str, Any], args: Any, world: int, total_steps
         _fill(out, "zero_optimization.stage3_param_persistence_threshold", 10 * hidden_size)
     left = _autos(out)
     if left:
-        raise ValueError(f"--deepspeed: no value to fill \"auto\" with for {', '.join(left)}: set it in the config")
+        raise ValueError(f'--deepspeed: no value to fill "auto" with for {", ".join(left)}: set it in the config')
     if "optimizer" not in out:
         # The Trainer hands its own optimizer to DeepSpeed, which ZeRO accepts only when told to.
         out.setdefault("zero_allow_untested_optimizer", True)

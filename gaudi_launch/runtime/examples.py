@@ -1,10 +1,11 @@
 """The flow the example scripts share (run_clm, run_mlm, run_summarization), as optimum-habana's do it:
 evaluate before, train, save the model and tokenizer, evaluate after, write results.json (rank 0)."""
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 
 def saved_tokenizer(model_dir: Optional[str]) -> Optional[str]:
@@ -14,13 +15,18 @@ def saved_tokenizer(model_dir: Optional[str]) -> Optional[str]:
     return None
 
 
-def train_and_evaluate(trainer, tokenizer, args, results: Optional[Dict[str, Any]] = None,
-                       extra_eval: Optional[Callable[[], Dict[str, Any]]] = None) -> Dict[str, Any]:
+def train_and_evaluate(
+    trainer,
+    tokenizer,
+    args,
+    results: Optional[dict[str, Any]] = None,
+    extra_eval: Optional[Callable[[], dict[str, Any]]] = None,
+) -> dict[str, Any]:
     """Run the script's --do_eval/--do_train; ``extra_eval`` adds to each evaluation (e.g. ROUGE of
     generated text). Returns the results, which rank 0 also prints and writes to results.json."""
     results = dict(results or {})
 
-    def evaluate() -> Dict[str, Any]:
+    def evaluate() -> dict[str, Any]:
         metrics = trainer.evaluate()
         if extra_eval is not None:
             metrics.update(extra_eval())

@@ -7,10 +7,11 @@ rank 0 once, and after backward every gradient is packed into one flat buffer th
 with a single ``all_reduce``. The same code runs on hccl, nccl and gloo, which is what lets the
 CPU tests check it against DDP for real.
 """
+
 from __future__ import annotations
 
 import weakref
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -49,7 +50,7 @@ class FastDDP:
         self.grads_as_views = grads_as_views  # None: off HPU (the gradients' device) only
         # Built on the first all-reduce, then reused: the buffer and one view per parameter.
         self._buffer: Optional[torch.Tensor] = None
-        self._entries: Optional[List[Tuple[str, torch.nn.Parameter, torch.Tensor]]] = None
+        self._entries: Optional[list[tuple[str, torch.nn.Parameter, torch.Tensor]]] = None
         self._bound = False  # the gradients are views of the buffer
         self._covers_all = False  # every trainable parameter has its place in the buffer
 
@@ -81,15 +82,9 @@ class FastDDP:
 
     def _build(self) -> None:
         """Lay out one flat buffer for every gradient present now, in parameters() order."""
-        params = [
-            (name, p)
-            for name, p in self.model.named_parameters()
-            if p.requires_grad and p.grad is not None
-        ]
+        params = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad and p.grad is not None]
         if not params:
-            raise RuntimeError(
-                "FastDDP.all_reduce_gradients: no parameter has a gradient; call it after backward()"
-            )
+            raise RuntimeError("FastDDP.all_reduce_gradients: no parameter has a gradient; call it after backward()")
         for name, p in params:
             if p.grad.is_sparse:
                 raise RuntimeError(f"FastDDP: sparse gradient for {name!r} is not supported")
@@ -110,8 +105,8 @@ class FastDDP:
         # HPU keeps optimum-habana's copies (its buffer is bf16 by default).
         views = self.grads_as_views if self.grads_as_views is not None else device.type != "hpu"
         self._bound = views and all(
-            p.grad.dtype == self.buffer_dtype and p.grad.is_contiguous() and p.grad.shape == p.shape
-            for _, p in params)
+            p.grad.dtype == self.buffer_dtype and p.grad.is_contiguous() and p.grad.shape == p.shape for _, p in params
+        )
         if self._bound:
             with torch.no_grad():
                 for _, p, view in entries:
@@ -176,7 +171,7 @@ class FastDDP:
 
 
 # Keyed weakly so a discarded model (and the FastDDP built for it) can be garbage collected.
-_INSTANCES: "weakref.WeakKeyDictionary[torch.nn.Module, FastDDP]" = weakref.WeakKeyDictionary()
+_INSTANCES: weakref.WeakKeyDictionary[torch.nn.Module, FastDDP] = weakref.WeakKeyDictionary()
 
 
 def all_reduce_gradients(

@@ -9,6 +9,7 @@ mode) the compiled graph takes that role. The CUDA counterpart is CUDA graphs, w
 torch.compile(mode="reduce-overhead") captures for static input shapes; compilation wraps the
 DDP module, as torch recommends. CPU has neither.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -52,8 +53,11 @@ def compile_model(model: Any, info: DeviceInfo, args: Any) -> Any:
     if getattr(args, "torch_compile", False):
         if getattr(args, "cache_size_limit", None):
             torch._dynamo.config.cache_size_limit = args.cache_size_limit
-        return torch.compile(model, backend="hpu_backend" if info.kind == "hpu" else "inductor",
-                             dynamic=getattr(args, "compile_dynamic", None))
+        return torch.compile(
+            model,
+            backend="hpu_backend" if info.kind == "hpu" else "inductor",
+            dynamic=getattr(args, "compile_dynamic", None),
+        )
     return model
 
 
@@ -92,8 +96,11 @@ class InferenceGraphs:
             return
         self._before = self.model.__dict__.get("forward")  # an instance forward (HPU graphs for training)
         hpu = importlib.import_module("habana_frameworks.torch.hpu")
-        hpu.wrap_in_hpu_graph(self.model, disable_tensor_cache=self.args.disable_tensor_cache_hpu_graphs,
-                              max_graphs=self.args.max_hpu_graphs)
+        hpu.wrap_in_hpu_graph(
+            self.model,
+            disable_tensor_cache=self.args.disable_tensor_cache_hpu_graphs,
+            max_graphs=self.args.max_hpu_graphs,
+        )
         self.wrapped = True
 
     def off(self) -> None:

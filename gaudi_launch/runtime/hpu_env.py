@@ -6,6 +6,7 @@ from the script's own flags (``--use_lazy_mode``, ``--torch_compile``, ``--bf16`
 ``--gaudi_config_name``) before running it. The op lists go to per-job files; optimum-habana's fixed
 /tmp paths let two jobs on one host overwrite each other's lists.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,8 @@ import shutil
 import sys
 import tempfile
 import warnings
-from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any, Optional
 
 from .args import GaudiConfig, build_parser
 
@@ -59,8 +61,7 @@ def _write_ops(ops: Sequence[str], kind: str, job_dir: Optional[str]) -> str:
     return path
 
 
-def lazy_mode_setting(use_lazy_mode: Optional[bool], torch_compile: bool,
-                      environ: Mapping[str, str]) -> Optional[str]:
+def lazy_mode_setting(use_lazy_mode: Optional[bool], torch_compile: bool, environ: Mapping[str, str]) -> Optional[str]:
     """The PT_HPU_LAZY_MODE value to put in the environment, or None to leave it as it is. Pure.
 
     The user's own value always stands. Otherwise the flags decide: --torch_compile needs eager
@@ -82,9 +83,12 @@ def autocast_enabled(args: Any, gaudi_config: Optional[GaudiConfig]) -> bool:
     return bool(getattr(args, "bf16", False) or (gaudi_config is not None and gaudi_config.use_torch_autocast))
 
 
-def prepare_hpu_env(args: Any, gaudi_config: Optional[GaudiConfig] = None,
-                    environ: MutableMapping[str, str] = os.environ,
-                    job_dir: Optional[str] = None) -> Dict[str, str]:
+def prepare_hpu_env(
+    args: Any,
+    gaudi_config: Optional[GaudiConfig] = None,
+    environ: MutableMapping[str, str] = os.environ,
+    job_dir: Optional[str] = None,
+) -> dict[str, str]:
     """Put lazy mode and the op lists for these arguments in the environment; return what changed.
 
     Idempotent: settings already in place (the user's, or the worker's before the script imported
@@ -92,33 +96,39 @@ def prepare_hpu_env(args: Any, gaudi_config: Optional[GaudiConfig] = None,
     the bridge is loaded nothing is changed: it would not take effect, and would make the
     environment disagree with the bridge.
     """
-    out: Dict[str, str] = {}
-    lazy = lazy_mode_setting(getattr(args, "use_lazy_mode", None), bool(getattr(args, "torch_compile", False)),
-                             environ)
+    out: dict[str, str] = {}
+    lazy = lazy_mode_setting(getattr(args, "use_lazy_mode", None), bool(getattr(args, "torch_compile", False)), environ)
     if lazy is not None:
         out[LAZY_VAR] = lazy
     # optimum-habana writes op lists only for its hpu_amp backend (not cpu_amp) and not under DeepSpeed.
-    if (autocast_enabled(args, gaudi_config) and gaudi_config is not None
-            and getattr(args, "half_precision_backend", "hpu_amp") != "cpu_amp"):
-        for var, ops, kind in ((BF16_OPS_VAR, gaudi_config.autocast_bf16_ops, "bf16"),
-                               (FP32_OPS_VAR, gaudi_config.autocast_fp32_ops, "fp32")):
+    if (
+        autocast_enabled(args, gaudi_config)
+        and gaudi_config is not None
+        and getattr(args, "half_precision_backend", "hpu_amp") != "cpu_amp"
+    ):
+        for var, ops, kind in (
+            (BF16_OPS_VAR, gaudi_config.autocast_bf16_ops, "bf16"),
+            (FP32_OPS_VAR, gaudi_config.autocast_fp32_ops, "fp32"),
+        ):
             if ops and not environ.get(var):
                 out[var] = _write_ops(ops, kind, job_dir)
     changed = {k: v for k, v in out.items() if environ.get(k) != v}
     if changed and environ is os.environ and _bridge_loaded():
         for path in (v for k, v in changed.items() if k != LAZY_VAR):
             _remove_file(path)
-        warnings.warn(f"habana_frameworks is already imported: {', '.join(sorted(changed))} cannot take effect "
-                      "now and is left unset; start the script with gaudi-launch, which sets them from the "
-                      "script's flags before it runs", stacklevel=2)
+        warnings.warn(
+            f"habana_frameworks is already imported: {', '.join(sorted(changed))} cannot take effect "
+            "now and is left unset; start the script with gaudi-launch, which sets them from the "
+            "script's flags before it runs",
+            stacklevel=2,
+        )
         return {}
     environ.update(changed)
     return changed
 
 
 def _bridge_loaded() -> bool:
-    return any(name == "habana_frameworks.torch" or name.startswith("habana_frameworks.torch.")
-               for name in sys.modules)
+    return any(name == "habana_frameworks.torch" or name.startswith("habana_frameworks.torch.") for name in sys.modules)
 
 
 @dataclasses.dataclass
@@ -133,7 +143,7 @@ class _HpuFlags:
     half_precision_backend: str = "hpu_amp"
 
 
-def script_hpu_flags(script_argv: List[str]) -> Optional[_HpuFlags]:
+def script_hpu_flags(script_argv: list[str]) -> Optional[_HpuFlags]:
     """Those flags read from a script's command line, or None when it cannot be read that way. Pure."""
     parser = build_parser((_HpuFlags,), add_help=False)  # the script's -h is the script's
     parser.exit_on_error = False
@@ -144,8 +154,9 @@ def script_hpu_flags(script_argv: List[str]) -> Optional[_HpuFlags]:
     return _HpuFlags(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(_HpuFlags)})
 
 
-def hpu_env_for_script(script_argv: List[str], environ: MutableMapping[str, str],
-                       job_dir: Optional[str]) -> Dict[str, str]:
+def hpu_env_for_script(
+    script_argv: list[str], environ: MutableMapping[str, str], job_dir: Optional[str]
+) -> dict[str, str]:
     """What the worker puts in the environment before running a script on HPU; the user's own
     PT_HPU_LAZY_MODE wins. A gaudi config that does not load is left for the script to report."""
     flags = script_hpu_flags(script_argv) or _HpuFlags()

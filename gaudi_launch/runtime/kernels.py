@@ -8,9 +8,8 @@ that is 8% of a tiny GPT-2's training step. Activations hold no weights: the mod
 and config (and so what ``save_pretrained`` writes) are unchanged. HPU keeps the model as it is:
 its graph compiler fuses element-wise ops itself.
 """
-from __future__ import annotations
 
-from typing import List
+from __future__ import annotations
 
 import torch
 
@@ -26,7 +25,7 @@ def _swaps() -> dict:
     return {NewGELUActivation: GELUTanh}
 
 
-def use_fused_kernels(model: torch.nn.Module, info: DeviceInfo, enabled: bool = True) -> List[str]:
+def use_fused_kernels(model: torch.nn.Module, info: DeviceInfo, enabled: bool = True) -> list[str]:
     """Replace, in place, each submodule that has a fused equivalent; return the names replaced."""
     if not enabled or info.kind == "hpu":
         return []

@@ -1,4 +1,5 @@
 """Throughput accounting and metric logging (JSON lines, optional TensorBoard, console)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -7,7 +8,8 @@ import math
 import numbers
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
 
 
 class Throughput:
@@ -61,7 +63,7 @@ class Throughput:
     def measured_steps(self) -> int:
         return max(0, self._steps - self.warmup_steps)
 
-    def metrics(self) -> Dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         steps = self.measured_steps
         window = self._last - self._window_start
         runtime = self._last - self._started
@@ -137,7 +139,7 @@ class MetricsWriter:
             self._tb.close()
             self._tb = None
 
-    def __enter__(self) -> "MetricsWriter":
+    def __enter__(self) -> MetricsWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

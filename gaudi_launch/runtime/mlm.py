@@ -5,9 +5,11 @@ Of the positions chosen with ``mlm_probability`` 80% become the mask token, 10% 
 global RNG the Trainer seeds and checkpoints); the evaluation set is masked once, with a fixed
 seed, so evaluations before and after training score the same positions.
 """
+
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -22,9 +24,14 @@ def add_mask_token(tokenizer) -> int:
     return tokenizer.mask_token_id
 
 
-def mask_tokens(input_ids: torch.Tensor, mask_id: int, vocab_size: int, probability: float,
-                special_ids: Sequence[int] = (), generator: Optional[torch.Generator] = None
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    input_ids: torch.Tensor,
+    mask_id: int,
+    vocab_size: int,
+    probability: float,
+    special_ids: Sequence[int] = (),
+    generator: Optional[torch.Generator] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(masked inputs, labels) for a batch of token ids."""
     labels = input_ids.clone()
     chance = torch.full(labels.shape, probability)
@@ -48,7 +55,7 @@ class MLMCollator:
         self.mask_id, self.vocab_size, self.probability = mask_id, vocab_size, probability
         self.special_ids = tuple(special_ids)
 
-    def __call__(self, features: Sequence[Mapping[str, Any]]) -> Dict[str, torch.Tensor]:
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         ids = torch.stack([torch.as_tensor(f["input_ids"], dtype=torch.long) for f in features])
         if "labels" in features[0] and any(bool((torch.as_tensor(f["labels"]) == IGNORE).any()) for f in features):
             labels = torch.stack([torch.as_tensor(f["labels"], dtype=torch.long) for f in features])  # pre-masked
@@ -57,8 +64,9 @@ class MLMCollator:
         return {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
 
 
-def premask(blocks, mask_id: int, vocab_size: int, probability: float, special_ids: Sequence[int] = (),
-            seed: int = 1234):
+def premask(
+    blocks, mask_id: int, vocab_size: int, probability: float, special_ids: Sequence[int] = (), seed: int = 1234
+):
     """Blocks masked once with a fixed seed: an evaluation set that scores the same positions every time."""
     generator = torch.Generator().manual_seed(seed)
     out = []
@@ -69,7 +77,7 @@ def premask(blocks, mask_id: int, vocab_size: int, probability: float, special_i
     return out
 
 
-def masked_accuracy(output, batch: Mapping[str, torch.Tensor]) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
+def masked_accuracy(output, batch: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Trainer eval metric: correct predictions at the masked positions, on the device."""
     logits = output["logits"] if isinstance(output, dict) else output.logits
     labels = batch["labels"]

@@ -3,11 +3,13 @@
 On HPU the fused kernels from habana_frameworks.torch.hpex replace the per-tensor loops when the
 gaudi config asks for them; CUDA and CPU use torch's fused AdamW.
 """
+
 from __future__ import annotations
 
 import importlib
 import math
-from typing import Any, Iterable, List, Optional, Tuple
+from collections.abc import Iterable
+from typing import Any, Optional
 
 import torch
 
@@ -22,7 +24,7 @@ def _is_norm(module: torch.nn.Module) -> bool:
     return isinstance(module, norm_types) or "norm" in type(module).__name__.lower()
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> List[dict]:
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Two groups: decayed weights, and biases + normalisation weights without decay (as HF)."""
     decay, no_decay, seen = [], [], set()
     for module in model.modules():
@@ -31,12 +33,12 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> List[dict]:
                 continue
             seen.add(id(p))
             (no_decay if name.endswith("bias") or _is_norm(module) else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def make_optimizer(model: torch.nn.Module, args: Any, info: DeviceInfo,
-                   gaudi_config: Optional[Any] = None) -> torch.optim.Optimizer:
+def make_optimizer(
+    model: torch.nn.Module, args: Any, info: DeviceInfo, gaudi_config: Optional[Any] = None
+) -> torch.optim.Optimizer:
     groups = param_groups(model, args.weight_decay)
     kwargs = dict(lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
     if info.kind == "hpu" and gaudi_config is not None and gaudi_config.use_fused_adam:
@@ -49,8 +51,13 @@ def make_optimizer(model: torch.nn.Module, args: Any, info: DeviceInfo,
     return torch.optim.AdamW(groups, **kwargs)
 
 
-def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float, info: DeviceInfo,
-                   gaudi_config: Optional[Any] = None, fused_clip: Any = None) -> Tuple[Any, Any]:
+def clip_grad_norm(
+    params: Iterable[torch.Tensor],
+    max_norm: float,
+    info: DeviceInfo,
+    gaudi_config: Optional[Any] = None,
+    fused_clip: Any = None,
+) -> tuple[Any, Any]:
     """Clip gradients in place; returns (total norm, fused clipper to pass back next time).
 
     FusedClipNorm keeps state for the parameter list it was built with, so it is built once and
@@ -78,8 +85,9 @@ def clip_flat_grad_norm(flat: torch.Tensor, max_norm: float) -> torch.Tensor:
     return total
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, args: Any,
-                   num_training_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, args: Any, num_training_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over args.warmup_steps, then the decay named by args.lr_scheduler_type.
 
     "constant" ignores warmup as HF's does; "constant_with_warmup" keeps it.

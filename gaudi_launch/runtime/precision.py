@@ -1,8 +1,9 @@
 """bfloat16 autocast on whichever device the run is on."""
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -10,7 +11,7 @@ from .device import DeviceInfo
 from .hpu_env import autocast_enabled
 
 
-def autocast(info: DeviceInfo, args: Any, gaudi_config: Optional[Any] = None) -> ContextManager:
+def autocast(info: DeviceInfo, args: Any, gaudi_config: Optional[Any] = None) -> contextlib.AbstractContextManager:
     """The context the forward pass runs in: bf16 autocast, or nothing.
 
     On HPU it is on as optimum-habana turns it on: --bf16 or the gaudi config's

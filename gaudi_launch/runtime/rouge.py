@@ -5,16 +5,17 @@ Tokens: lower-cased text with every run of characters other than a-z and 0-9 as 
 subsequence. Each score is the F1 of precision and recall; corpus figures are the mean over pairs,
 times 100, as the summarization examples report them. Pure Python, no dependency.
 """
+
 from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 
 
-def tokenize(text: str) -> List[str]:
+def tokenize(text: str) -> list[str]:
     return [t for t in _NON_ALNUM.split(text.lower()) if t]
 
 
@@ -26,8 +27,8 @@ def _f1(overlap: int, n_pred: int, n_ref: int) -> float:
 
 
 def rouge_n(prediction: Sequence[str], reference: Sequence[str], n: int) -> float:
-    pred = Counter(tuple(prediction[i:i + n]) for i in range(len(prediction) - n + 1))
-    ref = Counter(tuple(reference[i:i + n]) for i in range(len(reference) - n + 1))
+    pred = Counter(tuple(prediction[i : i + n]) for i in range(len(prediction) - n + 1))
+    ref = Counter(tuple(reference[i : i + n]) for i in range(len(reference) - n + 1))
     overlap = sum((pred & ref).values())
     return _f1(overlap, sum(pred.values()), sum(ref.values()))
 
@@ -45,12 +46,12 @@ def rouge_l(prediction: Sequence[str], reference: Sequence[str]) -> float:
     return _f1(lcs_length(prediction, reference), len(prediction), len(reference))
 
 
-def rouge_scores(prediction: str, reference: str) -> Dict[str, float]:
+def rouge_scores(prediction: str, reference: str) -> dict[str, float]:
     pred, ref = tokenize(prediction), tokenize(reference)
     return {"rouge1": rouge_n(pred, ref, 1), "rouge2": rouge_n(pred, ref, 2), "rougeL": rouge_l(pred, ref)}
 
 
-def corpus_rouge(predictions: Sequence[str], references: Sequence[str]) -> Dict[str, float]:
+def corpus_rouge(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
     """Mean F1 × 100 over the pairs."""
     if len(predictions) != len(references):
         raise ValueError(f"{len(predictions)} predictions for {len(references)} references")

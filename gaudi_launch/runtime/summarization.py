@@ -4,10 +4,12 @@ The corpus is Aesop's fables: a title line in capitals, then the fable. Each fab
 the fable's text as the document and its first sentence as the summary (a lead summary), so the set
 needs no download and a model can learn it.
 """
+
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -15,7 +17,7 @@ IGNORE = -100
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"']?\s")
 
 
-def fable_pairs(lines: Sequence[str]) -> List[Dict[str, str]]:
+def fable_pairs(lines: Sequence[str]) -> list[dict[str, str]]:
     """[{"document", "summary"}] from corpus lines: a line of capitals starts a fable."""
     pairs, body = [], []
 
@@ -36,14 +38,15 @@ def fable_pairs(lines: Sequence[str]) -> List[Dict[str, str]]:
     return pairs
 
 
-def encode_pairs(pairs: Sequence[Mapping[str, str]], tokenizer, max_source: int, max_target: int,
-                 prefix: str = "summarize: ") -> List[Dict[str, List[int]]]:
+def encode_pairs(
+    pairs: Sequence[Mapping[str, str]], tokenizer, max_source: int, max_target: int, prefix: str = "summarize: "
+) -> list[dict[str, list[int]]]:
     """Token ids of documents (with T5's task prefix) and summaries, cut to length, eos-terminated."""
     eos = tokenizer.eos_token_id
     out = []
     for pair in pairs:
-        src = tokenizer(prefix + pair["document"], add_special_tokens=False)["input_ids"][:max_source - 1] + [eos]
-        tgt = tokenizer(pair["summary"], add_special_tokens=False)["input_ids"][:max_target - 1] + [eos]
+        src = tokenizer(prefix + pair["document"], add_special_tokens=False)["input_ids"][: max_source - 1] + [eos]
+        tgt = tokenizer(pair["summary"], add_special_tokens=False)["input_ids"][: max_target - 1] + [eos]
         out.append({"input_ids": src, "labels": tgt})
     return out
 
@@ -55,7 +58,7 @@ class Seq2SeqCollator:
     def __init__(self, pad_id: int, max_source: int = 0, max_target: int = 0):
         self.pad_id, self.max_source, self.max_target = pad_id, max_source, max_target
 
-    def __call__(self, features: Sequence[Mapping[str, Any]]) -> Dict[str, torch.Tensor]:
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         src_len = self.max_source or max(len(f["input_ids"]) for f in features)
         tgt_len = self.max_target or max(len(f["labels"]) for f in features)
         ids = torch.full((len(features), src_len), self.pad_id, dtype=torch.long)

@@ -4,6 +4,7 @@ HPU: lazy mode (mark_step placement as optimum-habana does it), HPU graphs, fast
 fused AdamW and clip norm. CUDA: the same ideas with nccl, torch.compile/CUDA graphs, fused AdamW.
 CPU (gloo): everything that means something there, for real. Throughput excludes warm-up steps.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -11,8 +12,9 @@ import math
 import os
 import random
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -21,11 +23,18 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from gaudi_launch.process.heartbeats import beat
 from gaudi_launch.process.restarts import restart_count
 from gaudi_launch.runtime import checkpoint as ckpt
-from gaudi_launch.runtime.attention import apply_attention
 from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
+from gaudi_launch.runtime.attention import apply_attention
+from gaudi_launch.runtime.device import (
+    DeviceInfo,
+    init_distributed,
+    mark_step,
+    memory_stats,
+    prepare_hpu_env,
+    select_device,
+    set_dynamic_shapes,
+)
 from gaudi_launch.runtime.ds_config import load_ds_config, resolve_ds_config
-from gaudi_launch.runtime.device import (DeviceInfo, init_distributed, mark_step, memory_stats, prepare_hpu_env,
-                                         select_device, set_dynamic_shapes)
 from gaudi_launch.runtime.fast_ddp import FastDDP
 from gaudi_launch.runtime.graphs import InferenceGraphs, apply_hpu_graphs, compile_model, mark_batch_dynamic
 from gaudi_launch.runtime.kernels import use_fused_kernels
@@ -38,7 +47,7 @@ from gaudi_launch.runtime.precision import autocast
 class TrainOutput:
     global_step: int
     train_loss: float
-    metrics: Dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 _BUFFER_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}  # --fast_ddp_buffer_dtype
@@ -53,7 +62,7 @@ class _EngineScheduler:
     def step(self) -> None:
         pass
 
-    def get_last_lr(self) -> List[float]:
+    def get_last_lr(self) -> list[float]:
         return list(self.engine.get_lr())
 
     def state_dict(self) -> dict:
@@ -87,7 +96,7 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     """Recompute activations in backward, non-reentrant (optimum-habana forces it too; its
     recomputation needs no mark_step of its own in lazy mode). transformers 5 renamed the method;
     the old name still works there but warns."""
-    kwargs: Dict[str, object] = {"use_reentrant": False}
+    kwargs: dict[str, object] = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     elif hasattr(model, "gradient_checkpointing_enable"):
@@ -128,28 +137,43 @@ def multi_node_eval_warning(world: int, local_world: int) -> Optional[str]:
     """The multi-node guide's advice when evaluation spans nodes (None on one node). Pure."""
     if world <= max(1, local_world):
         return None
-    return ("multi-node evaluation is not recommended: it can give inconsistent results. Train on several "
-            "nodes, then evaluate the saved model on one node (run_clm.py: --model_name_or_path <output_dir> "
-            "--do_eval, without --do_train)")
+    return (
+        "multi-node evaluation is not recommended: it can give inconsistent results. Train on several "
+        "nodes, then evaluate the saved model on one node (run_clm.py: --model_name_or_path <output_dir> "
+        "--do_eval, without --do_train)"
+    )
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, args: TrainingArguments, train_dataset=None, eval_dataset=None,
-                 data_collator: Optional[Callable] = None, gaudi_config: Optional[GaudiConfig] = None,
-                 tokens_per_sample: Optional[int] = None, log: Callable[[str], None] = print,
-                 on_step_end: Optional[Callable[[int], None]] = None,
-                 eval_metrics: Optional[Callable[[Any, Dict[str, torch.Tensor]], Dict[str, Tuple[torch.Tensor,
-                                                                                         torch.Tensor]]]] = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        args: TrainingArguments,
+        train_dataset=None,
+        eval_dataset=None,
+        data_collator: Optional[Callable] = None,
+        gaudi_config: Optional[GaudiConfig] = None,
+        tokens_per_sample: Optional[int] = None,
+        log: Callable[[str], None] = print,
+        on_step_end: Optional[Callable[[int], None]] = None,
+        eval_metrics: Optional[
+            Callable[[Any, dict[str, torch.Tensor]], dict[str, tuple[torch.Tensor, torch.Tensor]]]
+        ] = None,
+    ):
         self.args = args
         if gaudi_config is None:
-            gaudi_config = GaudiConfig.from_pretrained(args.gaudi_config_name) if args.gaudi_config_name else GaudiConfig()
+            gaudi_config = (
+                GaudiConfig.from_pretrained(args.gaudi_config_name) if args.gaudi_config_name else GaudiConfig()
+            )
         self.gaudi_config = gaudi_config
         prepare_hpu_env(args, gaudi_config)  # before anything imports habana_frameworks
         self.info: DeviceInfo = select_device(args)
         self.rank, self.world = init_distributed(self.info, args.ddp_timeout)
         if args.torch_compile and self.info.kind == "hpu" and self.info.lazy:
-            raise ValueError("--torch_compile needs HPU eager mode but the bridge loaded in lazy mode "
-                             "(PT_HPU_LAZY_MODE=1): unset PT_HPU_LAZY_MODE (or set it to 0) and start again")
+            raise ValueError(
+                "--torch_compile needs HPU eager mode but the bridge loaded in lazy mode "
+                "(PT_HPU_LAZY_MODE=1): unset PT_HPU_LAZY_MODE (or set it to 0) and start again"
+            )
         set_dynamic_shapes(self.info, self.gaudi_config.use_dynamic_shapes)
         if args.sdp_on_bf16:
             torch._C._set_math_sdp_allow_fp16_bf16_reduction(True)
@@ -196,8 +220,10 @@ class Trainer:
             self.fast_ddp.broadcast_parameters()
             self.train_model = self.model
         elif self.world > 1:
-            kwargs: Dict[str, object] = {"bucket_cap_mb": args.ddp_bucket_cap_mb,
-                                         "find_unused_parameters": bool(args.ddp_find_unused_parameters)}
+            kwargs: dict[str, object] = {
+                "bucket_cap_mb": args.ddp_bucket_cap_mb,
+                "find_unused_parameters": bool(args.ddp_find_unused_parameters),
+            }
             if info.kind == "cuda":
                 kwargs["device_ids"] = [info.device.index]
             if info.kind == "hpu":
@@ -218,8 +244,11 @@ class Trainer:
         # Without an "optimizer" block the Trainer's own optimizer is handed over, as HF does.
         optimizer = None if "optimizer" in config else make_optimizer(self.model, args, self.info, self.gaudi_config)
         self.engine, self.optimizer, _, ds_scheduler = deepspeed.initialize(
-            model=self.model, model_parameters=[p for p in self.model.parameters() if p.requires_grad],
-            optimizer=optimizer, config=config)
+            model=self.model,
+            model_parameters=[p for p in self.model.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            config=config,
+        )
         self._ds_scheduler = ds_scheduler  # a "scheduler" block: DeepSpeed's own, stepped by the engine
         self.train_model = self.engine
 
@@ -230,8 +259,11 @@ class Trainer:
             return args.max_steps
         n = len(self.train_dataset) if self.train_dataset is not None else 0
         per_rank = math.ceil(n / max(1, self.world))
-        batches = per_rank // args.per_device_train_batch_size if args.dataloader_drop_last else \
-            math.ceil(per_rank / args.per_device_train_batch_size)
+        batches = (
+            per_rank // args.per_device_train_batch_size
+            if args.dataloader_drop_last
+            else math.ceil(per_rank / args.per_device_train_batch_size)
+        )
         return max(1, math.ceil(args.num_train_epochs * max(1, batches // max(1, args.gradient_accumulation_steps))))
 
     def _torch_optimizer(self) -> torch.optim.Optimizer:
@@ -243,20 +275,31 @@ class Trainer:
 
     def train_dataloader(self) -> DataLoader:
         args = self.args
-        sampler: Sampler = DistributedSampler(self.train_dataset, num_replicas=self.world, rank=self.rank,
-                                              shuffle=True, seed=args.seed, drop_last=args.dataloader_drop_last)
+        sampler: Sampler = DistributedSampler(
+            self.train_dataset,
+            num_replicas=self.world,
+            rank=self.rank,
+            shuffle=True,
+            seed=args.seed,
+            drop_last=args.dataloader_drop_last,
+        )
         if self.info.kind == "hpu" and self.info.lazy and not args.dataloader_drop_last and self.world == 1:
             sampler = PadToWholeBatches(sampler, args.per_device_train_batch_size)
         # Its own generator: starting an epoch's iterator then draws from it, not from the global RNG
         # (which dropout uses), so a resumed run sees exactly the random numbers of an unbroken one.
         self._loader_generator = torch.Generator()
-        return DataLoader(self.train_dataset, batch_size=args.per_device_train_batch_size, sampler=sampler,
-                          collate_fn=self.collator, num_workers=args.dataloader_num_workers,
-                          generator=self._loader_generator,
-                          drop_last=args.dataloader_drop_last,
-                          pin_memory=args.dataloader_pin_memory and self.info.kind == "cuda")
+        return DataLoader(
+            self.train_dataset,
+            batch_size=args.per_device_train_batch_size,
+            sampler=sampler,
+            collate_fn=self.collator,
+            num_workers=args.dataloader_num_workers,
+            generator=self._loader_generator,
+            drop_last=args.dataloader_drop_last,
+            pin_memory=args.dataloader_pin_memory and self.info.kind == "cuda",
+        )
 
-    def _to_device(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         nb = self.args.non_blocking_data_copy
         moved = {k: v.to(self.info.device, non_blocking=nb) if torch.is_tensor(v) else v for k, v in batch.items()}
         mark_batch_dynamic(moved, self.info, self.args)  # --torch_compile: one graph for every batch size
@@ -305,7 +348,7 @@ class Trainer:
         # the sum over optimizer steps, and the current step's micro-batch losses.
         loss_sum: Optional[torch.Tensor] = None
         n_losses = 0
-        window: List[torch.Tensor] = []
+        window: list[torch.Tensor] = []
         self.train_model.train()
         done = step >= max_steps
         while not done:
@@ -363,14 +406,16 @@ class Trainer:
         candidates = ckpt.complete_checkpoints(self.args.output_dir) if latest else [resume]
         for i, path in enumerate(candidates):
             try:
-                state = ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=scheduler,
-                                             rank=self.rank)
+                state = ckpt.load_checkpoint(
+                    path, model=self.model, optimizer=self.optimizer, scheduler=scheduler, rank=self.rank
+                )
             except ckpt.CheckpointError as exc:
                 if not latest or i + 1 == len(candidates):
                     raise
                 if self.rank == 0:
-                    warnings.warn(f"{exc}; resuming from the previous checkpoint {candidates[i + 1]} instead",
-                                  stacklevel=3)
+                    warnings.warn(
+                        f"{exc}; resuming from the previous checkpoint {candidates[i + 1]} instead", stacklevel=3
+                    )
                 continue
             return {**state, "_path": path}
         return None
@@ -380,7 +425,7 @@ class Trainer:
             with throughput.pause():  # evaluation time is not training throughput
                 self.evaluate(step)
 
-    def _micro_step(self, batch: Dict[str, torch.Tensor], accum: int) -> torch.Tensor:
+    def _micro_step(self, batch: dict[str, torch.Tensor], accum: int) -> torch.Tensor:
         args, info = self.args, self.info
         with autocast(info, args, self.gaudi_config):
             out = self.train_model(**batch)
@@ -415,8 +460,9 @@ class Trainer:
                 clip_flat_grad_norm(flat, args.max_grad_norm)  # every gradient is a view of it
             else:
                 params = [p for p in self.model.parameters() if p.grad is not None]
-                _, self._fused_clip = clip_grad_norm(params, args.max_grad_norm, info, self.gaudi_config,
-                                                     self._fused_clip)
+                _, self._fused_clip = clip_grad_norm(
+                    params, args.max_grad_norm, info, self.gaudi_config, self._fused_clip
+                )
         self.optimizer.step()
         scheduler.step()
         self.optimizer.zero_grad(set_to_none=grads_to_none(args, self.world))
@@ -433,9 +479,17 @@ class Trainer:
         self._say(format_log(step, values))
 
     def _save(self, step: int, epoch: int, batches: int) -> None:
-        ckpt.save_checkpoint(self.args.output_dir, step, model=self.model, optimizer=self.optimizer,
-                             scheduler=self.scheduler, sampler_state={"epoch": epoch, "batches": batches},
-                             total_limit=self.args.save_total_limit, rank=self.rank, world=self.world)
+        ckpt.save_checkpoint(
+            self.args.output_dir,
+            step,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            sampler_state={"epoch": epoch, "batches": batches},
+            total_limit=self.args.save_total_limit,
+            rank=self.rank,
+            world=self.world,
+        )
 
     def _say(self, text: str) -> None:
         if self.rank == 0:
@@ -456,7 +510,7 @@ class Trainer:
         return out
 
     # ---- evaluation ----------------------------------------------------------------------------
-    def evaluate(self, step: Optional[int] = None) -> Dict[str, float]:
+    def evaluate(self, step: Optional[int] = None) -> dict[str, float]:
         """Mean loss and perplexity over eval_dataset on all ranks (logged at `step` if given)."""
         args, info = self.args, self.info
         note = multi_node_eval_warning(self.world, int(os.environ.get("LOCAL_WORLD_SIZE", self.world) or 1))
@@ -465,14 +519,19 @@ class Trainer:
             warnings.warn(note, stacklevel=2)
         sampler = DistributedSampler(self.eval_dataset, num_replicas=self.world, rank=self.rank, shuffle=False)
         # Its own generator: an evaluation must not draw from the global RNG the training uses.
-        loader = DataLoader(self.eval_dataset, batch_size=args.per_device_eval_batch_size, sampler=sampler,
-                            collate_fn=self.collator, generator=torch.Generator())
+        loader = DataLoader(
+            self.eval_dataset,
+            batch_size=args.per_device_eval_batch_size,
+            sampler=sampler,
+            collate_fn=self.collator,
+            generator=torch.Generator(),
+        )
         if not self._in_train:
             self.inference_graphs.on()  # outside training only: replays keep no autograd graph
         self.train_model.eval()
         total: Optional[torch.Tensor] = None
         count = 0
-        sums: Dict[str, torch.Tensor] = {}
+        sums: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for batch in loader:
                 beat()  # a long evaluation is progress too (--hang-timeout)
@@ -487,8 +546,11 @@ class Trainer:
                     pair = torch.stack([num.detach().float(), den.detach().float()])
                     sums[name] = pair if name not in sums else sums[name] + pair
         self.train_model.train()
-        loss = self._mean_across_ranks(total / count) if total is not None else \
-            self._mean_across_ranks(torch.zeros((), device=info.device))
+        loss = (
+            self._mean_across_ranks(total / count)
+            if total is not None
+            else self._mean_across_ranks(torch.zeros((), device=info.device))
+        )
         metrics = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
         for name in sorted(sums):
             pair = sums[name]

@@ -21,6 +21,7 @@ configuration alike; reported are the median, min-max and the ratio of medians t
 It is a benchmark, not a test: it prints figures and never passes or fails on time (a launch whose
 job did not complete correctly is reported as failed, and the exit status is then 1).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OK = "BENCH-LAUNCH-OK"
@@ -67,6 +68,7 @@ raise SystemExit(0 if ok else 1)
 
 # ---------------------------------------------------------------------------------------------
 # Environment of a result: device, versions, git revision (bench_mfu.py uses these too)
+
 
 def cpu_model() -> str:
     try:
@@ -99,9 +101,10 @@ def openmpi_version() -> Optional[str]:
     return first.rsplit(" ", 1)[-1] if "Open MPI" in first else (first or None)
 
 
-def git_revision() -> Dict[str, object]:
+def git_revision() -> dict[str, object]:
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+
     try:
         rev = git("rev-parse", "--short", "HEAD")
         if rev.returncode != 0:
@@ -112,22 +115,32 @@ def git_revision() -> Dict[str, object]:
         return {"git_revision": None}
 
 
-def environment(device: Optional[str] = None) -> Dict[str, object]:
+def environment(device: Optional[str] = None) -> dict[str, object]:
     """What a result was measured on: device, versions, git revision, date."""
-    versions = {"python": platform.python_version(), "torch": _dist_version("torch"),
-                "openmpi": openmpi_version(), "deepspeed": _dist_version("deepspeed"),
-                "transformers": _dist_version("transformers"), "gaudi-launch": _dist_version("gaudi-launch")}
+    versions = {
+        "python": platform.python_version(),
+        "torch": _dist_version("torch"),
+        "openmpi": openmpi_version(),
+        "deepspeed": _dist_version("deepspeed"),
+        "transformers": _dist_version("transformers"),
+        "gaudi-launch": _dist_version("gaudi-launch"),
+    }
     try:
         load = [round(x, 2) for x in os.getloadavg()]  # other work on the machine skews every figure
     except OSError:
         load = None
-    return {"device": device or f"cpu: {cpu_model()}, {os.cpu_count()} cores", "host_cores": os.cpu_count(),
-            "platform": platform.platform(), "versions": versions, **git_revision(),
-            "load_average_at_start": load,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "device": device or f"cpu: {cpu_model()}, {os.cpu_count()} cores",
+        "host_cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "versions": versions,
+        **git_revision(),
+        "load_average_at_start": load,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
-def environment_line(env: Dict[str, object]) -> str:
+def environment_line(env: dict[str, object]) -> str:
     v = env["versions"]
     rev = env.get("git_revision") or "unknown"
     if env.get("git_dirty"):
@@ -138,6 +151,7 @@ def environment_line(env: Dict[str, object]) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Configurations
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -151,7 +165,7 @@ def venv_tool(name: str) -> Optional[str]:
     return here if os.access(here, os.X_OK) else shutil.which(name)
 
 
-def gaudi_launch_argv() -> List[str]:
+def gaudi_launch_argv() -> list[str]:
     tool = venv_tool("gaudi-launch")
     return [tool] if tool else [sys.executable, "-m", "gaudi_launch"]
 
@@ -159,6 +173,7 @@ def gaudi_launch_argv() -> List[str]:
 @dataclass
 class Ctx:
     """Where a configuration runs: ranks per host and, across hosts, the cluster."""
+
     ranks: int
     job: str
     workdir: str
@@ -177,15 +192,15 @@ class Ctx:
 @dataclass
 class Config:
     name: str
-    build: Callable[[Ctx], List[str]]
-    multi: bool = True                       # can run across hosts
+    build: Callable[[Ctx], list[str]]
+    multi: bool = True  # can run across hosts
     why_not_multi: str = ""
-    why_not_local: str = ""                  # set when it cannot run on one host alone
-    needs: List[str] = field(default_factory=list)  # executables that must exist
-    env: Dict[str, str] = field(default_factory=dict)
+    why_not_local: str = ""  # set when it cannot run on one host alone
+    needs: list[str] = field(default_factory=list)  # executables that must exist
+    env: dict[str, str] = field(default_factory=dict)
 
 
-def _gl(ctx: Ctx, *extra: str) -> List[str]:
+def _gl(ctx: Ctx, *extra: str) -> list[str]:
     argv = gaudi_launch_argv()
     if ctx.cluster is not None:
         argv += ["--hostfile", ctx.hostfile, "--ssh-config", ctx.cluster.ssh_config]
@@ -194,7 +209,7 @@ def _gl(ctx: Ctx, *extra: str) -> List[str]:
     return argv + list(extra) + [ctx.job]
 
 
-def _mpirun(ctx: Ctx) -> List[str]:
+def _mpirun(ctx: Ctx) -> list[str]:
     world = ctx.ranks * ctx.hosts
     argv = ["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + ["-n", str(world)]
     if ctx.cluster is not None:
@@ -204,20 +219,50 @@ def _mpirun(ctx: Ctx) -> List[str]:
     return argv + ["-x", f"MASTER_ADDR={ctx.master}", "-x", f"MASTER_PORT={free_port()}", sys.executable, ctx.job]
 
 
-def _torchrun(ctx: Ctx) -> List[str]:
+def _torchrun(ctx: Ctx) -> list[str]:
     if ctx.cluster is None:
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ctx.ranks),
-                "--master_addr", "127.0.0.1", "--master_port", str(free_port()), ctx.job]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(ctx.ranks),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            ctx.job,
+        ]
     # torchrun starts only this host's ranks: one per host through pdsh, meeting at a c10d rendezvous.
-    remote = shlex.join([sys.executable, "-m", "torch.distributed.run", "--nnodes", str(ctx.hosts),
-                         "--nproc_per_node", str(ctx.ranks), "--rdzv_backend", "c10d",
-                         "--rdzv_endpoint", f"{ctx.master}:{free_port()}", "--rdzv_id", uuid.uuid4().hex[:12],
-                         ctx.job])
-    return ["pdsh", "-R", "ssh", "-w", ",".join(h.name for h in ctx.cluster.hosts),
-            f"cd {shlex.quote(ctx.workdir)} && {remote}"]
+    remote = shlex.join(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(ctx.hosts),
+            "--nproc_per_node",
+            str(ctx.ranks),
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            f"{ctx.master}:{free_port()}",
+            "--rdzv_id",
+            uuid.uuid4().hex[:12],
+            ctx.job,
+        ]
+    )
+    return [
+        "pdsh",
+        "-R",
+        "ssh",
+        "-w",
+        ",".join(h.name for h in ctx.cluster.hosts),
+        f"cd {shlex.quote(ctx.workdir)} && {remote}",
+    ]
 
 
-def _deepspeed(ctx: Ctx) -> List[str]:
+def _deepspeed(ctx: Ctx) -> list[str]:
     argv = [venv_tool("deepspeed") or "deepspeed"]
     if ctx.cluster is not None:
         argv += ["--hostfile", ctx.hostfile, "--master_addr", ctx.master, "--launcher", "pdsh"]
@@ -227,13 +272,25 @@ def _deepspeed(ctx: Ctx) -> List[str]:
 
 
 CONFIGS = [
-    Config("gaudi-launch (local)", lambda c: _gl(c), multi=False,
-           why_not_multi="the local backend runs on this host only (with a hostfile gaudi-launch picks mpirun)"),
+    Config(
+        "gaudi-launch (local)",
+        lambda c: _gl(c),
+        multi=False,
+        why_not_multi="the local backend runs on this host only (with a hostfile gaudi-launch picks mpirun)",
+    ),
     Config("gaudi-launch --backend mpirun", lambda c: _gl(c, "--backend", "mpirun"), needs=["mpirun"]),
-    Config("gaudi-launch mpirun --no-ssh-check", lambda c: _gl(c, "--backend", "mpirun", "--no-ssh-check"),
-           needs=["mpirun"], why_not_local="no SSH pre-flight on one host: same as the row above"),
-    Config("gaudi-launch --backend deepspeed", lambda c: _gl(c, "--backend", "deepspeed"), needs=["pdsh"],
-           why_not_local="DeepSpeed's runner then wants passwordless ssh to localhost"),
+    Config(
+        "gaudi-launch mpirun --no-ssh-check",
+        lambda c: _gl(c, "--backend", "mpirun", "--no-ssh-check"),
+        needs=["mpirun"],
+        why_not_local="no SSH pre-flight on one host: same as the row above",
+    ),
+    Config(
+        "gaudi-launch --backend deepspeed",
+        lambda c: _gl(c, "--backend", "deepspeed"),
+        needs=["pdsh"],
+        why_not_local="DeepSpeed's runner then wants passwordless ssh to localhost",
+    ),
     Config(BASELINE, _mpirun, needs=["mpirun"]),
     Config("torchrun", _torchrun),
     Config("deepspeed", _deepspeed, env={"DS_ACCELERATOR": "cpu"}),
@@ -259,10 +316,18 @@ def _skip_reason(cfg: Config, hosts: int) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 # Running
 
-def timed(argv: List[str], env: Dict[str, str], cwd: str, timeout: float, cluster=None):
+
+def timed(argv: list[str], env: dict[str, str], cwd: str, timeout: float, cluster=None):
     """(seconds, exit code, output) of one run; the whole process group is killed on timeout."""
-    kw = dict(env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-              text=True, start_new_session=True)
+    kw = dict(
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     t0 = time.perf_counter()
     proc = cluster.popen_on(0, argv, **kw) if cluster is not None else subprocess.Popen(argv, **kw)
     try:
@@ -277,7 +342,7 @@ def timed(argv: List[str], env: Dict[str, str], cwd: str, timeout: float, cluste
     return time.perf_counter() - t0, proc.returncode, out
 
 
-def launch_once(cfg: Config, ctx: Ctx, env: Dict[str, str], timeout: float) -> Dict[str, object]:
+def launch_once(cfg: Config, ctx: Ctx, env: dict[str, str], timeout: float) -> dict[str, object]:
     argv = cfg.build(ctx)
     seconds, code, out = timed(argv, {**env, **cfg.env}, ctx.workdir, timeout, ctx.cluster)
     world = ctx.ranks * ctx.hosts
@@ -288,13 +353,13 @@ def launch_once(cfg: Config, ctx: Ctx, env: Dict[str, str], timeout: float) -> D
     return {"error": why, "output_tail": out[-3000:], "argv": argv}
 
 
-def summarize(seconds: List[float]) -> Dict[str, object]:
+def summarize(seconds: list[float]) -> dict[str, object]:
     return {"seconds": seconds, "median": statistics.median(seconds), "min": min(seconds), "max": max(seconds)}
 
 
-def measure_scope(ctx: Ctx, args, env: Dict[str, str], skip_all: Optional[str] = None) -> Dict[str, dict]:
+def measure_scope(ctx: Ctx, args, env: dict[str, str], skip_all: Optional[str] = None) -> dict[str, dict]:
     """Every configuration in ctx (one host, or the cluster), `repeats` interleaved rounds."""
-    results: Dict[str, dict] = {}
+    results: dict[str, dict] = {}
     active = []
     for cfg in CONFIGS:
         reason = skip_all or _skip_reason(cfg, ctx.hosts)
@@ -312,14 +377,21 @@ def measure_scope(ctx: Ctx, args, env: Dict[str, str], skip_all: Optional[str] =
             run = launch_once(cfg, ctx, env, args.timeout)
             if "error" in run:
                 entry.update(error=run["error"], output_tail=run["output_tail"])
-                print(f"  {entry['label']}: FAILED ({run['error']}):\n{run['output_tail'][-1500:]}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  {entry['label']}: FAILED ({run['error']}):\n{run['output_tail'][-1500:]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 continue
             entry["command"] = shlex.join(run["argv"]).replace(ctx.job, "job.py")
             if r >= args.warmup_rounds:
                 entry["runs"].append(run["seconds"])
-        print(f"  [{ctx.hosts} host(s)] round {r + 1}/{rounds} done"
-              + (" (warm-up, not counted)" if r < args.warmup_rounds else ""), file=sys.stderr, flush=True)
+        print(
+            f"  [{ctx.hosts} host(s)] round {r + 1}/{rounds} done"
+            + (" (warm-up, not counted)" if r < args.warmup_rounds else ""),
+            file=sys.stderr,
+            flush=True,
+        )
     base = results.get(BASELINE, {})
     base_med = statistics.median(base["runs"]) if base.get("runs") and "error" not in base else None
     for name, entry in results.items():
@@ -330,14 +402,16 @@ def measure_scope(ctx: Ctx, args, env: Dict[str, str], skip_all: Optional[str] =
     return results
 
 
-def measure_start_up(args, env: Dict[str, str], workdir: str) -> Dict[str, dict]:
+def measure_start_up(args, env: dict[str, str], workdir: str) -> dict[str, dict]:
     gl = gaudi_launch_argv()
-    cmds = [(PY_BASELINE, [sys.executable, "-c", "pass"]),
-            ("gaudi-launch --help", gl + ["--help"]),
-            ("gaudi-launch --dry-run --num_devices 2 x.py", gl + ["--dry-run", "--num_devices", "2", "x.py"]),
-            ("python -c 'import torch' (reference)", [sys.executable, "-c", "import torch"])]
-    runs: Dict[str, List[float]] = {name: [] for name, _ in cmds}
-    errors: Dict[str, str] = {}
+    cmds = [
+        (PY_BASELINE, [sys.executable, "-c", "pass"]),
+        ("gaudi-launch --help", gl + ["--help"]),
+        ("gaudi-launch --dry-run --num_devices 2 x.py", gl + ["--dry-run", "--num_devices", "2", "x.py"]),
+        ("python -c 'import torch' (reference)", [sys.executable, "-c", "import torch"]),
+    ]
+    runs: dict[str, list[float]] = {name: [] for name, _ in cmds}
+    errors: dict[str, str] = {}
     for r in range(1 + args.cold_repeats):  # one warm-up round (page cache, .pyc), not counted
         for name, argv in cmds:
             seconds, code, out = timed(argv, env, workdir, 120)
@@ -380,11 +454,14 @@ def start_cluster(args, workdir: str):
 # ---------------------------------------------------------------------------------------------
 # Output
 
-def print_tables(res: Dict[str, object]) -> None:
+
+def print_tables(res: dict[str, object]) -> None:
     cfg = res["config"]
-    print(f"launch overhead: trivial gloo job (init, one all_reduce, exit), {cfg['ranks']} rank(s) per host, "
-          f"{cfg['repeats']} repeat(s) interleaved after {cfg['warmup_rounds']} warm-up round(s); "
-          f"wall time from spawning the launcher to its exit")
+    print(
+        f"launch overhead: trivial gloo job (init, one all_reduce, exit), {cfg['ranks']} rank(s) per host, "
+        f"{cfg['repeats']} repeat(s) interleaved after {cfg['warmup_rounds']} warm-up round(s); "
+        f"wall time from spawning the launcher to its exit"
+    )
     print(environment_line(res))
     print(f"{'hosts':5} {'configuration':36} {'median s':>8} {'min-max s':>13} {'vs mpirun':>9}")
     for scope, table in res["results"].items():
@@ -405,17 +482,23 @@ def print_tables(res: Dict[str, object]) -> None:
         if "error" in e:
             print(f"{name:42} FAILED: {e['error']}")
             continue
-        print(f"{name:42} {1000 * e['median']:9.1f} {1000 * e['min']:6.0f}-{1000 * e['max']:<6.0f} "
-              f"{e['over_python_ms']:6.0f} {e['ratio']:8.2f}x")
+        print(
+            f"{name:42} {1000 * e['median']:9.1f} {1000 * e['min']:6.0f}-{1000 * e['max']:<6.0f} "
+            f"{e['over_python_ms']:6.0f} {e['ratio']:8.2f}x"
+        )
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5, help="measured launches per configuration (default 5)")
     p.add_argument("--warmup-rounds", type=int, default=1, help="rounds run first and not counted (default 1)")
     p.add_argument("--ranks", type=int, default=2, help="ranks per host (default 2)")
-    p.add_argument("--hosts", type=int, default=1,
-                   help="1: this host only; N >= 2: also across N hosts of a namespace cluster (needs root)")
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="1: this host only; N >= 2: also across N hosts of a namespace cluster (needs root)",
+    )
     p.add_argument("--cold-repeats", type=int, default=20, help="start-up measurements per command (default 20)")
     p.add_argument("--timeout", type=float, default=300, help="seconds before a launch counts as failed")
     p.add_argument("--cluster-prefix", default="gb")
@@ -428,9 +511,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     venv_bin = os.path.dirname(sys.executable)
     env = dict(os.environ)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", os.defpath)  # deepspeed/pdsh find this python
-    res: Dict[str, object] = {"bench": "launch", **environment(),
-                              "config": {k: v for k, v in vars(args).items() if k != "json"},
-                              "baseline": BASELINE, "results": {}, "start_up": {}}
+    res: dict[str, object] = {
+        "bench": "launch",
+        **environment(),
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "baseline": BASELINE,
+        "results": {},
+        "start_up": {},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as workdir:
         job = os.path.join(workdir, "job.py")
         with open(job, "w") as f:

@@ -17,6 +17,7 @@ of a matmul peak measured on the same device, in fp32 and with bf16 autocast.
 It is a benchmark, not a test: it prints figures and ratios and never passes or fails on time. The
 ratio is against what this device measurably does on a large matmul, not a datasheet number.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_launch import cpu_model, environment, environment_line  # noqa: E402  (same directory)
@@ -55,6 +56,7 @@ def device_name(info) -> str:
 # ---------------------------------------------------------------------------------------------
 # Peak
 
+
 def _time_matmuls(info, a, b, count: int) -> float:
     from gaudi_launch.runtime.device import mark_step, synchronize
 
@@ -68,11 +70,11 @@ def _time_matmuls(info, a, b, count: int) -> float:
     return time.perf_counter() - t0
 
 
-def matmul_peak(info, dtype_name: str, sizes: List[int], trials: int, min_time: float) -> Dict[str, object]:
+def matmul_peak(info, dtype_name: str, sizes: list[int], trials: int, min_time: float) -> dict[str, object]:
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
-    per_size: Dict[str, float] = {}
+    per_size: dict[str, float] = {}
     gen = torch.Generator().manual_seed(0)
     for n in sizes:
         a = torch.randn(n, n, generator=gen).to(info.device, dtype)
@@ -83,7 +85,7 @@ def matmul_peak(info, dtype_name: str, sizes: List[int], trials: int, min_time: 
         best = 0.0
         for _ in range(trials):
             seconds = _time_matmuls(info, a, b, count)
-            best = max(best, 2.0 * n ** 3 * count / seconds)
+            best = max(best, 2.0 * n**3 * count / seconds)
         per_size[str(n)] = best
         del a, b
     size = max(per_size, key=per_size.get)
@@ -92,6 +94,7 @@ def matmul_peak(info, dtype_name: str, sizes: List[int], trials: int, min_time: 
 
 # ---------------------------------------------------------------------------------------------
 # Training
+
 
 def build(args):
     """Model, dataset and collator as bench_train.py's common() builds them, for --model."""
@@ -114,41 +117,63 @@ def count_params(model) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters() if p.requires_grad}.values())
 
 
-def train_once(args, precision: str) -> Dict[str, float]:
+def train_once(args, precision: str) -> dict[str, float]:
     from gaudi_launch.runtime.args import TrainingArguments
     from gaudi_launch.runtime.trainer import Trainer
 
     model, dataset, collator = build(args)
     params = count_params(model)
     with tempfile.TemporaryDirectory(prefix="bench-mfu-") as out:
-        targs = TrainingArguments(output_dir=out, per_device_train_batch_size=args.batch, max_steps=args.steps,
-                                  learning_rate=1e-3, logging_steps=10 ** 9, save_steps=0, device=args.device,
-                                  throughput_warmup_steps=args.warmup, bf16=precision == "bf16",
-                                  gaudi_config_name=args.gaudi_config)
-        trainer = Trainer(model, targs, train_dataset=dataset, data_collator=collator, tokens_per_sample=args.block,
-                          log=lambda s: None)
+        targs = TrainingArguments(
+            output_dir=out,
+            per_device_train_batch_size=args.batch,
+            max_steps=args.steps,
+            learning_rate=1e-3,
+            logging_steps=10**9,
+            save_steps=0,
+            device=args.device,
+            throughput_warmup_steps=args.warmup,
+            bf16=precision == "bf16",
+            gaudi_config_name=args.gaudi_config,
+        )
+        trainer = Trainer(
+            model,
+            targs,
+            train_dataset=dataset,
+            data_collator=collator,
+            tokens_per_sample=args.block,
+            log=lambda s: None,
+        )
         m = trainer.train().metrics
         trainer.writer.close()
     tokens = m["train_tokens_per_second"]
-    return {"tokens_per_s": tokens, "samples_per_s": m["train_samples_per_second"],
-            "step_ms": 1000.0 / m["train_steps_per_second"] if m["train_steps_per_second"] else float("nan"),
-            "params": params, "flops": 6.0 * params * tokens, "train_loss": m["train_loss"]}
+    return {
+        "tokens_per_s": tokens,
+        "samples_per_s": m["train_samples_per_second"],
+        "step_ms": 1000.0 / m["train_steps_per_second"] if m["train_steps_per_second"] else float("nan"),
+        "params": params,
+        "flops": 6.0 * params * tokens,
+        "train_loss": m["train_loss"],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
+
 
 def _unit(peak: float):
     return (1e12, "TFLOP/s") if peak >= 1e12 else (1e9, "GFLOP/s")
 
 
-def print_tables(res: Dict[str, object]) -> None:
+def print_tables(res: dict[str, object]) -> None:
     cfg = res["config"]
     peaks, train = res["peak"], res["training"]
     scale, unit = _unit(max(p["flops"] for p in peaks.values()))
     print(f"MFU-style efficiency on {res['device']}")
     print(environment_line(res))
-    print(f"matmul peak: square n x n, best of {cfg['trials']} trial(s) of >= {cfg['min_time']} s each, "
-          f"sizes {cfg['sizes']}")
+    print(
+        f"matmul peak: square n x n, best of {cfg['trials']} trial(s) of >= {cfg['min_time']} s each, "
+        f"sizes {cfg['sizes']}"
+    )
     print(f"{'dtype':14} {'best n':>6} {'peak ' + unit:>14}   per size")
     for prec in PRECISIONS:
         p = peaks[prec]
@@ -156,22 +181,30 @@ def print_tables(res: Dict[str, object]) -> None:
         print(f"{prec:14} {p['size']:6d} {p['flops'] / scale:14.3f}   {sizes}")
     first = next(iter(train.values()))
     print()
-    print(f"training: {cfg['model']} GPT-2 ({first['params'] / 1e6:.2f} M parameters), our Trainer, 1 process, "
-          f"batch {cfg['batch']}x{cfg['block']} tokens, {cfg['steps']} steps, first {cfg['warmup']} excluded, "
-          f"{cfg['repeats']} repeat(s) interleaved; achieved = 6 x params x tokens/s")
-    print(f"{'precision':14} {'tokens/s median':>15} {'min-max':>17} {'step ms':>8} {'achieved ' + unit:>18} "
-          f"{'peak ' + unit:>14} {'MFU':>7}")
+    print(
+        f"training: {cfg['model']} GPT-2 ({first['params'] / 1e6:.2f} M parameters), our Trainer, 1 process, "
+        f"batch {cfg['batch']}x{cfg['block']} tokens, {cfg['steps']} steps, first {cfg['warmup']} excluded, "
+        f"{cfg['repeats']} repeat(s) interleaved; achieved = 6 x params x tokens/s"
+    )
+    print(
+        f"{'precision':14} {'tokens/s median':>15} {'min-max':>17} {'step ms':>8} {'achieved ' + unit:>18} "
+        f"{'peak ' + unit:>14} {'MFU':>7}"
+    )
     for prec in PRECISIONS:
         t = train[prec]
-        print(f"{LABELS[prec]:14} {t['tokens_per_s']:15.0f} {t['tokens_min']:8.0f}-{t['tokens_max']:<8.0f} "
-              f"{t['step_ms']:8.1f} {t['flops'] / scale:18.3f} {peaks[prec]['flops'] / scale:14.3f} "
-              f"{100 * t['mfu']:6.1f}%")
+        print(
+            f"{LABELS[prec]:14} {t['tokens_per_s']:15.0f} {t['tokens_min']:8.0f}-{t['tokens_max']:<8.0f} "
+            f"{t['step_ms']:8.1f} {t['flops'] / scale:18.3f} {peaks[prec]['flops'] / scale:14.3f} "
+            f"{100 * t['mfu']:6.1f}%"
+        )
     f32, b16 = train["fp32"], train["bf16"]
-    print(f"bf16 autocast vs fp32: {b16['tokens_per_s'] / f32['tokens_per_s']:.2f}x tokens/s; "
-          f"bf16 matmul peak vs fp32: {peaks['bf16']['flops'] / peaks['fp32']['flops']:.2f}x")
+    print(
+        f"bf16 autocast vs fp32: {b16['tokens_per_s'] / f32['tokens_per_s']:.2f}x tokens/s; "
+        f"bf16 matmul peak vs fp32: {peaks['bf16']['flops'] / peaks['fp32']['flops']:.2f}x"
+    )
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["hpu", "cuda", "cpu"], default=None, help="default: as select_device picks")
     p.add_argument("--sizes", default=None, help="matmul sizes, comma-separated (default: by device)")
@@ -195,13 +228,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.device = info.kind
     args.sizes = args.sizes or DEFAULT_SIZES[info.kind]
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    res: Dict[str, object] = {"bench": "mfu", **environment(device_name(info)),
-                              "config": {k: v for k, v in vars(args).items() if k != "json"},
-                              "peak": {}, "training": {}}
+    res: dict[str, object] = {
+        "bench": "mfu",
+        **environment(device_name(info)),
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "peak": {},
+        "training": {},
+    }
     for prec in PRECISIONS:
         print(f"matmul peak {prec} ...", file=sys.stderr, flush=True)
         res["peak"][prec] = matmul_peak(info, prec, sizes, args.trials, args.min_time)
-    runs: Dict[str, List[Dict[str, float]]] = {prec: [] for prec in PRECISIONS}
+    runs: dict[str, list[dict[str, float]]] = {prec: [] for prec in PRECISIONS}
     for r in range(args.repeats):  # interleaved, so machine noise hits both precisions alike
         for prec in PRECISIONS:
             print(f"training {prec}, run {r + 1}/{args.repeats} ...", file=sys.stderr, flush=True)
@@ -212,11 +249,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         params = runs[prec][0]["params"]
         flops = 6.0 * params * med
         res["training"][prec] = {
-            "tokens_per_s": med, "tokens_per_s_runs": toks, "tokens_min": min(toks), "tokens_max": max(toks),
+            "tokens_per_s": med,
+            "tokens_per_s_runs": toks,
+            "tokens_min": min(toks),
+            "tokens_max": max(toks),
             "samples_per_s": statistics.median(x["samples_per_s"] for x in runs[prec]),
             "step_ms": statistics.median(x["step_ms"] for x in runs[prec]),
-            "params": params, "flops": flops, "peak_flops": res["peak"][prec]["flops"],
-            "mfu": flops / res["peak"][prec]["flops"]}
+            "params": params,
+            "flops": flops,
+            "peak_flops": res["peak"][prec]["flops"],
+            "mfu": flops / res["peak"][prec]["flops"],
+        }
     print_tables(res)
     if args.json:
         with open(args.json, "w") as f:

@@ -17,6 +17,7 @@ scale (dry run of 1,000 and 10,000 hosts x 8, the longest mpirun argument) and a
 time at 128 and 1,024 hosts built from those costs, with its assumptions. A benchmark, not a test:
 it passes or fails on nothing but a launch that did not exit 0 (exit status 1 then).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -43,19 +45,23 @@ BASELINE = "mpirun (raw)"
 PREFIX, OCTET = "glb", 221
 
 
-def gl_argv() -> List[str]:
+def gl_argv() -> list[str]:
     # `python -m gaudi_launch` from this checkout (the console script may point at another one)
     return [sys.executable, "-m", "gaudi_launch"]
 
 
-def configs(deepspeed: bool) -> List[Tuple[str, callable]]:
+def configs(deepspeed: bool) -> list[tuple[str, callable]]:
     """(name, build(cluster, hostfile, n, workdir) -> argv)."""
+
     def gl(*extra):
         return lambda c, hf, n, wd: gl_argv() + ["--hostfile", hf, "--ssh-config", c.ssh_config, *extra]
 
     def raw_mpirun(c, hf, n, wd):
-        return ["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + \
-            ["-n", str(n), "--host", ",".join(f"{h.name}:1" for h in c.hosts[:n]), "/bin/true"]
+        return (
+            ["mpirun"]
+            + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+            + ["-n", str(n), "--host", ",".join(f"{h.name}:1" for h in c.hosts[:n]), "/bin/true"]
+        )
 
     def raw_pdsh(c, hf, n, wd):
         return ["pdsh", "-R", "ssh", "-w", ",".join(h.name for h in c.hosts[:n]), "/bin/true"]
@@ -65,26 +71,50 @@ def configs(deepspeed: bool) -> List[Tuple[str, callable]]:
         ("gaudi-launch mpirun", gl("--backend", "mpirun", "--no_python", "/bin/true")),
         ("gaudi-launch mpirun --no-ssh-check", gl("--backend", "mpirun", "--no-ssh-check", "--no_python", "/bin/true")),
         # the same job without the shared connections: a handshake for every ssh, as before issue 18
-        ("gaudi-launch mpirun, no sharing", lambda c, hf, n, wd: ["env", "GAUDI_LAUNCH_SSH_SHARE=0"]
-         + gl("--backend", "mpirun", "--no_python", "/bin/true")(c, hf, n, wd)),
+        (
+            "gaudi-launch mpirun, no sharing",
+            lambda c, hf, n, wd: (
+                ["env", "GAUDI_LAUNCH_SSH_SHARE=0"]
+                + gl("--backend", "mpirun", "--no_python", "/bin/true")(c, hf, n, wd)
+            ),
+        ),
         # mpirun's daemons by its own ssh over the shared connections (a session, so a login shell, of
         # their own per host), not through the pre-flight's session: a user's OMPI_MCA_plm_rsh_agent is kept
-        ("gaudi-launch mpirun, daemons by ssh", lambda c, hf, n, wd: ["env", "OMPI_MCA_plm_rsh_agent=ssh"]
-         + gl("--backend", "mpirun", "--no_python", "/bin/true")(c, hf, n, wd)),
+        (
+            "gaudi-launch mpirun, daemons by ssh",
+            lambda c, hf, n, wd: (
+                ["env", "OMPI_MCA_plm_rsh_agent=ssh"]
+                + gl("--backend", "mpirun", "--no_python", "/bin/true")(c, hf, n, wd)
+            ),
+        ),
         (BASELINE, raw_mpirun),
         ("pdsh (raw)", raw_pdsh),
     ]
     if deepspeed:
+
         def ds_raw(c, hf, n, wd):
-            return [venv_tool("deepspeed") or "deepspeed", "--hostfile", hf, "--master_addr", c.hosts[0].name,
-                    "--launcher", "pdsh", os.path.join(wd, "noop.py")]
-        out += [("gaudi-launch deepspeed", lambda c, hf, n, wd: gl("--backend", "deepspeed")(c, hf, n, wd)
-                 + [os.path.join(wd, "noop.py")]),
-                ("deepspeed (raw, pdsh)", ds_raw)]
+            return [
+                venv_tool("deepspeed") or "deepspeed",
+                "--hostfile",
+                hf,
+                "--master_addr",
+                c.hosts[0].name,
+                "--launcher",
+                "pdsh",
+                os.path.join(wd, "noop.py"),
+            ]
+
+        out += [
+            (
+                "gaudi-launch deepspeed",
+                lambda c, hf, n, wd: gl("--backend", "deepspeed")(c, hf, n, wd) + [os.path.join(wd, "noop.py")],
+            ),
+            ("deepspeed (raw, pdsh)", ds_raw),
+        ]
     return out
 
 
-def slope(points: Sequence[Tuple[float, float]]) -> Optional[float]:
+def slope(points: Sequence[tuple[float, float]]) -> Optional[float]:
     """Least-squares slope of y over x (seconds per host). Pure."""
     if len(points) < 2:
         return None
@@ -97,13 +127,22 @@ def slope(points: Sequence[Tuple[float, float]]) -> Optional[float]:
 # ---------------------------------------------------------------------------------------------
 # Launches
 
-def measure(cluster, counts: List[int], rounds: int, warmup: int, deepspeed: bool, workdir: str,
-            env: Dict[str, str], timeout: float) -> Dict[str, Dict[int, dict]]:
+
+def measure(
+    cluster,
+    counts: list[int],
+    rounds: int,
+    warmup: int,
+    deepspeed: bool,
+    workdir: str,
+    env: dict[str, str],
+    timeout: float,
+) -> dict[str, dict[int, dict]]:
     cfgs = configs(deepspeed)
     hostfiles = {n: cluster.hostfile(slots=1, hosts=range(n)) for n in counts}
-    results: Dict[str, Dict[int, dict]] = {name: {n: {"seconds": []} for n in counts} for name, _ in cfgs}
+    results: dict[str, dict[int, dict]] = {name: {n: {"seconds": []} for n in counts} for name, _ in cfgs}
     for r in range(warmup + rounds):
-        order = cfgs[r % len(cfgs):] + cfgs[:r % len(cfgs)]
+        order = cfgs[r % len(cfgs) :] + cfgs[: r % len(cfgs)]
         for n in counts:
             for name, build in order:
                 argv = build(cluster, hostfiles[n], n, workdir)
@@ -115,8 +154,11 @@ def measure(cluster, counts: List[int], rounds: int, warmup: int, deepspeed: boo
                     print(f"  {name} x{n}: FAILED ({entry['error'][:200]})", file=sys.stderr, flush=True)
                 elif r >= warmup:
                     entry["seconds"].append(seconds)
-                print(f"  round {r + 1 - warmup if r >= warmup else 'warm-up'}: {name} x{n}: {seconds:.2f} s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  round {r + 1 - warmup if r >= warmup else 'warm-up'}: {name} x{n}: {seconds:.2f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     for per in results.values():
         for entry in per.values():
             if entry["seconds"]:
@@ -127,12 +169,13 @@ def measure(cluster, counts: List[int], rounds: int, warmup: int, deepspeed: boo
 # ---------------------------------------------------------------------------------------------
 # Per-host costs, for the model
 
+
 def _children_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
 
 
-def per_host_costs(cluster, env: Dict[str, str], workdir: str, samples: int = 5) -> Dict[str, float]:
+def per_host_costs(cluster, env: dict[str, str], workdir: str, samples: int = 5) -> dict[str, float]:
     """Median wall time (and this side's CPU) of: a full ssh session (handshake + remote shell), opening
     a ControlMaster (handshake only), a session over it (remote shell only), the pre-flight's probe over
     it, measured from host 0 to the others one at a time. The remote shell includes the login files."""
@@ -142,11 +185,11 @@ def per_host_costs(cluster, env: Dict[str, str], workdir: str, samples: int = 5)
     ssh = ["ssh", "-F", cluster.ssh_config]
     mux = ["-o", f"ControlPath={ctl}/%C"]
     probe_line = probe.command(sys.executable, None, ROOT, cluster.hosts[0].name, 22, None)
-    rows: Dict[str, List[float]] = {"session": [], "handshake": [], "mux_session": [], "probe": [], "rsh_agent": []}
-    cpu: Dict[str, List[float]] = {k: [] for k in rows}
+    rows: dict[str, list[float]] = {"session": [], "handshake": [], "mux_session": [], "probe": [], "rsh_agent": []}
+    cpu: dict[str, list[float]] = {k: [] for k in rows}
     targets = [h.name for h in cluster.hosts[1:]][:samples] or [cluster.hosts[0].name]
 
-    def one(key: str, argv: List[str]) -> None:
+    def one(key: str, argv: list[str]) -> None:
         c0 = _children_cpu()
         t0 = time.perf_counter()
         done = cluster.run_on(0, argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, capture_output=True)
@@ -176,14 +219,24 @@ def per_host_costs(cluster, env: Dict[str, str], workdir: str, samples: int = 5)
 # ---------------------------------------------------------------------------------------------
 # Plans at scale (no cluster needed)
 
-def plan_scale(workdir: str, env: Dict[str, str], sizes=(1000, 10000), per_host: int = 8) -> Dict[int, dict]:
+
+def plan_scale(workdir: str, env: dict[str, str], sizes=(1000, 10000), per_host: int = 8) -> dict[int, dict]:
     out = {}
     for n in sizes:
         hf = os.path.join(workdir, f"hostfile.{n}")
         with open(hf, "w") as f:
             f.writelines(f"node{i:05d}.cluster.example slots={per_host}\n" for i in range(n))
-        argv = gl_argv() + ["--hostfile", hf, "--backend", "mpirun", "--no-ssh-check", "--dry-run", "--json",
-                            "--no_python", "/bin/true"]
+        argv = gl_argv() + [
+            "--hostfile",
+            hf,
+            "--backend",
+            "mpirun",
+            "--no-ssh-check",
+            "--dry-run",
+            "--json",
+            "--no_python",
+            "/bin/true",
+        ]
         times, plan = [], None
         for _ in range(3):
             t0 = time.perf_counter()
@@ -195,17 +248,27 @@ def plan_scale(workdir: str, env: Dict[str, str], sizes=(1000, 10000), per_host:
             plan = json.loads(done.stdout)
         if plan is not None:
             mpirun = plan["commands"][0]["argv"]
-            out[n] = {"dry_run_s": statistics.median(times), "argv_args": len(mpirun),
-                      "longest_arg_bytes": max(len(a.encode()) for a in mpirun),
-                      "argv_bytes": sum(len(a.encode()) + 1 for a in mpirun)}
+            out[n] = {
+                "dry_run_s": statistics.median(times),
+                "argv_args": len(mpirun),
+                "longest_arg_bytes": max(len(a.encode()) for a in mpirun),
+                "argv_bytes": sum(len(a.encode()) + 1 for a in mpirun),
+            }
     return out
 
 
 # ---------------------------------------------------------------------------------------------
 # The model
 
-def model(costs: Dict[str, float], fit: Dict[str, Tuple[float, float]], sizes=(16, 128, 1024),
-          pool: int = 512, radix: int = 64, launcher_cores: int = 8) -> Tuple[List[str], Dict[str, Dict[int, float]]]:
+
+def model(
+    costs: dict[str, float],
+    fit: dict[str, tuple[float, float]],
+    sizes=(16, 128, 1024),
+    pool: int = 512,
+    radix: int = 64,
+    launcher_cores: int = 8,
+) -> tuple[list[str], dict[str, dict[int, float]]]:
     """Launch time against hosts on a real cluster (every host its own machine), from costs measured here.
 
     Assumptions, printed with the result:
@@ -240,29 +303,32 @@ def model(costs: Dict[str, float], fit: Dict[str, Tuple[float, float]], sizes=(1
         f"pre-flight pool {pool} (fanout.pool_size with an open-file limit of 4,160 or more), OpenMPI tree "
         f"spawn radix {radix}",
     ]
-    out: Dict[str, Dict[int, float]] = {"mpirun (raw, tree spawn)": {}, "gaudi-launch (ControlMaster)": {},
-                                        "gaudi-launch (no ControlMaster)": {}}
+    out: dict[str, dict[int, float]] = {
+        "mpirun (raw, tree spawn)": {},
+        "gaudi-launch (ControlMaster)": {},
+        "gaudi-launch (no ControlMaster)": {},
+    }
     for n in sizes:
         levels = max(1, math.ceil(math.log(max(n, 2), radix)))
         direct = min(n, radix)
-        out["mpirun (raw, tree spawn)"][n] = (mpirun_fixed + levels * (sess + daemon)
-                                              + direct * c_hs / launcher_cores)
+        out["mpirun (raw, tree spawn)"][n] = mpirun_fixed + levels * (sess + daemon) + direct * c_hs / launcher_cores
         rounds = math.ceil(n / pool)
         pre = rounds * (hs + probe) + n * (c_hs + c_mux) / launcher_cores
-        job = rsh + n * c_rsh / launcher_cores          # daemons through the pre-flight's sessions
+        job = rsh + n * c_rsh / launcher_cores  # daemons through the pre-flight's sessions
         sweep = 0.05
         out["gaudi-launch (ControlMaster)"][n] = mpirun_fixed + ours_fixed + pre + job + sweep
         # today's shape without sharing: a handshake for every one of them, and mpirun's tree
         pre0 = rounds * (sess + probe) + n * c_hs / launcher_cores
         sweep0 = sess + n * c_hs / launcher_cores
-        out["gaudi-launch (no ControlMaster)"][n] = (mpirun_fixed + ours_fixed + pre0 + levels * (sess + daemon)
-                                                     + direct * c_hs / launcher_cores + sweep0)
+        out["gaudi-launch (no ControlMaster)"][n] = (
+            mpirun_fixed + ours_fixed + pre0 + levels * (sess + daemon) + direct * c_hs / launcher_cores + sweep0
+        )
     return lines, out
 
 
-def _bullets(doc: str) -> List[str]:
+def _bullets(doc: str) -> list[str]:
     """The "- ..." items of a docstring, each joined onto one line. Pure."""
-    items: List[str] = []
+    items: list[str] = []
     for line in doc.splitlines():
         text = line.strip()
         if text.startswith("- "):
@@ -275,11 +341,14 @@ def _bullets(doc: str) -> List[str]:
 # ---------------------------------------------------------------------------------------------
 # Output
 
+
 def print_report(res: dict) -> None:
     counts = res["config"]["hosts"]
     launches = res["launches"]
-    print(f"launch cost vs hosts: 1 rank per host running /bin/true, launcher on host 0, median of "
-          f"{res['config']['repeats']} interleaved rounds")
+    print(
+        f"launch cost vs hosts: 1 rank per host running /bin/true, launcher on host 0, median of "
+        f"{res['config']['repeats']} interleaved rounds"
+    )
     print(environment_line(res) + f"; load at start {res.get('load_average_at_start')}")
     names = list(launches)
     w = max(len(n) for n in names)
@@ -315,11 +384,13 @@ def print_report(res: dict) -> None:
             if "error" in p:
                 print(f"  {n} hosts: FAILED {p['error']}")
             else:
-                print(f"  {n:>6} hosts: dry run {p['dry_run_s']:.2f} s; mpirun argv {p['argv_args']} arguments, "
-                      f"{p['argv_bytes']} bytes, longest {p['longest_arg_bytes']} bytes (Linux limit 131072)")
+                print(
+                    f"  {n:>6} hosts: dry run {p['dry_run_s']:.2f} s; mpirun argv {p['argv_args']} arguments, "
+                    f"{p['argv_bytes']} bytes, longest {p['longest_arg_bytes']} bytes (Linux limit 131072)"
+                )
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hosts", default="2,4,8,16", help="host counts, comma-separated (default 2,4,8,16)")
     p.add_argument("--repeats", type=int, default=3, help="measured rounds (default 3)")
@@ -339,8 +410,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", os.defpath)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("DS_ACCELERATOR", "cpu")
-    res: dict = {"bench": "scale", **environment(),
-                 "config": {"hosts": counts, "repeats": args.repeats, "deepspeed": args.deepspeed}}
+    res: dict = {
+        "bench": "scale",
+        **environment(),
+        "config": {"hosts": counts, "repeats": args.repeats, "deepspeed": args.deepspeed},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as workdir:
         with open(os.path.join(workdir, "noop.py"), "w") as f:
             f.write("pass\n")
@@ -351,8 +425,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         cluster.up()
         try:
             cenv = cluster.env(env)
-            launches = measure(cluster, counts, args.repeats, args.warmup_rounds, args.deepspeed, workdir, cenv,
-                               args.timeout)
+            launches = measure(
+                cluster, counts, args.repeats, args.warmup_rounds, args.deepspeed, workdir, cenv, args.timeout
+            )
             res["launches"] = {name: {str(n): e for n, e in per.items()} for name, per in launches.items()}
             fits = {}
             for name, per in launches.items():

@@ -7,6 +7,7 @@ same way (the clock starts after --warmup optimizer steps). Prints a table and w
 It is a benchmark, not a test: it prints figures and ratios and never passes or fails on time.
 Each rank runs this same file with --role; the driver starts them through gaudi-launch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_launch import environment, environment_line  # noqa: E402  (same directory)
+
 RESULT = "BENCH-RESULT "
 
 
@@ -42,15 +44,21 @@ def common(args):
         encoded = summarization.encode_pairs(pairs, tokenizer, args.block, 32)
         config = AutoConfig.from_pretrained(os.path.join(data.ASSETS, "tiny-t5"))
         # fixed shapes: every batch costs the same, as on a device that compiles per shape
-        return (AutoModelForSeq2SeqLM.from_config(config), summarization.ListDataset(encoded),
-                summarization.Seq2SeqCollator(tokenizer.pad_token_id, args.block, 32))
+        return (
+            AutoModelForSeq2SeqLM.from_config(config),
+            summarization.ListDataset(encoded),
+            summarization.Seq2SeqCollator(tokenizer.pad_token_id, args.block, 32),
+        )
     blocks = data.tokenize_and_group(texts["train"], tokenizer, args.block)
     if workload == "mlm":
         mask_id = mlm.add_mask_token(tokenizer)
         config = AutoConfig.from_pretrained(os.path.join(data.ASSETS, "tiny-bert"))
         config.vocab_size = len(tokenizer)
-        return (AutoModelForMaskedLM.from_config(config), data.BlockDataset(blocks),
-                mlm.MLMCollator(mask_id, len(tokenizer), 0.15, [tokenizer.pad_token_id]))
+        return (
+            AutoModelForMaskedLM.from_config(config),
+            data.BlockDataset(blocks),
+            mlm.MLMCollator(mask_id, len(tokenizer), 0.15, [tokenizer.pad_token_id]),
+        )
     config = AutoConfig.from_pretrained(os.path.join(data.ASSETS, "tiny-gpt2"))
     model = AutoModelForCausalLM.from_config(config)
     # As run_clm.py: transformers 5 warns on every forward otherwise (and under torch.compile the
@@ -64,15 +72,27 @@ def role_ours(args) -> dict:
     from gaudi_launch.runtime.trainer import Trainer
 
     model, dataset, collator = common(args)
-    targs = TrainingArguments(output_dir=args.out, per_device_train_batch_size=args.batch, max_steps=args.steps,
-                              learning_rate=1e-3, logging_steps=10 ** 9, save_steps=0, device="cpu",
-                              distribution_strategy=args.strategy, throughput_warmup_steps=args.warmup,
-                              torch_compile=args.torch_compile)
-    trainer = Trainer(model, targs, train_dataset=dataset, data_collator=collator, tokens_per_sample=args.block,
-                      log=lambda s: None)
+    targs = TrainingArguments(
+        output_dir=args.out,
+        per_device_train_batch_size=args.batch,
+        max_steps=args.steps,
+        learning_rate=1e-3,
+        logging_steps=10**9,
+        save_steps=0,
+        device="cpu",
+        distribution_strategy=args.strategy,
+        throughput_warmup_steps=args.warmup,
+        torch_compile=args.torch_compile,
+    )
+    trainer = Trainer(
+        model, targs, train_dataset=dataset, data_collator=collator, tokens_per_sample=args.block, log=lambda s: None
+    )
     m = trainer.train().metrics
-    return {"samples_per_s": m["train_samples_per_second"], "tokens_per_s": m["train_tokens_per_second"],
-            "step_s": 1.0 / m["train_steps_per_second"] if m["train_steps_per_second"] else float("nan")}
+    return {
+        "samples_per_s": m["train_samples_per_second"],
+        "tokens_per_s": m["train_tokens_per_second"],
+        "step_s": 1.0 / m["train_steps_per_second"] if m["train_steps_per_second"] else float("nan"),
+    }
 
 
 def role_hf(args) -> dict:
@@ -87,15 +107,28 @@ def role_hf(args) -> dict:
                 marks["start"] = time.perf_counter()
             marks["end"] = time.perf_counter()
 
-    targs = TrainingArguments(output_dir=args.out, per_device_train_batch_size=args.batch, max_steps=args.steps,
-                              learning_rate=1e-3, logging_steps=10 ** 9, save_strategy="no", report_to=[],
-                              use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, ddp_backend="gloo")
+    targs = TrainingArguments(
+        output_dir=args.out,
+        per_device_train_batch_size=args.batch,
+        max_steps=args.steps,
+        learning_rate=1e-3,
+        logging_steps=10**9,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        ddp_backend="gloo",
+    )
     Trainer(model=model, args=targs, train_dataset=dataset, data_collator=collator, callbacks=[Clock()]).train()
     measured = args.steps - args.warmup
     seconds = marks["end"] - marks["start"]
     samples = measured * args.batch * int(os.environ.get("WORLD_SIZE", "1"))
-    return {"samples_per_s": samples / seconds, "tokens_per_s": samples * args.block / seconds,
-            "step_s": seconds / measured}
+    return {
+        "samples_per_s": samples / seconds,
+        "tokens_per_s": samples * args.block / seconds,
+        "step_s": seconds / measured,
+    }
 
 
 def role_bare(args) -> dict:
@@ -116,8 +149,9 @@ def role_bare(args) -> dict:
         dist.init_process_group("gloo")
         model = DistributedDataParallel(model)
         sampler = DistributedSampler(dataset, seed=0)
-    loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, shuffle=sampler is None,
-                        collate_fn=collator, drop_last=True)
+    loader = DataLoader(
+        dataset, batch_size=args.batch, sampler=sampler, shuffle=sampler is None, collate_fn=collator, drop_last=True
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)  # both trainers' AdamW kernel
     model.train()
     step, start, epoch = 0, None, 0
@@ -142,21 +176,44 @@ def role_bare(args) -> dict:
         # group holding the GIL while gloo's worker thread needs it to free its last work (deadlock).
         del model
         dist.destroy_process_group()
-    return {"samples_per_s": samples / seconds, "tokens_per_s": samples * args.block / seconds,
-            "step_s": seconds / measured}
+    return {
+        "samples_per_s": samples / seconds,
+        "tokens_per_s": samples * args.block / seconds,
+        "step_s": seconds / measured,
+    }
 
 
-CONFIGS = [("gaudi-launch Trainer, fast_ddp", ["--role", "ours", "--strategy", "fast_ddp"]),
-           ("gaudi-launch Trainer, DDP", ["--role", "ours", "--strategy", "ddp"]),
-           ("transformers Trainer, DDP", ["--role", "hf"]),
-           ("plain loop, DDP (no trainer)", ["--role", "bare"])]
+CONFIGS = [
+    ("gaudi-launch Trainer, fast_ddp", ["--role", "ours", "--strategy", "fast_ddp"]),
+    ("gaudi-launch Trainer, DDP", ["--role", "ours", "--strategy", "ddp"]),
+    ("transformers Trainer, DDP", ["--role", "hf"]),
+    ("plain loop, DDP (no trainer)", ["--role", "bare"]),
+]
 
 
 def run_config(extra, args) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "gaudi_launch", "--num_devices", str(args.ranks), os.path.abspath(__file__),
-               *extra, "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
-               "--block", str(args.block), "--out", out, "--workload", getattr(args, "workload", "clm")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "gaudi_launch",
+            "--num_devices",
+            str(args.ranks),
+            os.path.abspath(__file__),
+            *extra,
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--batch",
+            str(args.batch),
+            "--block",
+            str(args.block),
+            "--out",
+            out,
+            "--workload",
+            getattr(args, "workload", "clm"),
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800)
     for line in res.stdout.splitlines():
         if RESULT in line:
@@ -171,9 +228,11 @@ def drive(args) -> None:
         for name, extra in CONFIGS:
             runs[name].append(run_config(extra, args))
     base = statistics.median(r["samples_per_s"] for r in runs["transformers Trainer, DDP"])
-    print(f"training throughput: tiny {args.workload}, {args.ranks} CPU ranks (gloo), batch {args.batch}x{args.block} tokens "
-          f"per rank, {args.steps} steps, first {args.warmup} excluded, {args.repeats} repeat(s); "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(
+        f"training throughput: tiny {args.workload}, {args.ranks} CPU ranks (gloo), batch {args.batch}x{args.block} tokens "
+        f"per rank, {args.steps} steps, first {args.warmup} excluded, {args.repeats} repeat(s); "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    )
     print(environment_line(env))
     print(f"{'configuration':34} {'samples/s median':>16} {'min-max':>15} {'step ms':>8} {'vs transformers':>16}")
     table = {}
@@ -184,8 +243,10 @@ def drive(args) -> None:
         table[name] = {"samples_per_s": sps, "median": med, "step_ms": step_ms, "ratio": med / base}
         print(f"{name:34} {med:16.1f} {min(sps):7.1f}-{max(sps):<7.1f} {step_ms:8.1f} {med / base:15.2f}x")
     fd, dd = table["gaudi-launch Trainer, fast_ddp"], table["gaudi-launch Trainer, DDP"]
-    print(f"fast_ddp vs DDP step time: {fd['step_ms']:.1f} ms vs {dd['step_ms']:.1f} ms "
-          f"({dd['step_ms'] / fd['step_ms']:.2f}x)")
+    print(
+        f"fast_ddp vs DDP step time: {fd['step_ms']:.1f} ms vs {dd['step_ms']:.1f} ms "
+        f"({dd['step_ms'] / fd['step_ms']:.2f}x)"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": vars(args), "environment": env, "results": table}, f, indent=2)

@@ -1,6 +1,7 @@
 """The benchmarks in scripts/bench/ run end to end, each in a tiny version (seconds, not minutes):
 every configuration gets its row in the printed table and its figures in the JSON. Nothing here
 asserts on speed: only that figures exist, are positive, and have their keys."""
+
 from __future__ import annotations
 
 import json
@@ -15,14 +16,29 @@ from tests.helpers import run_whole
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "scripts", "bench")
 
-LAUNCH_ROWS = ["gaudi-launch (local)", "gaudi-launch --backend mpirun", "gaudi-launch mpirun --no-ssh-check",
-               "gaudi-launch --backend deepspeed", "mpirun (raw)", "torchrun", "deepspeed"]
+LAUNCH_ROWS = [
+    "gaudi-launch (local)",
+    "gaudi-launch --backend mpirun",
+    "gaudi-launch mpirun --no-ssh-check",
+    "gaudi-launch --backend deepspeed",
+    "mpirun (raw)",
+    "torchrun",
+    "deepspeed",
+]
 # Rows that cannot run on one host alone; the rest must be measured unless their tool is missing.
 LAUNCH_LOCAL_SKIPS = {"gaudi-launch mpirun --no-ssh-check", "gaudi-launch --backend deepspeed"}
-START_UP_ROWS = ["python -c pass", "gaudi-launch --help", "gaudi-launch --dry-run --num_devices 2 x.py",
-                 "python -c 'import torch' (reference)"]
-TRAIN_ROWS = ["gaudi-launch Trainer, fast_ddp", "gaudi-launch Trainer, DDP", "transformers Trainer, DDP",
-              "plain loop, DDP (no trainer)"]
+START_UP_ROWS = [
+    "python -c pass",
+    "gaudi-launch --help",
+    "gaudi-launch --dry-run --num_devices 2 x.py",
+    "python -c 'import torch' (reference)",
+]
+TRAIN_ROWS = [
+    "gaudi-launch Trainer, fast_ddp",
+    "gaudi-launch Trainer, DDP",
+    "transformers Trainer, DDP",
+    "plain loop, DDP (no trainer)",
+]
 
 
 def run_bench(script, *args, timeout=240):
@@ -54,8 +70,13 @@ def report(path, out):
         import matplotlib  # noqa: F401
     except ImportError:
         return
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "report", str(path), "--out", str(out)],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", "report", str(path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     paths = res.stdout.split()
     pngs, html = paths[:-1], paths[-1]
@@ -67,8 +88,19 @@ def test_bench_launch_tiny(tmp_path):
     # All local launchers including DeepSpeed's (its runner alone takes ~10 s here: worth covering,
     # since its command line is the one most likely to change under us).
     out = tmp_path / "launch.json"
-    stdout = run_bench("bench_launch.py", "--repeats", "1", "--warmup-rounds", "0", "--ranks", "2",
-                       "--cold-repeats", "1", "--json", str(out))
+    stdout = run_bench(
+        "bench_launch.py",
+        "--repeats",
+        "1",
+        "--warmup-rounds",
+        "0",
+        "--ranks",
+        "2",
+        "--cold-repeats",
+        "1",
+        "--json",
+        str(out),
+    )
     assert table_rows(stdout, LAUNCH_ROWS) == LAUNCH_ROWS, stdout
     assert table_rows(stdout, START_UP_ROWS) == START_UP_ROWS, stdout
     data = json.loads(out.read_text())
@@ -93,9 +125,31 @@ def test_bench_launch_tiny(tmp_path):
 
 def test_bench_mfu_tiny(tmp_path):
     out = tmp_path / "mfu.json"
-    stdout = run_bench("bench_mfu.py", "--device", "cpu", "--model", "tiny", "--steps", "2", "--warmup", "1",
-                       "--batch", "4", "--block", "32", "--repeats", "1", "--sizes", "64,128", "--trials", "1",
-                       "--min-time", "0.01", "--json", str(out))
+    stdout = run_bench(
+        "bench_mfu.py",
+        "--device",
+        "cpu",
+        "--model",
+        "tiny",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--batch",
+        "4",
+        "--block",
+        "32",
+        "--repeats",
+        "1",
+        "--sizes",
+        "64,128",
+        "--trials",
+        "1",
+        "--min-time",
+        "0.01",
+        "--json",
+        str(out),
+    )
     assert table_rows(stdout, ["fp32", "bf16", "bf16 autocast"]) == ["fp32", "bf16", "bf16 autocast"], stdout
     assert "MFU" in stdout
     data = json.loads(out.read_text())
@@ -126,33 +180,75 @@ def test_bench_train_tiny(tmp_path):
 
 def test_bench_seed_prints_the_guides_table_and_writes_json(tmp_path):
     path = tmp_path / "seed.json"
-    out = run_bench("bench_seed.py", "--steps", "4", "--warmup", "1", "--batch-scale", "0.125",
-                    "--workloads", "mlm,t5", "--json", str(path), timeout=600)
+    out = run_bench(
+        "bench_seed.py",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--batch-scale",
+        "0.125",
+        "--workloads",
+        "mlm,t5",
+        "--json",
+        str(path),
+        timeout=600,
+    )
     assert "Gaudi2 1580.2, A100 981.6 (BERT-Large, 8 devices)" in out  # the guide's figures beside ours
     data = json.loads(path.read_text())
     assert_environment(data["environment"])
     assert [(r["workload"], r["batch_per_device"]) for r in data["rows"]] == [("mlm", 4), ("mlm", 8), ("t5", 1)]
-    assert all(positive(r["ours_samples_per_s"]) and positive(r["transformers_samples_per_s"])
-               and positive(r["ratio"]) and r["devices"] == 2 for r in data["rows"])
+    assert all(
+        positive(r["ours_samples_per_s"])
+        and positive(r["transformers_samples_per_s"])
+        and positive(r["ratio"])
+        and r["devices"] == 2
+        for r in data["rows"]
+    )
     # the plain loop (no trainer) and its ratio to transformers' Trainer
-    assert all(positive(r["plain_loop_samples_per_s"]) and r["plain_ratio"] == pytest.approx(
-        r["plain_loop_samples_per_s"] / r["transformers_samples_per_s"]) for r in data["rows"])
+    assert all(
+        positive(r["plain_loop_samples_per_s"])
+        and r["plain_ratio"] == pytest.approx(r["plain_loop_samples_per_s"] / r["transformers_samples_per_s"])
+        for r in data["rows"]
+    )
     report(path, tmp_path / "plots")
 
 
 def test_bench_seed_torch_compile_adds_our_compiled_column(tmp_path):
     path = tmp_path / "seed.json"
-    out = run_bench("bench_seed.py", "--steps", "4", "--warmup", "1", "--batch-scale", "0.25", "--workloads", "clm",
-                    "--torch_compile", "--json", str(path), timeout=600)
+    out = run_bench(
+        "bench_seed.py",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--batch-scale",
+        "0.25",
+        "--workloads",
+        "clm",
+        "--torch_compile",
+        "--json",
+        str(path),
+        timeout=600,
+    )
     assert "compiled" in out.splitlines()[2]  # the table's header
     (row,) = json.loads(path.read_text())["rows"]
     assert positive(row["ours_compiled_samples_per_s"])
-    assert row["compiled_ratio"] == pytest.approx(row["ours_compiled_samples_per_s"] / row["transformers_samples_per_s"])
+    assert row["compiled_ratio"] == pytest.approx(
+        row["ours_compiled_samples_per_s"] / row["transformers_samples_per_s"]
+    )
     assert set(row["runs"]) == {"ours", "transformers", "plain loop", "ours, compiled"}  # every run, not only medians
 
 
-SCALE_ROWS = ["gaudi-launch --check-only", "gaudi-launch mpirun", "gaudi-launch mpirun --no-ssh-check",
-              "gaudi-launch mpirun, no sharing", "gaudi-launch mpirun, daemons by ssh", "mpirun (raw)", "pdsh (raw)"]
+SCALE_ROWS = [
+    "gaudi-launch --check-only",
+    "gaudi-launch mpirun",
+    "gaudi-launch mpirun --no-ssh-check",
+    "gaudi-launch mpirun, no sharing",
+    "gaudi-launch mpirun, daemons by ssh",
+    "mpirun (raw)",
+    "pdsh (raw)",
+]
 
 
 def test_bench_scale_tiny(tmp_path):
@@ -161,8 +257,19 @@ def test_bench_scale_tiny(tmp_path):
     from tests.cluster.conftest import require_cluster_support
 
     require_cluster_support()
-    out = run_bench("bench_scale.py", "--hosts", "2,3", "--repeats", "1", "--warmup-rounds", "0", "--no-plans",
-                    "--json", str(tmp_path / "scale.json"), timeout=600)
+    out = run_bench(
+        "bench_scale.py",
+        "--hosts",
+        "2,3",
+        "--repeats",
+        "1",
+        "--warmup-rounds",
+        "0",
+        "--no-plans",
+        "--json",
+        str(tmp_path / "scale.json"),
+        timeout=600,
+    )
     assert table_rows(out, SCALE_ROWS) == SCALE_ROWS
     data = json.loads((tmp_path / "scale.json").read_text())
     assert_environment(data)

@@ -1,5 +1,6 @@
 """--attn_implementation gaudi_fused_sdpa: FusedSDPA on HPU (checked against the recording stand-in,
 whose kernel computes with torch's SDPA), torch's SDPA elsewhere, and the flags that go with it."""
+
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ import torch
 import transformers
 
 from gaudi_launch.runtime.args import TrainingArguments, parse_args
-from gaudi_launch.runtime.attention import (FUSED_SDPA, apply_attention, resolve_attn_implementation)
+from gaudi_launch.runtime.attention import FUSED_SDPA, apply_attention, resolve_attn_implementation
 from gaudi_launch.runtime.data import ASSETS
 from gaudi_launch.runtime.device import DeviceInfo, select_device
 from gaudi_launch.runtime.trainer import Trainer
@@ -26,8 +27,15 @@ def gpt2(seed: int = 0) -> transformers.PreTrainedModel:
 
 def llama_gqa(seed: int = 0) -> transformers.PreTrainedModel:
     # 4 query heads share 2 key/value heads: the kernel must see keys/values for every query head.
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(seed)
     return transformers.LlamaForCausalLM(config).eval()
 
@@ -36,17 +44,25 @@ def fused_calls(calls, start=0):
     return [d for n, d in calls[start:] if n == "FusedSDPA.apply"]
 
 
-@pytest.mark.parametrize("requested, kind, expected", [
-    (None, "hpu", None), (None, "cpu", None),
-    (FUSED_SDPA, "hpu", FUSED_SDPA), (FUSED_SDPA, "cuda", "sdpa"), (FUSED_SDPA, "cpu", "sdpa"),
-    ("eager", "hpu", "eager"), ("sdpa", "cpu", "sdpa"),
-])
+@pytest.mark.parametrize(
+    "requested, kind, expected",
+    [
+        (None, "hpu", None),
+        (None, "cpu", None),
+        (FUSED_SDPA, "hpu", FUSED_SDPA),
+        (FUSED_SDPA, "cuda", "sdpa"),
+        (FUSED_SDPA, "cpu", "sdpa"),
+        ("eager", "hpu", "eager"),
+        ("sdpa", "cpu", "sdpa"),
+    ],
+)
 def test_resolve_attn_implementation(requested, kind, expected):
     assert resolve_attn_implementation(requested, kind) == expected
 
 
-@pytest.mark.parametrize("flag", ["flash_attention_recompute", "flash_attention_causal_mask",
-                                  "flash_attention_fast_softmax"])
+@pytest.mark.parametrize(
+    "flag", ["flash_attention_recompute", "flash_attention_causal_mask", "flash_attention_fast_softmax"]
+)
 def test_flash_flags_need_the_fused_kernel(flag):
     with pytest.raises(ValueError, match=f"--{flag} only apply .* add --attn_implementation gaudi_fused_sdpa"):
         TrainingArguments(**{flag: True})
@@ -54,10 +70,22 @@ def test_flash_flags_need_the_fused_kernel(flag):
 
 
 def test_flash_flags_parse_from_argv_like_optimum_habana():
-    (a,) = parse_args((TrainingArguments,), ["--attn_implementation", "gaudi_fused_sdpa",
-                                              "--flash_attention_recompute", "--flash_attention_causal_mask", "true"])
-    assert (a.attn_implementation, a.flash_attention_recompute, a.flash_attention_causal_mask,
-            a.flash_attention_fast_softmax) == (FUSED_SDPA, True, True, False)
+    (a,) = parse_args(
+        (TrainingArguments,),
+        [
+            "--attn_implementation",
+            "gaudi_fused_sdpa",
+            "--flash_attention_recompute",
+            "--flash_attention_causal_mask",
+            "true",
+        ],
+    )
+    assert (
+        a.attn_implementation,
+        a.flash_attention_recompute,
+        a.flash_attention_causal_mask,
+        a.flash_attention_fast_softmax,
+    ) == (FUSED_SDPA, True, True, False)
 
 
 def test_older_use_flash_attention_flag_means_the_fused_kernel():
@@ -125,15 +153,23 @@ def test_stand_in_fused_sdpa_honours_a_padding_mask(hpu_stand_in):
 def test_stand_in_fused_sdpa_options_reach_the_kernel(hpu_stand_in):
     info = select_device(TrainingArguments(device="hpu"))
     model = gpt2().to(info.device)
-    apply_attention(model, TrainingArguments(attn_implementation=FUSED_SDPA, flash_attention_recompute=True,
-                                             flash_attention_causal_mask=True, flash_attention_fast_softmax=True),
-                    info)
+    apply_attention(
+        model,
+        TrainingArguments(
+            attn_implementation=FUSED_SDPA,
+            flash_attention_recompute=True,
+            flash_attention_causal_mask=True,
+            flash_attention_fast_softmax=True,
+        ),
+        info,
+    )
     ids = torch.randint(0, 1000, (2, 8)).to(info.device)
     start = len(hpu_stand_in)
     model(ids, attention_mask=torch.ones_like(ids))
     calls = fused_calls(hpu_stand_in, start)
-    assert calls and all((c["mask"], c["is_causal"], c["softmax_mode"], c["recompute_mode"])
-                         == (None, True, "fast", True) for c in calls)
+    assert calls and all(
+        (c["mask"], c["is_causal"], c["softmax_mode"], c["recompute_mode"]) == (None, True, "fast", True) for c in calls
+    )
 
 
 def test_stand_in_fused_sdpa_takes_grouped_key_value_heads_as_they_are(hpu_stand_in):
@@ -151,8 +187,15 @@ def test_stand_in_fused_sdpa_takes_grouped_key_value_heads_as_they_are(hpu_stand
 def test_stand_in_trainer_trains_through_the_fused_kernel(hpu_stand_in, tmp_path):
     config = transformers.AutoConfig.from_pretrained(os.path.join(ASSETS, "tiny-gpt2"))
     data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, config.vocab_size, (8, 16))]
-    a = TrainingArguments(device="hpu", output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, save_steps=0,
-                          attn_implementation=FUSED_SDPA, flash_attention_recompute=True)
+    a = TrainingArguments(
+        device="hpu",
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        save_steps=0,
+        attn_implementation=FUSED_SDPA,
+        flash_attention_recompute=True,
+    )
     trainer = Trainer(gpt2().train(), a, train_dataset=data, log=lambda s: None)
     start = len(hpu_stand_in)
     trainer.train()

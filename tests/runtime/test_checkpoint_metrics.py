@@ -1,4 +1,5 @@
 """Checkpoint save/load/rotation/atomicity, throughput accounting and metric logging."""
+
 from __future__ import annotations
 
 import datetime
@@ -47,7 +48,9 @@ def ckpt_names(output_dir) -> list:
 
 def quick_save(output_dir, step, **kw):
     model, opt, sched = make(step)
-    return save_checkpoint(str(output_dir), step, model=model, optimizer=opt, scheduler=sched, sampler_state={"epoch": 0}, **kw)
+    return save_checkpoint(
+        str(output_dir), step, model=model, optimizer=opt, scheduler=sched, sampler_state={"epoch": 0}, **kw
+    )
 
 
 def test_round_trip_restores_everything_exactly(tmp_path):
@@ -56,8 +59,13 @@ def test_round_trip_restores_everything_exactly(tmp_path):
     random.seed(7)
     np.random.seed(7)
     path = save_checkpoint(
-        str(tmp_path), 3, model=model, optimizer=opt, scheduler=sched,
-        sampler_state={"epoch": 1, "index": 24}, extra={"loss": 0.5},
+        str(tmp_path),
+        3,
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        sampler_state={"epoch": 1, "index": 24},
+        extra={"loss": 0.5},
     )
     assert path == str(tmp_path / "checkpoint-3")
     assert sorted(os.listdir(path)) == ["model.pt", "optimizer.pt", "rng-0.pt", "scheduler.pt", "trainer_state.json"]
@@ -117,8 +125,11 @@ def test_failure_mid_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
         return real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", failing_save)
-    with pytest.raises(CheckpointError, match=r"checkpoint-2 failed writing .*optimizer.pt: disk full; the "
-                                              r"previous checkpoint .*checkpoint-1 is kept"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"checkpoint-2 failed writing .*optimizer.pt: disk full; the "
+        r"previous checkpoint .*checkpoint-1 is kept",
+    ):
         quick_save(tmp_path, 2)
     assert os.listdir(tmp_path) == ["checkpoint-1"]  # the temp directory is cleaned up too
     assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-1")
@@ -170,14 +181,18 @@ def _dist_rank(rank: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=30))
     torch.manual_seed(rank)  # each rank's own random stream
     model = torch.nn.Linear(2, 2)
-    path = save_checkpoint(out, 4, model=model, optimizer=None, scheduler=None, sampler_state={"rank0": True}, rank=rank, world=2)
+    path = save_checkpoint(
+        out, 4, model=model, optimizer=None, scheduler=None, sampler_state={"rank0": True}, rank=rank, world=2
+    )
     # Right after the call every rank sees the final directory with every rank's RNG file.
     seen = sorted(os.listdir(path))
     expected = torch.rand(4)
     torch.manual_seed(555)
     state = load_checkpoint(path, model=model, rank=rank)
-    torch.save({"path": path, "seen": seen, "restored": torch.equal(torch.rand(4), expected), "state": state},
-               os.path.join(out, f"result-{rank}.pt"))
+    torch.save(
+        {"path": path, "seen": seen, "restored": torch.equal(torch.rand(4), expected), "state": state},
+        os.path.join(out, f"result-{rank}.pt"),
+    )
     dist.destroy_process_group()
 
 
@@ -243,8 +258,11 @@ def test_throughput_zeros_without_measured_steps():
     clock = FakeClock()
     tp = Throughput(warmup_steps=3, clock=clock)
     assert tp.metrics() == {
-        "train_samples_per_second": 0.0, "train_tokens_per_second": 0.0,
-        "train_steps_per_second": 0.0, "train_runtime": 0.0, "measured_steps": 0,
+        "train_samples_per_second": 0.0,
+        "train_tokens_per_second": 0.0,
+        "train_steps_per_second": 0.0,
+        "train_runtime": 0.0,
+        "measured_steps": 0,
     }
     clock.now = 5.0
     tp.step(8)
@@ -327,7 +345,10 @@ def test_metrics_writer_without_tensorboard_is_silent(tmp_path, monkeypatch):
 
 
 def test_format_log():
-    line = format_log(10, {"loss": 2.34567, "lr": 1e-4, "train_samples_per_second": 1234.5, "epoch": 1, "grad_norm": torch.tensor(0.5)})
+    line = format_log(
+        10,
+        {"loss": 2.34567, "lr": 1e-4, "train_samples_per_second": 1234.5, "epoch": 1, "grad_norm": torch.tensor(0.5)},
+    )
     assert line == "step 10 | loss 2.346 | lr 0.0001 | train_samples_per_second 1234.5 | epoch 1 | grad_norm 0.5"
     assert format_log(3, {}) == "step 3"
 
@@ -363,8 +384,15 @@ def test_resuming_latest_falls_back_past_a_truncated_newest_checkpoint(tmp_path)
             return {"loss": torch.nn.functional.mse_loss(self.lin(x), y)}
 
     def trainer(max_steps, resume=None):
-        args = TrainingArguments(output_dir=str(tmp_path), max_steps=max_steps, save_steps=2, logging_steps=1,
-                                 per_device_train_batch_size=4, device="cpu", resume_from_checkpoint=resume)
+        args = TrainingArguments(
+            output_dir=str(tmp_path),
+            max_steps=max_steps,
+            save_steps=2,
+            logging_steps=1,
+            per_device_train_batch_size=4,
+            device="cpu",
+            resume_from_checkpoint=resume,
+        )
         torch.manual_seed(0)
         return Trainer(Reg(), args, train_dataset=data, log=lambda s: None)
 
@@ -372,8 +400,11 @@ def test_resuming_latest_falls_back_past_a_truncated_newest_checkpoint(tmp_path)
     assert latest_checkpoint(str(tmp_path)).endswith("checkpoint-4")
     _truncate(tmp_path / "checkpoint-4" / "model.pt")
     again = trainer(6, resume="latest")
-    with pytest.warns(UserWarning, match=r"checkpoint-4/model.pt cannot be loaded.*resuming from the previous "
-                                         r"checkpoint .*checkpoint-2 instead"):
+    with pytest.warns(
+        UserWarning,
+        match=r"checkpoint-4/model.pt cannot be loaded.*resuming from the previous "
+        r"checkpoint .*checkpoint-2 instead",
+    ):
         out = again.train()
     assert out.global_step == 6
     _truncate(tmp_path / "checkpoint-4" / "model.pt")  # the resumed run saved step 4 anew
@@ -389,8 +420,11 @@ def test_disk_full_during_save_names_the_path_and_keeps_the_previous_checkpoint(
     try:
         quick_save(disk, 1)  # small enough to fit
         model = torch.nn.Linear(256, 256)  # 256 KiB of weights: does not
-        with pytest.raises(CheckpointError, match=r"checkpoint-2 failed writing .*model.pt: No space left on device; "
-                                                  r"the previous checkpoint .*checkpoint-1 is kept"):
+        with pytest.raises(
+            CheckpointError,
+            match=r"checkpoint-2 failed writing .*model.pt: No space left on device; "
+            r"the previous checkpoint .*checkpoint-1 is kept",
+        ):
             save_checkpoint(str(disk), 2, model=model, optimizer=None, scheduler=None, sampler_state={})
         assert sorted(os.listdir(disk)) == ["checkpoint-1"]
         load_checkpoint(str(disk / "checkpoint-1"), model=make(0)[0])

@@ -1,4 +1,5 @@
 """The offline data side of the causal-LM example: shipped corpus, tokenizer, tiny GPT-2 configs."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,16 @@ import torch
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.runtime import data
-from gaudi_launch.runtime.data import (ASSETS, BlockDataset, DataError, causal_lm_collator, load_dataset_by_name,
-                                       load_text_files, load_tokenizer, tokenize_and_group)
+from gaudi_launch.runtime.data import (
+    ASSETS,
+    BlockDataset,
+    DataError,
+    causal_lm_collator,
+    load_dataset_by_name,
+    load_text_files,
+    load_tokenizer,
+    tokenize_and_group,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = Path(ASSETS) / "corpus"
@@ -45,10 +54,18 @@ def no_network(monkeypatch):
 
 # --------------------------------------------------------------------------- assets
 
+
 def test_assets_are_shipped():
-    for rel in ("corpus/train.txt", "corpus/validation.txt", "corpus/README.md", "tokenizer/tokenizer.json",
-                "tokenizer/tokenizer_config.json", "tokenizer/special_tokens_map.json",
-                "tiny-gpt2/config.json", "small-gpt2/config.json"):
+    for rel in (
+        "corpus/train.txt",
+        "corpus/validation.txt",
+        "corpus/README.md",
+        "tokenizer/tokenizer.json",
+        "tokenizer/tokenizer_config.json",
+        "tokenizer/special_tokens_map.json",
+        "tiny-gpt2/config.json",
+        "small-gpt2/config.json",
+    ):
         assert (Path(ASSETS) / rel).is_file(), rel
     train, validation = (CORPUS / "train.txt").stat().st_size, (CORPUS / "validation.txt").stat().st_size
     assert 60_000 <= train + validation <= 150_000
@@ -58,12 +75,17 @@ def test_assets_are_shipped():
 
 def test_shipped_tokenizer_and_configs_match_the_build_script(no_network):
     # The script retrains from corpus/train.txt; --check fails if any shipped file would change.
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "build_tokenizer.py"), "--check"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "build_tokenizer.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 # --------------------------------------------------------------------------- tokenizer
+
 
 def test_tokenizer_round_trips_the_corpus(tokenizer):
     lines = _lines(CORPUS / "train.txt") + _lines(CORPUS / "validation.txt")
@@ -116,6 +138,7 @@ def test_load_tokenizer_missing_path_says_so(tmp_path):
 
 # --------------------------------------------------------------------------- text files
 
+
 def test_load_text_files_default_is_the_shipped_split():
     splits = load_text_files(None, None)
     assert splits["train"] == _lines(CORPUS / "train.txt")
@@ -152,6 +175,7 @@ def test_load_text_files_errors(tmp_path):
 
 # --------------------------------------------------------------------------- blocks
 
+
 def test_tokenize_and_group_blocks(tokenizer):
     texts = _lines(CORPUS / "validation.txt")
     blocks = tokenize_and_group(texts, tokenizer, block_size=64)
@@ -162,7 +186,7 @@ def test_tokenize_and_group_blocks(tokenizer):
     # documents are joined with eos in between, in order
     stream = [t for b in blocks for t in b["input_ids"]]
     first = tokenizer(texts[0], add_special_tokens=False)["input_ids"]
-    assert stream[:len(first) + 1] == first + [tokenizer.eos_token_id]
+    assert stream[: len(first) + 1] == first + [tokenizer.eos_token_id]
     assert tokenizer.decode(stream).startswith(texts[0] + data.EOS_TOKEN + texts[1])
     # a raw tokenizers.Tokenizer gives the same blocks
     assert tokenize_and_group(texts, tokenizer.backend_tokenizer, 64) == blocks
@@ -192,12 +216,18 @@ def test_block_dataset_and_collator(tokenizer):
 
 # --------------------------------------------------------------------------- models
 
+
 def test_tiny_gpt2_builds_offline_and_starts_near_uniform(tokenizer, no_network):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(data.TINY_GPT2_DIR)
-    assert (config.model_type, config.n_layer, config.n_head, config.n_embd, config.n_positions) == \
-        ("gpt2", 2, 2, 64, 256)
+    assert (config.model_type, config.n_layer, config.n_head, config.n_embd, config.n_positions) == (
+        "gpt2",
+        2,
+        2,
+        64,
+        256,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     ds = BlockDataset.from_texts(_lines(CORPUS / "validation.txt"), tokenizer, block_size=128)
@@ -232,6 +262,7 @@ def test_small_gpt2_trains_a_step_with_gradient_checkpointing(tokenizer, no_netw
 
 
 # --------------------------------------------------------------------------- hub datasets
+
 
 def test_load_dataset_by_name_without_datasets_says_use_files(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError

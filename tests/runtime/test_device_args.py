@@ -1,4 +1,5 @@
 """Training arguments, Gaudi config, device set-up and the accelerations' CPU paths."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,14 @@ import torch
 from gaudi_launch.runtime import args as rargs
 from gaudi_launch.runtime import graphs
 from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments, parse_args
-from gaudi_launch.runtime.device import (DeviceInfo, init_distributed, mark_step, memory_stats,
-                                         prepare_hpu_env, select_device)
+from gaudi_launch.runtime.device import (
+    DeviceInfo,
+    init_distributed,
+    mark_step,
+    memory_stats,
+    prepare_hpu_env,
+    select_device,
+)
 from gaudi_launch.runtime.optim import clip_grad_norm, make_optimizer, make_scheduler
 from gaudi_launch.runtime.precision import autocast
 
@@ -25,10 +32,12 @@ class ModelArguments:
     block_size: Optional[int] = None
 
 
-RUN_CLM = ("--model_name_or_path gpt2-xl --gaudi_config_name Habana/gpt2 --do_train --output_dir o "
-           "--learning_rate 4e-04 --per_device_train_batch_size 16 --gradient_checkpointing "
-           "--num_train_epochs 1 --use_habana --use_lazy_mode --throughput_warmup_steps 3 "
-           "--deepspeed cfg.json").split()
+RUN_CLM = (
+    "--model_name_or_path gpt2-xl --gaudi_config_name Habana/gpt2 --do_train --output_dir o "
+    "--learning_rate 4e-04 --per_device_train_batch_size 16 --gradient_checkpointing "
+    "--num_train_epochs 1 --use_habana --use_lazy_mode --throughput_warmup_steps 3 "
+    "--deepspeed cfg.json"
+).split()
 
 
 def cpu_info() -> DeviceInfo:
@@ -56,18 +65,29 @@ def test_run_clm_command_line_fills_both_dataclasses():
     assert args.half_precision_backend == "hpu_amp" and args.local_rank == -1 and args.device is None
 
 
-@pytest.mark.parametrize("argv, expected", [
-    ([], False), (["--bf16"], True), (["--bf16", "true"], True), (["--bf16", "False"], False),
-    (["--bf16=yes"], True), (["--bf16", "0"], False), (["--no_bf16"], False), (["--no-bf16"], False),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], False),
+        (["--bf16"], True),
+        (["--bf16", "true"], True),
+        (["--bf16", "False"], False),
+        (["--bf16=yes"], True),
+        (["--bf16", "0"], False),
+        (["--no_bf16"], False),
+        (["--no-bf16"], False),
+    ],
+)
 def test_bool_spellings(argv, expected):
     (args,) = parse_args((TrainingArguments,), argv)
     assert args.bf16 is expected
 
 
 def test_default_true_bool_can_be_turned_off_and_dash_spellings_work():
-    (args,) = parse_args((TrainingArguments,), ["--no_use_lazy_mode", "--use-hpu-graphs-for-training",
-                                               "--per-device-train-batch-size", "4", "--local-rank=3"])
+    (args,) = parse_args(
+        (TrainingArguments,),
+        ["--no_use_lazy_mode", "--use-hpu-graphs-for-training", "--per-device-train-batch-size", "4", "--local-rank=3"],
+    )
     assert args.use_lazy_mode is False and args.use_hpu_graphs_for_training is True
     assert args.per_device_train_batch_size == 4 and args.local_rank == 3
     (args,) = parse_args((TrainingArguments,), ["--use_lazy_mode", "false", "--save_total_limit", "2"])
@@ -168,8 +188,13 @@ def test_prepare_hpu_env_lazy_mode_follows_the_flags_and_lists_need_autocast():
 def test_select_device_on_this_machine_is_cpu_gloo(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     info = select_device(TrainingArguments())
-    assert (info.kind, info.device, info.dist_backend, info.lazy, info.local_rank) == \
-        ("cpu", torch.device("cpu"), "gloo", False, 0)
+    assert (info.kind, info.device, info.dist_backend, info.lazy, info.local_rank) == (
+        "cpu",
+        torch.device("cpu"),
+        "gloo",
+        False,
+        0,
+    )
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert select_device(force="cpu").local_rank == 3
     with pytest.raises(RuntimeError, match="habana_frameworks"):

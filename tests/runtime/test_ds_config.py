@@ -1,4 +1,5 @@
 """DeepSpeed configs with "auto" values filled from the training arguments (runtime/ds_config.py)."""
+
 from __future__ import annotations
 
 import json
@@ -8,21 +9,40 @@ import pytest
 from gaudi_launch.runtime.args import TrainingArguments
 from gaudi_launch.runtime.ds_config import load_ds_config, resolve_ds_config
 
-ZERO3 = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-         "bf16": {"enabled": "auto"}, "gradient_clipping": "auto",
-         "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": 0.1}},
-         "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": "auto", "total_num_steps": "auto"}},
-         "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                               "stage3_param_persistence_threshold": "auto"}}
+ZERO3 = {
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "bf16": {"enabled": "auto"},
+    "gradient_clipping": "auto",
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": "auto", "total_num_steps": "auto"}},
+    "zero_optimization": {
+        "stage": 3,
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+    },
+}
 
 
 def test_auto_values_come_from_the_training_arguments_and_written_values_stand():
-    args = TrainingArguments(per_device_train_batch_size=4, gradient_accumulation_steps=3, bf16=True,
-                             max_grad_norm=0.5, learning_rate=2e-4, adam_epsilon=1e-8, weight_decay=0.0,
-                             warmup_steps=7)
+    args = TrainingArguments(
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=3,
+        bf16=True,
+        max_grad_norm=0.5,
+        learning_rate=2e-4,
+        adam_epsilon=1e-8,
+        weight_decay=0.0,
+        warmup_steps=7,
+    )
     out = resolve_ds_config(ZERO3, args, world=8, total_steps=100, hidden_size=16)
-    assert (out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"], out["train_batch_size"]) == \
-        (4, 3, 96)
+    assert (out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"], out["train_batch_size"]) == (
+        4,
+        3,
+        96,
+    )
     assert out["bf16"]["enabled"] is True and out["gradient_clipping"] == 0.5
     assert out["optimizer"]["params"] == {"lr": 2e-4, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1}
     assert out["scheduler"]["params"] == {"warmup_num_steps": 7, "total_num_steps": 100}

@@ -3,6 +3,7 @@
 One 2-rank job runs every distributed scenario (starting processes and importing torch is most of
 the cost) and writes its results to files; the tests below assert on them.
 """
+
 from __future__ import annotations
 
 import copy
@@ -80,9 +81,7 @@ def train(model, opt_cls, rank, reduce, set_to_none=False):
 
 def rank_main(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=30)
-    )
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=30))
     res = {}
     x, y = batch(rank)
 
@@ -96,8 +95,9 @@ def rank_main(rank: int, port: int, out_dir: str) -> None:
     # On CPU with an fp32 buffer the gradients are now views of the buffer, which is all of them.
     flat = reducer.flat_gradients()
     res["flat_is_buffer"] = flat is not None and flat.data_ptr() == reducer._buffer.data_ptr()
-    res["grads_in_buffer"] = [p.grad.untyped_storage().data_ptr() == reducer._buffer.untyped_storage().data_ptr()
-                              for p in model.parameters()]
+    res["grads_in_buffer"] = [
+        p.grad.untyped_storage().data_ptr() == reducer._buffer.untyped_storage().data_ptr() for p in model.parameters()
+    ]
     loss_fn(ddp_model, x, y).backward()
     res["ddp"] = grads(ddp_model.module)
 
@@ -129,7 +129,9 @@ def rank_main(rank: int, port: int, out_dir: str) -> None:
             per_step.append(len(calls) - before)
         res["calls_per_step"] = per_step
         res["buffer_numel"] = calls[0]
-        res["cached_once"] = len(fast_ddp._INSTANCES) == 1 and fast_ddp._INSTANCES[counted].buffer_dtype == torch.float32
+        res["cached_once"] = (
+            len(fast_ddp._INSTANCES) == 1 and fast_ddp._INSTANCES[counted].buffer_dtype == torch.float32
+        )
     finally:
         dist.all_reduce = real_all_reduce
 
@@ -196,8 +198,9 @@ def results(tmp_path_factory):
     # later tests' multi-host jobs (a Slurm job exports the whole environment).
     with pytest.MonkeyPatch.context() as env:
         env.setenv("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
-        ctx = mp.start_processes(rank_main, args=(free_port(), str(out)), nprocs=WORLD, join=False,
-                                 start_method="spawn")
+        ctx = mp.start_processes(
+            rank_main, args=(free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn"
+        )
     deadline = time.monotonic() + 90
     try:
         while not ctx.join(timeout=1):

@@ -1,5 +1,6 @@
 """The Gaudi bridge's import-time settings: read from the script's flags and set by the worker before
 the script's first line (``import torch`` loads the bridge since SynapseAI 1.18)."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
-from gaudi_launch.runtime.hpu_env import (BF16_OPS_VAR, FP32_OPS_VAR, LAZY_VAR, hpu_env_for_script,
-                                          prepare_hpu_env, script_hpu_flags)
 from gaudi_launch.process.worker import uses_hpu
+from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
+from gaudi_launch.runtime.hpu_env import (
+    BF16_OPS_VAR,
+    FP32_OPS_VAR,
+    LAZY_VAR,
+    hpu_env_for_script,
+    prepare_hpu_env,
+    script_hpu_flags,
+)
 from tests.standin.fixture import STAND_IN_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,15 +37,18 @@ def config_dir(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("argv, lazy", [
-    ([], None),  # no flag: the Gaudi software's own default (eager in current releases)
-    (["--do_train", "--use_lazy_mode"], "1"),
-    (["--use_lazy_mode", "false"], "0"),
-    (["--no_use_lazy_mode"], "0"),
-    (["--torch_compile", "--output_dir", "x"], "0"),
-    (["-h"], None),  # the script's own help: not ours to print
-    (["--bf16", "not-a-bool"], None),  # unreadable: defaults, the script reports its own errors
-])
+@pytest.mark.parametrize(
+    "argv, lazy",
+    [
+        ([], None),  # no flag: the Gaudi software's own default (eager in current releases)
+        (["--do_train", "--use_lazy_mode"], "1"),
+        (["--use_lazy_mode", "false"], "0"),
+        (["--no_use_lazy_mode"], "0"),
+        (["--torch_compile", "--output_dir", "x"], "0"),
+        (["-h"], None),  # the script's own help: not ours to print
+        (["--bf16", "not-a-bool"], None),  # unreadable: defaults, the script reports its own errors
+    ],
+)
 def test_lazy_mode_follows_the_scripts_flags(argv, lazy, capsys):
     assert hpu_env_for_script(argv, {}, None) == ({LAZY_VAR: lazy} if lazy else {})
     assert capsys.readouterr() == ("", "")
@@ -50,8 +60,7 @@ def test_the_users_own_lazy_mode_wins():
 
 def test_op_lists_from_the_scripts_gaudi_config_go_to_the_job_dir(config_dir, tmp_path):
     job_dir = tmp_path / "job"
-    env = hpu_env_for_script(["--bf16", "--gaudi_config_name", config_dir, "--learning_rate", "1e-3"], {},
-                             str(job_dir))
+    env = hpu_env_for_script(["--bf16", "--gaudi_config_name", config_dir, "--learning_rate", "1e-3"], {}, str(job_dir))
     assert LAZY_VAR not in env
     assert Path(env[BF16_OPS_VAR]).parent == job_dir and Path(env[FP32_OPS_VAR]).parent == job_dir
     assert Path(env[BF16_OPS_VAR]).read_text() == "addmm\nbmm\n"
@@ -62,20 +71,29 @@ def test_op_lists_as_optimum_habana_writes_them(config_dir):
     # use_torch_autocast turns autocast on without --bf16; DeepSpeed and cpu_amp get no lists.
     assert set(hpu_env_for_script(["--gaudi_config_name", config_dir], {}, None)) == {BF16_OPS_VAR, FP32_OPS_VAR}
     assert hpu_env_for_script(["--gaudi_config_name", config_dir, "--deepspeed", "ds.json"], {}, None) == {}
-    assert hpu_env_for_script(["--bf16", "--gaudi_config_name", config_dir, "--half_precision_backend",
-                               "cpu_amp"], {}, None) == {}
+    assert (
+        hpu_env_for_script(
+            ["--bf16", "--gaudi_config_name", config_dir, "--half_precision_backend", "cpu_amp"], {}, None
+        )
+        == {}
+    )
     assert hpu_env_for_script(["--bf16", "--gaudi_config_name", "/nonexistent"], {}, None) == {}
     # A shipped name resolves without the Hub; Habana/gpt2 lists no ops.
     assert hpu_env_for_script(["--bf16", "--gaudi_config_name", "Habana/gpt2"], {}, None) == {}
     # Lists the user already set stand.
-    assert hpu_env_for_script(["--bf16", "--gaudi_config_name", config_dir], {BF16_OPS_VAR: "/mine"}, None).keys() \
-        == {FP32_OPS_VAR}
+    assert hpu_env_for_script(["--bf16", "--gaudi_config_name", config_dir], {BF16_OPS_VAR: "/mine"}, None).keys() == {
+        FP32_OPS_VAR
+    }
 
 
 def test_script_flags_are_read_like_the_scripts_own_parser():
     flags = script_hpu_flags(["--bf16=true", "--gaudi_config_name=Habana/gpt2", "--other", "1"])
-    assert (flags.bf16, flags.gaudi_config_name, flags.use_lazy_mode, flags.torch_compile) == \
-        (True, "Habana/gpt2", None, False)
+    assert (flags.bf16, flags.gaudi_config_name, flags.use_lazy_mode, flags.torch_compile) == (
+        True,
+        "Habana/gpt2",
+        None,
+        False,
+    )
     assert script_hpu_flags(["--gaudi_config_name"]) is None  # missing value
 
 
@@ -117,14 +135,21 @@ def test_stand_in_worker_sets_the_bridge_env_before_the_scripts_first_import(tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith("PT_HPU_")}
     env.update(PYTHONPATH=os.pathsep.join([STAND_IN_DIR, str(ROOT)]), GAUDI_LAUNCH_JOB_ID=job, TMPDIR=str(tmp_path))
     argv = ["--bf16", "--gaudi_config_name", config_dir, "--use_lazy_mode", "false"]
-    out = subprocess.run([sys.executable, "-m", "gaudi_launch.process.worker", str(script), *argv], env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch.process.worker", str(script), *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["seen"]["PT_HPU_LAZY_MODE"] == "0"
     assert got["seen"]["op_lists"] == {BF16_OPS_VAR: "addmm\nbmm\n", FP32_OPS_VAR: "softmax\n"}
-    assert all(os.path.dirname(got["seen"][var]) == str(tmp_path / f"gaudi-launch-{job}")
-               for var in (BF16_OPS_VAR, FP32_OPS_VAR))
+    assert all(
+        os.path.dirname(got["seen"][var]) == str(tmp_path / f"gaudi-launch-{job}")
+        for var in (BF16_OPS_VAR, FP32_OPS_VAR)
+    )
     assert got["argv"] == argv  # the script's argv untouched
     assert not (tmp_path / f"gaudi-launch-{job}").exists()  # the rank's op lists go when it ends
 
@@ -151,10 +176,23 @@ def test_stand_in_worker_registers_hccl_for_a_plain_torch_script(tmp_path):
     procs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith("PT_HPU_")}
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([STAND_IN_DIR, str(ROOT)]))
-        procs.append(subprocess.Popen([sys.executable, "-m", "gaudi_launch.process.worker", str(script)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            PYTHONPATH=os.pathsep.join([STAND_IN_DIR, str(ROOT)]),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "gaudi_launch.process.worker", str(script)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     try:
         outs = [p.communicate(timeout=120) for p in procs]
     finally:
@@ -175,8 +213,13 @@ def test_worker_imports_no_torch_off_gaudi(tmp_path):
     script.write_text("import sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PYTHONPATH=str(ROOT), WORLD_SIZE="2", RANK="0")
-    out = subprocess.run([sys.executable, "-m", "gaudi_launch.process.worker", str(script), "--bf16"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch.process.worker", str(script), "--bf16"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -187,8 +230,13 @@ def test_stand_in_worker_that_cannot_write_op_lists_says_so_and_runs_the_script(
     env = {k: v for k, v in os.environ.items() if not k.startswith("PT_HPU_")}
     env.update(PYTHONPATH=os.pathsep.join([STAND_IN_DIR, str(ROOT)]), GAUDI_LAUNCH_JOB_ID="j1", TMPDIR=str(tmp_path))
     (tmp_path / "gaudi-launch-j1").write_text("a file where the job's directory should be")
-    out = subprocess.run([sys.executable, "-m", "gaudi_launch.process.worker", str(script), "--bf16",
-                          "--gaudi_config_name", config_dir], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch.process.worker", str(script), "--bf16", "--gaudi_config_name", config_dir],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ran"
     assert "could not write the autocast op lists" in out.stderr and "Traceback" not in out.stderr

@@ -1,4 +1,5 @@
 """Fused kernels swapped in off HPU (--fused_kernels) and the flat gradient clip of fast_ddp's buffer."""
+
 from __future__ import annotations
 
 import os
@@ -55,7 +56,7 @@ def test_flat_clip_equals_clip_grad_norm(max_norm):
     views, offset = [], 0
     for s in shapes:
         n = torch.Size(s).numel()
-        views.append(flat[offset:offset + n].view(s))
+        views.append(flat[offset : offset + n].view(s))
         offset += n
     params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
     for p, v in zip(params, views):

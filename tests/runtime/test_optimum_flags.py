@@ -3,6 +3,7 @@
 The field list is read from optimum-habana 1.21.2's own wheel (scripts/setup-env.sh downloads it
 into .venv/peers; it is parsed, never imported), so a flag cannot be forgotten.
 """
+
 from __future__ import annotations
 
 import ast
@@ -53,8 +54,11 @@ def test_their_defaults_are_optimum_habanas(gaudi_fields):
     # instead of forcing lazy mode); attn_implementation None (the model's own); half_precision_backend
     # "hpu_amp" as upstream (which spells it as its choices' first entry).
     deliberate = {"use_lazy_mode", "attn_implementation", "half_precision_backend"}
-    differ = {name: (ours[name], theirs) for name, theirs in gaudi_fields.items()
-              if name not in deliberate and ours[name] != theirs and not (theirs is None and ours[name] is None)}
+    differ = {
+        name: (ours[name], theirs)
+        for name, theirs in gaudi_fields.items()
+        if name not in deliberate and ours[name] != theirs and not (theirs is None and ours[name] is None)
+    }
     assert not differ, differ
 
 
@@ -139,8 +143,11 @@ def test_run_clm_accepts_the_optimum_habana_readme_commands(command, tmp_path):
         import run_clm
     finally:
         sys.path.pop(0)
-    argv = shlex.split(command.format(out=tmp_path / "out", train=tmp_path / "t.txt", valid=tmp_path / "v.txt",
-                                      ds=tmp_path / "ds.json"))
+    argv = shlex.split(
+        command.format(
+            out=tmp_path / "out", train=tmp_path / "t.txt", valid=tmp_path / "v.txt", ds=tmp_path / "ds.json"
+        )
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         margs, dargs, targs = parse_args((run_clm.ModelArguments, run_clm.DataArguments, TrainingArguments), argv)

@@ -1,4 +1,5 @@
 """ROUGE as the rouge-score package computes it, checked on values worked out by hand."""
+
 from __future__ import annotations
 
 import pytest

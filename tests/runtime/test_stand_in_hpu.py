@@ -4,6 +4,7 @@ Two kinds of tests: the stand-in fails where the bridge fails (so a runtime bug 
 on a Gaudi crashes here), and the runtime's HPU path passes it. Each numbered runtime bug of the
 HPU-fidelity issue has a test here that failed before its fix.
 """
+
 from __future__ import annotations
 
 import json
@@ -123,8 +124,13 @@ def test_stand_in_fused_sdpa_signature_and_assertions(hpu_stand_in):
 def test_stand_in_selects_hpu_with_hccl(hpu_stand_in, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     info = select_device(TrainingArguments(device="hpu", use_lazy_mode=True))
-    assert (info.kind, info.dist_backend, info.device.type, info.lazy, info.local_rank) == \
-        ("hpu", "hccl", "hpu", True, 1)
+    assert (info.kind, info.dist_backend, info.device.type, info.lazy, info.local_rank) == (
+        "hpu",
+        "hccl",
+        "hpu",
+        True,
+        1,
+    )
 
 
 def test_stand_in_lazy_mode_and_op_lists_are_set_before_the_bridge_loads(hpu_stand_in):
@@ -218,8 +224,11 @@ def test_stand_in_bug6_unfused_clip_norm_does_not_use_foreach_on_hpu(hpu_stand_i
 
 def test_stand_in_memory_stats_from_the_bridge(hpu_stand_in):
     stats = memory_stats(select_device(TrainingArguments(device="hpu")))
-    assert stats == {"memory_allocated (GB)": 1.23, "max_memory_allocated (GB)": 2.5,
-                     "total_memory_available (GB)": 94.62}
+    assert stats == {
+        "memory_allocated (GB)": 1.23,
+        "max_memory_allocated (GB)": 2.5,
+        "total_memory_available (GB)": 94.62,
+    }
     assert "memory_stats" in names(hpu_stand_in)
 
 
@@ -229,8 +238,7 @@ def test_stand_in_bug7_the_users_lazy_mode_stands(hpu_stand_in, monkeypatch, tmp
     from gaudi_launch.runtime.trainer import Trainer
 
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
-    args = TrainingArguments(device="hpu", use_lazy_mode=True, output_dir=str(tmp_path), max_steps=1,
-                             report_to="none")
+    args = TrainingArguments(device="hpu", use_lazy_mode=True, output_dir=str(tmp_path), max_steps=1, report_to="none")
     trainer = Trainer(torch.nn.Linear(2, 2), args, log=lambda s: None)
     assert trainer.info.lazy is False and os.environ["PT_HPU_LAZY_MODE"] == "0"
     assert lazy_mode_setting(None, False, {}) is None  # no flag, no value: the software's default
@@ -250,8 +258,10 @@ def test_stand_in_bug8_gaudi_config_autocast_without_bf16_and_not_under_deepspee
         assert (x @ x).dtype == torch.float32
     environ: dict = {}
     assert prepare_hpu_env(TrainingArguments(deepspeed="ds.json"), cfg, environ=environ, job_dir=str(tmp_path)) == {}
-    assert prepare_hpu_env(TrainingArguments(), cfg, environ=environ, job_dir=str(tmp_path)).keys() == \
-        {"PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", "PT_HPU_AUTOCAST_FP32_OPS_LIST"}
+    assert prepare_hpu_env(TrainingArguments(), cfg, environ=environ, job_dir=str(tmp_path)).keys() == {
+        "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST",
+        "PT_HPU_AUTOCAST_FP32_OPS_LIST",
+    }
 
 
 def _tiny_lm():
@@ -277,12 +287,22 @@ def test_stand_in_bug4_9_no_host_sync_per_step_and_gaudi_step_structure(hpu_stan
 
     calls = hpu_stand_in
     model = _tiny_lm()
-    args = TrainingArguments(device="hpu", use_lazy_mode=True, output_dir=str(tmp_path), max_steps=4,
-                             logging_steps=2, per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                             use_hpu_graphs_for_training=True, gradient_checkpointing=True, save_steps=0,
-                             attn_implementation="gaudi_fused_sdpa")
-    trainer = Trainer(model, args, train_dataset=_Tokens(), gaudi_config=GaudiConfig(use_dynamic_shapes=True),
-                      log=lambda s: None)
+    args = TrainingArguments(
+        device="hpu",
+        use_lazy_mode=True,
+        output_dir=str(tmp_path),
+        max_steps=4,
+        logging_steps=2,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        use_hpu_graphs_for_training=True,
+        gradient_checkpointing=True,
+        save_steps=0,
+        attn_implementation="gaudi_fused_sdpa",
+    )
+    trainer = Trainer(
+        model, args, train_dataset=_Tokens(), gaudi_config=GaudiConfig(use_dynamic_shapes=True), log=lambda s: None
+    )
     start = len(calls)
     trainer.model(**{k: v[None].to(trainer.info.device) for k, v in _Tokens()[0].items()})
     in_forward = names(calls[start:]).count("host_sync")  # transformers' own (mask preparation)
@@ -333,11 +353,26 @@ def _run_ranks(tmp_path, script: str, world: int = 2, extra_env=None, timeout: i
     procs = []
     for rank in range(world):
         env = {k: v for k, v in os.environ.items() if not k.startswith("PT_HPU_")}
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([STAND_IN_DIR, str(ROOT)]),
-                   OMP_NUM_THREADS="1", **(extra_env or {}))
-        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, cwd=tmp_path,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            PYTHONPATH=os.pathsep.join([STAND_IN_DIR, str(ROOT)]),
+            OMP_NUM_THREADS="1",
+            **(extra_env or {}),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", script],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     results = []
     try:
         for proc in procs:
@@ -385,13 +420,14 @@ print(json.dumps({{"loss": out.train_loss, "eval": ev["eval_loss"], "sum": float
 """
 
 
-@pytest.mark.parametrize("strategy,buffer", [("ddp", "-"), ("fast_ddp", "-"), ("fast_ddp", "bf16"), ("fast_ddp", "fp32")])
+@pytest.mark.parametrize(
+    "strategy,buffer", [("ddp", "-"), ("fast_ddp", "-"), ("fast_ddp", "bf16"), ("fast_ddp", "fp32")]
+)
 def test_stand_in_bug1_2_5_two_rank_trainer_on_hccl(tmp_path, strategy, buffer):
     # Before: losses all-reduced as CPU float64 on hccl (1), ModuleCacher(DDP(model)) (2), and
     # getattr(torch, "bf16") for the fast_ddp buffer (5): each crashed a 2-rank HPU run.
     script = TRAIN_SCRIPT.format(tests=str(ROOT), out=str(tmp_path / "out"))
-    results = _run_ranks(tmp_path, script.replace("sys.argv[1]", repr(strategy)).replace(
-        "sys.argv[2]", repr(buffer)))
+    results = _run_ranks(tmp_path, script.replace("sys.argv[1]", repr(strategy)).replace("sys.argv[2]", repr(buffer)))
     assert results[0]["sum"] == results[1]["sum"]  # the ranks' weights agree
     assert results[0]["loss"] == results[1]["loss"] and results[0]["eval"] == results[1]["eval"]
     for res in results:
@@ -406,10 +442,19 @@ def test_stand_in_hpu_graphs_for_inference_only_outside_training(hpu_stand_in, t
     # optimum-habana: "Do not use HPU graphs if the training is ongoing because it detaches gradients".
     from gaudi_launch.runtime.trainer import Trainer
 
-    args = TrainingArguments(device="hpu", use_lazy_mode=True, output_dir=str(tmp_path), max_steps=2,
-                             per_device_train_batch_size=4, per_device_eval_batch_size=4, save_steps=0,
-                             use_hpu_graphs_for_inference=True, max_hpu_graphs=3, eval_strategy="steps",
-                             eval_steps=1)
+    args = TrainingArguments(
+        device="hpu",
+        use_lazy_mode=True,
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        save_steps=0,
+        use_hpu_graphs_for_inference=True,
+        max_hpu_graphs=3,
+        eval_strategy="steps",
+        eval_steps=1,
+    )
     trainer = Trainer(_tiny_lm(), args, train_dataset=_Tokens(), eval_dataset=_Tokens(), log=lambda s: None)
     trainer.evaluate()  # before training: wrapped
     start = len(hpu_stand_in)

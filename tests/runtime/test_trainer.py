@@ -1,4 +1,5 @@
 """The Trainer on CPU for real, and its HPU call sequence against the recording stand-in."""
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,16 @@ exec(TASK, ns)
 
 
 def args(tmp_path, **kw) -> TrainingArguments:
-    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, learning_rate=1e-2, max_steps=30,
-                logging_steps=1, save_steps=0, device="cpu", seed=3)
+    base = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        learning_rate=1e-2,
+        max_steps=30,
+        logging_steps=1,
+        save_steps=0,
+        device="cpu",
+        seed=3,
+    )
     base.update(kw)
     return TrainingArguments(**base)
 
@@ -64,8 +73,12 @@ def losses(output_dir) -> list:
 
 
 def test_training_lowers_the_loss_on_cpu(tmp_path):
-    trainer = Trainer(ns["model"](), args(tmp_path, learning_rate=5e-2, max_steps=40), train_dataset=ns["dataset"](),
-                      log=lambda s: None)
+    trainer = Trainer(
+        ns["model"](),
+        args(tmp_path, learning_rate=5e-2, max_steps=40),
+        train_dataset=ns["dataset"](),
+        log=lambda s: None,
+    )
     out = trainer.train()
     curve = [loss for _, loss in losses(tmp_path)]
     assert out.global_step == 40 and len(curve) == 40
@@ -73,11 +86,14 @@ def test_training_lowers_the_loss_on_cpu(tmp_path):
     assert out.metrics["measured_steps"] == 40
 
 
-@pytest.mark.parametrize("strategy, extra, expected", [
-    ("steps", {"eval_steps": 5}, [5, 10, 15]),
-    ("steps", {"logging_steps": 4}, [4, 8, 12]),  # eval_steps defaults to logging_steps
-    ("epoch", {}, [6, 12, 18]),  # 48 samples / batch 8 = 6 steps an epoch; the last epoch's end too
-])
+@pytest.mark.parametrize(
+    "strategy, extra, expected",
+    [
+        ("steps", {"eval_steps": 5}, [5, 10, 15]),
+        ("steps", {"logging_steps": 4}, [4, 8, 12]),  # eval_steps defaults to logging_steps
+        ("epoch", {}, [6, 12, 18]),  # 48 samples / batch 8 = 6 steps an epoch; the last epoch's end too
+    ],
+)
 def test_evaluation_during_training_leaves_training_unchanged(tmp_path, strategy, extra, expected):
     data = ns["dataset"](48)
     kw = dict(max_steps=-1, num_train_epochs=3 if strategy == "epoch" else 1, **extra)
@@ -86,8 +102,13 @@ def test_evaluation_during_training_leaves_training_unchanged(tmp_path, strategy
     plain_kw = {k: v for k, v in kw.items() if k != "eval_steps"}
     plain = Trainer(ns["model"](), args(tmp_path / "plain", **plain_kw), train_dataset=data, log=lambda s: None)
     plain.train()
-    evaluated = Trainer(ns["model"](), args(tmp_path / "eval", eval_strategy=strategy, **kw), train_dataset=data,
-                        eval_dataset=ns["dataset"](16), log=lambda s: None)
+    evaluated = Trainer(
+        ns["model"](),
+        args(tmp_path / "eval", eval_strategy=strategy, **kw),
+        train_dataset=data,
+        eval_dataset=ns["dataset"](16),
+        log=lambda s: None,
+    )
     out = evaluated.train()
     rows = [json.loads(line) for line in Path(tmp_path / "eval", "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "eval_loss" in r] == expected
@@ -107,8 +128,12 @@ def test_throughput_excludes_a_slow_warmup_step(tmp_path):
     timed = {}
     for warmup in (0, 1):
         start = time.perf_counter()
-        trainer = Trainer(ns["model"](slow_first=1.5), args(tmp_path / str(warmup), max_steps=6,
-                          throughput_warmup_steps=warmup), train_dataset=data, log=lambda s: None)
+        trainer = Trainer(
+            ns["model"](slow_first=1.5),
+            args(tmp_path / str(warmup), max_steps=6, throughput_warmup_steps=warmup),
+            train_dataset=data,
+            log=lambda s: None,
+        )
         out = trainer.train()
         timed[warmup] = (out.metrics, time.perf_counter() - start)
     with_slow, _ = timed[0]
@@ -148,19 +173,29 @@ RUN = textwrap.dedent("""
 def run_script(tmp_path, out_dir, *extra, env=None):
     script = tmp_path / "run.py"
     script.write_text(RUN.format(root=str(ROOT), task=TASK))
-    return subprocess.run([sys.executable, str(script), str(out_dir), *extra], env={**os.environ, **(env or {})},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(script), str(out_dir), *extra],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("crash", [{"CRASH_STEP": "11"}, {"CRASH_STEP": "16", "CRASH_IN_SAVE": "1"}],
-                         ids=["killed-between-saves", "killed-during-a-save"])
+@pytest.mark.parametrize(
+    "crash",
+    [{"CRASH_STEP": "11"}, {"CRASH_STEP": "16", "CRASH_IN_SAVE": "1"}],
+    ids=["killed-between-saves", "killed-during-a-save"],
+)
 def test_killed_run_resumes_and_reproduces_the_loss_curve_exactly(tmp_path, crash):
     ref = run_script(tmp_path, tmp_path / "ref")
     assert ref.returncode == 0, ref.stderr
     crashed = run_script(tmp_path, tmp_path / "crash", env=crash)
     assert crashed.returncode == 9
     saved = sorted(p.name for p in (tmp_path / "crash").iterdir() if p.name.startswith("checkpoint-"))
-    assert saved == (["checkpoint-4", "checkpoint-8"] if crash["CRASH_STEP"] == "11" else ["checkpoint-12", "checkpoint-8"])
+    assert saved == (
+        ["checkpoint-4", "checkpoint-8"] if crash["CRASH_STEP"] == "11" else ["checkpoint-12", "checkpoint-8"]
+    )
     resumed = run_script(tmp_path, tmp_path / "crash", "resume")
     assert resumed.returncode == 0, resumed.stderr
     reference = dict(losses(tmp_path / "ref"))
@@ -199,8 +234,15 @@ def test_gradient_checkpointing_saves_activation_memory():
 def test_stand_in_hpu_call_order_lazy_mode_pipelining_graphs_and_fused_ops(hpu_stand_in, tmp_path):
     calls = hpu_stand_in
     gaudi = GaudiConfig(use_fused_adam=True, use_fused_clip_norm=True)
-    a = args(tmp_path, device=None, max_steps=2, use_hpu_graphs_for_training=True, pipelining_fwd_bwd=True,
-             throughput_warmup_steps=1, use_lazy_mode=True)
+    a = args(
+        tmp_path,
+        device=None,
+        max_steps=2,
+        use_hpu_graphs_for_training=True,
+        pipelining_fwd_bwd=True,
+        throughput_warmup_steps=1,
+        use_lazy_mode=True,
+    )
     trainer = Trainer(ns["model"](), a, train_dataset=ns["dataset"](32), gaudi_config=gaudi, log=lambda s: None)
     assert trainer.info.kind == "hpu" and trainer.info.lazy
     start = len(calls)
@@ -209,8 +251,18 @@ def test_stand_in_hpu_call_order_lazy_mode_pipelining_graphs_and_fused_ops(hpu_s
     # Per optimizer step: pipelining mark_step between loss and backward, one after backward,
     # fused clip (which marks a step before and after itself), fused AdamW (one mark before each of
     # its two parameter groups and one after), then one after the optimizer step + zero_grad.
-    one_step = ["mark_step", "mark_step", "FusedClipNorm.clip_norm", "mark_step", "mark_step",
-                "FusedAdamW.step", "mark_step", "mark_step", "mark_step", "mark_step"]
+    one_step = [
+        "mark_step",
+        "mark_step",
+        "FusedClipNorm.clip_norm",
+        "mark_step",
+        "mark_step",
+        "FusedAdamW.step",
+        "mark_step",
+        "mark_step",
+        "mark_step",
+        "mark_step",
+    ]
     assert seq == one_step * 2
     names = [name for name, _ in calls]
     assert "ModuleCacher" in names and "FusedAdamW" in names
@@ -223,8 +275,12 @@ def test_stand_in_hpu_pads_the_last_batch_in_lazy_mode(hpu_stand_in, tmp_path):
     trainer = Trainer(ns["model"](), a, train_dataset=ns["dataset"](20), log=lambda s: None)
     loader = trainer.train_dataloader()
     assert [len(b["y"]) for b in loader] == [8, 8, 8]  # 20 samples padded to whole batches (static shapes)
-    cpu = Trainer(ns["model"](), args(tmp_path / "cpu", per_device_train_batch_size=8), train_dataset=ns["dataset"](20),
-                  log=lambda s: None)
+    cpu = Trainer(
+        ns["model"](),
+        args(tmp_path / "cpu", per_device_train_batch_size=8),
+        train_dataset=ns["dataset"](20),
+        log=lambda s: None,
+    )
     assert [len(b["y"]) for b in cpu.train_dataloader()] == [8, 8, 4]
 
 
@@ -305,8 +361,13 @@ def test_two_rank_fast_ddp_with_clipping_trains_as_ddp_does(tmp_path):
     # is DDP's (the clip binds: max_grad_norm 0.05).
     script = tmp_path / "two_ranks.py"
     script.write_text(TWO_RANKS)
-    res = subprocess.run([sys.executable, "-m", "gaudi_launch", "--num_devices", "2", str(script), str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, cwd=str(ROOT))
+    res = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(ROOT),
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in res.stdout.splitlines() if "RESULT " in line]
     assert len(results) == 2 and all(r["views"] for r in results)
