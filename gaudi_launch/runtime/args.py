@@ -101,6 +101,12 @@ class TrainingArguments:
         "off HPU, swap a model's slow modules for fused torch equivalents (GPT-2's "
         "gelu_new: one F.gelu kernel, equal up to rounding); false keeps the model's own",
     )
+    mlm_head_masked_only: bool = _opt(
+        True,
+        "off HPU, BERT's masked-LM head and loss run on the masked positions only, as BERT's own "
+        "pre-training does (the same loss and gradients; in training the output's logits are those "
+        "positions' only); false runs the head on every position",
+    )
     report_to: str = _opt("none")
     ddp_timeout: int = _opt(1800, "seconds")
     attn_implementation: Optional[str] = _opt(

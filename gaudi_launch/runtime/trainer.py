@@ -38,6 +38,7 @@ from gaudi_launch.runtime.ds_config import load_ds_config, resolve_ds_config
 from gaudi_launch.runtime.fast_ddp import FastDDP
 from gaudi_launch.runtime.graphs import InferenceGraphs, apply_hpu_graphs, compile_model, mark_batch_dynamic
 from gaudi_launch.runtime.kernels import use_fused_kernels
+from gaudi_launch.runtime.masked_head import use_masked_only_head
 from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
 from gaudi_launch.runtime.optim import clip_flat_grad_norm, clip_grad_norm, make_optimizer, make_scheduler
 from gaudi_launch.runtime.precision import autocast
@@ -189,6 +190,7 @@ class Trainer:
         set_seed(args.seed)
         apply_attention(model, args, self.info)
         use_fused_kernels(model, self.info, args.fused_kernels)
+        use_masked_only_head(model, self.info, args.mlm_head_masked_only, args.use_hpu_graphs_for_training)
         if args.gradient_checkpointing:
             enable_checkpointing(model)
         self.model = model.to(self.info.device)
