@@ -475,16 +475,20 @@ def plot_seed_bench(data: dict[str, Any], out: str, stem: str) -> list[str]:
     names, vals, notes, colors = [], [], [], []
     for row in data.get("rows", []):
         label = f"{row['workload']} b={row['batch_per_device']}"
-        for side, key, color in (
-            ("ours", "ours_samples_per_s", "C0"),
-            ("transformers", "transformers_samples_per_s", "C1"),
+        for side, key, ratio, color in (
+            ("ours", "ours_samples_per_s", "ratio", "C0"),
+            ("ours, compiled", "ours_compiled_samples_per_s", "compiled_ratio", "C2"),
+            ("ours, head on every position", "ours_every_position_samples_per_s", "every_position_ratio", "C3"),
+            ("transformers", "transformers_samples_per_s", None, "C1"),
         ):
+            if side != "ours" and ratio and key not in row:
+                continue  # a column this run did not measure (--torch_compile off; not BERT)
             value = _number(row.get(key))
             names.append(f"{label}: {side}")
             vals.append(value)
             note = f"{_fmt(value)} samples/s" if value is not None else "not measured"
-            if side == "ours" and row.get("ratio"):
-                note += f" ({_ratio(row['ratio'], 'vs transformers')})"
+            if ratio and row.get(ratio):
+                note += f" ({_ratio(row[ratio], 'vs transformers')})"
             notes.append(note)
             colors.append(color)
     if not names:

@@ -83,6 +83,7 @@ def role_ours(args) -> dict:
         distribution_strategy=args.strategy,
         throughput_warmup_steps=args.warmup,
         torch_compile=args.torch_compile,
+        mlm_head_masked_only=not args.every_position,
     )
     trainer = Trainer(
         model, targs, train_dataset=dataset, data_collator=collator, tokens_per_sample=args.block, log=lambda s: None
@@ -264,6 +265,11 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--torch_compile", action="store_true", help="--role ours: the runtime's --torch_compile")
+    p.add_argument(
+        "--every_position",
+        action="store_true",
+        help="--role ours: BERT's masked-LM head on every position (the runtime's --mlm_head_masked_only false)",
+    )
     p.add_argument("--out", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()

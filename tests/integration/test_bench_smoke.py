@@ -211,6 +211,16 @@ def test_bench_seed_prints_the_guides_table_and_writes_json(tmp_path):
         and r["plain_ratio"] == pytest.approx(r["plain_loop_samples_per_s"] / r["transformers_samples_per_s"])
         for r in data["rows"]
     )
+    # BERT's rows: our runtime with the masked-LM head on every position too, as transformers runs it
+    for r in data["rows"]:
+        if r["workload"] == "mlm":
+            assert positive(r["ours_every_position_samples_per_s"])
+            assert r["every_position_ratio"] == pytest.approx(
+                r["ours_every_position_samples_per_s"] / r["transformers_samples_per_s"]
+            )
+            assert set(r["runs"]) == {"ours", "transformers", "plain loop", "ours, head on every position"}
+        else:
+            assert "ours_every_position_samples_per_s" not in r and "ours, head on every position" not in r["runs"]
     report(path, tmp_path / "plots")
 
 
