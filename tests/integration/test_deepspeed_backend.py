@@ -23,8 +23,11 @@ ARGV_PROBE = (
     "p = argparse.ArgumentParser()\n"
     "p.add_argument('--local_rank', type=int, required=True)\n"
     "a, _ = p.parse_known_args()\n"
-    "print('ARGV ' + json.dumps({'rank': os.environ['RANK'], 'local_rank': a.local_rank,"
-    " 'argv': sys.argv[1:]}), flush=True)\n"
+    # One write per line: under `python -u` print() writes the text and its newline separately, and
+    # two ranks sharing DeepSpeed's pipe could then interleave into one line.
+    "sys.stdout.write('ARGV ' + json.dumps({'rank': os.environ['RANK'], 'local_rank': a.local_rank,"
+    " 'argv': sys.argv[1:]}) + '\\n')\n"
+    "sys.stdout.flush()\n"
 )
 
 
