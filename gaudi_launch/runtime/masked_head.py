@@ -35,14 +35,16 @@ def applies(device_kind: str, enabled: bool, graphs: bool) -> bool:
     return enabled and device_kind != "hpu" and not (device_kind == "cuda" and graphs)
 
 
-def _bert_masked_only(self, input_ids=None, labels=None, **kwargs):
-    """BertForMaskedLM.forward, with the head and the loss on the positions labels score."""
-    if not self.training or labels is None:
-        return type(self).forward(self, input_ids=input_ids, labels=labels, **kwargs)
+def _bert_masked_only(self, *args, **kwargs):
+    """BertForMaskedLM.forward, with the head and the loss on the positions labels score. Called
+    with keywords (as the Trainer calls it); positional arguments get the model's own forward."""
+    labels = kwargs.get("labels")
+    if args or not self.training or labels is None:
+        return type(self).forward(self, *args, **kwargs)
     from transformers.modeling_outputs import MaskedLMOutput
 
-    kwargs.pop("return_dict", None)
-    outputs = self.bert(input_ids, return_dict=True, **kwargs)
+    inputs = {k: v for k, v in kwargs.items() if k not in ("labels", "return_dict")}
+    outputs = self.bert(return_dict=True, **inputs)
     # One data-dependent shape (a single graph break under torch.compile): the scored positions.
     positions = (labels.reshape(-1) != IGNORE).nonzero().squeeze(1)
     hidden = outputs[0]

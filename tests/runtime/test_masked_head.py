@@ -66,6 +66,8 @@ def test_evaluation_and_unlabelled_calls_get_every_positions_logits():
     unlabelled = {k: v for k, v in b.items() if k != "labels"}
     assert sparse(**unlabelled).logits.shape == (4, 32, 1025)
     assert sparse(**b, return_dict=False).loss is not None  # a caller's return_dict does not clash
+    # positional arguments (input_ids, attention_mask, ...) take the model's own forward
+    assert sparse(b["input_ids"], b["attention_mask"]).logits.shape == (4, 32, 1025)
 
 
 def test_saved_model_is_the_models_own(tmp_path):
