@@ -22,12 +22,17 @@ from gaudi_launch.inputs.ports import pick_free_port
 BACKENDS = [["--backend", "local"], ["--backend", "mpirun", "--no-ssh-check"]]
 IDS = ["local", "mpirun"]
 
+# Each rank writes what it sees to a file of its own: torchrun's ranks share one stdout, and a line
+# of a few KiB from each (or print()'s text and newline, two writes under PYTHONUNBUFFERED) can
+# interleave there, which broke a CI run's JSON.
 PROBE = """\
 import json, os
 import torch.distributed as dist
 err = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
-print("ENV " + json.dumps({"env": dict(os.environ), "elastic": dist.is_torchelastic_launched(),
-                           "error_dir": os.path.isdir(os.path.dirname(err))}), flush=True)
+seen = {"env": dict(os.environ), "elastic": dist.is_torchelastic_launched(),
+        "error_dir": os.path.isdir(os.path.dirname(err))}
+with open("env-%s.json" % os.environ["RANK"], "w") as f:
+    json.dump(seen, f)
 """
 
 RECORD = """\
@@ -106,15 +111,15 @@ def gaudi_launch(args, script, cwd, env) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-def rank_envs(stdout: str, parent: dict) -> dict:
-    """rank -> (what the launcher added or changed, is_torchelastic_launched(), error file dir exists)."""
+def rank_envs(cwd, parent: dict) -> dict:
+    """rank -> (what the launcher added or changed, is_torchelastic_launched(), error file dir exists),
+    from the probe's files in cwd, which are removed for the next run."""
     out = {}
-    for line in stdout.splitlines():
-        start = line.find("ENV {")
-        if start >= 0:
-            seen = json.loads(line[start + 4 :])
-            added = {k: v for k, v in seen["env"].items() if parent.get(k) != v}
-            out[int(added["RANK"])] = (added, seen["elastic"], seen["error_dir"])
+    for path in sorted(cwd.glob("env-*.json")):
+        seen = json.loads(path.read_text())
+        path.unlink()
+        added = {k: v for k, v in seen["env"].items() if parent.get(k) != v}
+        out[int(added["RANK"])] = (added, seen["elastic"], seen["error_dir"])
     return out
 
 
@@ -122,10 +127,12 @@ def rank_envs(stdout: str, parent: dict) -> dict:
 def test_ranks_see_what_torchrun_gives_them(tmp_path, args):
     (tmp_path / "probe.py").write_text(PROBE)
     env = clean_env()
-    theirs_run, ours_run = torchrun("probe.py", tmp_path, env), gaudi_launch(args, "probe.py", tmp_path, env)
+    theirs_run = torchrun("probe.py", tmp_path, env)
     assert theirs_run.returncode == 0, theirs_run.stderr[-3000:]
+    theirs = rank_envs(tmp_path, env)
+    ours_run = gaudi_launch(args, "probe.py", tmp_path, env)
     assert ours_run.returncode == 0, ours_run.stdout[-3000:] + ours_run.stderr[-3000:]
-    theirs, ours = rank_envs(theirs_run.stdout, env), rank_envs(ours_run.stdout, env)
+    ours = rank_envs(tmp_path, env)
     assert sorted(theirs) == sorted(ours) == [0, 1]
     for rank in (0, 1):
         t_env, t_elastic, t_dir = theirs[rank]
