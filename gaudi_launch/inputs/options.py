@@ -1,7 +1,7 @@
 """The job options, declared once: each JobSpec field that is an option carries its flags and help.
 
 The CLI builds its options from these (cli.py) and DistributedRunner takes each as a keyword
-(runner.py); tests/unit/test_options.py checks that the three agree. Pure: no click here, so the
+(runner.py); tests/unit/inputs/test_options.py checks that the three agree. Pure: no click here, so the
 Python entry point does not pay for the command line's parser.
 """
 

@@ -18,7 +18,7 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.worker import normalize_env
 
-GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden")
+GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "golden")  # tests/golden
 ALLOC = {
     "SLURM_JOB_ID": "4242",
     "SLURM_JOB_NODELIST": "gn[01-03]",
