@@ -56,11 +56,12 @@ def configs(deepspeed: bool) -> list[tuple[str, callable]]:
     def gl(*extra):
         return lambda c, hf, n, wd: gl_argv() + ["--hostfile", hf, "--ssh-config", c.ssh_config, *extra]
 
-    def raw_mpirun(c, hf, n, wd):
-        return (
+    def raw_mpirun_of(*program):
+        return lambda c, hf, n, wd: (
             ["mpirun"]
             + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-            + ["-n", str(n), "--host", ",".join(f"{h.name}:1" for h in c.hosts[:n]), "/bin/true"]
+            + ["-n", str(n), "--host", ",".join(f"{h.name}:1" for h in c.hosts[:n])]
+            + [os.path.join(wd, p) if p == "noop.py" else p for p in program]
         )
 
     def raw_pdsh(c, hf, n, wd):
@@ -87,7 +88,15 @@ def configs(deepspeed: bool) -> list[tuple[str, callable]]:
                 + gl("--backend", "mpirun", "--no_python", "/bin/true")(c, hf, n, wd)
             ),
         ),
-        (BASELINE, raw_mpirun),
+        # A Python rank (an empty script) on both sides: what a training job's launch pays. Ours starts
+        # it through the rank bootstrap as every rank does; /bin/true above starts through it too
+        # (--no_python), where raw mpirun starts no Python at all.
+        (
+            "gaudi-launch mpirun, a Python rank",
+            lambda c, hf, n, wd: gl("--backend", "mpirun")(c, hf, n, wd) + [os.path.join(wd, "noop.py")],
+        ),
+        (BASELINE, raw_mpirun_of("/bin/true")),
+        ("mpirun (raw), a Python rank", raw_mpirun_of(sys.executable, "noop.py")),
         ("pdsh (raw)", raw_pdsh),
     ]
     if deepspeed:

@@ -256,7 +256,9 @@ SCALE_ROWS = [
     "gaudi-launch mpirun --no-ssh-check",
     "gaudi-launch mpirun, no sharing",
     "gaudi-launch mpirun, daemons by ssh",
+    "gaudi-launch mpirun, a Python rank",
     "mpirun (raw)",
+    "mpirun (raw), a Python rank",
     "pdsh (raw)",
 ]
 
