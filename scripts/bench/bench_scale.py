@@ -61,7 +61,7 @@ def configs(deepspeed: bool) -> list[tuple[str, callable]]:
             ["mpirun"]
             + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
             + ["-n", str(n), "--host", ",".join(f"{h.name}:1" for h in c.hosts[:n])]
-            + [os.path.join(wd, p) if p == "noop.py" else p for p in program]
+            + [os.path.join(wd, p) for p in program]  # relative to the workdir; absolute paths stay
         )
 
     def raw_pdsh(c, hf, n, wd):
