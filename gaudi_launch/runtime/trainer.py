@@ -127,6 +127,15 @@ def grads_to_none(args: TrainingArguments, world: int) -> bool:
     return not fast_ddp and not args.use_hpu_graphs_for_training
 
 
+def worker_start_method(kind: str, world: int, num_workers: int) -> Optional[str]:
+    """How DataLoader workers start: "spawn" on HPU beyond 8 ranks, else None (the platform's default,
+    fork on Linux). Pure. optimum-habana 1.21.2 does the same for every loader it prepares
+    (optimum/habana/accelerate/accelerator.py, prepare_data_loader: WORLD_SIZE > 8 and num_workers > 0)
+    against a crash Habana tracks as SW-207456 (multi-node training with loader workers): forked workers
+    inherit a process that has loaded the bridge and opened its device, spawned ones start afresh."""
+    return "spawn" if kind == "hpu" and world > 8 and num_workers > 0 else None
+
+
 def evaluation_due(args: TrainingArguments, step: int, epoch_end: bool) -> bool:
     """Whether to evaluate now: every eval_steps optimizer steps, or at the end of each epoch. Pure."""
     if args.eval_strategy == "steps":
@@ -296,6 +305,7 @@ class Trainer:
             sampler=sampler,
             collate_fn=self.collator,
             num_workers=args.dataloader_num_workers,
+            multiprocessing_context=worker_start_method(self.info.kind, self.world, args.dataloader_num_workers),
             generator=self._loader_generator,
             drop_last=args.dataloader_drop_last,
             pin_memory=args.dataloader_pin_memory and self.info.kind == "cuda",
@@ -512,6 +522,20 @@ class Trainer:
         return out
 
     # ---- evaluation ----------------------------------------------------------------------------
+    def eval_dataloader(self) -> DataLoader:
+        args = self.args
+        sampler = DistributedSampler(self.eval_dataset, num_replicas=self.world, rank=self.rank, shuffle=False)
+        # Its own generator: an evaluation must not draw from the global RNG the training uses.
+        return DataLoader(
+            self.eval_dataset,
+            batch_size=args.per_device_eval_batch_size,
+            sampler=sampler,
+            collate_fn=self.collator,
+            num_workers=args.dataloader_num_workers,  # as HF's get_eval_dataloader
+            multiprocessing_context=worker_start_method(self.info.kind, self.world, args.dataloader_num_workers),
+            generator=torch.Generator(),
+        )
+
     def evaluate(self, step: Optional[int] = None) -> dict[str, float]:
         """Mean loss and perplexity over eval_dataset on all ranks (logged at `step` if given)."""
         args, info = self.args, self.info
@@ -519,15 +543,7 @@ class Trainer:
         if note and self.rank == 0 and not self._eval_warned:
             self._eval_warned = True  # once per run, however often it evaluates
             warnings.warn(note, stacklevel=2)
-        sampler = DistributedSampler(self.eval_dataset, num_replicas=self.world, rank=self.rank, shuffle=False)
-        # Its own generator: an evaluation must not draw from the global RNG the training uses.
-        loader = DataLoader(
-            self.eval_dataset,
-            batch_size=args.per_device_eval_batch_size,
-            sampler=sampler,
-            collate_fn=self.collator,
-            generator=torch.Generator(),
-        )
+        loader = self.eval_dataloader()
         if not self._in_train:
             self.inference_graphs.on()  # outside training only: replays keep no autograd graph
         self.train_model.eval()
