@@ -21,12 +21,15 @@ if [ ! -x .venv/bin/python ]; then
   say "creating .venv with $("$PY" --version 2>&1)"
   "$PY" -m venv .venv
 fi
-# torch is pinned (the CPU wheel this project is tested with); a loose pin would pull CUDA builds.
+# scripts/constraints.txt pins torch to the CPU wheel this project is tested with (a loose pin would pull
+# CUDA builds); pyproject.toml's extras only give a range, so that Habana's torch stays on a Gaudi host.
 # DS_BUILD_OPS=0: DeepSpeed installs as pure Python, no CUDA toolchain needed.
+# A change to either file re-installs.
 stamp=.venv/.gaudi-launch-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/constraints.txt -nt "$stamp" ]; then
   say "installing gaudi-launch and its [dev] extra into .venv (torch 2.13.0 CPU, transformers, DeepSpeed, pytest; about 1 GB the first time)..."
-  DS_BUILD_OPS=0 .venv/bin/python -m pip install --progress-bar on --disable-pip-version-check -e '.[dev]' 2>&1 \
+  DS_BUILD_OPS=0 .venv/bin/python -m pip install --progress-bar on --disable-pip-version-check \
+    -c scripts/constraints.txt -e '.[dev]' 2>&1 \
     | grep -v "is ignored\|^Requirement already satisfied" >&2 || true
   .venv/bin/python -c "import gaudi_launch, torch, pytest, hypothesis, deepspeed" >/dev/null 2>&1 \
     || { say "the install is incomplete (see pip's output above)"; exit 1; }
