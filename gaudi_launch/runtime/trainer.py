@@ -556,13 +556,18 @@ class Trainer:
                 batch = self._to_device(batch)
                 with autocast(info, args, self.gaudi_config):
                     out = self.train_model(**batch)
-                mark_step(info)
                 loss = (out["loss"] if isinstance(out, dict) else out.loss).detach().float()
-                total = loss if total is None else total + loss  # on the device: no sync per batch
+                # A replayed HPU graph returns the same output tensors every batch, overwritten by the
+                # next replay (bridge hpu/graphs.py, wrapped_hpugraph_forward): sums live in tensors of
+                # our own, never an output itself, on the device (no sync per batch).
+                total = loss.clone() if total is None else total + loss
                 count += 1
                 for name, (num, den) in (self.eval_metrics(out, batch) if self.eval_metrics else {}).items():
                     pair = torch.stack([num.detach().float(), den.detach().float()])
                     sums[name] = pair if name not in sums else sums[name] + pair
+                # After the reads of this batch's outputs, so that lazy mode runs them before the next
+                # replay overwrites the outputs (optimum-habana's evaluation_loop marks the step there too).
+                mark_step(info)
         self.train_model.train()
         loss = (
             self._mean_across_ranks(total / count)

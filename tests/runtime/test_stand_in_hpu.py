@@ -463,4 +463,6 @@ def test_stand_in_hpu_graphs_for_inference_only_outside_training(hpu_stand_in, t
     trainer.evaluate()
     wraps = [d for n, d in hpu_stand_in if n == "wrap_in_hpu_graph"]
     assert len(wraps) == 2 and wraps[0]["max_graphs"] == 3
-    assert names(hpu_stand_in).count("wrap_in_hpu_graph.replay") == 2 * 8  # two evaluations, 8 batches each
+    # Two evaluations of 8 equal-shaped batches: a capture then 7 replays each (a fresh wrap each time).
+    assert names(hpu_stand_in).count("wrap_in_hpu_graph.capture") == 2
+    assert names(hpu_stand_in).count("wrap_in_hpu_graph.replay") == 2 * 7

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -114,8 +114,9 @@ class HpuTensor(torch.Tensor):
         return f"HpuTensor({self.elem!r})"
 
     def tolist(self):  # a device-to-host copy, as on Gaudi (torch refuses tolist on subclasses itself)
-        _record("host_sync", op="tolist")
-        return self.elem.tolist()
+        value = self.elem.tolist()
+        _host_read("tolist", value)
+        return value
 
     def __reduce_ex__(self, protocol):
         # torch.save of hpu tensors works on Gaudi (storage copied to the host); keep that possible.
@@ -133,14 +134,54 @@ def _rebuild(elem: torch.Tensor, requires_grad: bool) -> HpuTensor:
 torch.serialization.add_safe_globals([_rebuild])  # checkpoints of hpu tensors load with weights_only
 
 
-# Ops whose result the host must wait for (a device-to-host copy): each one stalls lazy mode.
-_HOST_SYNCS = ("aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal")
+# Ops the host must wait for, each a step marker (the pending graph runs) then a device-to-host copy,
+# in the bridge's lazy kernels (habana_kernels/lazy_kernels.cpp, 1.19): a scalar read (.item(),
+# bool(t), float(t), ``if t:``: _local_scalar_dense_hpu, "step marker due to local scalar"); a copy
+# to the host (.cpu(), .tolist(), .numpy() after it, print: d2h_maybe_eval); ops whose output shape
+# depends on the values, which read a count back (nonzero, unique: "step marker due to non zero",
+# "... due to unique"); boolean-mask indexing, which goes through nonzero (index_put with a bool
+# index: "step marker due to index_put_frontend_impl_hpu_lazy").
+_HOST_SYNCS = (
+    "aten::_local_scalar_dense",
+    "aten::is_nonzero",
+    "aten::equal",
+    "aten::nonzero",
+    "aten::nonzero_numpy",
+    "aten::masked_select",
+    "aten::_unique",
+    "aten::_unique2",
+    "aten::unique_dim",
+    "aten::unique_consecutive",
+)
+_BOOL_INDEXED = ("aten::index.Tensor", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_")
 
 
 def _record(name: str, **details) -> None:
     hf = sys.modules.get("habana_frameworks")  # the call log of the stand-in bridge loaded now
     if hf is not None:
         hf.record(name, **details)
+
+
+# HPU graphs (tests/standin/habana_frameworks/torch/hpu/graphs.py) set this while they capture or
+# replay. A capture runs the Python forward once: its host reads happen then, and the values read
+# (a branch taken, a shape) are baked into the graph. A replay runs no Python and reads nothing, so
+# its reads are not host syncs; the stand-in still computes the forward, and compares what it would
+# have read with what the capture read (a different value: the real replay computes something else).
+graph_reads: Optional[list] = None
+graph_mode: Optional[str] = None  # "capture" or "replay"
+
+
+def _host_read(op: str, value: Any) -> None:
+    if graph_reads is not None:
+        graph_reads.append((op, value))
+    if graph_mode != "replay":
+        _record("host_sync", op=op, **({"in_capture": True} if graph_mode == "capture" else {}))
+
+
+def _bool_indexed(func, args: tuple) -> bool:
+    if func.name() not in _BOOL_INDEXED or len(args) < 2:
+        return False
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()) if i is not None)
 
 
 _TRANSFERS = ("aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize")
@@ -159,10 +200,6 @@ def _run(func, args: tuple, kwargs: dict[str, Any]):
         return x
 
     uargs, ukwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
-    if func.name() in _HOST_SYNCS or (
-        func.name() == "aten::_to_copy" and "device" in kwargs and not _is_hpu(kwargs["device"])
-    ):
-        _record("host_sync", op=func.name())
     if cpu and func.name() not in _TRANSFERS:
         raise RuntimeError(
             f"{func}: Expected all tensors to be on the same device, but found at least two devices, hpu:0 and cpu!"
@@ -171,6 +208,8 @@ def _run(func, args: tuple, kwargs: dict[str, Any]):
     if _is_hpu(ukwargs.get("device")):
         ukwargs["device"] = torch.device("cpu")
     out = func(*uargs, **ukwargs)
+    if to_host or func.name() in _HOST_SYNCS or _bool_indexed(func, args):
+        _host_read(func.name(), out.detach().clone() if isinstance(out, torch.Tensor) else out)
     if to_host:
         return out
     wrapped = tree_map(lambda x: HpuTensor(x) if type(x) is torch.Tensor else x, out)

@@ -5,12 +5,14 @@ reads the forward's signature and asserts on ``*args`` (``Unsupported argument t
 DistributedDataParallel (``forward(*inputs, **kwargs)``) cannot be wrapped: optimum-habana wraps
 the model first and DDP after. With ``inplace=True`` it replaces ``model.forward`` and returns the
 model itself. The stand-in records the wrap and each training forward it would have cached.
+``wrap_in_hpu_graph`` (inference) captures per input shape and returns static outputs, as the bridge.
 """
 
 from __future__ import annotations
 
 import inspect
 
+import hpu_stand_in_device as _bridge
 import torch
 from habana_frameworks import record
 
@@ -57,10 +59,62 @@ class ModuleCacher(torch.nn.Module):
         return model
 
 
+def _input_key(obj):
+    """As the bridge's ``input_hash``: tensors by shape and view (the stand-in adds the dtype), other
+    values by themselves, and whether hpu autocast is on."""
+    if isinstance(obj, dict):
+        return tuple((k, _input_key(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
+        return tuple(_input_key(v) for v in obj)
+    if torch.is_tensor(obj):
+        return (tuple(obj.shape), obj.stride(), obj.storage_offset(), obj.dtype)
+    return obj
+
+
+def _output_tensors(obj, out: list) -> list:
+    """The tensors of a forward's output, in a fixed order (a ModelOutput is a dict)."""
+    if torch.is_tensor(obj):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _output_tensors(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _output_tensors(v, out)
+    return out
+
+
+def _same_read(a, b) -> bool:
+    if torch.is_tensor(a) and torch.is_tensor(b):
+        return a.shape == b.shape and bool(torch.equal(a, b))
+    return a == b
+
+
+class _Graph:
+    def __init__(self, outputs, reads: list) -> None:
+        self.outputs, self.reads = outputs, reads
+
+
+def _run_graph(mode: str, fn, args, kwargs):
+    """The forward under no autograd, with the host reads it makes collected (see hpu_stand_in_device)."""
+    _bridge.graph_mode, _bridge.graph_reads = mode, []
+    try:
+        with torch.no_grad():
+            return fn(*args, **kwargs), _bridge.graph_reads
+    finally:
+        _bridge.graph_mode, _bridge.graph_reads = None, None
+
+
 def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs=None):
-    """As the bridge's: replaces ``module.forward`` in place and returns the module. A replayed
-    graph carries no autograd history, so the stand-in runs the forward without one: training
-    through it fails at backward, as it would on a Gaudi."""
+    """As the bridge's (graphs.py: wrap_in_hpu_graph, wrapped_hpugraph_forward): replaces
+    ``module.forward`` in place and returns the module. Graphs are cached by the inputs' shapes
+    (``input_hash``); a new shape captures one (returning the capture's outputs), at most
+    ``max_graphs`` of them (beyond, the plain forward runs). A replay returns the SAME output objects
+    every time (``cached.graph_outputs``), their tensors overwritten by each replay: a caller that
+    keeps a tensor of one replay sees it change at the next. A replayed graph carries no autograd
+    history, so the stand-in runs the forward without one: training through it fails at backward,
+    as it would on a Gaudi. A replay whose inputs would make the forward read other values on the
+    host than the capture did is recorded ("stale_read"): the real graph replays the captured branch."""
     record(
         "wrap_in_hpu_graph",
         model=type(module).__name__,
@@ -68,11 +122,37 @@ def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dr
         max_graphs=max_graphs,
     )
     orig = module.forward
+    cache: dict = {}
 
     def forward(*args, **kwargs):
-        record("wrap_in_hpu_graph.replay")
-        with torch.no_grad():
+        if kwargs.pop("bypass_hpu_graphs", False):
             return orig(*args, **kwargs)
+        key = (_input_key((args, kwargs)), torch.is_autocast_enabled("hpu"))
+        graph = cache.get(key)
+        if graph is None:
+            if max_graphs is not None and len(cache) == max_graphs:
+                record("wrap_in_hpu_graph.uncached")
+                with torch.no_grad():
+                    return orig(*args, **kwargs)
+            record("wrap_in_hpu_graph.capture")
+            outputs, reads = _run_graph("capture", orig, args, kwargs)
+            cache[key] = _Graph(outputs, reads)
+            return outputs
+        record("wrap_in_hpu_graph.replay")
+        fresh, reads = _run_graph("replay", orig, args, kwargs)
+        if len(reads) != len(graph.reads) or not all(
+            a[0] == b[0] and _same_read(a[1], b[1]) for a, b in zip(reads, graph.reads)
+        ):
+            # The real replay takes the captured branch: wrong results where the value chose the
+            # computation, harmless where it only chose, say, a warning. Recorded for tests to judge.
+            record("wrap_in_hpu_graph.stale_read", captured=graph.reads, now=reads)
+        static, new = _output_tensors(graph.outputs, []), _output_tensors(fresh, [])
+        assert len(static) == len(new), "HPU graph replay: the outputs differ from the capture's"
+        with torch.no_grad():
+            for dst, src in zip(static, new):
+                dst.copy_(src)
+        return graph.outputs
 
     module.forward = forward
+    module.clear_cache = cache.clear
     return module
