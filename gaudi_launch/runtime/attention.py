@@ -34,6 +34,14 @@ def resolve_attn_implementation(requested: Optional[str], device_kind: str) -> O
     return requested
 
 
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask (True: attend) as the additive float mask optimum-habana gives
+    FusedSDPA (its _gaudi_prepare_4d_causal_attention_mask: 0 where attended, the dtype's lowest
+    value elsewhere). The bridge checks boolean masks against its reference in inference only; a row
+    with nothing attended gives finite weights here, not the NaN of a -inf fill. Pure."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
 def fused_sdpa_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -63,6 +71,8 @@ def fused_sdpa_forward(
     else:
         # transformers leaves the mask out exactly when the pattern is plain causal.
         causal = bool(causal_layer and attention_mask is None and q_len > 1)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:  # sdpa_mask builds boolean ones
+        attention_mask = additive_mask(attention_mask, query.dtype)
     out = kernels.FusedSDPA.apply(
         query,
         key,

@@ -147,7 +147,9 @@ def test_stand_in_fused_sdpa_honours_a_padding_mask(hpu_stand_in):
     want = reference(ids, attention_mask=mask).logits
     torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-5, rtol=1e-5)
     calls = fused_calls(hpu_stand_in, start)
-    assert calls and all(c["mask"] == "torch.bool" and c["is_causal"] is False for c in calls)
+    # transformers' sdpa_mask is boolean; the kernel gets the additive float mask optimum-habana gives
+    # it (issue 23, item 10: before, the boolean mask went through as it was).
+    assert calls and all(c["mask"] == "torch.float32" and c["is_causal"] is False for c in calls)
 
 
 def test_stand_in_fused_sdpa_options_reach_the_kernel(hpu_stand_in):

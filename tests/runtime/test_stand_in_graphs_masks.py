@@ -61,3 +61,26 @@ def test_stand_in_item3_eval_loss_the_same_with_and_without_inference_graphs(hpu
     assert graphed["eval_loss"] == pytest.approx(plain["eval_loss"], rel=1e-6)
     assert graphed["loss_again"] == pytest.approx(plain["eval_loss"], rel=1e-6)
     assert plain["loss_again"] == pytest.approx(plain["eval_loss"], rel=1e-6)
+
+
+# ---- item 10: FusedSDPA's masks --------------------------------------------------------------------
+
+
+def test_stand_in_fused_sdpa_mask_semantics_are_the_bridge_reference(hpu_stand_in):
+    # The bridge's test reference: a boolean mask keeps True, a float one is added.
+    from habana_frameworks.torch.hpex.kernels import FusedSDPA
+
+    from gaudi_launch.runtime.attention import additive_mask
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 4, 8).to("hpu") for _ in range(3))
+    keep = torch.tensor([True, True, False, True]).expand(2, 1, 4, 4).clone()
+    by_bool = FusedSDPA.apply(q, k, v, keep.to("hpu"))
+    by_float = FusedSDPA.apply(q, k, v, additive_mask(keep, torch.float32).to("hpu"))
+    torch.testing.assert_close(by_bool.cpu(), by_float.cpu(), rtol=0, atol=1e-6)
+    want = torch.nn.functional.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu(), attn_mask=keep)
+    torch.testing.assert_close(by_float.cpu(), want, rtol=1e-5, atol=1e-6)
+    # A query row that attends to nothing: NaN from the -inf fill, finite from the additive mask.
+    keep[0, 0, 1] = False
+    assert torch.isnan(FusedSDPA.apply(q, k, v, keep.to("hpu")).cpu()[0, :, 1]).all()
+    assert torch.isfinite(FusedSDPA.apply(q, k, v, additive_mask(keep, torch.float32).to("hpu")).cpu()).all()

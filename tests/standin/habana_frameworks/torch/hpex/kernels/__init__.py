@@ -8,6 +8,13 @@ PT_HPU_SDPA recompute default; the kernel asserts the fast softmax in recompute 
 with a causal mask, ``valid_seq_len`` only in causal inference without a mask; and it takes
 grouped-query K/V (fewer heads than Q) itself, so callers need not repeat them. Inputs must be
 on the device.
+
+The arithmetic is the bridge's own reference for the kernel (tests/pytest_working/any_mode/FusedSDPA/
+test_hpu_sdpa.py, ``vanilla_attention_impl_for_test``): a boolean ``attn_mask`` keeps the True
+positions and sets the others to -inf (a row with none kept gives NaN), a float one is added to the
+scores, and ``is_causal`` without a mask masks the future with -1e9. The bridge tests boolean masks
+in inference only (``tc_list_rhslice_inf_attn_mask``; its training case with a boolean mask sits in
+``tc_list_new_rules``, which its test list leaves out); optimum-habana passes additive float masks.
 """
 
 from __future__ import annotations
@@ -72,6 +79,20 @@ class FusedSDPA:
             assert q.shape[1] % k.shape[1] == 0, "query heads must be a multiple of key/value heads"
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
-        )
+        return _reference(q, k, v, attn_mask, dropout_p, is_causal, scale)
+
+
+def _reference(q, k, v, attn_mask, dropout_p, is_causal, scale):
+    scores = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    elif is_causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, -1e9)
+    weights = torch.softmax(scores, dim=-1)
+    if dropout_p > 0:
+        weights = torch.nn.functional.dropout(weights, dropout_p)
+    return weights.to(v.dtype) @ v
