@@ -10,8 +10,9 @@ CPU tests check it against DDP for real.
 
 from __future__ import annotations
 
+import importlib
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,11 @@ class FastDDP:
     lazy mode orders the copy after the collective by itself, everywhere else it is required.
     ``grads_as_views`` makes the gradients views of the buffer when it has their dtype, so nothing
     is copied per step (default: off HPU, which keeps optimum-habana's copies).
+    ``hpu_graphs`` captures those copies (scaling into the buffer, and back) as two HPU graphs on the
+    first step and replays them after, as optimum-habana's fast_ddp does: the host then queues two
+    replays a step instead of a few ops per parameter, and no mark_step is needed around them (each
+    replay flushes the pending lazy ops first). Default: wherever the bridge offers HPUGraph, which
+    it does in lazy mode only.
 
     The instance holds the model weakly, so caching one per model never keeps a model alive.
     """
@@ -42,17 +48,23 @@ class FastDDP:
         group=None,
         wait: bool = True,
         grads_as_views: Optional[bool] = None,
+        hpu_graphs: Optional[bool] = None,
     ) -> None:
         self._model_ref = weakref.ref(model)
         self.buffer_dtype = buffer_dtype if buffer_dtype is not None else torch.float32
         self.group = group
         self.wait = wait
         self.grads_as_views = grads_as_views  # None: off HPU (the gradients' device) only
+        self.hpu_graphs = hpu_graphs  # None: where the bridge has HPUGraph (HPU lazy mode)
         # Built on the first all-reduce, then reused: the buffer and one view per parameter.
         self._buffer: Optional[torch.Tensor] = None
         self._entries: Optional[list[tuple[str, torch.nn.Parameter, torch.Tensor]]] = None
         self._bound = False  # the gradients are views of the buffer
         self._covers_all = False  # every trainable parameter has its place in the buffer
+        # The captured pack/unpack graphs and the gradient tensors they read and write: a graph
+        # replays on the tensors it was captured with, so a replaced gradient means a new capture.
+        self._graphs: dict[str, object] = {}
+        self._graph_grads: tuple = ()
 
     @property
     def model(self) -> torch.nn.Module:
@@ -136,30 +148,73 @@ class FastDDP:
                     "grad tensors alive with optimizer.zero_grad(set_to_none=False) (or "
                     "model.zero_grad(set_to_none=False)), and make sure every step uses this parameter."
                 )
-            if self._bound:
-                if grad.data_ptr() != view.data_ptr():
-                    # Replaced since (set_to_none, or assigned): back into the buffer, a view again.
-                    with torch.no_grad():
-                        view.copy_(grad.reshape(-1))
-                    p.grad = view.view(p.shape)
-                continue
-            flat = grad.detach().reshape(-1)
-            if flat.dtype == view.dtype:
-                torch.mul(flat, scale, out=view)
-            else:
-                # Scale in the gradient's precision, then round once into the buffer.
-                view.copy_(flat * scale)
+            if self._bound and grad.data_ptr() != view.data_ptr():
+                # Replaced since (set_to_none, or assigned): back into the buffer, a view again.
+                with torch.no_grad():
+                    view.copy_(grad.reshape(-1))
+                p.grad = view.view(p.shape)
         if self._bound:
             with torch.no_grad():
                 self._buffer.mul_(scale)  # the same products as scaling each gradient
+        else:
+            self._copies("pack", lambda: self._pack(scale))
         work = dist.all_reduce(self._buffer, group=self.group, async_op=True)
         if self.wait:
             work.wait()
         if self._bound:
             return  # the gradients are the buffer
+        self._copies("unpack", self._unpack)
+
+    def _pack(self, scale: float) -> None:
+        assert self._entries is not None
+        for _, p, view in self._entries:
+            flat = p.grad.detach().reshape(-1)
+            if flat.dtype == view.dtype:
+                torch.mul(flat, scale, out=view)
+            else:
+                # Scale in the gradient's precision, then round once into the buffer.
+                view.copy_(flat * scale)
+
+    def _unpack(self) -> None:
+        assert self._entries is not None
         for _, p, view in self._entries:
             # copy_ casts back to the gradient's dtype and handles any gradient strides.
             p.grad.detach().copy_(view.view(p.grad.shape))
+
+    def _copies(self, name: str, run: Callable[[], None]) -> None:
+        """Run the pack or unpack copies: as an HPU graph where there is one, else op by op."""
+        hpu = self._graph_api()
+        if hpu is None:
+            run()
+            return
+        assert self._entries is not None
+        grads = tuple(p.grad for _, p, _ in self._entries)
+        if len(grads) != len(self._graph_grads) or any(a is not b for a, b in zip(grads, self._graph_grads)):
+            self._graphs.clear()  # gradient tensors replaced since the capture: capture anew
+            self._graph_grads = grads
+        graph = self._graphs.get(name)
+        if graph is None:
+            graph = hpu.HPUGraph()
+            with hpu.stream(hpu.Stream()):
+                graph.capture_begin()
+                run()
+                graph.capture_end()
+            self._graphs[name] = graph
+        graph.replay()  # as optimum-habana, also right after the capture
+
+    def _graph_api(self):
+        """habana_frameworks.torch.hpu when the copies are to be captured, else None."""
+        if self.hpu_graphs is False or self._buffer is None or self._buffer.device.type != "hpu":
+            return None
+        hpu = importlib.import_module("habana_frameworks.torch.hpu")
+        if hasattr(hpu, "HPUGraph"):
+            return hpu
+        if self.hpu_graphs:
+            raise RuntimeError(
+                "FastDDP(hpu_graphs=True): the Gaudi bridge offers HPU graphs in lazy mode only "
+                "(PT_HPU_LAZY_MODE=1); pass hpu_graphs=None or False in eager mode"
+            )
+        return None
 
     def flat_gradients(self) -> Optional[torch.Tensor]:
         """Every gradient of the model as one tensor (the buffer, whose views they are), or None
@@ -177,18 +232,18 @@ _INSTANCES: weakref.WeakKeyDictionary[torch.nn.Module, FastDDP] = weakref.WeakKe
 def all_reduce_gradients(
     model: torch.nn.Module,
     fusion_buffer_dtype: torch.dtype = torch.bfloat16,
-    use_hpu_graphs: bool = False,
+    use_hpu_graphs: bool = True,
 ) -> None:
     """optimum-habana-compatible ``fast_ddp.all_reduce_gradients``: one FastDDP kept per model.
 
-    ``use_hpu_graphs`` is accepted for signature compatibility; the copy-in/copy-out is not
-    captured as an HPU graph here (lazy mode already fuses it into the step's graph). The work
-    handle is always waited on: on hccl and nccl that only orders the device streams (the host
-    does not block), and on gloo it is what makes the result valid at all.
+    ``use_hpu_graphs`` (optimum-habana's default, True) captures the copy-in/copy-out as HPU graphs
+    where the bridge has them (HPU lazy mode); elsewhere it means nothing. The work handle is always
+    waited on: on hccl and nccl that only orders the device streams (the host does not block), and
+    on gloo it is what makes the result valid at all.
     """
-    del use_hpu_graphs
     ddp = _INSTANCES.get(model)
-    if ddp is None or ddp.buffer_dtype != fusion_buffer_dtype:
-        ddp = FastDDP(model, buffer_dtype=fusion_buffer_dtype, wait=True)
+    graphs = None if use_hpu_graphs else False
+    if ddp is None or ddp.buffer_dtype != fusion_buffer_dtype or ddp.hpu_graphs != graphs:
+        ddp = FastDDP(model, buffer_dtype=fusion_buffer_dtype, wait=True, hpu_graphs=graphs)
         _INSTANCES[model] = ddp
     ddp.all_reduce_gradients()

@@ -25,6 +25,7 @@ from .args import GaudiConfig, build_parser
 LAZY_VAR = "PT_HPU_LAZY_MODE"
 BF16_OPS_VAR = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
 FP32_OPS_VAR = "PT_HPU_AUTOCAST_FP32_OPS_LIST"
+INT64_VAR = "PT_ENABLE_INT64_SUPPORT"
 
 _process_tmpdir: Optional[str] = None
 
@@ -75,6 +76,21 @@ def lazy_mode_setting(use_lazy_mode: Optional[bool], torch_compile: bool, enviro
     return "1" if use_lazy_mode else None
 
 
+def int64_support_setting(torch_compile: bool, environ: Mapping[str, str]) -> Optional[str]:
+    """The PT_ENABLE_INT64_SUPPORT value to put in the environment, or None to leave it. Pure.
+
+    "1" for --torch_compile (HPU eager mode), unless the user set it: optimum-habana's own runs of its
+    examples with --torch_compile set it (tests/test_examples.py; examples/language-modeling/README.md,
+    "Training in torch.compile mode"; the library itself sets nothing), and transformers' Gaudi guide
+    (perf_train_gaudi.md) advises it against long-integer casting problems. Unset, the 1.19 bridge in
+    eager mode keeps int64 on Gaudi 2 and 3 but computes it as int32 on first-generation Gaudi
+    (common/eager/utils.cpp, IsInt64Supported); set, it decides on every device alike.
+    """
+    if not torch_compile or environ.get(INT64_VAR):
+        return None
+    return "1"
+
+
 def autocast_enabled(args: Any, gaudi_config: Optional[GaudiConfig]) -> bool:
     """Whether the forward runs under bf16 autocast on HPU, as optimum-habana decides it: --bf16 or
     the gaudi config's use_torch_autocast, never under DeepSpeed (it manages precision). Pure."""
@@ -100,6 +116,9 @@ def prepare_hpu_env(
     lazy = lazy_mode_setting(getattr(args, "use_lazy_mode", None), bool(getattr(args, "torch_compile", False)), environ)
     if lazy is not None:
         out[LAZY_VAR] = lazy
+    int64 = int64_support_setting(bool(getattr(args, "torch_compile", False)), environ)
+    if int64 is not None:
+        out[INT64_VAR] = int64
     # optimum-habana writes op lists only for its hpu_amp backend (not cpu_amp) and not under DeepSpeed.
     if (
         autocast_enabled(args, gaudi_config)
@@ -114,7 +133,7 @@ def prepare_hpu_env(
                 out[var] = _write_ops(ops, kind, job_dir)
     changed = {k: v for k, v in out.items() if environ.get(k) != v}
     if changed and environ is os.environ and _bridge_loaded():
-        for path in (v for k, v in changed.items() if k != LAZY_VAR):
+        for path in (v for k, v in changed.items() if k not in (LAZY_VAR, INT64_VAR)):
             _remove_file(path)
         warnings.warn(
             f"habana_frameworks is already imported: {', '.join(sorted(changed))} cannot take effect "

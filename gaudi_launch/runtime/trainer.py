@@ -464,8 +464,9 @@ class Trainer:
             mark_step(info)
             return
         if self.fast_ddp is not None:
+            # No mark_step of its own (optimum-habana adds none): on HPU its copies are graph
+            # replays, each flushing the pending ops first; the step's mark_step below ends the rest.
             self.fast_ddp.all_reduce_gradients()
-            mark_step(info)
         if args.max_grad_norm and args.max_grad_norm > 0:
             flat = self.fast_ddp.flat_gradients() if self.fast_ddp is not None else None
             if flat is not None:

@@ -177,7 +177,10 @@ def test_prepare_hpu_env_lazy_mode_follows_the_flags_and_lists_need_autocast():
     cfg = GaudiConfig(autocast_bf16_ops=["addmm"])  # lists, but use_torch_autocast off and no --bf16
     assert prepare_hpu_env(TrainingArguments(), cfg, environ={}) == {}  # the software's own default mode
     assert prepare_hpu_env(TrainingArguments(use_lazy_mode=True), cfg, environ={}) == {"PT_HPU_LAZY_MODE": "1"}
-    assert prepare_hpu_env(TrainingArguments(torch_compile=True), cfg, environ={}) == {"PT_HPU_LAZY_MODE": "0"}
+    assert prepare_hpu_env(TrainingArguments(torch_compile=True), cfg, environ={}) == {
+        "PT_HPU_LAZY_MODE": "0",
+        "PT_ENABLE_INT64_SUPPORT": "1",
+    }
     assert prepare_hpu_env(TrainingArguments(use_lazy_mode=False), None, environ={}) == {"PT_HPU_LAZY_MODE": "0"}
     assert prepare_hpu_env(TrainingArguments(use_lazy_mode=True), None, environ={"PT_HPU_LAZY_MODE": "0"}) == {}
 

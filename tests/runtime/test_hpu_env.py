@@ -18,6 +18,7 @@ from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
 from gaudi_launch.runtime.hpu_env import (
     BF16_OPS_VAR,
     FP32_OPS_VAR,
+    INT64_VAR,
     LAZY_VAR,
     hpu_env_for_script,
     prepare_hpu_env,
@@ -50,12 +51,15 @@ def config_dir(tmp_path):
     ],
 )
 def test_lazy_mode_follows_the_scripts_flags(argv, lazy, capsys):
-    assert hpu_env_for_script(argv, {}, None) == ({LAZY_VAR: lazy} if lazy else {})
+    expected = {LAZY_VAR: lazy} if lazy else {}
+    if "--torch_compile" in argv:
+        expected[INT64_VAR] = "1"  # as optimum-habana's compiled runs (test_stand_in_fast_ddp_graphs.py)
+    assert hpu_env_for_script(argv, {}, None) == expected
     assert capsys.readouterr() == ("", "")
 
 
 def test_the_users_own_lazy_mode_wins():
-    assert hpu_env_for_script(["--torch_compile"], {LAZY_VAR: "1"}, None) == {}
+    assert hpu_env_for_script(["--torch_compile"], {LAZY_VAR: "1"}, None) == {INT64_VAR: "1"}
 
 
 def test_op_lists_from_the_scripts_gaudi_config_go_to_the_job_dir(config_dir, tmp_path):
@@ -107,9 +111,11 @@ def test_prepare_hpu_env_keeps_settings_already_in_place(hpu_stand_in, config_di
         warnings.simplefilter("error")
         assert prepare_hpu_env(args, cfg) == {}  # the runtime's second call: nothing to redo
     os.environ.pop(LAZY_VAR)
-    with pytest.warns(UserWarning, match="already imported: PT_HPU_LAZY_MODE cannot take effect now"):
+    with pytest.warns(
+        UserWarning, match="already imported: PT_ENABLE_INT64_SUPPORT, PT_HPU_LAZY_MODE cannot take effect now"
+    ):
         assert prepare_hpu_env(TrainingArguments(bf16=True, torch_compile=True), cfg) == {}
-    assert LAZY_VAR not in os.environ  # left as the bridge found it
+    assert LAZY_VAR not in os.environ and INT64_VAR not in os.environ  # left as the bridge found them
 
 
 def test_uses_hpu_only_where_the_stack_is_found(monkeypatch):

@@ -29,11 +29,16 @@ def _purge() -> None:
         device.activate(False)
 
 
+def _written(key: str) -> bool:
+    return key.startswith("PT_HPU_") or key == "PT_ENABLE_INT64_SUPPORT"
+
+
 @pytest.fixture
 def hpu_stand_in(monkeypatch):
     _purge()
-    # The runtime writes PT_HPU_* into os.environ: give each test a clean slate and restore after.
-    saved = {k: v for k, v in os.environ.items() if k.startswith("PT_HPU_")}
+    # The runtime writes PT_HPU_* (and PT_ENABLE_INT64_SUPPORT) into os.environ: give each test a
+    # clean slate and restore after.
+    saved = {k: v for k, v in os.environ.items() if _written(k)}
     for key in saved:
         del os.environ[key]
     monkeypatch.syspath_prepend(STAND_IN_DIR)
@@ -43,6 +48,6 @@ def hpu_stand_in(monkeypatch):
         yield habana_frameworks._calls
     finally:
         _purge()
-        for key in [k for k in os.environ if k.startswith("PT_HPU_")]:
+        for key in [k for k in os.environ if _written(k)]:
             del os.environ[key]
         os.environ.update(saved)

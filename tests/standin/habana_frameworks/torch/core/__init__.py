@@ -31,6 +31,7 @@ def _read(path):
 record(
     "core.import",
     PT_HPU_LAZY_MODE=os.environ.get("PT_HPU_LAZY_MODE"),
+    PT_ENABLE_INT64_SUPPORT=os.environ.get("PT_ENABLE_INT64_SUPPORT"),  # env_flags.yaml; read once, cached
     **{var: os.environ.get(var) for var in _LISTS},
     op_lists={var: _read(os.environ.get(var)) for var in _LISTS},
 )

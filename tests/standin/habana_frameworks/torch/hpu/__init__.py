@@ -1,8 +1,9 @@
 """Stand-in for habana_frameworks.torch.hpu.
 
 As python_packages/habana_frameworks/torch/hpu/__init__.py (bridge 1.19): the HPU graph API
-(``ModuleCacher``, ``wrap_in_hpu_graph``) is exported only in lazy mode (``if is_lazy(): from
-.graphs import *``); memory_stats reports InUse/MaxInUse/Limit in bytes.
+(``ModuleCacher``, ``wrap_in_hpu_graph``, ``HPUGraph``) is exported only in lazy mode (``if is_lazy():
+from .graphs import *``), streams in every mode (``from .streams import *``); memory_stats reports
+InUse/MaxInUse/Limit in bytes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import torch
 from habana_frameworks import record
 from habana_frameworks.torch.utils.internal import is_lazy
+
+from .streams import Stream, StreamContext, current_stream, default_stream, stream  # noqa: F401
 
 GB = 1024**3
 # Plausible Gaudi2 figures, in bytes, as the real memory_stats() reports them.
@@ -69,3 +72,4 @@ def set_rng_state_all(states) -> None:
 
 if is_lazy():
     from .graphs import ModuleCacher, wrap_in_hpu_graph  # noqa: F401
+    from .hpugraph import HPUGraph  # noqa: F401  (the bridge's graphs.py; a module of its own here)
