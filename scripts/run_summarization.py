@@ -103,9 +103,10 @@ def generate_rouge(trainer, tokenizer, pairs, encoded, collator, dargs, sargs):
     with torch.no_grad():
         for start in range(0, len(encoded), 8):
             batch = collator(encoded[start : start + 8])
+            mask = batch.get("attention_mask")  # none where nothing is padded
             out = model.generate(
                 input_ids=batch["input_ids"].to(trainer.info.device),
-                attention_mask=batch["attention_mask"].to(trainer.info.device),
+                attention_mask=None if mask is None else mask.to(trainer.info.device),
                 max_new_tokens=max_new,
                 num_beams=beams,
                 do_sample=False,

@@ -261,8 +261,9 @@ class BlockDataset(Dataset):
 
 
 def causal_lm_collator(features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-    """Stack equal-length features into ``input_ids``, ``labels`` (the inputs when a feature has
-    none) and an all-ones ``attention_mask``, each ``(batch, block)`` int64."""
+    """Stack equal-length features into ``input_ids`` and ``labels`` (the inputs when a feature has
+    none), each ``(batch, block)`` int64. No ``attention_mask``: blocks are never padded, and an
+    all-ones one changes nothing but costs a host read of it in every forward on HPU (runtime/masks.py)."""
     if not features:
         raise ValueError("causal_lm_collator got an empty batch")
     try:
@@ -272,7 +273,7 @@ def causal_lm_collator(features: Sequence[Mapping[str, Any]]) -> dict[str, torch
         )
     except RuntimeError as e:
         raise ValueError(f"causal_lm_collator needs equal-length features (use tokenize_and_group): {e}") from None
-    return {"input_ids": input_ids, "labels": labels, "attention_mask": torch.ones_like(input_ids)}
+    return {"input_ids": input_ids, "labels": labels}
 
 
 # --------------------------------------------------------------------------- hub datasets

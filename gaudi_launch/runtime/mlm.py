@@ -61,7 +61,8 @@ class MLMCollator:
             labels = torch.stack([torch.as_tensor(f["labels"], dtype=torch.long) for f in features])  # pre-masked
         else:
             ids, labels = mask_tokens(ids, self.mask_id, self.vocab_size, self.probability, self.special_ids)
-        return {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+        # No attention_mask: blocks are never padded (an all-ones mask costs a host read per forward on HPU).
+        return {"input_ids": ids, "labels": labels}
 
 
 def premask(

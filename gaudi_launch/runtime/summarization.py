@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .masks import mask_if_padded
+
 IGNORE = -100
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"']?\s")
 
@@ -69,7 +71,9 @@ class Seq2SeqCollator:
             ids[i, :n] = torch.as_tensor(f["input_ids"])
             mask[i, :n] = 1
             labels[i, :m] = torch.as_tensor(f["labels"])
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        batch = {"input_ids": ids, "labels": labels}
+        padded = mask_if_padded(mask)  # none where nothing is padded: it would change nothing (runtime/masks.py)
+        return batch if padded is None else {**batch, "attention_mask": padded}
 
 
 class ListDataset(torch.utils.data.Dataset):

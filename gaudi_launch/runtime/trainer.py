@@ -39,6 +39,7 @@ from gaudi_launch.runtime.fast_ddp import FastDDP
 from gaudi_launch.runtime.graphs import InferenceGraphs, apply_hpu_graphs, compile_model, mark_batch_dynamic
 from gaudi_launch.runtime.kernels import use_fused_kernels
 from gaudi_launch.runtime.masked_head import use_masked_only_head
+from gaudi_launch.runtime.masks import check_padding_once, prepare_masks
 from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
 from gaudi_launch.runtime.optim import clip_flat_grad_norm, clip_grad_norm, make_optimizer, make_scheduler
 from gaudi_launch.runtime.precision import autocast
@@ -198,6 +199,7 @@ class Trainer:
         self._eval_warned = False
         set_seed(args.seed)
         apply_attention(model, args, self.info)
+        check_padding_once(model, self.info)  # HPU: no host read of the input ids in every forward
         use_fused_kernels(model, self.info, args.fused_kernels)
         use_masked_only_head(model, self.info, args.mlm_head_masked_only, args.use_hpu_graphs_for_training)
         if args.gradient_checkpointing:
@@ -313,6 +315,7 @@ class Trainer:
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         nb = self.args.non_blocking_data_copy
+        batch = prepare_masks(batch, self.model, self.info)  # HPU: a padding mask the model need not read back
         moved = {k: v.to(self.info.device, non_blocking=nb) if torch.is_tensor(v) else v for k, v in batch.items()}
         mark_batch_dynamic(moved, self.info, self.args)  # --torch_compile: one graph for every batch size
         return moved

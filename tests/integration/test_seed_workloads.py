@@ -193,6 +193,8 @@ def test_stand_in_hpu_seed_workloads_take_the_gaudi_paths(tmp_path, script, args
     for rank in (0, 1):
         names = [n for n, _ in json.loads((tmp_path / f"calls.rank{rank}.json").read_text())]
         assert names.count("FusedAdamW.step") == 3 and names.count("FusedClipNorm.clip_norm") == 3
-        # every training forward replays (run_summarization measures one more forward for its memory figure)
-        assert "ModuleCacher" in names and names.count("ModuleCacher.replay") >= 3
+        # every training forward goes through the graphs, captured once per input signature and replayed
+        # after (run_summarization measures one more forward for its memory figure)
+        graphed = names.count("ModuleCacher.capture") + names.count("ModuleCacher.replay")
+        assert "ModuleCacher" in names and graphed >= 3 and names.count("ModuleCacher.replay") >= 1
         assert "hccl.create" in names and names.count("mark_step") >= 3 * 4

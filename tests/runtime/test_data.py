@@ -201,10 +201,10 @@ def test_block_dataset_and_collator(tokenizer):
     item = ds[0]
     assert item["input_ids"].dtype == item["labels"].dtype == torch.long
     batch = causal_lm_collator([ds[i] for i in range(4)])
-    assert set(batch) == {"input_ids", "labels", "attention_mask"}
+    assert set(batch) == {"input_ids", "labels"}  # blocks are never padded: no mask (issue 23, item 6)
     for value in batch.values():
         assert value.shape == (4, 32) and value.dtype == torch.long
-    assert torch.equal(batch["labels"], batch["input_ids"]) and bool(batch["attention_mask"].all())
+    assert torch.equal(batch["labels"], batch["input_ids"])
     # plain lists work too; labels default to the inputs
     assert torch.equal(causal_lm_collator([{"input_ids": [1, 2, 3]}])["labels"], torch.tensor([[1, 2, 3]]))
     loader = torch.utils.data.DataLoader(ds, batch_size=3, collate_fn=causal_lm_collator)

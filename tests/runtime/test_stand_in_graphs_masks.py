@@ -84,3 +84,89 @@ def test_stand_in_fused_sdpa_mask_semantics_are_the_bridge_reference(hpu_stand_i
     keep[0, 0, 1] = False
     assert torch.isnan(FusedSDPA.apply(q, k, v, keep.to("hpu")).cpu()[0, :, 1]).all()
     assert torch.isfinite(FusedSDPA.apply(q, k, v, additive_mask(keep, torch.float32).to("hpu")).cpu()).all()
+
+
+# ---- item 6: no host sync per micro-step with the shipped examples' data -------------------------
+
+
+def _seed_workload(name: str):
+    """(model, dataset, collator) as run_clm / run_mlm / run_summarization build them (tiny configs,
+    the shipped corpus and tokenizer); the T5 set holds padded and unpadded sources."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+    from gaudi_launch.runtime import data, mlm, summarization
+
+    texts, tok = data.load_text_files(None, None), data.load_tokenizer(None)
+    torch.manual_seed(0)
+    if name == "t5":
+        encoded = summarization.encode_pairs(summarization.fable_pairs(texts["train"]), tok, 128, 32)
+        short = [e for e in encoded if len(e["input_ids"]) < 128][:2]
+        full = [e for e in encoded if len(e["input_ids"]) == 128][:2]
+        config = AutoConfig.from_pretrained(f"{data.ASSETS}/tiny-t5")
+        collator = summarization.Seq2SeqCollator(tok.pad_token_id, 128, 32)  # --pad_to_max_length
+        return AutoModelForSeq2SeqLM.from_config(config), summarization.ListDataset(short + full), collator
+    blocks = data.tokenize_and_group(texts["validation"], tok, 32)[:4]
+    if name == "mlm":
+        mask_id = mlm.add_mask_token(tok)
+        config = AutoConfig.from_pretrained(f"{data.ASSETS}/tiny-bert")
+        config.vocab_size = len(tok)
+        collator = mlm.MLMCollator(mask_id, len(tok), 0.15, [tok.pad_token_id, tok.eos_token_id])
+        return AutoModelForMaskedLM.from_config(config), data.BlockDataset(blocks), collator
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(f"{data.ASSETS}/tiny-gpt2"))
+    return model, data.BlockDataset(blocks), data.causal_lm_collator
+
+
+@pytest.mark.parametrize("workload", ["clm", "mlm", "t5"])
+def test_stand_in_item6_no_host_sync_per_micro_step_in_lazy_mode(hpu_stand_in, tmp_path, workload):
+    # Before: an all-ones attention_mask from every collator, which transformers reads on the host in
+    # every forward to see that it can drop it (T5: twice, for a padded source too).
+    model, dataset, collator = _seed_workload(workload)
+    args = TrainingArguments(
+        device="hpu",
+        use_lazy_mode=True,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=1,  # T5: padded and unpadded sources in separate micro-steps
+        gradient_accumulation_steps=2,
+        max_steps=2,
+        logging_steps=100,
+        save_steps=0,
+    )
+    trainer = Trainer(model, args, train_dataset=dataset, data_collator=collator, log=lambda s: None)
+    per_micro_step: list = []
+    micro_step = trainer._micro_step
+
+    def counted(*a, **k):
+        start = len(hpu_stand_in)
+        try:
+            return micro_step(*a, **k)
+        finally:
+            per_micro_step.append([d for n, d in hpu_stand_in[start:] if n == "host_sync"])
+
+    trainer._micro_step = counted
+    trainer.train()
+    assert len(per_micro_step) == 4
+    # The first forward checks once for padding without a mask (transformers' one-time warning).
+    assert len(per_micro_step[0]) <= 1 and per_micro_step[1:] == [[], [], []], per_micro_step
+
+
+@pytest.mark.parametrize("workload", ["clm", "mlm", "t5"])
+def test_item6_the_loss_is_the_same_without_the_all_ones_mask(workload):
+    # What the collators leave out (or, for an encoder-decoder on HPU, expand on the host) changes nothing.
+    from gaudi_launch.runtime.masks import expanded_encoder_mask
+
+    model, dataset, collator = _seed_workload(workload)
+    model.eval()
+    batch = collator([dataset[i] for i in range(len(dataset))])
+    with torch.no_grad():
+        plain = model(**batch).loss
+        if workload == "t5":
+            assert "attention_mask" in batch  # padded sources keep their mask
+            expanded = {**batch, "attention_mask": expanded_encoder_mask(batch["attention_mask"], torch.float32)}
+            torch.testing.assert_close(model(**expanded).loss, plain, rtol=1e-6, atol=0)
+            unpadded = collator([dataset[i] for i in (2, 3)])
+            assert "attention_mask" not in unpadded
+            batch, plain = unpadded, model(**unpadded).loss
+        else:
+            assert "attention_mask" not in batch
+        ones = {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}
+        torch.testing.assert_close(model(**ones).loss, plain, rtol=1e-6, atol=0)

@@ -4,7 +4,8 @@ As python_packages/habana_frameworks/torch/hpu/graphs.py (bridge 1.19): ``Module
 reads the forward's signature and asserts on ``*args`` (``Unsupported argument type``), so a
 DistributedDataParallel (``forward(*inputs, **kwargs)``) cannot be wrapped: optimum-habana wraps
 the model first and DDP after. With ``inplace=True`` it replaces ``model.forward`` and returns the
-model itself. The stand-in records the wrap and each training forward it would have cached.
+model itself. The stand-in records the wrap, and each training forward as a capture (a new input
+signature) or a replay.
 ``wrap_in_hpu_graph`` (inference) captures per input shape and returns static outputs, as the bridge.
 """
 
@@ -48,11 +49,34 @@ class ModuleCacher(torch.nn.Module):
         _check_signature(model.forward)
         record("ModuleCacher", model=type(model).__name__, inplace=inplace)
         orig = model.forward
+        signature = inspect.signature(orig)
+        graphs: dict = {}  # input key -> the host reads of its capture
 
         def forward(*args, **kwargs):
-            if model.training and torch.is_grad_enabled():
-                record("ModuleCacher.replay")
-            return orig(*args, **kwargs)
+            # As ModuleCacher.forward: training forwards are cached by the hash of all the forward's
+            # arguments, defaults included (GraphModel.full_input_hash); a new one is captured while
+            # fewer than max_graphs are, the rest run uncached. A replay runs no Python: its host
+            # reads are no syncs, and the values the capture read stay baked in (see wrap_in_hpu_graph).
+            if not (model.training and torch.is_grad_enabled()):
+                return orig(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            key = (_input_key(dict(bound.arguments)), torch.is_autocast_enabled("hpu"))
+            if key not in graphs and len(graphs) >= self.max_graphs:
+                record("ModuleCacher.uncached")
+                return orig(*args, **kwargs)
+            mode = "replay" if key in graphs else "capture"
+            record(f"ModuleCacher.{mode}")
+            _bridge.graph_mode, _bridge.graph_reads = mode, []
+            try:
+                out, reads = orig(*args, **kwargs), _bridge.graph_reads
+            finally:
+                _bridge.graph_mode, _bridge.graph_reads = None, None
+            if mode == "capture":
+                graphs[key] = reads
+            elif not _same_reads(graphs[key], reads):
+                record("ModuleCacher.stale_read", captured=graphs[key], now=reads)
+            return out
 
         model.orig_forward = orig
         model.forward = forward
@@ -88,6 +112,10 @@ def _same_read(a, b) -> bool:
     if torch.is_tensor(a) and torch.is_tensor(b):
         return a.shape == b.shape and bool(torch.equal(a, b))
     return a == b
+
+
+def _same_reads(captured: list, now: list) -> bool:
+    return len(captured) == len(now) and all(a[0] == b[0] and _same_read(a[1], b[1]) for a, b in zip(captured, now))
 
 
 class _Graph:
@@ -140,9 +168,7 @@ def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dr
             return outputs
         record("wrap_in_hpu_graph.replay")
         fresh, reads = _run_graph("replay", orig, args, kwargs)
-        if len(reads) != len(graph.reads) or not all(
-            a[0] == b[0] and _same_read(a[1], b[1]) for a, b in zip(reads, graph.reads)
-        ):
+        if not _same_reads(graph.reads, reads):
             # The real replay takes the captured branch: wrong results where the value chose the
             # computation, harmless where it only chose, say, a warning. Recorded for tests to judge.
             record("wrap_in_hpu_graph.stale_read", captured=graph.reads, now=reads)
