@@ -34,11 +34,17 @@ class ModelArguments:
 class DataArguments:
     dataset_name: Optional[str] = None  # accepted; offline, the shipped fables are the data set
     dataset_config_name: Optional[str] = None
+    dataset_config: Optional[str] = None  # optimum's README spells it so (HfArgumentParser takes abbreviations)
+    train_file: Optional[str] = None  # .csv or JSON lines, a document and its summary a row (default: the fables)
+    validation_file: Optional[str] = None
+    text_column: Optional[str] = None  # the files' document column (default: the first)
+    summary_column: Optional[str] = None  # the files' summary column (default: the second)
     source_prefix: str = "summarize: "
     max_source_length: int = 128
     max_target_length: int = 48
     val_max_target_length: Optional[int] = None
     pad_to_max_length: bool = False  # fixed shapes (what HPU lazy mode and graphs want)
+    ignore_pad_token_for_loss: bool = True  # false: padded label positions count in the loss, as their pad id
     num_beams: int = 1
     max_train_samples: Optional[int] = None
     max_eval_samples: Optional[int] = None
@@ -136,8 +142,15 @@ def main(argv=None) -> int:
     texts = data.load_text_files(None, None)
 
     tokenizer = data.load_tokenizer(margs.tokenizer_name or saved_tokenizer(margs.model_name_or_path))
-    train_pairs = summarization.fable_pairs(texts["train"])
-    eval_pairs = summarization.fable_pairs(texts["validation"])
+    columns = (dargs.text_column, dargs.summary_column)
+    if dargs.train_file:
+        train_pairs = summarization.read_pairs(dargs.train_file, *columns)
+    else:
+        train_pairs = summarization.fable_pairs(texts["train"])
+    if dargs.validation_file:
+        eval_pairs = summarization.read_pairs(dargs.validation_file, *columns)
+    else:
+        eval_pairs = summarization.fable_pairs(texts["validation"])
     if dargs.max_train_samples:
         train_pairs = train_pairs[: dargs.max_train_samples]
     if dargs.max_eval_samples:
@@ -149,7 +162,10 @@ def main(argv=None) -> int:
     evals = summarization.encode_pairs(eval_pairs, tokenizer, dargs.max_source_length, target_len, dargs.source_prefix)
     fixed = dargs.pad_to_max_length
     collator = summarization.Seq2SeqCollator(
-        tokenizer.pad_token_id, dargs.max_source_length if fixed else 0, dargs.max_target_length if fixed else 0
+        tokenizer.pad_token_id,
+        dargs.max_source_length if fixed else 0,
+        dargs.max_target_length if fixed else 0,
+        label_pad=summarization.IGNORE if dargs.ignore_pad_token_for_loss else tokenizer.pad_token_id,
     )
     set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
     model = build_model(margs, len(tokenizer))

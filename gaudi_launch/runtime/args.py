@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import types
@@ -28,18 +29,40 @@ def _opt(default: Any, help: str = "", choices: Optional[Sequence[Any]] = None) 
     return field(default=default, metadata=meta)
 
 
-NOT_IMPLEMENTED = "optimum-habana's flag: accepted, no effect in this runtime (a note says so when set)"
+def _refused(default: Any, why: str, allowed: Sequence[Any] = ()) -> Any:
+    """A flag of optimum-habana's or transformers' that this runtime does not implement: its default (and
+    `allowed`, values that ask for what the runtime does anyway) pass; any other value is an error saying why."""
+    return field(default=default, metadata={"help": f"not supported: {why}", "refused": why, "allowed": tuple(allowed)})
 
 
-def not_implemented_notes(args: Any) -> dict[str, str]:
-    """One line per accepted-but-unimplemented flag set away from its default. Pure."""
-    notes = {}
+# AdamW in fp32 state under another name: what the runtime trains with (paged_: bitsandbytes pages the same
+# state between host and device memory, a memory matter only).
+ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw", "paged_adamw_32bit")
+
+
+def refusals(args: Any) -> dict[str, str]:
+    """{flag: message} for each flag set to a value this runtime does not implement. Pure."""
+    out = {}
     for f in dataclasses.fields(args):
-        if f.metadata.get("help") == NOT_IMPLEMENTED and getattr(args, f.name) != f.default:
-            notes[f.name] = (
-                f"--{f.name} is accepted for optimum-habana compatibility but has no effect in gaudi-launch's runtime"
-            )
-    return notes
+        why = f.metadata.get("refused")
+        value = getattr(args, f.name)
+        if why is not None and value != f.default and value not in f.metadata["allowed"]:
+            out[f.name] = f"--{f.name} {value} is not supported by gaudi-launch's runtime: {why}"
+    optim = getattr(args, "optim", "adamw_torch")
+    if optim not in ADAMW_OPTIMS:
+        out["optim"] = (
+            f"--optim {optim} is not supported by gaudi-launch's runtime: it trains with torch's AdamW "
+            f"(fused on HPU when the gaudi config asks); pass one of {', '.join(ADAMW_OPTIMS)}"
+        )
+    return out
+
+
+def warmup_steps(args: Any, num_training_steps: int) -> int:
+    """Warm-up steps as transformers 4.55 (optimum-habana 1.21.2's) computes them: --warmup_steps when
+    > 0, else ceil(--warmup_ratio x the run's optimizer steps). Pure."""
+    if getattr(args, "warmup_steps", 0) > 0:
+        return int(args.warmup_steps)
+    return math.ceil(num_training_steps * getattr(args, "warmup_ratio", 0.0))
 
 
 @dataclass
@@ -47,7 +70,11 @@ class TrainingArguments:
     """GaudiTrainingArguments' names and defaults (the subset this runtime implements)."""
 
     output_dir: str = _opt("runs/out", "where checkpoints and logs go")
-    overwrite_output_dir: bool = _opt(False)
+    overwrite_output_dir: bool = _opt(
+        False,
+        "accepted, and what the runtime always does: an existing output_dir is written into and a run resumes "
+        "only with --resume_from_checkpoint (or a launcher restart)",
+    )
     do_train: bool = _opt(False)
     do_eval: bool = _opt(False)
     use_habana: bool = _opt(
@@ -78,6 +105,7 @@ class TrainingArguments:
     learning_rate: float = _opt(5e-5)
     weight_decay: float = _opt(0.0)
     warmup_steps: int = _opt(0)
+    warmup_ratio: float = _opt(0.0, "warm-up over this fraction of the optimizer steps (when --warmup_steps is 0)")
     lr_scheduler_type: str = _opt("linear", choices=("linear", "constant", "constant_with_warmup", "cosine"))
     per_device_train_batch_size: int = _opt(8)
     per_device_eval_batch_size: int = _opt(8)
@@ -86,10 +114,18 @@ class TrainingArguments:
     adam_beta2: float = _opt(0.999)
     adam_epsilon: float = _opt(1e-6, "optimum-habana's default (HF's is 1e-8)")
     seed: int = _opt(42)
+    save_strategy: str = _opt(
+        "steps",
+        "checkpoint every --save_steps optimizer steps, at each epoch's end, or never",
+        ("steps", "epoch", "no"),
+    )
     save_steps: int = _opt(500)
     save_total_limit: Optional[int] = _opt(None)
     resume_from_checkpoint: Optional[str] = _opt(None)
     torch_compile: bool = _opt(False)
+    torch_compile_backend: Optional[str] = _opt(
+        None, "torch.compile's backend; implies --torch_compile. Default: hpu_backend on HPU, else inductor"
+    )
     deepspeed: Optional[str] = _opt(None, "DeepSpeed config file")
     gaudi_config_name: Optional[str] = _opt(None, "gaudi_config.json path/dir or a shipped name (Habana/gpt2)")
     device: Optional[str] = _opt(
@@ -124,6 +160,9 @@ class TrainingArguments:
     )
     evaluation_strategy: Optional[str] = _opt(None, "older name of --eval_strategy", choices=("no", "steps", "epoch"))
     eval_steps: Optional[int] = _opt(None, "with --eval_strategy steps; default: logging_steps")
+    eval_delay: float = _opt(
+        0.0, "no evaluation before this many optimizer steps (or epochs, with --eval_strategy epoch)"
+    )
     logging_first_step: bool = _opt(False)
     # ---- the rest of optimum-habana 1.21.2's GaudiTrainingArguments (same names and defaults) ----
     use_hpu_graphs_for_inference: bool = _opt(False, "HPU graphs for evaluation (lazy mode)")
@@ -144,23 +183,66 @@ class TrainingArguments:
     optim: str = _opt(
         "adamw_torch", "AdamW (fused on HPU when the gaudi config asks); other optimizers: accepted, AdamW is used"
     )
-    use_compiled_autograd: bool = _opt(False, NOT_IMPLEMENTED)
-    compile_from_sec_iteration: bool = _opt(False, NOT_IMPLEMENTED)
-    use_zero3_leaf_promotion: bool = _opt(False, NOT_IMPLEMENTED)
-    use_regional_compilation: bool = _opt(False, NOT_IMPLEMENTED)
-    inline_inbuilt_nn_modules: Optional[bool] = _opt(None, NOT_IMPLEMENTED)
-    allow_unspec_int_on_nn_module: Optional[bool] = _opt(None, NOT_IMPLEMENTED)
-    context_parallel_size: int = _opt(1, NOT_IMPLEMENTED)
-    minimize_memory: bool = _opt(False, NOT_IMPLEMENTED)
-    ignore_eos: bool = _opt(True, NOT_IMPLEMENTED)
-    profiling_warmup_steps: int = _opt(0, NOT_IMPLEMENTED)
-    profiling_steps: int = _opt(0, NOT_IMPLEMENTED)
-    profiling_warmup_steps_eval: int = _opt(0, NOT_IMPLEMENTED)
-    profiling_steps_eval: int = _opt(0, NOT_IMPLEMENTED)
-    profiling_record_shapes: bool = _opt(True, NOT_IMPLEMENTED)
-    profiling_with_stack: bool = _opt(False, NOT_IMPLEMENTED)
-    flash_attention_fp8: bool = _opt(False, NOT_IMPLEMENTED)
-    fp8: bool = _opt(False, NOT_IMPLEMENTED)
+    inline_inbuilt_nn_modules: Optional[bool] = _opt(
+        None, "torch._dynamo.config.inline_inbuilt_nn_modules with --torch_compile (None: torch's default)"
+    )
+    allow_unspec_int_on_nn_module: Optional[bool] = _opt(
+        None, "torch._dynamo.config.allow_unspec_int_on_nn_module with --torch_compile (None: torch's default)"
+    )
+    # ---- refused away from their defaults: each says why (tests/runtime/test_optimum_flags.py parses every
+    # optimum-habana 1.21.2 example command line against these) ----
+    use_compiled_autograd: bool = _refused(False, "torch's compiled autograd is not wired in; drop the flag")
+    compile_from_sec_iteration: bool = _refused(
+        False, "the model is compiled before the first step (--throughput_warmup_steps leaves that step out)"
+    )
+    use_zero3_leaf_promotion: bool = _refused(
+        False, "ZeRO-3 leaf modules (DeepSpeed's set_z3_leaf_modules, for mixture-of-experts layers) are not set"
+    )
+    use_regional_compilation: bool = _refused(
+        False, "--torch_compile compiles the whole model, not each repeated layer; drop the flag"
+    )
+    context_parallel_size: int = _refused(1, "context parallelism is not implemented: ranks are data-parallel")
+    minimize_memory: bool = _refused(False, "it is an fp8 training option, and fp8 is not supported")
+    ignore_eos: bool = _refused(True, "it is for optimum-habana's generation benchmarks; generation here stops at EOS")
+    profiling_warmup_steps: int = _refused(0, "the profiler is not wired in; wrap trainer.train() in torch.profiler")
+    profiling_steps: int = _refused(0, "the profiler is not wired in; wrap trainer.train() in torch.profiler")
+    profiling_warmup_steps_eval: int = _refused(0, "the profiler is not wired in; wrap evaluate() in torch.profiler")
+    profiling_steps_eval: int = _refused(0, "the profiler is not wired in; wrap evaluate() in torch.profiler")
+    profiling_record_shapes: bool = _refused(True, "the profiler is not wired in")
+    profiling_with_stack: bool = _refused(False, "the profiler is not wired in")
+    flash_attention_fp8: bool = _refused(
+        False, "fp8 needs Habana's Transformer Engine, which this runtime does not use"
+    )
+    fp8: bool = _refused(False, "fp8 needs Habana's Transformer Engine, which this runtime does not use")
+    # ---- transformers' TrainingArguments (4.55, optimum-habana's, and 5.x) that the example commands use ----
+    logging_strategy: str = _refused(
+        "steps", "the loss is logged every --logging_steps optimizer steps; set that instead"
+    )
+    bf16_full_eval: bool = _refused(
+        False, "evaluation runs in the training's precision (--bf16: under bf16 autocast); the model is not cast"
+    )
+    do_predict: bool = _refused(False, "the example scripts have no test split to predict on; use --do_eval")
+    fsdp: Optional[str] = _refused(None, "FSDP is not implemented; shard with --deepspeed and a ZeRO-3 config")
+    fsdp_config: Optional[str] = _refused(None, "FSDP is not implemented; shard with --deepspeed and a ZeRO-3 config")
+    push_to_hub: bool = _refused(False, "the runtime does not upload to the Hugging Face Hub; upload output_dir")
+    hub_model_id: Optional[str] = _refused(None, "the runtime does not upload to the Hugging Face Hub")
+    push_to_hub_model_id: Optional[str] = _refused(None, "the runtime does not upload to the Hugging Face Hub")
+    run_name: Optional[str] = _refused(
+        None, "it names a run for experiment trackers, which the runtime does not report to (see output_dir)"
+    )
+    label_names: Optional[list[str]] = _refused(
+        None, "the loss is the model's own, from the batch's 'labels'", allowed=(["labels"],)
+    )
+    load_best_model_at_end: bool = _refused(
+        False, "the best checkpoint is not tracked; checkpoints rotate by --save_total_limit, newest kept"
+    )
+    metric_for_best_model: Optional[str] = _refused(None, "the best checkpoint is not tracked")
+    remove_unused_columns: bool = _opt(
+        True,
+        "accepted: the batch goes to the model as the script's collator builds it, no column removed "
+        "(what false asks; the shipped collators build model inputs only)",
+    )
+    adafactor: bool = _refused(False, "the runtime trains with AdamW")
 
     def __post_init__(self) -> None:
         # Direct construction gets the same checks as the command line.
@@ -183,11 +265,11 @@ class TrainingArguments:
             )
         if self.use_hpu_graphs:
             self.use_hpu_graphs_for_inference = True
-        if os.environ.get("RANK", "0") == "0":  # one note per job, not one per rank
-            for note in not_implemented_notes(self).values():
-                warnings.warn(note, stacklevel=3)
-            if self.optim not in ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw"):
-                warnings.warn(f"--optim {self.optim}: gaudi-launch's runtime trains with AdamW", stacklevel=3)
+        refused = refusals(self)
+        if refused:
+            raise ValueError("\n".join(refused.values()))
+        if self.torch_compile_backend is not None:
+            self.torch_compile = True  # as transformers' TrainingArguments
         if self.use_flash_attention:
             if self.attn_implementation not in (None, "gaudi_fused_sdpa"):
                 raise ValueError(

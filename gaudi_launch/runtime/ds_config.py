@@ -13,6 +13,8 @@ import copy
 import json
 from typing import Any, Optional
 
+from .args import warmup_steps
+
 AUTO = "auto"
 
 
@@ -84,7 +86,7 @@ def resolve_ds_config(
         ("optimizer.params.weight_decay", args.weight_decay),
         ("scheduler.params.warmup_min_lr", 0),
         ("scheduler.params.warmup_max_lr", args.learning_rate),
-        ("scheduler.params.warmup_num_steps", args.warmup_steps),
+        ("scheduler.params.warmup_num_steps", warmup_steps(args, total_steps)),
         ("scheduler.params.total_num_steps", total_steps),
     ]:
         _fill(out, path, value)

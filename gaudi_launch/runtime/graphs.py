@@ -53,12 +53,21 @@ def compile_model(model: Any, info: DeviceInfo, args: Any) -> Any:
     if getattr(args, "torch_compile", False):
         if getattr(args, "cache_size_limit", None):
             torch._dynamo.config.cache_size_limit = args.cache_size_limit
+        for name in ("inline_inbuilt_nn_modules", "allow_unspec_int_on_nn_module"):
+            # optimum-habana sets these dynamo switches from its flags of the same names (None: torch's own).
+            if getattr(args, name, None) is not None:
+                setattr(torch._dynamo.config, name, getattr(args, name))
         return torch.compile(
-            model,
-            backend="hpu_backend" if info.kind == "hpu" else "inductor",
-            dynamic=getattr(args, "compile_dynamic", None),
+            model, backend=compile_backend(args, info.kind), dynamic=getattr(args, "compile_dynamic", None)
         )
     return model
+
+
+def compile_backend(args: Any, kind: str) -> str:
+    """--torch_compile_backend, else hpu_backend on HPU (Habana's only torch.compile backend: "PyTorch Support
+    Matrix" page) and inductor elsewhere, as transformers and optimum-habana default it. Pure."""
+    chosen = getattr(args, "torch_compile_backend", None)
+    return chosen or ("hpu_backend" if kind == "hpu" else "inductor")
 
 
 def mark_batch_dynamic(batch: Any, info: DeviceInfo, args: Any) -> None:

@@ -156,10 +156,15 @@ class _HpuFlags:
 
     use_lazy_mode: Optional[bool] = None  # None: not given, the Gaudi software's default applies
     torch_compile: bool = False
+    torch_compile_backend: Optional[str] = None
     bf16: bool = False
     gaudi_config_name: Optional[str] = None
     deepspeed: Optional[str] = None
     half_precision_backend: str = "hpu_amp"
+
+    def __post_init__(self) -> None:
+        if self.torch_compile_backend is not None:
+            self.torch_compile = True  # a backend implies --torch_compile, as in TrainingArguments
 
 
 def script_hpu_flags(script_argv: list[str]) -> Optional[_HpuFlags]:

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import torch
 
+from .args import warmup_steps
 from .device import DeviceInfo
 
 
@@ -88,13 +89,14 @@ def clip_flat_grad_norm(flat: torch.Tensor, max_norm: float) -> torch.Tensor:
 def make_scheduler(
     optimizer: torch.optim.Optimizer, args: Any, num_training_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over args.warmup_steps, then the decay named by args.lr_scheduler_type.
+    """Linear warmup over args.warmup_steps (or --warmup_ratio of the steps), then the decay named by
+    args.lr_scheduler_type.
 
     "constant" ignores warmup as HF's does; "constant_with_warmup" keeps it.
     """
     kind = getattr(args, "lr_scheduler_type", "linear")
-    warmup = max(0, int(getattr(args, "warmup_steps", 0)))
     total = max(1, int(num_training_steps))
+    warmup = max(0, warmup_steps(args, total))
     if kind not in ("linear", "constant", "constant_with_warmup", "cosine"):
         raise ValueError(f"lr_scheduler_type {kind!r}: expected linear, constant, constant_with_warmup or cosine")
 

@@ -7,9 +7,11 @@ needs no download and a model can learn it.
 
 from __future__ import annotations
 
+import csv
+import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -40,6 +42,29 @@ def fable_pairs(lines: Sequence[str]) -> list[dict[str, str]]:
     return pairs
 
 
+def read_pairs(
+    path: str, text_column: Optional[str] = None, summary_column: Optional[str] = None
+) -> list[dict[str, str]]:
+    """[{"document", "summary"}] from a .csv or JSON-lines (.json/.jsonl) file, as optimum-habana's
+    run_summarization reads --train_file/--validation_file: the named columns, else the first two."""
+    if path.endswith(".csv"):
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    elif path.endswith((".json", ".jsonl")):
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    else:
+        raise ValueError(f"{path}: expected a .csv, .json or .jsonl file (one document and its summary a row)")
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    names = list(rows[0])
+    text, summary = text_column or names[0], summary_column or (names[1] if len(names) > 1 else "")
+    missing = [c for c in (text, summary) if c not in rows[0]]
+    if missing:
+        raise ValueError(f"{path}: no column {', '.join(map(repr, missing))} (columns: {', '.join(names)})")
+    return [{"document": str(r[text]), "summary": str(r[summary])} for r in rows]
+
+
 def encode_pairs(
     pairs: Sequence[Mapping[str, str]], tokenizer, max_source: int, max_target: int, prefix: str = "summarize: "
 ) -> list[dict[str, list[int]]]:
@@ -54,18 +79,19 @@ def encode_pairs(
 
 
 class Seq2SeqCollator:
-    """Pads sources with the pad id and targets with -100 (ignored by the loss), to the batch's longest
-    or to fixed lengths (static shapes for HPU lazy mode: --pad_to_max_length)."""
+    """Pads sources with the pad id and targets with -100 (ignored by the loss; `label_pad` otherwise, as
+    --ignore_pad_token_for_loss false asks), to the batch's longest or to fixed lengths (static shapes for
+    HPU lazy mode: --pad_to_max_length)."""
 
-    def __init__(self, pad_id: int, max_source: int = 0, max_target: int = 0):
-        self.pad_id, self.max_source, self.max_target = pad_id, max_source, max_target
+    def __init__(self, pad_id: int, max_source: int = 0, max_target: int = 0, label_pad: int = IGNORE):
+        self.pad_id, self.max_source, self.max_target, self.label_pad = pad_id, max_source, max_target, label_pad
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         src_len = self.max_source or max(len(f["input_ids"]) for f in features)
         tgt_len = self.max_target or max(len(f["labels"]) for f in features)
         ids = torch.full((len(features), src_len), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        labels = torch.full((len(features), tgt_len), IGNORE, dtype=torch.long)
+        labels = torch.full((len(features), tgt_len), self.label_pad, dtype=torch.long)
         for i, f in enumerate(features):
             n, m = len(f["input_ids"]), len(f["labels"])
             ids[i, :n] = torch.as_tensor(f["input_ids"])

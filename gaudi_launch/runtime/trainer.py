@@ -137,11 +137,22 @@ def worker_start_method(kind: str, world: int, num_workers: int) -> Optional[str
     return "spawn" if kind == "hpu" and world > 8 and num_workers > 0 else None
 
 
-def evaluation_due(args: TrainingArguments, step: int, epoch_end: bool) -> bool:
-    """Whether to evaluate now: every eval_steps optimizer steps, or at the end of each epoch. Pure."""
+def evaluation_due(args: TrainingArguments, step: int, epoch_end: bool, epochs_done: int = 0) -> bool:
+    """Whether to evaluate now: every eval_steps optimizer steps, or at the end of each epoch; none before
+    --eval_delay steps (epochs, with "epoch"), as transformers' DefaultFlowCallback decides. Pure."""
+    delay = getattr(args, "eval_delay", 0)
     if args.eval_strategy == "steps":
-        return not epoch_end and bool(args.eval_steps) and step % args.eval_steps == 0
-    return args.eval_strategy == "epoch" and epoch_end
+        return not epoch_end and bool(args.eval_steps) and step % args.eval_steps == 0 and step >= delay
+    return args.eval_strategy == "epoch" and epoch_end and epochs_done >= delay
+
+
+def save_due(args: TrainingArguments, step: int, epoch_end: bool) -> bool:
+    """Whether to checkpoint now (--save_strategy): every save_steps optimizer steps, at each epoch's end,
+    or never. Pure."""
+    strategy = getattr(args, "save_strategy", "steps")
+    if strategy == "steps":
+        return not epoch_end and bool(args.save_steps) and step % args.save_steps == 0
+    return strategy == "epoch" and epoch_end
 
 
 def multi_node_eval_warning(world: int, local_world: int) -> Optional[str]:
@@ -395,7 +406,7 @@ class Trainer:
                     with paused():
                         self._log_step(step, self._mean_across_ranks(step_loss), scheduler, throughput)
                 self._evaluate_if_due(step, False, throughput)
-                if args.save_steps and step % args.save_steps == 0:
+                if save_due(args, step, False):
                     with paused():
                         self._save(step, epoch, batch_index + 1)
                 if self.on_step_end is not None:
@@ -404,7 +415,10 @@ class Trainer:
                     done = True
                     break
             if batch_index + 1 >= len(loader):  # the epoch's end, also when it was the last step's
-                self._evaluate_if_due(step, True, throughput)
+                self._evaluate_if_due(step, True, throughput, epoch + 1)
+                if save_due(args, step, True):
+                    with throughput.pause() if args.adjust_throughput else contextlib.nullcontext():
+                        self._save(step, epoch + 1, 0)  # resumes at the next epoch's start
             skip = 0
             epoch += 1
         train_loss = self._mean_across_ranks(loss_sum / n_losses) if loss_sum is not None else 0.0
@@ -435,8 +449,8 @@ class Trainer:
             return {**state, "_path": path}
         return None
 
-    def _evaluate_if_due(self, step: int, epoch_end: bool, throughput: Throughput) -> None:
-        if self.eval_dataset is not None and evaluation_due(self.args, step, epoch_end):
+    def _evaluate_if_due(self, step: int, epoch_end: bool, throughput: Throughput, epochs_done: int = 0) -> None:
+        if self.eval_dataset is not None and evaluation_due(self.args, step, epoch_end, epochs_done):
             with throughput.pause():  # evaluation time is not training throughput
                 self.evaluate(step)
 
