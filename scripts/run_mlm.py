@@ -76,6 +76,7 @@ def main(argv=None) -> int:
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
     from gaudi_launch.runtime.examples import saved_tokenizer, train_and_evaluate
     from gaudi_launch.runtime.trainer import Trainer, set_seed
+    from gaudi_launch.runtime.zero_init import prepare_deepspeed
 
     try:
         select_device(targs)
@@ -97,6 +98,7 @@ def main(argv=None) -> int:
     if dargs.max_eval_samples:
         eval_blocks = eval_blocks[: dargs.max_eval_samples]
     eval_blocks = mlm.premask(eval_blocks, mask_id, len(tokenizer), dargs.mlm_probability, specials)
+    prepare_deepspeed(targs)  # --deepspeed with ZeRO-3: the model is built partitioned (zero.Init)
     set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
     model = build_model(margs, len(tokenizer))
     trainer = Trainer(

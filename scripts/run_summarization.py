@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
     from gaudi_launch.runtime.examples import saved_tokenizer, train_and_evaluate
     from gaudi_launch.runtime.trainer import Trainer, set_seed
+    from gaudi_launch.runtime.zero_init import prepare_deepspeed
 
     try:
         select_device(targs)
@@ -167,6 +168,7 @@ def main(argv=None) -> int:
         dargs.max_target_length if fixed else 0,
         label_pad=summarization.IGNORE if dargs.ignore_pad_token_for_loss else tokenizer.pad_token_id,
     )
+    prepare_deepspeed(targs)  # --deepspeed with ZeRO-3: the model is built partitioned (zero.Init)
     set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
     model = build_model(margs, len(tokenizer))
     model.config.use_cache = margs.use_cache

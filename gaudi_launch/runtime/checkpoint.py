@@ -2,11 +2,14 @@
 
 Layout of ``output_dir/checkpoint-<step>/``: ``model.pt``, ``optimizer.pt``, ``scheduler.pt``
 (state dicts), ``trainer_state.json`` (step, sampler_state, extra) and ``rng-<rank>.pt`` per
-rank. Everything is written into ``output_dir/.tmp-checkpoint-<step>-<pid>`` first and renamed
-into place only once every rank has finished, so a crash mid-save (or a preempted job) never
-leaves a ``checkpoint-*`` directory that resuming would trip over. Temp directories left by a
-crash are ignored by :func:`latest_checkpoint`; they are not deleted automatically, because on a
-shared filesystem another job could be writing one.
+rank. Under DeepSpeed, ``deepspeed/`` (the engine's own checkpoint: the model and every rank's
+ZeRO partition of the optimizer, and of the weights under ZeRO-3) takes the place of
+``model.pt`` and ``optimizer.pt``. Everything is written into
+``output_dir/.tmp-checkpoint-<step>-<pid>`` first and renamed into place only once every rank
+has finished, so a crash mid-save (or a preempted job) never leaves a ``checkpoint-*``
+directory that resuming would trip over. Temp directories left by a crash are ignored by
+:func:`latest_checkpoint`; they are not deleted automatically, because on a shared filesystem
+another job could be writing one.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch.distributed as dist
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 MODEL, OPTIMIZER, SCHEDULER, STATE = "model.pt", "optimizer.pt", "scheduler.pt", "trainer_state.json"
+DEEPSPEED = "deepspeed"  # the engine's checkpoint tag: its subdirectory of checkpoint-N
 
 
 class CheckpointError(RuntimeError):
@@ -161,7 +165,7 @@ def save_checkpoint(
     output_dir: str,
     step: int,
     *,
-    model: torch.nn.Module,
+    model: Optional[torch.nn.Module],
     optimizer: Optional[torch.optim.Optimizer],
     scheduler: Any,
     sampler_state: dict,
@@ -169,12 +173,15 @@ def save_checkpoint(
     total_limit: Optional[int] = None,
     rank: int = 0,
     world: int = 1,
+    engine: Any = None,
 ) -> str:
     """Write ``output_dir/checkpoint-<step>`` atomically and return its path (on every rank).
 
     Every rank must call it (with a process group when ``world > 1``): each saves its own RNG
     state, rank 0 saves the rest, renames the directory into place and, with ``total_limit``,
-    deletes all but the newest ``total_limit`` checkpoints.
+    deletes all but the newest ``total_limit`` checkpoints. With a DeepSpeed ``engine`` every
+    rank also writes its ZeRO partition through the engine's save_checkpoint (pass model and
+    optimizer as None: rank 0's state dicts would hold only its own partition).
     """
     if total_limit is not None and total_limit < 1:
         raise ValueError(f"total_limit must be at least 1 (or None for no limit), got {total_limit}")
@@ -198,9 +205,14 @@ def save_checkpoint(
     try:
         writing = os.path.join(tmp, _rng_file(rank))
         _save(_rng_state(), writing)
+        if engine is not None:
+            writing = os.path.join(tmp, DEEPSPEED)
+            # A collective: every rank writes its own partition files into the tag directory.
+            engine.save_checkpoint(tmp, tag=DEEPSPEED, save_latest=False)
         if rank == 0:
-            writing = os.path.join(tmp, MODEL)
-            _save(to_host(model.state_dict()), writing)
+            if model is not None:
+                writing = os.path.join(tmp, MODEL)
+                _save(to_host(model.state_dict()), writing)
             if optimizer is not None:
                 writing = os.path.join(tmp, OPTIMIZER)
                 _save(to_host(optimizer.state_dict()), writing)
@@ -251,7 +263,8 @@ def complete_checkpoints(output_dir: str) -> list[str]:
     return [
         path
         for _, path in reversed(_checkpoints(output_dir))
-        if os.path.isfile(os.path.join(path, STATE)) and os.path.isfile(os.path.join(path, MODEL))
+        if os.path.isfile(os.path.join(path, STATE))
+        and (os.path.isfile(os.path.join(path, MODEL)) or os.path.isdir(os.path.join(path, DEEPSPEED)))
     ]
 
 
@@ -261,16 +274,63 @@ def latest_checkpoint(output_dir: str) -> Optional[str]:
     return found[0] if found else None
 
 
+class _WeightsOnlyEngine:
+    """A DeepSpeed checkpoint engine whose loads are weights_only (DeepSpeed's own unpickles
+    anything), allowing by name only the classes DeepSpeed pickles besides tensors and
+    containers: its loss scalers, its ZeRO stage enum and its partitions' fragment addresses."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        with torch.serialization.safe_globals([LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]):
+            return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def _load_engine(path: str, engine: Any) -> None:
+    """Every rank reads its own partition back through the engine (a collective)."""
+    shards = os.path.join(path, DEEPSPEED)
+    if not os.path.isdir(shards):
+        raise CheckpointError(
+            f"{path} was saved without --deepspeed (it has no {DEEPSPEED}/ directory): resume it without "
+            "--deepspeed, or start this DeepSpeed run afresh"
+        )
+    inner = engine.checkpoint_engine
+    engine.checkpoint_engine = _WeightsOnlyEngine(inner)
+    try:
+        loaded, _ = engine.load_checkpoint(path, tag=DEEPSPEED, load_optimizer_states=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(
+            f"{shards} cannot be loaded: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from exc
+    finally:
+        engine.checkpoint_engine = inner
+    if loaded is None:  # DeepSpeed only logs what it did not find
+        raise CheckpointError(f"{shards} cannot be loaded: DeepSpeed found no checkpoint there")
+
+
 def load_checkpoint(
     path: str,
     *,
-    model: torch.nn.Module,
+    model: Optional[torch.nn.Module],
     optimizer: Optional[torch.optim.Optimizer] = None,
     scheduler: Any = None,
     rank: int = 0,
     map_location: Any = "cpu",
+    engine: Any = None,
 ) -> dict:
-    """Restore model, optimizer, scheduler and this rank's RNG from ``path``; return trainer_state."""
+    """Restore model, optimizer, scheduler and this rank's RNG from ``path``; return trainer_state.
+
+    With a DeepSpeed ``engine`` (every rank must call it then) the engine restores the model and
+    its optimizer from ``deepspeed/``; pass model and optimizer as None.
+    """
 
     # weights_only: a checkpoint directory should never be able to run code on load.
     def load(name: str, where: Any = map_location) -> Any:
@@ -283,8 +343,15 @@ def load_checkpoint(
                 f"{file} cannot be loaded: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
             ) from exc
 
-    # Everything is read before anything is applied: a bad file leaves the model as it was.
-    model_state = load(MODEL)
+    if (
+        engine is None
+        and not os.path.isfile(os.path.join(path, MODEL))
+        and os.path.isdir(os.path.join(path, DEEPSPEED))
+    ):
+        raise CheckpointError(f"{path} holds a DeepSpeed checkpoint (in {DEEPSPEED}/): resume it with --deepspeed")
+    # Everything of ours is read before anything is applied: a bad file leaves the model as it was
+    # (the engine's own files come last).
+    model_state = load(MODEL) if model is not None else None
     optimizer_state = load(OPTIMIZER) if optimizer is not None else None
     scheduler_state = load(SCHEDULER) if scheduler is not None else None
     try:
@@ -292,7 +359,10 @@ def load_checkpoint(
             state = json.load(f)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{os.path.join(path, STATE)} cannot be read: {exc}") from exc
-    model.load_state_dict(model_state)
+    if engine is not None:
+        _load_engine(path, engine)
+    if model is not None:
+        model.load_state_dict(model_state)
     if optimizer is not None:
         optimizer.load_state_dict(optimizer_state)
     if scheduler is not None:

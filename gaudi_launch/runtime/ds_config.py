@@ -53,12 +53,19 @@ def _autos(node: Any, prefix: str = "") -> list[str]:
 
 
 def resolve_ds_config(
-    config: dict[str, Any], args: Any, world: int, total_steps: int, hidden_size: Optional[int] = None
+    config: dict[str, Any],
+    args: Any,
+    world: int,
+    total_steps: Optional[int],
+    hidden_size: Optional[int] = None,
+    complete: bool = True,
 ) -> dict[str, Any]:
     """``config`` with every "auto" filled from ``args`` (TrainingArguments); a new dict.
 
     ``total_steps`` is the run's optimizer steps (for a scheduler's total_num_steps);
-    ``hidden_size`` the model's (for ZeRO's bucket sizes), when known.
+    ``hidden_size`` the model's (for ZeRO's bucket sizes), when known. ``complete=False``: the
+    config for building the model under ZeRO-3, before either is known (as transformers'
+    ``trainer_config_process``): what they fill stays "auto", which DeepSpeed reads as its default.
     """
     out = copy.deepcopy(config)
     accum = max(1, args.gradient_accumulation_steps)
@@ -86,18 +93,25 @@ def resolve_ds_config(
         ("optimizer.params.weight_decay", args.weight_decay),
         ("scheduler.params.warmup_min_lr", 0),
         ("scheduler.params.warmup_max_lr", args.learning_rate),
-        ("scheduler.params.warmup_num_steps", warmup_steps(args, total_steps)),
-        ("scheduler.params.total_num_steps", total_steps),
     ]:
         _fill(out, path, value)
+    if total_steps is not None:  # both depend on the run's length (--warmup_ratio)
+        _fill(out, "scheduler.params.warmup_num_steps", warmup_steps(args, total_steps))
+        _fill(out, "scheduler.params.total_num_steps", total_steps)
     if hidden_size:
         _fill(out, "zero_optimization.reduce_bucket_size", hidden_size * hidden_size)
         _fill(out, "zero_optimization.stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size))
         _fill(out, "zero_optimization.stage3_param_persistence_threshold", 10 * hidden_size)
     left = _autos(out)
-    if left:
+    if left and complete:
         raise ValueError(f'--deepspeed: no value to fill "auto" with for {", ".join(left)}: set it in the config')
     if "optimizer" not in out:
         # The Trainer hands its own optimizer to DeepSpeed, which ZeRO accepts only when told to.
         out.setdefault("zero_allow_untested_optimizer", True)
     return out
+
+
+def zero_stage(config: dict[str, Any]) -> int:
+    """The config's ZeRO stage (0 without a zero_optimization block). Pure."""
+    zero = config.get("zero_optimization")
+    return int(zero.get("stage", 0)) if isinstance(zero, dict) else 0

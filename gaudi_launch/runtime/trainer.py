@@ -34,7 +34,7 @@ from gaudi_launch.runtime.device import (
     select_device,
     set_dynamic_shapes,
 )
-from gaudi_launch.runtime.ds_config import load_ds_config, resolve_ds_config
+from gaudi_launch.runtime.ds_config import load_ds_config, resolve_ds_config, zero_stage
 from gaudi_launch.runtime.fast_ddp import FastDDP
 from gaudi_launch.runtime.graphs import InferenceGraphs, apply_hpu_graphs, compile_model, mark_batch_dynamic
 from gaudi_launch.runtime.kernels import use_fused_kernels
@@ -43,6 +43,7 @@ from gaudi_launch.runtime.masks import check_padding_once, prepare_masks
 from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
 from gaudi_launch.runtime.optim import clip_flat_grad_norm, clip_grad_norm, make_optimizer, make_scheduler
 from gaudi_launch.runtime.precision import autocast
+from gaudi_launch.runtime.zero_init import built_partitioned, prepare_deepspeed
 
 
 @dataclass
@@ -263,8 +264,16 @@ class Trainer:
         import deepspeed
 
         args = self.args
+        prepare_deepspeed(args)  # transformers keeps following the config (a no-op if the script called it)
         hidden = getattr(getattr(self.model, "config", None), "hidden_size", None)
         config = resolve_ds_config(load_ds_config(args.deepspeed), args, self.world, self._planned_steps(), hidden)
+        if zero_stage(config) == 3 and not built_partitioned(self.model) and self.rank == 0:
+            warnings.warn(
+                "--deepspeed with ZeRO-3: the model was built whole on every rank (DeepSpeed partitions it only "
+                "now); call gaudi_launch.runtime.zero_init.prepare_deepspeed(training_args) before building it "
+                "(as scripts/run_clm.py does), so that each rank allocates only its partition",
+                stacklevel=3,
+            )
         # Without an "optimizer" block the Trainer's own optimizer is handed over, as HF does.
         optimizer = None if "optimizer" in config else make_optimizer(self.model, args, self.info, self.gaudi_config)
         self.engine, self.optimizer, _, ds_scheduler = deepspeed.initialize(
@@ -435,8 +444,15 @@ class Trainer:
         candidates = ckpt.complete_checkpoints(self.args.output_dir) if latest else [resume]
         for i, path in enumerate(candidates):
             try:
+                # Under DeepSpeed the engine reads every rank's partition back itself.
+                engine = self.engine
                 state = ckpt.load_checkpoint(
-                    path, model=self.model, optimizer=self.optimizer, scheduler=scheduler, rank=self.rank
+                    path,
+                    model=self.model if engine is None else None,
+                    optimizer=self.optimizer if engine is None else None,
+                    scheduler=scheduler,
+                    rank=self.rank,
+                    engine=engine,
                 )
             except ckpt.CheckpointError as exc:
                 if not latest or i + 1 == len(candidates):
@@ -509,12 +525,14 @@ class Trainer:
         self._say(format_log(step, values))
 
     def _save(self, step: int, epoch: int, batches: int) -> None:
+        engine = self.engine  # under DeepSpeed every rank writes its own partition through it
         ckpt.save_checkpoint(
             self.args.output_dir,
             step,
-            model=self.model,
-            optimizer=self.optimizer,
+            model=self.model if engine is None else None,
+            optimizer=self.optimizer if engine is None else None,
             scheduler=self.scheduler,
+            engine=engine,
             sampler_state={"epoch": epoch, "batches": batches},
             total_limit=self.args.save_total_limit,
             rank=self.rank,
@@ -528,15 +546,39 @@ class Trainer:
     def save_model(self, output_dir: Optional[str] = None) -> Optional[str]:
         """The trained model (not a resumable checkpoint) for from_pretrained: rank 0 writes it."""
         out = output_dir or self.args.output_dir
+        engine = self.engine
+        state: Optional[dict] = None
+        if engine is not None and engine.zero_optimization_partition_weights():
+            # ZeRO-3: each rank holds a partition, the module's own tensors are empty placeholders.
+            if not engine.zero_gather_16bit_weights_on_model_save():
+                return self._save_zero3_partitions(out)
+            # A collective, one module at a time; rank 0 receives the whole state dict (as HF's Trainer).
+            state = engine._zero3_consolidated_16bit_state_dict()
         if self.rank == 0:
             os.makedirs(out, exist_ok=True)
-            state = ckpt.to_host(self.model.state_dict())
+            state = ckpt.to_host(self.model.state_dict() if state is None else state)
             if hasattr(self.model, "save_pretrained"):
                 self.model.save_pretrained(out, state_dict=state)
             else:
                 torch.save(state, os.path.join(out, "pytorch_model.bin"))
         if self.world > 1:
             dist.barrier()  # nobody reads the directory before it is complete
+        return out
+
+    def _save_zero3_partitions(self, out: str) -> str:
+        """ZeRO-3 told not to gather the weights (stage3_gather_16bit_weights_on_model_save false): as
+        HF's Trainer, the engine's checkpoint instead of a model file with empty tensors."""
+        if self.rank == 0:
+            warnings.warn(
+                f"--deepspeed: stage3_gather_16bit_weights_on_model_save is false, so {out} gets DeepSpeed's "
+                "partitioned checkpoint instead of model weights: recover them with the zero_to_fp32.py written "
+                "there, or set it to true in the DeepSpeed config",
+                stacklevel=3,
+            )
+            os.makedirs(out, exist_ok=True)
+            if hasattr(self.model, "config") and hasattr(self.model.config, "save_pretrained"):
+                self.model.config.save_pretrained(out)
+        self.engine.save_checkpoint(out)  # every rank writes its partition
         return out
 
     # ---- evaluation ----------------------------------------------------------------------------

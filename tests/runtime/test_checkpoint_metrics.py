@@ -430,3 +430,16 @@ def test_disk_full_during_save_names_the_path_and_keeps_the_previous_checkpoint(
         load_checkpoint(str(disk / "checkpoint-1"), model=make(0)[0])
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_deepspeed_checkpoint_counts_as_complete_and_asks_for_deepspeed_to_resume(tmp_path):
+    # Under --deepspeed, checkpoint-N holds the engine's deepspeed/ directory instead of model.pt.
+    path = tmp_path / "checkpoint-3"
+    (path / "deepspeed").mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"step": 3, "sampler_state": {}, "extra": {}}))
+    assert latest_checkpoint(str(tmp_path)) == str(path)
+    with pytest.raises(CheckpointError, match="holds a DeepSpeed checkpoint .*resume it with --deepspeed"):
+        load_checkpoint(str(path), model=torch.nn.Linear(2, 2))
+    (tmp_path / "checkpoint-4").mkdir()  # neither model.pt nor deepspeed/: not a checkpoint
+    (tmp_path / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    assert latest_checkpoint(str(tmp_path)) == str(path)

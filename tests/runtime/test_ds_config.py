@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gaudi_launch.runtime.args import TrainingArguments
-from gaudi_launch.runtime.ds_config import load_ds_config, resolve_ds_config
+from gaudi_launch.runtime.ds_config import load_ds_config, resolve_ds_config, zero_stage
 
 ZERO3 = {
     "train_batch_size": "auto",
@@ -77,3 +77,15 @@ def test_a_config_that_does_not_load_names_the_file_and_line(tmp_path):
     good = tmp_path / "ok.json"
     good.write_text(json.dumps({"a": 1}))
     assert load_ds_config(str(good)) == {"a": 1}
+
+
+def test_before_the_model_exists_only_what_the_arguments_decide_is_filled():
+    # prepare_deepspeed's config for zero.Init (as transformers' trainer_config_process): batch sizes and
+    # precision now; the schedule's length and the model's sizes stay "auto" (DeepSpeed's defaults) and
+    # are no error yet.
+    args = TrainingArguments(per_device_train_batch_size=4, gradient_accumulation_steps=3, bf16=True)
+    out = resolve_ds_config(ZERO3, args, world=2, total_steps=None, hidden_size=None, complete=False)
+    assert (out["train_batch_size"], out["bf16"]["enabled"]) == (24, True)
+    assert out["scheduler"]["params"] == {"warmup_num_steps": "auto", "total_num_steps": "auto"}
+    assert out["zero_optimization"]["reduce_bucket_size"] == "auto"
+    assert zero_stage(out) == 3 and zero_stage({}) == 0 and zero_stage({"zero_optimization": {"stage": 1}}) == 1
