@@ -5,13 +5,16 @@ transformers reads a padding mask's values on the host to decide whether it can 
 reads the input ids when there is none (``warn_if_padding_and_no_attention_mask``). On a Gaudi in lazy
 mode each read is a step marker and a device-to-host copy (the bridge's lazy kernels,
 ``_local_scalar_dense_hpu``); inside an HPU graph the branch taken at capture is replayed whatever later
-batches hold. So: the collators send no mask where nothing is padded; an encoder-decoder's padding
-mask goes in already expanded (4D, additive, built on the host), which transformers takes as it is;
-and the no-mask padding check runs once, the only time its warning can show.
+batches hold. So: the collators send no mask where nothing is padded, and the Trainer leaves out any
+collator's mask that masks nothing; an encoder-decoder's padding mask goes in already expanded (4D,
+additive, built on the host), which transformers takes as it is; and the no-mask padding check runs
+once, the only time its warning can show.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Optional
 
 import torch
@@ -33,21 +36,34 @@ def expanded_encoder_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
 
 
 def prepare_masks(batch: dict[str, Any], model: torch.nn.Module, info: DeviceInfo) -> dict[str, Any]:
-    """On HPU, an encoder-decoder's 2D padding mask (still on the host) expanded there, so that the
-    model never reads it back; anything else as it is. The attention_mask of an encoder-decoder is the
-    encoder's padding mask, used bidirectionally (encoder and cross-attention), so no causal part."""
+    """On HPU, a 2D padding mask still on the host is settled there, so that the model never reads it
+    back: one that masks nothing is left out (any collator's, e.g. transformers' default one, which
+    always sends it) where the model's forward does without it; an encoder-decoder's is expanded.
+    The attention_mask of an encoder-decoder is the encoder's padding mask, used bidirectionally
+    (encoder and cross-attention), so it has no causal part. Anything else as it is."""
     mask = batch.get("attention_mask")
-    config = getattr(model, "config", None)
-    if (
-        info.kind != "hpu"
-        or not torch.is_tensor(mask)
-        or mask.dim() != 2
-        or mask.device.type != "cpu"
-        or not getattr(config, "is_encoder_decoder", False)
-    ):
+    if info.kind != "hpu" or not torch.is_tensor(mask) or mask.dim() != 2 or mask.device.type != "cpu":
+        return batch
+    if mask_if_padded(mask) is None and _mask_optional(type(model)):
+        return {k: v for k, v in batch.items() if k != "attention_mask"}
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         return batch
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     return {**batch, "attention_mask": expanded_encoder_mask(mask, dtype)}
+
+
+@functools.cache
+def _mask_optional(cls: type) -> bool:
+    """Whether the model class's forward (not the instance's, which HPU graphs replace) has an
+    attention_mask with a default (transformers' models: None)."""
+    forward = getattr(cls, "forward", None)
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+    if "attention_mask" in params:
+        return params["attention_mask"].default is not inspect.Parameter.empty
+    return False
 
 
 def check_padding_once(model: torch.nn.Module, info: DeviceInfo) -> int:

@@ -113,10 +113,15 @@ def _seed_workload(name: str):
         collator = mlm.MLMCollator(mask_id, len(tok), 0.15, [tok.pad_token_id, tok.eos_token_id])
         return AutoModelForMaskedLM.from_config(config), data.BlockDataset(blocks), collator
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(f"{data.ASSETS}/tiny-gpt2"))
+    if name == "clm_hf_collator":  # transformers' run_clm: its blocks carry an all-ones mask, its collator sends it
+        from transformers import default_data_collator
+
+        ones = [{**b, "attention_mask": [1] * len(b["input_ids"])} for b in blocks]
+        return model, summarization.ListDataset(ones), default_data_collator
     return model, data.BlockDataset(blocks), data.causal_lm_collator
 
 
-@pytest.mark.parametrize("workload", ["clm", "mlm", "t5"])
+@pytest.mark.parametrize("workload", ["clm", "mlm", "t5", "clm_hf_collator"])
 def test_stand_in_item6_no_host_sync_per_micro_step_in_lazy_mode(hpu_stand_in, tmp_path, workload):
     # Before: an all-ones attention_mask from every collator, which transformers reads on the host in
     # every forward to see that it can drop it (T5: twice, for a padded source too).
