@@ -12,13 +12,12 @@ import math
 import os
 import random
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader
 
 from gaudi_launch.process.heartbeats import beat
 from gaudi_launch.process.restarts import restart_count
@@ -43,6 +42,7 @@ from gaudi_launch.runtime.masks import check_padding_once, prepare_masks
 from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
 from gaudi_launch.runtime.optim import clip_flat_grad_norm, clip_grad_norm, make_optimizer, make_scheduler
 from gaudi_launch.runtime.precision import autocast
+from gaudi_launch.runtime.sampling import DealtBatches, batches_per_rank, steps_per_epoch, window_sizes, windows_after
 from gaudi_launch.runtime.zero_init import built_partitioned, prepare_deepspeed
 
 
@@ -75,24 +75,43 @@ class _EngineScheduler:
         self.engine.lr_scheduler.load_state_dict(state)
 
 
-class PadToWholeBatches(Sampler):
-    """Lazy mode wants static shapes: repeat indices so the last batch is full (unless drop_last)."""
+def eval_batch_weight(
+    index: int, batches: int, n: int, batch_size: int, world: int, rank: int, drop_last: bool = False
+) -> int:
+    """The samples a rank's eval batch counts for in HF's eval loss. Trainer.evaluation_loop repeats each
+    batch's loss batch_size times and gathers it with accelerate's gather_for_metrics, which cuts the
+    last round to the samples left (``remainder``: n modulo batch_size x world): the completion from the
+    start of the set, and on one rank the short last batch's missing places, count for nothing (with
+    drop_last nothing is cut: the short round is not there). Pure."""
+    remainder = n % (batch_size * world)
+    if index < batches - 1 or remainder == 0 or drop_last:
+        return batch_size
+    return min(max(remainder - rank * batch_size, 0), batch_size)
 
-    def __init__(self, sampler: Sampler, batch_size: int):
-        self.sampler, self.batch_size = sampler, batch_size
 
-    def __iter__(self) -> Iterator[int]:
-        indices = list(self.sampler)
-        short = -len(indices) % self.batch_size
-        return iter(indices + indices[:short])
+def loss_shifts_labels(model: Any) -> bool:
+    """Whether the model's loss predicts labels[..., 1:] (a causal LM's), so that position 0 is never
+    scored: transformers' Trainer.__init__ (``_loss_shifts_labels``) asks its LOSS_MAPPING for the model's
+    loss_type, encoder-decoders excepted."""
+    try:
+        from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+    except ImportError:
+        return False
+    config = getattr(model, "config", None)
+    return LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss and not getattr(
+        config, "is_encoder_decoder", False
+    )
 
-    def __len__(self) -> int:
-        n = len(self.sampler)
-        return n + (-n % self.batch_size)
 
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
+def scored_tokens(batch: dict[str, Any], shifted: bool) -> Optional[int]:
+    """Label positions a batch's loss scores (not -100; a causal LM's from position 1), counted on the host
+    before the batch moves (Trainer._get_num_items_in_batch); None without labels. Pure."""
+    labels = batch.get("labels") if isinstance(batch, dict) else None
+    if not torch.is_tensor(labels):
+        return None
+    if shifted:
+        labels = labels[..., 1:]
+    return int(labels.ne(-100).sum())
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:
@@ -232,6 +251,7 @@ class Trainer:
                 os.remove(path)
         self.writer = MetricsWriter(args.output_dir, rank=self.rank)
         self.inference_graphs = InferenceGraphs(self.model, self.info, args)
+        self._shifts: Optional[bool] = None  # whether the loss scores labels[..., 1:] (loss_shifts_labels)
         self._in_train = False
 
     # ---- set-up --------------------------------------------------------------------------------
@@ -291,13 +311,8 @@ class Trainer:
         if args.max_steps > 0:
             return args.max_steps
         n = len(self.train_dataset) if self.train_dataset is not None else 0
-        per_rank = math.ceil(n / max(1, self.world))
-        batches = (
-            per_rank // args.per_device_train_batch_size
-            if args.dataloader_drop_last
-            else math.ceil(per_rank / args.per_device_train_batch_size)
-        )
-        return max(1, math.ceil(args.num_train_epochs * max(1, batches // max(1, args.gradient_accumulation_steps))))
+        batches = batches_per_rank(n, args.per_device_train_batch_size, self.world, args.dataloader_drop_last)
+        return max(1, math.ceil(args.num_train_epochs * steps_per_epoch(batches, args.gradient_accumulation_steps)))
 
     def _torch_optimizer(self) -> torch.optim.Optimizer:
         """The torch optimizer the schedule drives (DeepSpeed's ZeRO wraps it)."""
@@ -308,28 +323,29 @@ class Trainer:
 
     def train_dataloader(self) -> DataLoader:
         args = self.args
-        sampler: Sampler = DistributedSampler(
-            self.train_dataset,
-            num_replicas=self.world,
-            rank=self.rank,
-            shuffle=True,
-            seed=args.seed,
+        # HF's order and sharding (sampling.py): shuffled with data_seed (else seed) + epoch, batches dealt
+        # to the ranks in turn. One rank in HPU lazy mode: the last batch filled up (static shapes), as
+        # optimum-habana pads its sampler; several ranks get full batches anyway.
+        data_seed = getattr(args, "data_seed", None)
+        sampler = DealtBatches(
+            len(self.train_dataset),
+            args.per_device_train_batch_size,
+            self.world,
+            self.rank,
+            seed=args.seed if data_seed is None else data_seed,
             drop_last=args.dataloader_drop_last,
+            pad_last=self.info.kind == "hpu" and self.info.lazy and not args.dataloader_drop_last,
         )
-        if self.info.kind == "hpu" and self.info.lazy and not args.dataloader_drop_last and self.world == 1:
-            sampler = PadToWholeBatches(sampler, args.per_device_train_batch_size)
         # Its own generator: starting an epoch's iterator then draws from it, not from the global RNG
         # (which dropout uses), so a resumed run sees exactly the random numbers of an unbroken one.
         self._loader_generator = torch.Generator()
         return DataLoader(
             self.train_dataset,
-            batch_size=args.per_device_train_batch_size,
-            sampler=sampler,
+            batch_sampler=sampler,
             collate_fn=self.collator,
             num_workers=args.dataloader_num_workers,
             multiprocessing_context=worker_start_method(self.info.kind, self.world, args.dataloader_num_workers),
             generator=self._loader_generator,
-            drop_last=args.dataloader_drop_last,
             pin_memory=args.dataloader_pin_memory and self.info.kind == "cuda",
         )
 
@@ -354,8 +370,10 @@ class Trainer:
         args = self.args
         loader = self.train_dataloader()
         accum = max(1, args.gradient_accumulation_steps)
-        steps_per_epoch = max(1, len(loader) // accum)
-        max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+        # Each epoch's batches in optimizer steps of `accum`, the last step taking what is left (sampling.py):
+        # micro-batches never carry over into the next epoch's first step.
+        windows = window_sizes(len(loader), accum)
+        max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(windows))
         if getattr(self, "_ds_scheduler", None) is not None:
             scheduler = _EngineScheduler(self.engine)
         else:
@@ -371,6 +389,8 @@ class Trainer:
             step = int(state["step"])
             epoch = int(state["sampler_state"]["epoch"])
             skip = int(state["sampler_state"]["batches"])
+            if skip >= len(loader):  # saved at an epoch's last step: go on with the next epoch, as HF does
+                epoch, skip = epoch + 1, 0
             self._say(f"resumed from {resume} at step {step} (epoch {epoch}, batch {skip})")
         if self.restart and self.rank == 0:  # a mark for the plots: the curve goes on from here
             self.writer.log(step, {"restart": self.restart})
@@ -380,40 +400,49 @@ class Trainer:
         samples_per_step = args.per_device_train_batch_size * accum * self.world
         tokens_per_step = samples_per_step * (self.tokens_per_sample or 0)
         # Losses stay on the device (no host sync per step, which would stall lazy mode's pipeline):
-        # the sum over optimizer steps, and the current step's micro-batch losses.
+        # the sum over optimizer steps, and the sum since the last logged step (HF logs their mean).
         loss_sum: Optional[torch.Tensor] = None
         n_losses = 0
-        window: list[torch.Tensor] = []
+        since_log: Optional[torch.Tensor] = None
+        n_since_log = 0
         self.train_model.train()
         done = step >= max_steps
         while not done:
-            loader.sampler.set_epoch(epoch)
+            sampler = loader.batch_sampler
+            sampler.set_epoch(epoch)
+            sampler.skip = skip  # resuming: the same order, without loading the batches already trained on
             self._loader_generator.manual_seed(args.seed + epoch)  # worker seeds per epoch, resumable
-            micro, batch_index = 0, -1
-            for batch_index, batch in enumerate(loader):
-                if batch_index < skip:
-                    continue  # resuming: the sampler's order is the same, skip what was seen
-                loss = self._micro_step(self._to_device(batch), accum)
-                window.append(loss)
-                micro += 1
-                if micro % accum:
-                    continue
+            batches = enumerate(loader, start=skip)
+            batch_index = skip - 1
+            for size in windows_after(windows, skip):
+                # The step's micro-batches are read first, as HF's Trainer.get_batch_samples does: the loss
+                # is normalised by the scored tokens of the whole step (see loss_scales).
+                window = [next(batches) for _ in range(size)]
+                scales = self._loss_scales([batch for _, batch in window])
+                lr = scheduler.get_last_lr()[0]  # the rate this step uses (what HF logs)
+                step_loss: Optional[torch.Tensor] = None
+                for i, (batch_index, batch) in enumerate(window):
+                    last_micro = i == len(window) - 1  # the micro-batch that ends the optimizer step
+                    loss = self._micro_step(self._to_device(batch), len(window), scales[i], last_micro)
+                    step_loss = loss if step_loss is None else step_loss + loss
                 self._optimizer_step(scheduler)
                 step += 1
                 beat()  # --hang-timeout: this rank advanced
                 throughput.step(samples_per_step, tokens_per_step)
-                step_loss = torch.stack(window).mean()
-                window.clear()
                 if args.logging_nan_inf_filter and loss_sum is not None:
                     # As HF: a nan/inf loss counts as the mean so far; decided on the device, no sync.
                     step_loss = torch.where(torch.isfinite(step_loss), step_loss, loss_sum / n_losses)
                 loss_sum = step_loss if loss_sum is None else loss_sum + step_loss
                 n_losses += 1
+                since_log = step_loss if since_log is None else since_log + step_loss
+                n_since_log += 1
                 # --adjust_throughput: logging and saving time are not training throughput either.
                 paused = throughput.pause if args.adjust_throughput else contextlib.nullcontext
                 if step % args.logging_steps == 0 or (args.logging_first_step and step == 1):
                     with paused():
-                        self._log_step(step, self._mean_across_ranks(step_loss), scheduler, throughput)
+                        logged = self._mean_across_ranks(since_log) / n_since_log
+                        self._log_step(step, logged, lr, throughput)
+                    since_log, n_since_log = None, 0
                 self._evaluate_if_due(step, False, throughput)
                 if save_due(args, step, False):
                     with paused():
@@ -470,7 +499,40 @@ class Trainer:
             with throughput.pause():  # evaluation time is not training throughput
                 self.evaluate(step)
 
-    def _micro_step(self, batch: dict[str, torch.Tensor], accum: int) -> torch.Tensor:
+    def _token_total(self, counts: list[int]) -> torch.Tensor:
+        """The scored tokens of a step (or an eval batch) over all ranks, on the device: one all-reduce,
+        no host sync (HF gathers it: Trainer._get_num_items_in_batch, average_tokens_across_devices)."""
+        total = torch.tensor(float(sum(counts)), device=self.info.device)
+        if self.world > 1 and getattr(self.args, "average_tokens_across_devices", True):
+            dist.all_reduce(total)
+        return total
+
+    def _loss_scales(self, window: list[dict[str, Any]]) -> list[Any]:
+        """What each micro-batch's mean loss is multiplied by so that the step's loss is HF's: the
+        summed token loss of the whole step on all ranks over its scored tokens (transformers 5's
+        num_items_in_batch). A micro-batch's mean times its own scored tokens is its summed loss; times
+        the world size because DDP (and fast_ddp, and DeepSpeed) average gradients over the ranks, as
+        Trainer.compute_loss multiplies by num_processes. Batches without labels: the mean over the
+        step's micro-batches (Trainer.training_step divides by current_gradient_accumulation_steps).
+        Unlike HF's, this does not rely on the model to use num_items_in_batch: BertForMaskedLM and
+        T5ForConditionalGeneration (transformers 5.24) take it among their **kwargs and ignore it, which
+        leaves HF's Trainer with a loss gradient_accumulation_steps x world_size too large."""
+        if self._shifts is None:
+            self._shifts = loss_shifts_labels(self.model)
+        counts = [scored_tokens(batch, self._shifts) for batch in window]
+        if any(c is None for c in counts):
+            return [1.0 / len(window)] * len(window)
+        total = self._token_total(counts)
+        across = self.world if self.world > 1 and getattr(self.args, "average_tokens_across_devices", True) else 1
+        # A step without scored tokens anywhere has loss 0 (not 0/0).
+        return [c * across / total.clamp(min=1.0) for c in counts]
+
+    def _micro_step(
+        self, batch: dict[str, torch.Tensor], accum: int, scale: Any = None, last: bool = True
+    ) -> torch.Tensor:
+        """Forward and backward of one micro-batch of an optimizer step of `accum` micro-batches; `scale`
+        (from loss_scales) turns the model's mean loss into this micro-batch's share of the step's loss,
+        `last`: the micro-batch that ends the step. Returns that share, on the device."""
         args, info = self.args, self.info
         with autocast(info, args, self.gaudi_config):
             out = self.train_model(**batch)
@@ -482,13 +544,13 @@ class Trainer:
             self.engine.backward(raw)
             self.engine.step()
             mark_step(info)
-            return raw.detach().float()
-        loss = raw / accum
+            return raw.detach().float() / accum  # the step's loss is the sum of these shares
+        loss = raw * scale if scale is not None else raw / accum
         if args.pipelining_fwd_bwd:
             mark_step(info)  # let the device run the forward graph while the host builds backward
         loss.backward()
         mark_step(info)
-        return loss.detach().float() * accum  # stays on the device
+        return loss.detach().float()  # stays on the device
 
     def _optimizer_step(self, scheduler) -> None:
         args, info = self.args, self.info
@@ -514,10 +576,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=grads_to_none(args, self.world))
         mark_step(info)
 
-    def _log_step(self, step: int, loss: float, scheduler, throughput: Throughput) -> None:
+    def _log_step(self, step: int, loss: float, lr: float, throughput: Throughput) -> None:
         if self.rank != 0:
             return  # the main process logs (and only it queries the device's memory)
-        values = {"loss": round(loss, 4), "learning_rate": scheduler.get_last_lr()[0]}
+        # Unrounded, as HF's log_history keeps it (the console line rounds); lr: the rate the step used.
+        values = {"loss": loss, "learning_rate": lr}
         values.update(throughput.metrics())
         values.update(memory_stats(self.info))
         # the device goes to the file only: `gaudi-launch report` names CPU memory as the process's RSS
@@ -584,12 +647,20 @@ class Trainer:
     # ---- evaluation ----------------------------------------------------------------------------
     def eval_dataloader(self) -> DataLoader:
         args = self.args
-        sampler = DistributedSampler(self.eval_dataset, num_replicas=self.world, rank=self.rank, shuffle=False)
+        # In order, batches dealt to the ranks in turn, a short last round completed from the start (as HF's
+        # get_eval_dataloader through accelerate: sampling.py); evaluate() leaves the completion out.
+        sampler = DealtBatches(
+            len(self.eval_dataset),
+            args.per_device_eval_batch_size,
+            self.world,
+            self.rank,
+            seed=None,
+            drop_last=args.dataloader_drop_last,
+        )
         # Its own generator: an evaluation must not draw from the global RNG the training uses.
         return DataLoader(
             self.eval_dataset,
-            batch_size=args.per_device_eval_batch_size,
-            sampler=sampler,
+            batch_sampler=sampler,
             collate_fn=self.collator,
             num_workers=args.dataloader_num_workers,  # as HF's get_eval_dataloader
             multiprocessing_context=worker_start_method(self.info.kind, self.world, args.dataloader_num_workers),
@@ -610,9 +681,21 @@ class Trainer:
         total: Optional[torch.Tensor] = None
         count = 0
         sums: dict[str, torch.Tensor] = {}
+        if self._shifts is None:
+            self._shifts = loss_shifts_labels(self.model)
         with torch.no_grad():
-            for batch in loader:
+            for index, batch in enumerate(loader):
                 beat()  # a long evaluation is progress too (--hang-timeout)
+                weight = eval_batch_weight(
+                    index,
+                    len(loader),
+                    len(self.eval_dataset),
+                    args.per_device_eval_batch_size,
+                    self.world,
+                    self.rank,
+                    args.dataloader_drop_last,
+                )
+                scale = self._loss_scales([batch])[0] if self.world > 1 else 1.0
                 batch = self._to_device(batch)
                 with autocast(info, args, self.gaudi_config):
                     out = self.train_model(**batch)
@@ -620,8 +703,11 @@ class Trainer:
                 # A replayed HPU graph returns the same output tensors every batch, overwritten by the
                 # next replay (bridge hpu/graphs.py, wrapped_hpugraph_forward): sums live in tensors of
                 # our own, never an output itself, on the device (no sync per batch).
-                total = loss.clone() if total is None else total + loss
-                count += 1
+                # HF's eval loss: each rank's batch loss (token-normalised over the ranks' batches, as in
+                # training) weighted by its samples, the completion of a short last round left out.
+                share = loss * (scale * weight)
+                total = share if total is None else total + share
+                count += weight
                 for name, (num, den) in (self.eval_metrics(out, batch) if self.eval_metrics else {}).items():
                     pair = torch.stack([num.detach().float(), den.detach().float()])
                     sums[name] = pair if name not in sums else sums[name] + pair
@@ -629,11 +715,14 @@ class Trainer:
                 # replay overwrites the outputs (optimum-habana's evaluation_loop marks the step there too).
                 mark_step(info)
         self.train_model.train()
-        loss = (
-            self._mean_across_ranks(total / count)
-            if total is not None
-            else self._mean_across_ranks(torch.zeros((), device=info.device))
-        )
+        # Sum over ranks of the weighted losses over the samples weighed: one reduction of both, one sync.
+        pair = torch.stack([total, torch.tensor(float(count), device=info.device)]) if total is not None else None
+        if pair is None:
+            pair = torch.zeros(2, device=info.device)
+        if self.world > 1:
+            dist.all_reduce(pair)
+        loss_sum, weighed = pair.tolist()
+        loss = loss_sum / weighed if weighed else 0.0
         metrics = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
         for name in sorted(sums):
             pair = sums[name]

@@ -1,0 +1,263 @@
+"""One process (one rank) of the differential run: our Trainer and transformers' Trainer on the same model,
+data, seed and flags, fp32, one after the other in the same job (1 rank, or 2 ranks under gaudi-launch).
+
+    python tests/equivalence/harness.py INIT_DIR OUT_DIR          # 1 rank
+    python -m gaudi_launch --num_devices 2 tests/equivalence/harness.py INIT_DIR OUT_DIR
+
+INIT_DIR holds the initial weights (written once by ``save_initial_weights``, loaded by both trainers).
+Each rank writes OUT_DIR/rank<R>.json: per case and trainer, the logged per-step losses and learning rates,
+the eval losses, the optimizer step count, the training-set indices it read in order, and the largest
+difference between the two trainers' final weights.
+
+Dropout is 0 in all three shipped configs (tiny-gpt2, tiny-bert, tiny-t5), so the comparison needs no common
+RNG stream inside the models. BERT's training set is masked once (run_mlm's collator then stacks it as it
+is, its path for the evaluation set): the collator's random masking draws from the global RNG, which
+transformers' DataLoader also draws from at each epoch's start (torch DataLoader's base seed), ours not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+# The shared run settings: accumulation 3 over an epoch of 13 batches at 1 rank (7 at 2), a clip that
+# binds, a warm-up, weight decay, evaluation after each epoch with a short last eval batch.
+N_TRAIN, N_EVAL = 26, 7
+SETTINGS = dict(
+    per_device_train_batch_size=2,
+    per_device_eval_batch_size=2,
+    gradient_accumulation_steps=3,
+    num_train_epochs=2,
+    learning_rate=2e-3,
+    weight_decay=0.01,
+    adam_epsilon=1e-8,
+    warmup_steps=2,
+    lr_scheduler_type="linear",
+    max_grad_norm=0.5,
+    seed=7,
+    logging_steps=1,
+    eval_strategy="epoch",
+)
+CASES = ("gpt2", "bert", "t5")
+
+
+class Recording(torch.utils.data.Dataset):
+    """A dataset that notes which indices were read, in order (the data order a trainer used)."""
+
+    def __init__(self, items):
+        self.items, self.seen = list(items), []
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        self.seen.append(int(i))
+        return self.items[i]
+
+
+def _assets(name: str) -> str:
+    from gaudi_launch.runtime.data import ASSETS
+
+    return os.path.join(ASSETS, name)
+
+
+def save_initial_weights(init_dir: str) -> None:
+    """Build each model once from its shipped config with a seed and save it: both trainers load these."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+    from gaudi_launch.runtime import data, mlm
+
+    tokenizer = data.load_tokenizer()
+    mlm.add_mask_token(tokenizer)
+    for case, folder, cls in (
+        ("gpt2", "tiny-gpt2", AutoModelForCausalLM),
+        ("bert", "tiny-bert", AutoModelForMaskedLM),
+        ("t5", "tiny-t5", AutoModelForSeq2SeqLM),
+    ):
+        config = AutoConfig.from_pretrained(_assets(folder))
+        config.vocab_size = len(tokenizer)
+        torch.manual_seed(1234)
+        cls.from_config(config).save_pretrained(os.path.join(init_dir, case))
+
+
+def case_data(case: str):
+    """(train items, eval items, collator) as the shipped example script builds them, cut small."""
+    from gaudi_launch.runtime import data, mlm, summarization
+
+    texts = data.load_text_files(None, None)
+    tokenizer = data.load_tokenizer()
+    if case == "gpt2":  # scripts/run_clm.py
+        train = data.BlockDataset(data.tokenize_and_group(texts["train"], tokenizer, 32)[:N_TRAIN])
+        evals = data.BlockDataset(data.tokenize_and_group(texts["validation"], tokenizer, 32)[:N_EVAL])
+        return [train[i] for i in range(len(train))], [evals[i] for i in range(len(evals))], data.causal_lm_collator
+    if case == "bert":  # scripts/run_mlm.py
+        mask_id = mlm.add_mask_token(tokenizer)
+        specials = [tokenizer.pad_token_id, tokenizer.eos_token_id]
+        train = data.tokenize_and_group(texts["train"], tokenizer, 32)[:N_TRAIN]
+        evals = data.tokenize_and_group(texts["validation"], tokenizer, 32)[:N_EVAL]
+        train = mlm.premask(train, mask_id, len(tokenizer), 0.15, specials, seed=11)
+        evals = mlm.premask(evals, mask_id, len(tokenizer), 0.15, specials)
+        return train, evals, mlm.MLMCollator(mask_id, len(tokenizer), 0.15, specials)
+    # scripts/run_summarization.py: padded to each batch's longest, labels padded with -100
+    pairs = summarization.fable_pairs(texts["train"])
+    train = summarization.encode_pairs(pairs[:N_TRAIN], tokenizer, 48, 40)
+    evals = summarization.encode_pairs(summarization.fable_pairs(texts["validation"])[:N_EVAL], tokenizer, 48, 40)
+    return train, evals, WithDecoderInputs(summarization.Seq2SeqCollator(tokenizer.pad_token_id))
+
+
+class WithDecoderInputs:
+    """T5's decoder inputs made in the collator (labels shifted right, as T5._shift_right and HF's
+    DataCollatorForSeq2Seq(model=...) make them), so a loss outside the model (token_sum_loss) has them."""
+
+    def __init__(self, collator, start_id: int = 0, pad_id: int = 0):
+        self.collator, self.start_id, self.pad_id = collator, start_id, pad_id
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        labels = batch["labels"]
+        decoder = labels.new_full(labels.shape, self.start_id)
+        decoder[:, 1:] = labels[:, :-1]
+        batch["decoder_input_ids"] = decoder.masked_fill(decoder == -100, self.pad_id)
+        return batch
+
+
+def token_sum_loss(outputs, labels, num_items_in_batch=None):
+    """The loss transformers' Trainer means by num_items_in_batch: the summed token cross-entropy over the
+    tokens of the whole accumulation window on all ranks (Trainer._get_num_items_in_batch). Given to HF's
+    Trainer for BERT and T5 (compute_loss_func): in 5.24 BertForMaskedLM.forward and
+    T5ForConditionalGeneration.forward take **kwargs, so the Trainer counts on them to divide by
+    num_items_in_batch (training_step: loss_is_scaled_for_ga, no division by the accumulation steps;
+    compute_loss: times the world size), but they return their own per-batch mean (CrossEntropyLoss()),
+    which makes the gradient gradient_accumulation_steps x world_size too large."""
+    logits = outputs["logits"].float()
+    total = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    return total / num_items_in_batch
+
+
+def load_model(init_dir: str, case: str):
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+    cls = {"gpt2": AutoModelForCausalLM, "bert": AutoModelForMaskedLM, "t5": AutoModelForSeq2SeqLM}[case]
+    model = cls.from_pretrained(os.path.join(init_dir, case))
+    if case == "gpt2":
+        model.loss_type = "ForCausalLM"  # as scripts/run_clm.py sets it
+    return model
+
+
+def run_ours(init_dir, out, case, masked_only=False, save_steps=0, resume=None, **over):
+    from gaudi_launch.runtime.args import TrainingArguments
+    from gaudi_launch.runtime.trainer import Trainer
+
+    train, evals, collator = case_data(case)
+    train_set = Recording(train)
+    args = TrainingArguments(
+        output_dir=out,
+        device="cpu",
+        mlm_head_masked_only=masked_only,
+        save_steps=save_steps,
+        overwrite_output_dir=True,
+        **{**SETTINGS, **over},
+    )
+    trainer = Trainer(
+        load_model(init_dir, case),
+        args,
+        train_dataset=train_set,
+        eval_dataset=Recording(evals),
+        data_collator=collator,
+        log=lambda s: None,
+    )
+    result = trainer.train(resume_from_checkpoint=resume)
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))] if trainer.rank == 0 else []
+    return trainer, {
+        "loss": [r["loss"] for r in rows if "loss" in r],
+        "step": [r["step"] for r in rows if "loss" in r],
+        "lr": [r["learning_rate"] for r in rows if "loss" in r],
+        "eval_loss": [r["eval_loss"] for r in rows if "eval_loss" in r],
+        "global_step": result.global_step,
+        "train_loss": result.train_loss,
+        "order": train_set.seen,
+    }
+
+
+def run_hf(init_dir, out, case, **over):
+    from transformers import Trainer, TrainingArguments
+
+    train, evals, collator = case_data(case)
+    train_set = Recording(train)
+    settings = {**SETTINGS, **over}
+    args = TrainingArguments(
+        output_dir=out,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        optim="adamw_torch_fused",  # ours: torch's fused AdamW off HPU (gaudi_launch/runtime/optim.py)
+        dataloader_pin_memory=False,
+        disable_tqdm=True,
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        **settings,
+    )
+    trainer = Trainer(
+        model=load_model(init_dir, case),
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=Recording(evals),
+        data_collator=collator,
+        compute_loss_func=None if case == "gpt2" else token_sum_loss,  # GPT-2's forward divides itself
+    )
+    result = trainer.train()
+    logs = trainer.state.log_history
+    return trainer, {
+        "loss": [r["loss"] for r in logs if "loss" in r],
+        "step": [r["step"] for r in logs if "loss" in r],
+        "lr": [r["learning_rate"] for r in logs if "loss" in r],
+        "eval_loss": [r["eval_loss"] for r in logs if "eval_loss" in r],
+        "global_step": result.global_step,
+        "train_loss": result.training_loss,
+        "order": train_set.seen,
+    }
+
+
+def weight_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    """The largest |a - b| over all parameters, relative to the largest |b|."""
+    diff, scale = 0.0, 0.0
+    pb = dict(b.named_parameters())
+    for name, p in a.named_parameters():
+        q = pb[name].detach()
+        diff = max(diff, (p.detach() - q).abs().max().item())
+        scale = max(scale, q.abs().max().item())
+    return diff / scale
+
+
+def main(init_dir: str, out_dir: str) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    results: dict = {}
+    for case in CASES:
+        hf_trainer, hf = run_hf(init_dir, os.path.join(out_dir, f"{case}-hf"), case)
+        ours_trainer, ours = run_ours(init_dir, os.path.join(out_dir, f"{case}-ours"), case, save_steps=1)
+        ours["weights_vs_hf"] = weight_difference(ours_trainer.model, hf_trainer.model)
+        entry = {"hf": hf, "ours": ours}
+        # Resume: from the checkpoint one step into the second epoch, to the end (our save_steps=1 run
+        # wrote a checkpoint at every step; the same run's numbers must follow from there).
+        per_epoch = hf["global_step"] // SETTINGS["num_train_epochs"]
+        ckpt_dir = os.path.join(out_dir, f"{case}-ours", f"checkpoint-{per_epoch + 1}")
+        _, resumed = run_ours(init_dir, os.path.join(out_dir, f"{case}-ours"), case, resume=ckpt_dir)
+        entry["resumed"] = {**resumed, "from_step": per_epoch + 1}
+        if case == "bert":  # the one deliberate difference: the head on masked positions only
+            _, masked = run_ours(init_dir, os.path.join(out_dir, "bert-masked"), case, masked_only=True)
+            entry["masked_only"] = masked
+        results[case] = entry
+        del hf_trainer, ours_trainer
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
