@@ -273,7 +273,7 @@ class Trainer:
                 kwargs["device_ids"] = [info.device.index]
             if info.kind == "hpu":
                 kwargs["gradient_as_bucket_view"] = True  # as optimum-habana: no copy between grads and buckets
-            self.train_model = torch.nn.parallel.DistributedDataParallel(self.model, **kwargs)
+            self.train_model = self._ddp = torch.nn.parallel.DistributedDataParallel(self.model, **kwargs)
         else:
             self.train_model = self.model
         self.train_model = compile_model(self.train_model, info, args)
@@ -356,6 +356,15 @@ class Trainer:
         mark_batch_dynamic(moved, self.info, self.args)  # --torch_compile: one graph for every batch size
         return moved
 
+    def _grad_sync(self, last_micro: bool):
+        """The context of a micro-batch's forward and backward: DDP all-reduces the gradients in every
+        backward outside no_sync(), so every micro-batch but an optimizer step's last runs in it, as HF's
+        Trainer (accelerate's accumulate) and optimum-habana's do: one all-reduce per step. fast_ddp and
+        DeepSpeed reduce once per step by themselves."""
+        if self._ddp is None or last_micro:
+            return contextlib.nullcontext()
+        return self._ddp.no_sync()
+
     # ---- training ------------------------------------------------------------------------------
     def _mean_across_ranks(self, value: torch.Tensor) -> float:
         """A loss kept on the device, averaged over ranks; the one host sync of a logging point.
@@ -423,7 +432,8 @@ class Trainer:
                 step_loss: Optional[torch.Tensor] = None
                 for i, (batch_index, batch) in enumerate(window):
                     last_micro = i == len(window) - 1  # the micro-batch that ends the optimizer step
-                    loss = self._micro_step(self._to_device(batch), len(window), scales[i], last_micro)
+                    with self._grad_sync(last_micro):  # DDP: one gradient all-reduce per optimizer step
+                        loss = self._micro_step(self._to_device(batch), len(window), scales[i], last_micro)
                     step_loss = loss if step_loss is None else step_loss + loss
                 self._optimizer_step(scheduler)
                 step += 1
