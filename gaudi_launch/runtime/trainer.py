@@ -237,6 +237,7 @@ class Trainer:
             enable_checkpointing(model)
         self.model = model.to(self.info.device)
         self.fast_ddp: Optional[FastDDP] = None
+        self._ddp: Optional[torch.nn.parallel.DistributedDataParallel] = None  # the DDP wrapper, if any
         self.engine = None
         if args.deepspeed:
             self._init_deepspeed()
