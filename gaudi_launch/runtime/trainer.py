@@ -549,13 +549,15 @@ class Trainer:
             out = self.train_model(**batch)
         raw = out["loss"] if isinstance(out, dict) else out.loss if hasattr(out, "loss") else out[0]
         if self.engine is not None:
-            # DeepSpeed scales the loss by its own gradient_accumulation_steps and wants step() after
-            # every micro-batch: it applies the optimizer at its accumulation boundary (as accelerate
-            # drives it for HF's Trainer).
-            self.engine.backward(raw)
-            self.engine.step()
+            # Our loop sets the step boundaries (an epoch's short last step too), DeepSpeed follows, as
+            # accelerate drives it for HF's Trainer (DeepSpeedEngineWrapper.backward): the boundary is
+            # set before each backward (ZeRO-2/3 reduce gradients in it), the loss scaled by us and not
+            # by the config's accumulation count (scale_wrt_gas=False, as HF), step() at the boundary.
+            share = raw * scale if scale is not None else raw / accum
+            self.engine.set_gradient_accumulation_boundary(last)
+            self.engine.backward(share, scale_wrt_gas=False)
             mark_step(info)
-            return raw.detach().float() / accum  # the step's loss is the sum of these shares
+            return share.detach().float()  # the step's loss is the sum of these shares
         loss = raw * scale if scale is not None else raw / accum
         if args.pipelining_fwd_bwd:
             mark_step(info)  # let the device run the forward graph while the host builds backward
@@ -566,7 +568,8 @@ class Trainer:
     def _optimizer_step(self, scheduler) -> None:
         args, info = self.args, self.info
         if self.engine is not None:
-            scheduler.step()  # the engine stepped in _micro_step
+            self.engine.step()  # clips, steps the optimizer (and a config's scheduler), zeroes gradients
+            scheduler.step()
             mark_step(info)
             return
         if self.fast_ddp is not None:
