@@ -105,6 +105,9 @@ def generate_rouge(trainer, tokenizer, pairs, encoded, collator, dargs, sargs):
     max_new = sargs.generation_max_length or dargs.val_max_target_length or dargs.max_target_length
     beams = sargs.generation_num_beams or dargs.num_beams
     predictions = []
+    # evaluate() left the forward in HPU graphs (--use_hpu_graphs_for_inference): a replay runs no
+    # Python, so generation's cache would not grow; generate with the model's own forward.
+    trainer.inference_graphs.off()
     model.eval()
     with torch.no_grad():
         for start in range(0, len(encoded), 8):

@@ -208,3 +208,66 @@ def test_stand_in_item6_graph_captures_and_no_stale_branch_under_hpu_graphs(
     stale = [d for n, d in hpu_stand_in if n.endswith("stale_read")]
     # GPT-2's one-time padding check (runtime/masks.py) reads at its first forward only: nothing else.
     assert all(d["now"] == [] and len(d["captured"]) == 1 for d in stale), stale
+
+
+def test_stand_in_item3_generation_after_an_evaluation_under_inference_graphs(hpu_stand_in, tmp_path):
+    # evaluate() leaves the forward wrapped in HPU graphs; generating through them with a cache goes
+    # wrong (a replay runs no Python, so the cache does not grow), so run_summarization's ROUGE
+    # generates with the model's own forward.
+    import copy
+    import sys
+
+    from gaudi_launch.runtime import data, summarization
+    from tests.runtime.test_stand_in_hpu import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import run_summarization
+    finally:
+        sys.path.pop(0)
+    texts, tok = data.load_text_files(None, None), data.load_tokenizer(None)
+    pairs = summarization.fable_pairs(texts["validation"])[:1]
+    encoded = summarization.encode_pairs(pairs, tok, 128, 8)
+    collator = summarization.Seq2SeqCollator(tok.pad_token_id, 128, 8)
+    scores = {}
+    built = run_summarization.build_model(run_summarization.ModelArguments(), len(tok))
+    for graphs in (False, True):
+        model = copy.deepcopy(built)
+        model.config.use_cache = True  # --use_cache: the decoder's keys and values kept between steps
+        args = TrainingArguments(
+            device="hpu",
+            use_lazy_mode=True,
+            output_dir=str(tmp_path / f"g{graphs}"),
+            use_hpu_graphs_for_inference=graphs,
+        )
+        trainer = Trainer(
+            model, args, eval_dataset=summarization.ListDataset(encoded), data_collator=collator, log=lambda s: None
+        )
+        trainer.evaluate()
+        model.eval()
+        batch = {k: v.to("hpu") for k, v in collator(encoded).items() if k != "labels"}
+        with torch.no_grad():
+            out = model.generate(
+                **batch,
+                min_new_tokens=5,
+                max_new_tokens=5,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        scores[graphs] = torch.stack([s.cpu() for s in out.scores])
+    model.generation_config.min_new_tokens = 3  # an untrained model may end at once
+    start = len(hpu_stand_in)
+    run_summarization.generate_rouge(
+        trainer,
+        tok,
+        pairs,
+        encoded,
+        collator,
+        run_summarization.DataArguments(max_target_length=3),
+        run_summarization.Seq2SeqArguments(predict_with_generate=True),
+    )
+    assert "wrap_in_hpu_graph.replay" not in names(hpu_stand_in[start:])
+    # The stand-in catches it: through the graphs the scores after the first step are wrong.
+    assert not torch.allclose(scores[True], scores[False])
+    torch.testing.assert_close(scores[True][0], scores[False][0])

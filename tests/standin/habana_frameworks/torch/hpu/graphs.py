@@ -11,6 +11,7 @@ signature) or a replay.
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import hpu_stand_in_device as _bridge
@@ -114,6 +115,11 @@ def _same_read(a, b) -> bool:
     return a == b
 
 
+def _untouched(inputs):
+    """The inputs with every object in them copied but the tensors given directly (the graph's inputs)."""
+    return copy.deepcopy(inputs, {id(t): t for t in _output_tensors(inputs, [])})
+
+
 def _same_reads(captured: list, now: list) -> bool:
     return len(captured) == len(now) and all(a[0] == b[0] and _same_read(a[1], b[1]) for a, b in zip(captured, now))
 
@@ -167,6 +173,9 @@ def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dr
             cache[key] = _Graph(outputs, reads)
             return outputs
         record("wrap_in_hpu_graph.replay")
+        # A replay runs no Python: objects the forward would change in place (a generation cache that
+        # grows by a step) stay as they are. The stand-in computes on copies of them (tensors shared).
+        args, kwargs = _untouched((args, kwargs))
         fresh, reads = _run_graph("replay", orig, args, kwargs)
         if not _same_reads(graph.reads, reads):
             # The real replay takes the captured branch: wrong results where the value chose the
