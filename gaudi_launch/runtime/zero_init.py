@@ -34,8 +34,14 @@ def prepare_deepspeed(args: Any) -> Optional[Any]:
     # Batch sizes and precision now; what the data and the model decide stays "auto" until the Trainer.
     config = resolve_ds_config(load_ds_config(args.deepspeed), args, world, None, None, complete=False)
     if zero_stage(config) == 3:
-        # zero.Init partitions over the process group: ours, with our backend, not one DeepSpeed picks.
-        init_distributed(select_device(args), args.ddp_timeout)
+        # zero.Init partitions over the process group: ours, with our backend, not one DeepSpeed picks;
+        # DeepSpeed's comm layer must wrap it already, or zero.Init reads its config for a world of 1
+        # (and refuses a train_batch_size made for all ranks). accelerate starts it this early for HF.
+        import deepspeed
+
+        info = select_device(args)
+        init_distributed(info, args.ddp_timeout)
+        deepspeed.init_distributed(dist_backend=info.dist_backend)
     hf_config = HfDeepSpeedConfig(config)
     args.hf_deepspeed_config = hf_config
     return hf_config

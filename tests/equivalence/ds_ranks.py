@@ -13,7 +13,8 @@ Scenarios, each on both ranks, recorded (errors too) so that one failure leaves 
   zero{1,2,3}/resumed    a fresh Trainer and model (another seed) in another output_dir holding a copy of
                          that checkpoint-N only, resumed with "latest" (what --max-restarts does) to 2N
   zero2-own/{ours,resumed}  optimum-habana's config style: no optimizer or scheduler block (ours go in)
-  zero3/clm              scripts/run_clm.py's main() under ZeRO-3 (it saves the model, then evaluates)
+  zero3/clm              scripts/run_clm.py's main() under ZeRO-3 (it saves the model, then evaluates),
+                         first, before anything else has started DeepSpeed in the process
 Rank 0 writes them to argv[1]/results.json.
 
 Run: python -m gaudi_launch --num_devices 2 tests/equivalence/ds_ranks.py OUT_DIR
@@ -54,7 +55,9 @@ LR = 3e-3
 CLM_EVAL_SAMPLES = 8
 
 
-def ds_config(stage: int, blocks: bool = True) -> dict:
+def ds_config(stage: int, blocks: bool = True, auto: bool = False) -> dict:
+    """The reference's config has its sizes written out; ours leave them "auto" (optimum-habana's
+    configs do), for the Trainer to fill."""
     zero: dict = {"stage": stage}
     if stage == 3:
         # Every parameter partitioned (by default a tiny model's stay whole on every rank), and
@@ -62,8 +65,9 @@ def ds_config(stage: int, blocks: bool = True) -> dict:
         zero["stage3_param_persistence_threshold"] = 0
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     config = {
-        "train_micro_batch_size_per_gpu": BATCH,
-        "gradient_accumulation_steps": ACCUM,
+        "train_batch_size": "auto" if auto else BATCH * ACCUM * dist.get_world_size(),
+        "train_micro_batch_size_per_gpu": "auto" if auto else BATCH,
+        "gradient_accumulation_steps": "auto" if auto else ACCUM,
         "gradient_clipping": 1.0,
         "zero_optimization": zero,
         "steps_per_print": 10**6,
@@ -205,7 +209,7 @@ def run_clm(out: str) -> dict:
     path = os.path.join(out, "clm-zero3.json")
     if dist.get_rank() == 0:
         with open(path, "w") as f:
-            json.dump(ds_config(3), f)
+            json.dump(ds_config(3, auto=True), f)
     dist.barrier()
     spec = importlib.util.spec_from_file_location("run_clm", os.path.join(ROOT, "scripts", "run_clm.py"))
     script = importlib.util.module_from_spec(spec)
@@ -233,19 +237,19 @@ def main() -> None:
     dist.init_process_group("gloo")
     tok, train, evals = datasets()
     vocab = len(tok)
-    scenarios = []
+    # The script first, in a process where nothing has started DeepSpeed yet (as in a real run).
+    scenarios = [("zero3/clm", lambda: run_clm(out))]
     for stage in (1, 2, 3):
-        name, config = f"zero{stage}", ds_config(stage)
+        name, config = f"zero{stage}", ds_config(stage, auto=True)
         scenarios += [
             (f"{name}/reference", lambda stage=stage: reference(stage, train, vocab)),
             (f"{name}/ours", lambda n=name, c=config: ours(n, c, train, evals, vocab, out)),
             (f"{name}/resumed", lambda n=name, c=config: ours(n, c, train, evals, vocab, out, resume=True)),
         ]
-    own = ds_config(2, blocks=False)
+    own = ds_config(2, blocks=False, auto=True)
     scenarios += [
         ("zero2-own/ours", lambda: ours("zero2-own", own, train, evals, vocab, out)),
         ("zero2-own/resumed", lambda: ours("zero2-own", own, train, evals, vocab, out, resume=True)),
-        ("zero3/clm", lambda: run_clm(out)),
     ]
     results: dict = {"constants": {"N": N, "BLOCK": BLOCK, "CLM_EVAL_SAMPLES": CLM_EVAL_SAMPLES}}
     for key, run in scenarios:
