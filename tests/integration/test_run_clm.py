@@ -147,7 +147,9 @@ def test_run_clm_with_deepspeed_zero_on_cpu(tmp_path):
         for line in (out / "metrics.jsonl").read_text().splitlines()
         if "learning_rate" in line
     ]
-    assert lrs == sorted(lrs, reverse=True) and lrs[-1] == 0  # our schedule drives DeepSpeed's optimizer
+    # Our schedule drives DeepSpeed's optimizer; each logged rate is the one its step used (as HF logs it):
+    # linear to 0 after step 20, so steps 5 and 20 used 16/20 and 1/20 of the peak.
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] == pytest.approx(lrs[0] / 16)
 
 
 # optimum-habana's tests/configs/deepspeed_zero_2.json, as it ships: every size "auto", no optimizer block.
@@ -221,7 +223,9 @@ def test_run_clm_with_optimum_habanas_zero2_config(tmp_path, blocks):
         for line in (out / "metrics.jsonl").read_text().splitlines()
         if "learning_rate" in line
     ]
-    assert max(lrs) == pytest.approx(4e-3, rel=0.05)  # "auto" took --learning_rate
+    # "auto" took --learning_rate: the logged steps (2, 4, ...: the rates they used, as HF logs them) peak at
+    # step 4, after the 2 warm-up steps: 0.9 of it on our linear schedule, all of it on DeepSpeed's WarmupDecayLR.
+    assert 0.85 * 4e-3 <= max(lrs) <= 4e-3 * (1 + 1e-9)
     assert lrs[-1] < 0.35 * max(lrs)  # a decaying schedule over the 12 optimizer steps drove it
 
 
