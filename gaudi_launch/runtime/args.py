@@ -114,6 +114,12 @@ class TrainingArguments:
     adam_beta2: float = _opt(0.999)
     adam_epsilon: float = _opt(1e-6, "optimum-habana's default (HF's is 1e-8)")
     seed: int = _opt(42)
+    data_seed: Optional[int] = _opt(None, "the training data's shuffling seed (as HF's); default: --seed")
+    average_tokens_across_devices: bool = _opt(
+        True,
+        "normalise each optimizer step's loss by its scored tokens over all ranks, as HF's Trainer does "
+        "(false: over this rank's)",
+    )
     save_strategy: str = _opt(
         "steps",
         "checkpoint every --save_steps optimizer steps, at each epoch's end, or never",

@@ -166,3 +166,31 @@ def test_token_counts_vary_so_normalisation_matters():
         counts = {int((collator(train[i : i + 2])["labels"] != -100).sum()) for i in range(0, 12, 2)}
         assert len(counts) > 1, case
     assert torch.is_tensor(collator(train[:2])["decoder_input_ids"])
+
+
+def test_data_seed_and_token_normalisation_flags(tmp_path):
+    # --data_seed shuffles the training data as HF's data_seed does (else --seed); a step's micro-batch
+    # losses are weighted by their scored tokens (labels not -100; a causal LM's from position 1).
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from gaudi_launch.runtime.args import TrainingArguments
+    from gaudi_launch.runtime.data import ASSETS
+    from gaudi_launch.runtime.trainer import Trainer, loss_shifts_labels
+
+    gpt2 = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(f"{ASSETS}/tiny-gpt2"))
+    gpt2.loss_type = "ForCausalLM"
+    assert loss_shifts_labels(gpt2)
+    assert not loss_shifts_labels(AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(f"{ASSETS}/tiny-t5")))
+    items = [{"input_ids": torch.arange(4) + i, "labels": torch.arange(4) + i} for i in range(11)]
+    for data_seed, seed in ((None, 3), (9, 3)):
+        args = TrainingArguments(
+            output_dir=str(tmp_path), device="cpu", seed=seed, data_seed=data_seed, per_device_train_batch_size=4
+        )
+        trainer = Trainer(gpt2, args, train_dataset=items, log=lambda s: None)
+        sampler = trainer.train_dataloader().batch_sampler
+        sampler.set_epoch(1)
+        assert sampler.batches() == deal_batches(epoch_order(11, data_seed or seed, 1), 4, 1, 0)
+    labels = torch.tensor([[1, 2, -100, -100], [1, 2, 3, 4]])
+    scales = trainer._loss_scales([{"labels": labels[:1]}, {"labels": labels[1:]}])
+    assert [float(s) for s in scales] == pytest.approx([1 / 4, 3 / 4])  # shifted: 1 and 3 scored tokens
+    assert trainer._loss_scales([{"x": torch.ones(1)}] * 2) == [0.5, 0.5]  # no labels: the mean
