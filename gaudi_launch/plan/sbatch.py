@@ -4,12 +4,16 @@ The allocation's options become #SBATCH lines; the script then runs gaudi-launch
 allocation is the slurm backend. The job's values (env files, -x) go to a private env file beside
 the script (0600, never on a command line, never through a shell: gaudi-launch reads it with
 --env-file); the one command line of the script is quoted from a list (shlex), so bash takes every
-word literally.
+word literally. Each #SBATCH word is quoted as sbatch reads it (Slurm's src/sbatch/opt.c,
+_get_argument: quotes group, a backslash escapes, an unquoted '#' ends the line), so a value with a
+space stays one option's value; a control character is refused (a newline in a comment line would
+start a command).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Mapping
 
@@ -39,6 +43,29 @@ def env_file_text(env: Mapping[str, str]) -> str:
     return "".join(f"{name}={quote(value)}\n" for name, value in sorted(env.items()))
 
 
+# Words sbatch and bash both take as they are; anything else is quoted.
+_PLAIN = re.compile(r"[A-Za-z0-9_.,:=/@%+-]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def sbatch_quote(word: str) -> str:
+    """One #SBATCH word that sbatch reads back as ``word``: double quotes, with backslash before a
+    backslash or a double quote (both escapes _get_argument honours inside quotes). Pure."""
+    if _PLAIN.fullmatch(word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _refuse_control(text: str, what: str) -> None:
+    bad = _CONTROL.search(text)
+    if bad:
+        raise UserError(
+            f"{what} {text!r} holds a control character ({bad.group()!r}), which cannot go into a batch script",
+            where="--sbatch",
+            hint="use a value without newlines, tabs or escapes",
+        )
+
+
 def sbatch_lines(plan: LaunchPlan, spec: JobSpec, cwd: str) -> list[str]:
     """The allocation: nodes, tasks per node and the login-node options. Pure."""
     lines = [
@@ -57,9 +84,10 @@ def sbatch_lines(plan: LaunchPlan, spec: JobSpec, cwd: str) -> list[str]:
             lines.append(f"{option}={value}")
     if spec.slurm_args:
         lines += shlex.split(spec.slurm_args)
-    bad = [line for line in lines if "\n" in line]
-    if bad:
-        raise UserError(f"{bad[0]!r} cannot go on an #SBATCH line", where="--sbatch")
+    for line in lines:
+        _refuse_control(line, "the #SBATCH option")
+        if "packjob" in line.lower():  # _get_argument blanks this word anywhere on the line, quoted or not
+            raise UserError(f"sbatch would cut 'packjob' out of {line!r}", where="--sbatch")
     return lines
 
 
@@ -96,13 +124,14 @@ def launcher_argv(plan: LaunchPlan, spec: JobSpec, env_file: str) -> list[str]:
 
 
 def script_text(plan: LaunchPlan, spec: JobSpec, env_file: str, cwd: str) -> str:
+    _refuse_control(env_file, "the script path")  # it is written into comment lines
     lines = [
         "#!/bin/bash",
         "# Written by gaudi-launch --sbatch; submit it with: sbatch " + shlex.quote(spec.sbatch or ""),
         "# Inside the allocation gaudi-launch runs one srun for the whole job; the job's environment",
         f"# is in {env_file} (private to you).",
     ]
-    lines += [f"#SBATCH {line}" for line in sbatch_lines(plan, spec, cwd)]
+    lines += [f"#SBATCH {sbatch_quote(line)}" for line in sbatch_lines(plan, spec, cwd)]
     lines.append("exec " + shlex.join(launcher_argv(plan, spec, env_file)))
     return "\n".join(lines) + "\n"
 
@@ -112,6 +141,7 @@ def write(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> dict[s
     if not spec.sbatch:
         raise ValueError("no --sbatch path to write the script to")
     path = os.path.abspath(spec.sbatch)
+    _refuse_control(path, "the script path")
     env_file = path + ".env"
     for p in (path, env_file):
         if os.path.lexists(p):

@@ -400,3 +400,18 @@ def test_ctrl_c_while_srun_waits_for_nodes_cancels_the_request(slurm_cluster):
             launcher.wait()
         launch(slurm_cluster, ["scontrol", "update", f"nodename={nodes}", "state=resume"])
     assert wait_for(lambda: launch(slurm_cluster, ["sinfo", "-h", "-o", "%t"]).stdout.split() == ["idle"], timeout=30)
+
+
+def test_sbatch_reads_each_option_value_whole(slurm_cluster, tmp_path):
+    # Written unquoted, '#SBATCH --comment=x --hold' made sbatch hold the job: a value is one option's value.
+    script = tmp_path / "job.sh"
+    r = launch(slurm_cluster, [*OUTSIDE, "--sbatch", str(script), "--slurm-args", "--comment='x --hold'", RANK, "ok"])
+    assert r.returncode == 0 and script.exists(), r.stderr
+    r = launch(slurm_cluster, ["sbatch", "--parsable", f"--output={tmp_path / 'job.out'}", str(script)])
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+    try:
+        shown = launch(slurm_cluster, ["scontrol", "-o", "show", "job", job]).stdout
+        assert "Comment=x --hold " in shown and "JobHeldUser" not in shown and "Priority=0 " not in shown, shown
+    finally:
+        launch(slurm_cluster, ["scancel", job])
