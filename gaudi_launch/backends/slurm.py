@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs import slurm
-from gaudi_launch.inputs.envfile import is_secret, load_env_files
+from gaudi_launch.inputs.envfile import load_env_files, secrets_in
 from gaudi_launch.inputs.hostfile import Host
 from gaudi_launch.inputs.hostselect import select
 from gaudi_launch.inputs.spec import JobSpec
@@ -354,10 +354,10 @@ def build_plan(
         notes=notes,
         job_id=secrets.token_hex(4),
     )
-    # srun --export=ALL: the ranks get the launcher's whole environment; these are named so that
-    # secret-looking ones are masked in output like the other backends' exported variables.
+    # srun --export=ALL: the ranks get the launcher's whole environment, so every secret-looking
+    # variable of it is masked in output, named by the exported prefixes or not.
     plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
-    plan.exported_secrets = {n: environ[n] for n in plan.exported if is_secret(n) and environ[n]}
+    plan.exported_secrets = secrets_in(environ)
     if inside and spec.ssh_check:
         script = spec.program[0] if spec.program and not spec.module and not spec.no_python else ""
         facts = probe([n.host for n in nodes], master_addr, spec.python, environ, script=script, port=master_port)

@@ -16,11 +16,14 @@ Any problem is a :class:`UserError` naming ``file:line``.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 import shlex
 from collections.abc import Iterable, Mapping
 from typing import Optional
+from urllib.parse import unquote
 
 from gaudi_launch.errors import UserError
 
@@ -30,6 +33,8 @@ __all__ = [
     "load_env_files",
     "parse_assignments",
     "is_secret",
+    "secrets_in",
+    "url_passwords",
     "mask_env",
     "mask_text",
 ]
@@ -301,6 +306,7 @@ _SECRET_PARTS = frozenset(
         "PASSWORD",
         "PASSWD",
         "PASS",
+        "PAT",  # a personal access token: GITHUB_PAT, AZURE_DEVOPS_EXT_PAT
         "KEY",
         "APIKEY",
         "CREDENTIAL",
@@ -308,21 +314,39 @@ _SECRET_PARTS = frozenset(
         "PRIVATE",
     }
 )
-_SECRET_SUBSTRINGS = ("TOKEN", "SECRET", "PASSWORD")
+_SECRET_SUBSTRINGS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "APIKEY")
 MASK = "***"
+# The password of a URL's userinfo, scheme://user:PASSWORD@host (the user may be empty: redis://:pw@h).
+# It ends at the host's last "@" (an unencoded "@" in a password) and never crosses "/", "?" or "#".
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:([^\s/?#]+)@")
 
 
-def is_secret(name: str) -> bool:
-    """True when the variable name looks like it holds a credential (HF_TOKEN, DB_PASSWORD, ...)."""
-    upper = name.upper()
-    if any(part in _SECRET_PARTS for part in upper.split("_")):
+def _name_parts(name: str) -> list[str]:
+    """HF_TOKEN -> HF, TOKEN; githubPat -> GITHUB, PAT (camel case splits too)."""
+    return re.split(r"[^A-Z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).upper())
+
+
+def url_passwords(value: str) -> list[str]:
+    """The userinfo passwords of the URLs in ``value`` (DATABASE_URL=postgres://u:PW@h/db). Pure."""
+    return [m.group(1) for m in _URL_PASSWORD.finditer(value)] if "://" in value else []
+
+
+def is_secret(name: str, value: str = "") -> bool:
+    """True when the variable looks like it holds a credential: by its name (HF_TOKEN, DB_PASSWORD,
+    GITHUB_PAT, wandbKey, ...) or, whatever its name, when ``value`` holds a URL with a password."""
+    if any(part in _SECRET_PARTS for part in _name_parts(name)):
         return True
-    return any(word in upper for word in _SECRET_SUBSTRINGS)
+    return any(word in name.upper() for word in _SECRET_SUBSTRINGS) or bool(url_passwords(value))
+
+
+def secrets_in(environ: Mapping[str, str]) -> dict[str, str]:
+    """The secret-looking variables of an environment with a value. Pure."""
+    return {k: v for k, v in environ.items() if v and is_secret(k, v)}
 
 
 def mask_env(env: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``env`` with the values of secret-looking names replaced by ``***``."""
-    return {k: (MASK if v and is_secret(k) else v) for k, v in env.items()}
+    """A copy of ``env`` with the values of secret-looking variables replaced by ``***``."""
+    return {k: (MASK if v and is_secret(k, v) else v) for k, v in env.items()}
 
 
 _SHORT = 4  # values shorter than this are masked only where they stand as a whole word
@@ -332,30 +356,43 @@ _TOO_SHORT = 1
 
 
 def _forms(value: str) -> set[str]:
-    """How a value may show up in text: as is, shell-quoted, and line by line (output is masked a
-    line at a time, so a multi-line secret arrives in pieces)."""
-    forms = {value, shlex.quote(value)}
+    """How a value may show up in text: as is, shell-quoted, escaped inside a Python repr or a JSON
+    string (a quote or backslash in it is written escaped there), line by line (output is masked a
+    line at a time, so a multi-line secret arrives in pieces), and a URL's password on its own,
+    as written and percent-decoded."""
+    forms = {value, shlex.quote(value), repr(value)[1:-1], json.dumps(value)[1:-1]}
+    forms.add(json.dumps(value, ensure_ascii=False)[1:-1])
     if "\n" in value or "\r" in value:
         forms.update(re.split(r"\r?\n|\r", value))
+    for password in url_passwords(value):
+        forms.update((password, unquote(password)))
     return {f for f in forms if len(f.strip()) > _TOO_SHORT}
 
 
 def mask_text(text: str, env: Mapping[str, str]) -> str:
     """Replace every occurrence of a secret value in ``text`` with ``***``.
 
-    Also its shell-quoted form and, for a multi-line value, each of its lines. A value (or line)
-    shorter than 4 characters is masked where it stands as a whole word, not inside other words;
-    one of a single character is not masked.
+    Also its shell-quoted, repr and JSON forms, a URL's password and, for a multi-line value, each
+    of its lines. A value (or line) shorter than 4 characters is masked where it stands as a whole
+    word, not inside other words; one of a single character is not masked.
     """
+    if not text:
+        return text
+    pattern = _mask_pattern(frozenset((k, v) for k, v in env.items() if v and is_secret(k, v)))
+    return pattern.sub(MASK, text) if pattern is not None else text
+
+
+@functools.lru_cache(maxsize=64)
+def _mask_pattern(secrets: frozenset) -> Optional[re.Pattern]:
+    """One pattern for a set of secrets (output is masked line by line: built once, not per line)."""
     long_forms: set[str] = set()
     short_forms: set[str] = set()
-    for name, value in env.items():
-        if value and is_secret(name):
-            for form in _forms(value):
-                (long_forms if len(form) >= _SHORT else short_forms).add(form)
-    if not text or not (long_forms or short_forms):
-        return text
+    for _, value in secrets:
+        for form in _forms(value):
+            (long_forms if len(form) >= _SHORT else short_forms).add(form)
+    if not (long_forms or short_forms):
+        return None
     # one pass, longest first, so a secret that contains another is masked as a whole
     parts = [re.escape(s) for s in sorted(long_forms, key=len, reverse=True)]
     parts += [rf"(?<!\w){re.escape(s)}(?!\w)" for s in sorted(short_forms, key=len, reverse=True)]
-    return re.sub("|".join(parts), MASK, text)
+    return re.compile("|".join(parts))

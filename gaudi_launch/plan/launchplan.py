@@ -58,7 +58,8 @@ class LaunchPlan:
     # it failed, so the plan of a job whose hosts cannot be reached is still visible.
     preflight: Optional[dict] = None
     # Never shown (to_dict drops them): a random key that makes a job file's digest on argv say
-    # nothing about short values, and the values of secret-looking exported variables, to mask.
+    # nothing about short values, and the values of the launcher's secret-looking variables, to mask
+    # (ranks on this host, and all of srun's, inherit them, exported or not).
     job_key: str = field(default_factory=lambda: token_hex(16), repr=False)
     exported_secrets: dict[str, str] = field(default_factory=dict, repr=False)
     # The options the plan was made from (JobSpec.as_request): what `gaudi-launch run plan.json`
@@ -79,7 +80,7 @@ class LaunchPlan:
         return self.spec
 
     def secret_values(self) -> dict[str, str]:
-        return {**self.exported_secrets, **{k: v for k, v in self.env.items() if is_secret(k)}}
+        return {**self.exported_secrets, **{k: v for k, v in self.env.items() if is_secret(k, v)}}
 
     def mask(self, text: str) -> str:
         return mask_text(text, self.secret_values())

@@ -15,7 +15,7 @@ from typing import Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
-from gaudi_launch.inputs.envfile import is_secret
+from gaudi_launch.inputs.envfile import secrets_in
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fabric
@@ -219,9 +219,9 @@ def apply_facts(plan: LaunchPlan, facts: Mapping[str, HostFacts], environ: Mappi
 def finish_plan(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, report=None) -> None:
     """Everything multi-node and fabric-related that goes into the plan, from the pre-flight's report
     (the one other look at the world: whether this host has EFA devices, unless --efa/--no-efa)."""
+    plan.exported_secrets = secrets_in(environ)  # what the ranks may print, exported or inherited
     if plan.backend != "local":
         plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
-        plan.exported_secrets = {n: environ[n] for n in plan.exported if is_secret(n) and environ[n]}
         plan.ssh_args = ssh_args(spec, configured_host_keys([n.host for n in plan.nodes], spec.ssh_config))
         if report is not None:
             apply_facts(plan, report.facts, environ)

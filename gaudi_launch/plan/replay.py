@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 
 from gaudi_launch.errors import UserError
-from gaudi_launch.inputs.envfile import MASK, is_secret
+from gaudi_launch.inputs.envfile import MASK
 from gaudi_launch.inputs.spec import JOB_OWN_VARS, JobSpec
 
 # What makes two plans the same job; the rest (job id, port, job key, notes, findings) is per run.
@@ -96,7 +96,7 @@ def spec_from_request(request: dict, environ: Mapping[str, str], path: str) -> J
         )
     env = dict(request.get("env") or {})
     for name, value in env.items():
-        if value == MASK and is_secret(name):
+        if value == MASK:  # secret by its name or by its value (a URL's password): from this shell
             if not environ.get(name):
                 raise UserError(
                     f"{name} is masked in the plan (plans never hold secrets) and not set here",

@@ -657,3 +657,56 @@ def test_property_round_trip(name, value, style, export, lead, trail):
 @given(st.dictionaries(_NAMES, _VALUES, max_size=5))
 def test_property_assignments_round_trip(env):
     assert parse_assignments([f"{k}={v}" for k, v in env.items()]) == env
+
+
+# ---- issue 27 item 5: wider names, URLs with a password, escaped forms ----------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["GITHUB_PAT", "GH_PAT", "AZURE_DEVOPS_EXT_PAT", "githubPat", "wandbKey", "DB_CREDENTIAL"]
+)
+def test_personal_access_tokens_and_camel_case_names_are_secret(name):
+    assert is_secret(name)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "postgres://app:s3cr3t-pw@db.internal:5432/prod",
+        "redis://:onlypass@cache:6379/0",
+        "https://user:p%40ss@example.org/x",
+        "amqp://a:b@h1,amqp://c:d@h2",
+    ],
+)
+def test_a_url_with_a_password_is_secret_whatever_its_name(value):
+    assert is_secret("DATABASE_URL", value)
+    assert mask_env({"DATABASE_URL": value}) == {"DATABASE_URL": "***"}
+
+
+@pytest.mark.parametrize("value", ["postgres://app@db/prod", "https://example.org/a:b@c", "/srv/data", "http://h:80/"])
+def test_a_url_without_a_password_is_not_secret(value):
+    assert not is_secret("DATABASE_URL", value)
+    assert mask_env({"DATABASE_URL": value}) == {"DATABASE_URL": value}
+
+
+def test_a_urls_password_alone_is_masked_too_and_its_decoded_form():
+    env = {"DATABASE_URL": "postgres://app:pa%24%24word9@db/prod"}
+    text = "connect postgres://app:pa%24%24word9@db/prod failed; retry with pa$$word9 or pa%24%24word9"
+    assert mask_text(text, env) == "connect *** failed; retry with *** or ***"
+
+
+@pytest.mark.parametrize("secret", ['hf_ab"cd\\ef', "it's\\x", 'line\none"two', "caf\u00e9-t\u00f6ken-9"])
+def test_escaped_forms_of_a_secret_are_masked(secret):
+    import json
+
+    env = {"HF_TOKEN": secret}
+    shown = [repr(secret), json.dumps(secret), json.dumps(secret, ensure_ascii=False), repr({"k": secret})]
+    for text in shown:
+        body = text[7:-2] if text.startswith("{") else text[1:-1]  # what stands between the quotes
+        masked = mask_text(f"env: {text}", env)
+        # the shell-quoted form may take the quotes with it
+        assert unquote(masked) == unquote(f"env: {text}".replace(body, "***")), masked
+
+
+def unquote(text: str) -> str:
+    return text.replace("'***'", "***").replace('"***"', "***")
