@@ -47,7 +47,8 @@ def findings(report) -> dict:
 
 
 def ssh_args(spec: JobSpec, configured_host_keys: Optional[str] = None) -> list[str]:
-    """Options for every `ssh` a backend runs (mpirun's plm_rsh_args, pdsh, teardown). Pure.
+    """Options for every `ssh` a backend runs (mpirun's plm_rsh_args, pdsh, teardown). Pure but for
+    the working directory that relative paths are resolved against.
 
     An -o option beats ssh_config, so StrictHostKeyChecking is given only where the user's
     config does not decide (``configured_host_keys``: its value for the job's hosts, if any):
@@ -61,10 +62,12 @@ def ssh_args(spec: JobSpec, configured_host_keys: Optional[str] = None) -> list[
         args += ["-o", "StrictHostKeyChecking=accept-new"]
     if spec.ssh_port:
         args += ["-p", str(spec.ssh_port)]
+    # Absolute paths: DeepSpeed's runner, and so pdsh's ssh, runs in the job directory, where a
+    # relative path names nothing (resolved against the launcher's working directory, as typed).
     if spec.ssh_identity:
-        args += ["-i", spec.ssh_identity, "-o", "IdentitiesOnly=yes"]
+        args += ["-i", os.path.abspath(os.path.expanduser(spec.ssh_identity)), "-o", "IdentitiesOnly=yes"]
     if spec.ssh_config:
-        args += ["-F", spec.ssh_config]
+        args += ["-F", os.path.abspath(os.path.expanduser(spec.ssh_config))]
     return args
 
 

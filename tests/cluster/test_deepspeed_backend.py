@@ -165,3 +165,16 @@ def test_a_failing_remote_rank_is_named_with_its_code_prefix_and_log(
         assert f"[rank {rank}] rank {rank} started" in res.stdout
         assert f"rank {rank} started" in (logs / f"rank-{rank}.log").read_text().splitlines()
     assert all_gone(read_pids(str(pids)), timeout=30)
+
+
+def test_a_relative_ssh_config_reaches_the_hosts_from_the_runners_job_directory(cluster, tmp_path):
+    # Issue 27 item 12: DeepSpeed's runner (and so pdsh's ssh) runs in the job directory, where a
+    # relative -F path names nothing; ssh failed there and the failure was blamed on rank 0.
+    (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "ssh_config").write_text(open(cluster.ssh_config).read())
+    argv = [sys.executable, "-m", "gaudi_launch", "--hostfile", cluster.hostfile(slots=1, hosts=[0, 1])]
+    argv += ["--ssh-config", "conf/ssh_config", "--use_deepspeed", "--grace", "5", "probe.py"]
+    res = cluster.run_on(0, argv, env=cluster.env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert [(r["host"], r["rank"]) for r in seen(res.stdout)] == [("glds-n0", "0"), ("glds-n1", "1")]
