@@ -62,6 +62,9 @@ class LaunchPlan:
     # (ranks on this host, and all of srun's, inherit them, exported or not).
     job_key: str = field(default_factory=lambda: token_hex(16), repr=False)
     exported_secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    # --spare-hosts held back from this attempt (host: devices), pre-flighted with the job's hosts; not
+    # shown (the notes name them).
+    spares: dict[str, int] = field(default_factory=dict, repr=False)
     # The options the plan was made from (JobSpec.as_request): what `gaudi-launch run plan.json`
     # makes the plan again from (replay.py). Secrets masked in the JSON as everywhere.
     request: dict = field(default_factory=dict, repr=False)
@@ -89,7 +92,7 @@ class LaunchPlan:
         """The JSON form (secrets masked): stable keys that tests and tools may rely on."""
         secrets = self.secret_values()
         data = asdict(replace(self, spec=None))  # the spec is shown as request
-        del data["job_key"], data["exported_secrets"], data["spec"]
+        del data["job_key"], data["exported_secrets"], data["spec"], data["spares"]
         if self.openmpi is None:
             del data["openmpi"]
         data["env"] = mask_env(self.env)

@@ -21,7 +21,7 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fabric
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.remote import sshmux
-from gaudi_launch.remote.preflight import HostFacts, SshOptions, check_hosts
+from gaudi_launch.remote.preflight import CheckReport, HostFacts, SshOptions, check_hosts
 from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
 
 
@@ -167,14 +167,14 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         connections = sshmux.open_for(plan.job_id, ssh_args(spec, configured_host_keys(hosts, spec.ssh_config)))
     script = spec.program[0] if spec.program and not spec.module else None
     report = check_hosts(
-        [n.host for n in plan.nodes],
+        hosts + [h for h in plan.spares if h not in hosts],  # a spare that cannot run the job: said now
         python=spec.python,  # --no_python ranks start through our bootstrap too
         script=script,
         cwd=os.getcwd(),
         master_host=master_host(plan),
         master_addr=plan.master_addr,
         master_port=plan.master_port,
-        devices_needed={n.host: len(n.devices) for n in plan.nodes},
+        devices_needed={**plan.spares, **{n.host: len(n.devices) for n in plan.nodes}},
         ssh=SshOptions(
             port=spec.ssh_port,
             identity=spec.ssh_identity,
@@ -186,7 +186,27 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         progress=progress,
         connections=connections,
     )
-    return report
+    return spares_apart(report, hosts)
+
+
+def spares_apart(report: CheckReport, hosts: list[str]) -> CheckReport:
+    """The report of the job's ``hosts``: a spare's findings leave it, a failed spare becoming a warning
+    that names it (the job runs without it; it cannot take a lost host's place). Pure."""
+    spares = [f for h, f in report.facts.items() if h not in hosts]
+    if not spares:
+        return report
+    warnings = [
+        f"spare host {f.host} failed the pre-flight: {_one_line(f.reason or 'failed')}"
+        + (f" (fix: {_one_line(f.fix)})" if f.fix else "")
+        + "; it cannot take a lost host's place until this is fixed"
+        for f in spares
+        if not f.ok
+    ]
+    return CheckReport(facts={h: report.facts[h] for h in hosts}, warnings=warnings + report.warnings)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def default_preflight(plan: LaunchPlan, spec: JobSpec):

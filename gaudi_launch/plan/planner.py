@@ -24,8 +24,9 @@ from gaudi_launch.process.restarts import hosts_for_attempt
 
 def resolve_hosts(
     spec: JobSpec, detect: Callable[[], DeviceCount] = detect_local_devices
-) -> tuple[list[tuple[str, list[int]]], list[Host], list[str]]:
-    """The selected (host, device ids), the hostfile's hosts, and notes for the dry run."""
+) -> tuple[list[tuple[str, list[int]]], list[Host], list[str], dict[str, int]]:
+    """The selected (host, device ids), the hostfile's hosts, notes for the dry run, and the spare
+    hosts held back (host: devices it would run), which the pre-flight checks too."""
     notes: list[str] = []
     if spec.hostfile is not None:
         hosts = read_hostfile(spec.hostfile)
@@ -44,11 +45,15 @@ def resolve_hosts(
         num_nodes=spec.num_nodes,
         num_devices=num_devices,
     )
+    spares: dict[str, int] = {}
     if spec.spare_hosts or spec.lost_hosts:
-        selected, note = hosts_for_attempt(selected, spec.lost_hosts, spec.spare_hosts, spec.min_nodes)
+        chosen, note = hosts_for_attempt(selected, spec.lost_hosts, spec.spare_hosts, spec.min_nodes)
         if note:
             notes.append(note)
-    return selected, hosts, notes
+        running = {h for h, _ in chosen}
+        spares = {h: len(d) for h, d in selected if h not in running and h not in spec.lost_hosts}
+        selected = chosen
+    return selected, hosts, notes, spares
 
 
 def choose_backend(spec: JobSpec, selected, hosts: list[Host]) -> str:
@@ -84,7 +89,7 @@ def build_plan(
     spec.validate(require_program)
     if slurm.wanted(spec, environ):  # the allocation (or srun's) is the hostfile: no ssh, no pre-flight
         return slurm.build_plan(spec, environ)
-    selected, hosts, notes = resolve_hosts(spec, detect)
+    selected, hosts, notes, spares = resolve_hosts(spec, detect)
     backend = choose_backend(spec, selected, hosts)
     if spec.master_addr:
         master_addr = spec.master_addr
@@ -117,6 +122,7 @@ def build_plan(
         program=list(spec.program),
         notes=notes,
         job_id=secrets.token_hex(4),
+        spares=spares,
     )
     report = None
     if backend != "local" and spec.ssh_check and preflight is not None:
