@@ -157,12 +157,16 @@ def worker_start_method(kind: str, world: int, num_workers: int) -> Optional[str
     return "spawn" if kind == "hpu" and world > 8 and num_workers > 0 else None
 
 
-def evaluation_due(args: TrainingArguments, step: int, epoch_end: bool, epochs_done: int = 0) -> bool:
-    """Whether to evaluate now: every eval_steps optimizer steps, or at the end of each epoch; none before
-    --eval_delay steps (epochs, with "epoch"), as transformers' DefaultFlowCallback decides. Pure."""
+def evaluation_due(
+    args: TrainingArguments, step: int, epoch_end: bool, epochs_done: int = 0, last_step: bool = False
+) -> bool:
+    """Whether to evaluate now: every eval_steps optimizer steps and after the run's last step, or at the
+    end of each epoch (a run stopped inside one ends it there); none before --eval_delay steps (epochs,
+    with "epoch"), as transformers' DefaultFlowCallback decides. Pure."""
     delay = getattr(args, "eval_delay", 0)
     if args.eval_strategy == "steps":
-        return not epoch_end and bool(args.eval_steps) and step % args.eval_steps == 0 and step >= delay
+        due = bool(args.eval_steps) and (step % args.eval_steps == 0 or last_step)
+        return not epoch_end and due and step >= delay
     return args.eval_strategy == "epoch" and epoch_end and epochs_done >= delay
 
 
@@ -454,7 +458,7 @@ class Trainer:
                         logged = self._mean_across_ranks(since_log) / n_since_log
                         self._log_step(step, logged, lr, throughput)
                     since_log, n_since_log = None, 0
-                self._evaluate_if_due(step, False, throughput)
+                self._evaluate_if_due(step, False, throughput, last_step=step >= max_steps)
                 if save_due(args, step, False):
                     with paused():
                         self._save(step, epoch, batch_index + 1)
@@ -463,8 +467,10 @@ class Trainer:
                 if step >= max_steps:
                     done = True
                     break
-            if batch_index + 1 >= len(loader):  # the epoch's end, also when it was the last step's
+            epoch_over = batch_index + 1 >= len(loader)  # also when it was the last step's
+            if epoch_over or done:  # HF ends the epoch at a stop inside it too (Trainer._run_epoch: on_epoch_end)
                 self._evaluate_if_due(step, True, throughput, epoch + 1)
+            if epoch_over:
                 if save_due(args, step, True):
                     with throughput.pause() if args.adjust_throughput else contextlib.nullcontext():
                         self._save(step, epoch + 1, 0)  # resumes at the next epoch's start
@@ -505,8 +511,10 @@ class Trainer:
             return {**state, "_path": path}
         return None
 
-    def _evaluate_if_due(self, step: int, epoch_end: bool, throughput: Throughput, epochs_done: int = 0) -> None:
-        if self.eval_dataset is not None and evaluation_due(self.args, step, epoch_end, epochs_done):
+    def _evaluate_if_due(
+        self, step: int, epoch_end: bool, throughput: Throughput, epochs_done: int = 0, last_step: bool = False
+    ) -> None:
+        if self.eval_dataset is not None and evaluation_due(self.args, step, epoch_end, epochs_done, last_step):
             with throughput.pause():  # evaluation time is not training throughput
                 self.evaluate(step)
 

@@ -181,6 +181,7 @@ def run_ours(init_dir, out, case, masked_only=False, save_steps=0, resume=None, 
         "step": [r["step"] for r in rows if "loss" in r],
         "lr": [r["learning_rate"] for r in rows if "loss" in r],
         "eval_loss": [r["eval_loss"] for r in rows if "eval_loss" in r],
+        "eval_step": [r["step"] for r in rows if "eval_loss" in r],
         "global_step": result.global_step,
         "train_loss": result.train_loss,
         "order": train_set.seen,
@@ -219,6 +220,7 @@ def run_hf(init_dir, out, case, **over):
         "step": [r["step"] for r in logs if "loss" in r],
         "lr": [r["learning_rate"] for r in logs if "loss" in r],
         "eval_loss": [r["eval_loss"] for r in logs if "eval_loss" in r],
+        "eval_step": [r["step"] for r in logs if "eval_loss" in r],
         "global_step": result.global_step,
         "train_loss": result.training_loss,
         "order": train_set.seen,
@@ -253,6 +255,16 @@ def main(init_dir: str, out_dir: str) -> None:
         if case == "bert":  # the one deliberate difference: the head on masked positions only
             _, masked = run_ours(init_dir, os.path.join(out_dir, "bert-masked"), case, masked_only=True)
             entry["masked_only"] = masked
+        if case == "gpt2":
+            # Stopped by max_steps inside an epoch, logging every 3 steps (the mean since the last log), and
+            # HF's evaluations: every 3 steps and at the stop, or (by epoch) at each epoch's end and the stop.
+            for name, over in (
+                ("stop_steps", dict(max_steps=7, logging_steps=3, eval_strategy="steps", eval_steps=3)),
+                ("stop_epoch", dict(max_steps=7, logging_steps=3)),
+            ):
+                _, hf_stop = run_hf(init_dir, os.path.join(out_dir, f"{name}-hf"), case, **over)
+                _, ours_stop = run_ours(init_dir, os.path.join(out_dir, f"{name}-ours"), case, **over)
+                entry[name] = {"hf": hf_stop, "ours": ours_stop}
         results[case] = entry
         del hf_trainer, ours_trainer
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

@@ -196,3 +196,17 @@ def test_data_seed_and_token_normalisation_flags(tmp_path):
     scales = trainer._loss_scales([{"labels": labels[:1]}, {"labels": labels[1:]}])
     assert [float(s) for s in scales] == pytest.approx([1 / 4, 3 / 4])  # shifted: 1 and 3 scored tokens
     assert trainer._loss_scales([{"x": torch.ones(1)}] * 2) == [0.5, 0.5]  # no labels: the mean
+
+
+@pytest.mark.parametrize("world", (1, 2))
+@pytest.mark.parametrize("variant", ("stop_steps", "stop_epoch"))
+def test_a_stop_inside_an_epoch_logs_and_evaluates_as_hf(runs, world, variant):
+    # max_steps 7 ends inside an epoch. Logged every 3 steps: the mean loss since the last log. Evaluated
+    # every 3 steps and at the stop (DefaultFlowCallback.on_step_end), or at each epoch's end and at the stop
+    # (Trainer._run_epoch calls on_epoch_end after breaking off).
+    hf, ours = runs[world][0]["gpt2"][variant]["hf"], runs[world][0]["gpt2"][variant]["ours"]
+    assert hf["global_step"] == ours["global_step"] == 7
+    assert ours["step"] == hf["step"] == [3, 6]
+    assert ours["loss"] == pytest.approx(hf["loss"], rel=REL)
+    assert ours["eval_step"] == hf["eval_step"]
+    assert ours["eval_loss"] == pytest.approx(hf["eval_loss"], rel=REL)
