@@ -5,6 +5,7 @@ Everything after SCRIPT is the script's own argv and is passed on untouched. No 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -212,7 +213,8 @@ def _run(**values) -> int:
 
 def _replay(ctx: click.Context, v: dict) -> int:
     """--from-plan: the plan's options, no others (replay.py)."""
-    from gaudi_launch.plan.replay import enter_cwd, read_plan, spec_from_request
+    from gaudi_launch.launch import prepare
+    from gaudi_launch.plan.replay import check_before_hosts, enter_cwd, read_plan, spec_from_request
 
     given = [
         p.opts[0] if isinstance(p, click.Option) else p.name.upper()
@@ -232,6 +234,7 @@ def _replay(ctx: click.Context, v: dict) -> int:
     saved = read_plan(path)
     enter_cwd(saved, path)
     spec = spec_from_request(saved["request"], os.environ, path)
+    check_before_hosts(saved, prepare(spec), path)
     return run_spec(spec, dry_run=v["dry_run"], json_out=v["json_out"], same_as=(saved, path))
 
 
@@ -400,7 +403,7 @@ def run_spec(
     made now is that one (a replay)."""
     from gaudi_launch.launch import launch, plan_job, preflight_for, prepare
     from gaudi_launch.plan.planner import build_plan
-    from gaudi_launch.plan.replay import check_same
+    from gaudi_launch.plan.replay import check_same, plan_json
 
     spec = prepare(spec)
     if check_only:
@@ -417,9 +420,11 @@ def run_spec(
         return ExitCode.OK if report.ok else ExitCode.PREFLIGHT
     plan = plan_job(spec, keep_failed_preflight=dry_run)
     if same_as is not None:
-        check_same(same_as[0], plan.to_dict(), same_as[1])
+        check_same(same_as[0], plan_json(plan, os.environ), same_as[1])
     if dry_run:  # the plan whatever the pre-flight said, its findings with it; exit 3 if it failed
-        sys.stdout.write(plan.to_json() + "\n" if json_out else plan.render_text())
+        # as JSON with its secrets' keyed digests, so that `gaudi-launch run` can check their values
+        shown = json.dumps(plan_json(plan, os.environ), indent=2) + "\n" if json_out else plan.render_text()
+        sys.stdout.write(shown)
         if plan.preflight is not None and not plan.preflight["ok"]:
             print(
                 "gaudi-launch: pre-flight failed: a real run would start nothing (findings in the plan)",

@@ -2,37 +2,48 @@
 
 A plan holds the options it was made from (``request``). The job is planned again from them, as
 the dry run did, with what belongs to one job fresh (job id, an automatically picked port, the
-heartbeat directory), and runs only when the new plan is the saved one: same backend, hosts,
-devices, ranks, program, rendezvous address, environment and fabric settings. When the hostfile,
-an env file or the hosts changed, it says what differs and starts nothing (exit 2): a reviewed plan
-never runs as something else. Secrets are never written to a plan; a masked one is taken from this
-shell's environment by name.
+heartbeat directory, the job file's digest), and runs only when the new plan is the saved one: every
+field of the plan is compared (commands, ssh options, environment, hosts, ...) except the per-run
+ones above, the notes and the pre-flight's findings; a field this version does not make counts as a
+difference. The hosts, program, ssh options and interpreter are compared before the pre-flight runs
+anything with them. Options that only the request shows (log dir, grace, timeouts, restarts) are
+taken as the plan shows them. When the hostfile, an env file, the hosts or the plan itself changed, it says what
+differs and starts nothing (exit 2): a reviewed plan never runs as something else.
+
+Secrets are never written to a plan; a masked one is taken from this shell's environment by name and
+must be the value the dry run saw: the plan holds an HMAC-SHA256 of each secret value under a key
+private to this user ($XDG_STATE_HOME/gaudi-launch/plan-key, 0600 in a 0700 directory), so the plan
+tells nobody who reads it anything about the value, not even by guessing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import re
+import secrets
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.envfile import MASK
 from gaudi_launch.inputs.spec import JOB_OWN_VARS, JobSpec
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.process.heartbeats import HEARTBEAT_DIR
+from gaudi_launch.process.worker import JOB_DIGEST_FLAG
+from gaudi_launch.remote.jobdir import JobDirError, check_private_dir, write_private
 
-# What makes two plans the same job; the rest (job id, port, job key, notes, findings) is per run.
-SAME_JOB = (
-    "backend",
-    "world_size",
-    "master_addr",
-    "nodes",
-    "program",
-    "env",
-    "exported",
-    "ifname",
-    "tcp_cidr",
-    "cores_per_host",
-)
+# Per run, not compared: the job id, the notes and the pre-flight's findings (the port too, unless
+# the request fixed it). Every other field of either plan is.
+PER_RUN = ("job_id", "notes", "preflight")
+DIGESTS = "secret_digests"  # {NAME: HMAC-SHA256 of the value}, for every value the plan masks
+KEY_FILE = "plan-key"
+# What a plan says before any host is asked: compared before the pre-flight (or srun's probe) runs
+# anything with the request's interpreter and ssh options.
+STATIC = ("backend", "world_size", "master_addr", "nodes", "program", "ssh_args")
 
 
 def read_plan(path: str) -> dict:
@@ -114,16 +125,136 @@ def spec_from_request(request: dict, environ: Mapping[str, str], path: str) -> J
     return JobSpec(**{**request, "env": env})
 
 
+def secret_digests(values: Mapping[str, str], key: bytes) -> dict[str, str]:
+    """A keyed digest of each secret value (name and value both bound). Pure."""
+    return {
+        name: hmac.new(
+            key, name.encode() + b"\0" + value.encode("utf-8", "surrogateescape"), hashlib.sha256
+        ).hexdigest()
+        for name, value in sorted(values.items())
+    }
+
+
+def key_path(environ: Mapping[str, str]) -> str:
+    state = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "gaudi-launch", KEY_FILE)
+
+
+def plan_key(environ: Mapping[str, str]) -> bytes:
+    """This user's key for plans' secret digests, made on first use: 32 random bytes in a 0600 file
+    of a 0700 directory, never through a link, refused when anyone else could read or swap it."""
+    path = key_path(environ)
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        check_private_dir(directory)
+        try:
+            return _read_key(path)
+        except FileNotFoundError:
+            pass
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
+        write_private(tmp, secrets.token_hex(32).encode())
+        try:
+            os.link(tmp, path)  # all at once, and never over a key another launcher made meanwhile
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        return _read_key(path)
+    except (OSError, JobDirError) as exc:
+        raise UserError(
+            f"cannot use the key for plans' secret digests: {getattr(exc, 'strerror', None) or exc}",
+            where=path,
+            hint="it must be a private file (0600) of yours in a private directory (0700); remove it to make a new one",
+        ) from None
+
+
+def _read_key(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise JobDirError(f"{path} is not a private file of this user")
+        key = f.read(129).strip()
+    if not re.fullmatch(rb"[0-9a-f]{64}", key):
+        raise JobDirError(f"{path} does not hold a key (64 hex digits)")
+    return key
+
+
+def plan_json(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
+    """The plan as --dry-run --json shows it: secrets masked, with their keyed digests."""
+    data = plan.to_dict()
+    values = plan.secret_values()
+    if values:
+        data[DIGESTS] = secret_digests(values, plan_key(environ))
+    return data
+
+
 def differences(saved: dict, fresh: dict, fixed_port: bool) -> list[str]:
     """What differs between a saved plan and the same request planned now (both as JSON dicts,
-    secrets masked). Empty when they are the same job. Pure."""
-    keys = SAME_JOB + (("master_port",) if fixed_port else ())
+    secrets masked, with their digests). Empty when they are the same job. Pure."""
+    skip = set(PER_RUN) | ({"master_port"} if not fixed_port else set()) | {DIGESTS}
+    a_run, b_run = _per_run(saved, fixed_port), _per_run(fresh, fixed_port)
     out = []
-    for key in keys:
-        a, b = _comparable(key, saved.get(key)), _comparable(key, fresh.get(key))
+    for key in [k for k in saved if k not in skip] + [k for k in fresh if k not in skip and k not in saved]:
+        a = _normal(_comparable(key, saved.get(key, _ABSENT)), a_run)
+        b = _normal(_comparable(key, fresh.get(key, _ABSENT)), b_run)
         if a != b:
             out.append(f"{key}: the plan has {_short(a)}, now {_short(b)}")
+    out += _secret_differences(saved.get(DIGESTS), fresh.get(DIGESTS) or {})
     return out
+
+
+def _secret_differences(saved, fresh: dict) -> list[str]:
+    """Names only: a digest says nothing to the reader, but there is no need to show it either."""
+    if not isinstance(saved, dict):
+        saved = {}
+    out = []
+    for name in sorted(set(saved) | set(fresh)):
+        if name not in fresh:
+            out.append(f"{name}: the plan holds a digest of a secret that this job does not have")
+        elif name not in saved:
+            out.append(f"{name}: the plan holds no digest of it, so its value here cannot be checked")
+        elif not hmac.compare_digest(str(saved[name]), fresh[name]):
+            out.append(f"{name}: its value here is not the one the plan was made with")
+    return out
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+_ABSENT = _Absent()
+
+
+def _per_run(plan: dict, fixed_port: bool) -> list[tuple[re.Pattern, str]]:
+    """The plan's own per-run values, each with the placeholder that stands for it when comparing."""
+    out = []
+    job = plan.get("job_id")
+    if isinstance(job, str) and re.fullmatch(r"[0-9a-f]{8,64}", job):
+        out.append((re.compile(rf"(?<![0-9a-f]){job}(?![0-9a-f])"), "<job id>"))
+    port = plan.get("master_port")
+    if not fixed_port and isinstance(port, int) and not isinstance(port, bool):
+        out.append((re.compile(rf"(?<![0-9]){port}(?![0-9])"), "<port>"))
+    env = plan.get("env")
+    beat = env.get(HEARTBEAT_DIR) if isinstance(env, dict) else None
+    if isinstance(beat, str) and beat:
+        out.append((re.compile(re.escape(beat)), "<heartbeat dir>"))
+    out.append((re.compile(rf"^{re.escape(JOB_DIGEST_FLAG)}[0-9a-f]+$"), JOB_DIGEST_FLAG + "<digest>"))
+    return out
+
+
+def _normal(value, per_run: list[tuple[re.Pattern, str]]):
+    if isinstance(value, str):
+        for pattern, placeholder in per_run:
+            value = pattern.sub(placeholder, value)
+        return value
+    if isinstance(value, list):
+        return [_normal(v, per_run) for v in value]
+    if isinstance(value, dict):
+        return {k: _normal(v, per_run) for k, v in value.items()}
+    return value
 
 
 def _comparable(key: str, value):
@@ -134,16 +265,35 @@ def _comparable(key: str, value):
 
 
 def _short(value) -> str:
+    if value is _ABSENT:
+        return "(absent)"
     text = json.dumps(value, sort_keys=True)
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+def check_before_hosts(saved: dict, spec: JobSpec, path: str) -> None:
+    """Before the pre-flight runs ssh (with the request's ssh options) and the interpreter on every
+    host: the plan made now without asking any host must agree with the saved one on the hosts,
+    the program, the ssh options, and run the interpreter that the saved commands show."""
+    static = build_plan(replace(spec, ssh_check=False, wait_hosts=None)).to_dict()
+    diff = [d for d in differences({k: saved.get(k) for k in STATIC}, {k: static[k] for k in STATIC}, False)]
+    commands = saved.get("commands")
+    if not isinstance(commands, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("argv"), list) and spec.python in c["argv"] for c in commands
+    ):
+        diff.append(f"python: the plan's commands do not run {spec.python} (request.python)")
+    _refuse(diff, path)
+
+
 def check_same(saved: dict, fresh: dict, path: str) -> None:
-    diff = differences(saved, fresh, fixed_port=saved["request"].get("master_port") is not None)
+    _refuse(differences(saved, fresh, fixed_port=saved["request"].get("master_port") is not None), path)
+
+
+def _refuse(diff: list[str], path: str) -> None:
     if diff:
         raise UserError(
             "the job planned now is not the one in the plan, so nothing was started:\n  " + "\n  ".join(diff),
             where=path,
-            hint="the hostfile, an env file, the hosts or this shell's environment changed since the dry "
-            "run: check them, or make the plan again",
+            hint="the hostfile, an env file, the hosts, this shell's environment or the plan itself changed "
+            "since the dry run: check them, or make the plan again",
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -38,6 +39,13 @@ def gl(*args, cwd, env=None, timeout=120):
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+@pytest.fixture(autouse=True)
+def state_home(tmp_path, monkeypatch):
+    """Where plans' secret digests keep their key ($XDG_STATE_HOME/gaudi-launch): not the real home."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
 
 
 @pytest.fixture
@@ -206,3 +214,76 @@ def test_a_request_with_options_unknown_here_is_refused():
         spec_from_request({**request, "turbo": True}, {}, "p.json")
     with pytest.raises(UserError, match="masked in the plan's program"):
         spec_from_request({**request, "program": ["t.py", "--token", "***"]}, {}, "p.json")
+
+
+def edit(path, change) -> None:
+    plan = json.loads(path.read_text())
+    change(plan)
+    path.write_text(json.dumps(plan, indent=2))
+
+
+def set_python(plan, python):
+    plan["request"]["python"] = python
+
+
+@pytest.mark.parametrize(
+    "change, what",
+    [
+        # another interpreter in the request alone, or in the commands alone: refused before anything runs
+        (lambda p, evil: set_python(p, evil), "python: the plan's commands do not run"),
+        (lambda p, evil: [c["argv"].__setitem__(0, evil) for c in p["commands"]], "python: the plan's commands do"),
+        # a variable slipped into the request: the environment planned now is not the plan's
+        (lambda p, evil: p["request"]["env"].update(LD_PRELOAD=evil), "env: the plan has"),
+        # a field this version does not make is a difference, not something to ignore
+        (lambda p, evil: p.update(turbo=True), "turbo: the plan has true, now (absent)"),
+    ],
+)
+def test_an_edited_plan_starts_nothing(job, tmp_path, change, what):
+    work, out = job
+    evil = tmp_path / "evil-python"
+    evil.write_text(f"#!/bin/sh\ntouch {tmp_path / 'PWNED'}\n")
+    evil.chmod(0o755)
+    path, _ = dry_run(work, out)
+    edit(path, lambda p: change(p, str(evil)))
+    res = gl("run", str(path), cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "the job planned now is not the one in the plan" in res.stderr and what in res.stderr
+    assert not (tmp_path / "PWNED").exists() and not list(out.iterdir())
+
+
+def test_an_edited_ssh_config_is_refused_before_any_ssh(tmp_path):
+    # A plan for two hosts that do not exist (its pre-flight fails: exit 3, the plan is still written).
+    # An ssh config with a local ProxyCommand must not run, not even in the replay's pre-flight.
+    (tmp_path / "hosts").write_text("worker-0 slots=1\nworker-1 slots=1\n")
+    (tmp_path / "t.py").write_text("")
+    res = gl(
+        "--dry-run", "--json", "--backend", "mpirun", "--hostfile", "hosts", "--ssh-timeout", "2", "t.py", cwd=tmp_path
+    )
+    assert res.returncode == 3, res.stderr
+    path = tmp_path / "plan.json"
+    path.write_text(res.stdout)
+    (tmp_path / "evil_config").write_text(f"Host *\n  ProxyCommand touch {tmp_path / 'PWNED'}\n")
+    edit(path, lambda p: p["request"].update(ssh_config=str(tmp_path / "evil_config")))
+    res = gl("run", str(path), cwd=tmp_path)
+    assert res.returncode == 2 and "ssh_args: the plan has" in res.stderr, res.stderr
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_changed_secret_is_caught_by_its_keyed_digest(job, tmp_path, state_home):
+    work, out = job
+    path, saved = dry_run(work, out, "-x", "HF_TOKEN", env={"HF_TOKEN": "hf_replaysecret"})
+    text = path.read_text()
+    digest = saved["secret_digests"]["HF_TOKEN"]
+    # neither the value nor a plain hash of it: a key only this user can read makes the digest
+    assert "hf_replaysecret" not in text and hashlib.sha256(b"hf_replaysecret").hexdigest() not in text
+    assert len(digest) == 64 and oct(os.stat(state_home / "gaudi-launch").st_mode & 0o777) == "0o700"
+    res = gl("run", str(path), cwd=tmp_path, env={"HF_TOKEN": "hf_othervalue"})
+    assert res.returncode == 2, res.stderr
+    assert "HF_TOKEN: its value here is not the one the plan was made with" in res.stderr
+    assert "hf_othervalue" not in res.stderr and "hf_replaysecret" not in res.stderr and digest not in res.stderr
+    assert not list(out.iterdir())
+    # a plan whose digest was removed does not run with whatever value this shell has
+    edit(path, lambda p: p.pop("secret_digests"))
+    res = gl("run", str(path), cwd=tmp_path, env={"HF_TOKEN": "hf_replaysecret"})
+    assert res.returncode == 2 and "HF_TOKEN: the plan holds no digest of it" in res.stderr, res.stderr
+    assert not list(out.iterdir())

@@ -275,6 +275,7 @@ def test_dry_run_json_matches_golden(name, args, environ, monkeypatch, tmp_path)
     text = json.dumps(data).replace(data["job_id"], "JOB").replace(sys.executable, "PYTHON")
     text = text.replace(str(tmp_path), "HOME")
     plan = json.loads(text)
+    plan["secret_digests"] = {k: "DIGEST" for k in plan["secret_digests"]}  # keyed with this user's random key
     path = os.path.join(GOLDEN, f"{name}.json")
     if os.environ.get("GOLDEN_UPDATE") == "1":
         with open(path, "w") as f:
