@@ -35,7 +35,7 @@ SETTINGS = dict(
     gradient_accumulation_steps=3,
     num_train_epochs=2,
     learning_rate=2e-3,
-    weight_decay=0.01,
+    weight_decay=0.1,  # over 10 steps moves a decayed weight by 2e-3 of itself: a wrong no-decay group shows
     adam_epsilon=1e-8,
     warmup_steps=2,
     lr_scheduler_type="linear",
@@ -256,6 +256,12 @@ def main(init_dir: str, out_dir: str) -> None:
             _, masked = run_ours(init_dir, os.path.join(out_dir, "bert-masked"), case, masked_only=True)
             entry["masked_only"] = masked
         if case == "gpt2":
+            # fast_ddp: gradients averaged in one fused buffer instead of DDP's buckets, clipped there at once.
+            fast_trainer, fast = run_ours(
+                init_dir, os.path.join(out_dir, "fast-ours"), case, distribution_strategy="fast_ddp"
+            )
+            fast["weights_vs_hf"] = weight_difference(fast_trainer.model, hf_trainer.model)
+            entry["fast_ddp"] = fast
             # Stopped by max_steps inside an epoch, logging every 3 steps (the mean since the last log), and
             # HF's evaluations: every 3 steps and at the stop, or (by epoch) at each epoch's end and the stop.
             for name, over in (

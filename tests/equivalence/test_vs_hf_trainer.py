@@ -210,3 +210,11 @@ def test_a_stop_inside_an_epoch_logs_and_evaluates_as_hf(runs, world, variant):
     assert ours["loss"] == pytest.approx(hf["loss"], rel=REL)
     assert ours["eval_step"] == hf["eval_step"]
     assert ours["eval_loss"] == pytest.approx(hf["eval_loss"], rel=REL)
+
+
+@pytest.mark.parametrize("world", (1, 2))
+def test_fast_ddp_gives_hfs_numbers_too(runs, world):
+    entry = runs[world][0]["gpt2"]
+    assert entry["fast_ddp"]["loss"] == pytest.approx(entry["hf"]["loss"], rel=REL)
+    assert entry["fast_ddp"]["eval_loss"] == pytest.approx(entry["hf"]["eval_loss"], rel=REL)
+    assert entry["fast_ddp"]["weights_vs_hf"] < 1e-4
