@@ -10,6 +10,7 @@ named as such. Parsing and grouping are pure functions.
 
 from __future__ import annotations
 
+import errno
 import linecache
 import os
 import re
@@ -25,6 +26,7 @@ from typing import Callable, Optional
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.process.heartbeats import DUMP_SIGNAL, HEARTBEAT_DIR, start_time
+from gaudi_launch.process.logfiles import open_log, prepare_log_dir
 from gaudi_launch.remote.jobdir import create, path_for
 
 SETTLE_S = 5.0  # how long the ranks get to write their stacks
@@ -262,28 +264,28 @@ class HangWatch:
         for rank, (what, where, code) in sorted(places.items()):
             if code:
                 lines.append(f"  rank {rank} at {where}: {code}")
-        self.stacks_file = self._write_stacks(summary, texts)
-        lines.append(
-            f"every rank's stacks: {self.stacks_file}"
-            if self.stacks_file
-            else "(--log-dir DIR keeps every rank's full stacks)"
-        )
+        self.stacks_file, where = self._write_stacks(summary, texts)
+        lines.append(where)
         return "\n".join(lines)
 
-    def _write_stacks(self, summary: str, texts: dict[int, str]) -> Optional[str]:
+    def _write_stacks(self, summary: str, texts: dict[int, str]) -> tuple[Optional[str], str]:
+        """(the file holding every rank's stacks, None when not written; the line that says where)."""
         if not self.log_dir:
-            return None
+            return None, "(--log-dir DIR keeps every rank's full stacks)"
         path = os.path.join(self.log_dir, f"hang-{self.job_id or 'job'}.txt")
-        try:
-            os.makedirs(self.log_dir, exist_ok=True)
-            with open(path, "w") as f:
+        try:  # as the rank logs: a planted link or another user's file is refused, not written through
+            prepare_log_dir(self.log_dir)
+            with open_log(path) as f:
                 f.write(summary + "\n")
                 for rank in range(self.world_size):
                     f.write(f"\n===== rank {rank} =====\n")
                     f.write(texts.get(rank) or "(no stack: on another host, or not running)\n")
-        except OSError:
-            return None
-        return path
+        except UserError as exc:
+            return None, f"(every rank's stacks not kept: cannot write {path}: {exc.message})"
+        except OSError as exc:
+            why = "it is a symbolic link (not followed)" if exc.errno == errno.ELOOP else str(exc)
+            return None, f"(every rank's stacks not kept: cannot write {path}: {why})"
+        return path, f"every rank's stacks: {path}"
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)

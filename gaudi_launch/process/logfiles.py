@@ -30,9 +30,18 @@ def dir_problem(st: os.stat_result, uid: int, gids: Collection[int]) -> Optional
 
 
 def prepare_log_dir(path: str) -> None:
-    """Create the log directory (private to us when new) and refuse an unsafe existing one."""
+    """Create the log directory (private to us when new: 0700, whatever the umask) and refuse an unsafe
+    existing one (whose mode is the user's choice and stays)."""
     try:
-        os.makedirs(path, mode=0o755, exist_ok=True)
+        try:
+            os.makedirs(path, mode=0o700)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchmod(fd, 0o700)  # the umask may have taken bits off: still ours alone
+            finally:
+                os.close(fd)
+        except FileExistsError:
+            pass
         st = os.stat(path)
     except OSError as exc:
         raise UserError(f"cannot create the log directory: {exc.strerror or exc}", where=f"--log-dir {path}")
@@ -47,7 +56,7 @@ def prepare_log_dir(path: str) -> None:
 
 def open_log(path: str) -> TextIO:
     """Open ``path`` for writing from the start; OSError if it is a link or not our own plain file."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:

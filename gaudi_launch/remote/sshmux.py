@@ -34,6 +34,7 @@ import select
 import shutil
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -117,6 +118,15 @@ def control_dir(job_id: str, tmp: Optional[str] = None) -> str:
         if len(path.encode()) <= _MAX_DIR:
             return path
     raise ValueError(f"no directory short enough for ssh's control sockets (job {job_id})")
+
+
+def peer_uid(conn: socket.socket) -> Optional[int]:
+    """The user id of the process at the other end of a unix socket, as the kernel saw it connect."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):  # AttributeError: a platform without SO_PEERCRED
+        return None
+    return struct.unpack("3i", creds)[1]
 
 
 class Connections:
@@ -250,7 +260,10 @@ class Connections:
             if self._rsh is not None:
                 return self.rsh_socket()
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            # 0600 whatever the umask: Linux gives the bound file the mode of the socket's inode.
+            os.fchmod(sock.fileno(), 0o600)
             sock.bind(self.rsh_socket())
+            os.chmod(self.rsh_socket(), 0o600)  # elsewhere, after the fact (the directory is 0700 meanwhile)
             sock.listen(128)
             self._rsh = sock
         threading.Thread(target=self._accept, args=(sock,), name="sshmux-rsh", daemon=True).start()
@@ -266,8 +279,16 @@ class Connections:
 
     def _answer(self, conn: socket.socket) -> None:
         """One rshagent.py request, "HOST\0COMMAND\n"; the answer "fallback\n" (no session for the
-        host) or "RC OUTLEN ERRLEN\n" and the output's bytes, then the error output's."""
+        host) or "RC OUTLEN ERRLEN\n" and the output's bytes, then the error output's. Only this
+        user's processes are answered (the kernel's SO_PEERCRED): a command sent here runs on a host."""
         with conn:
+            uid = peer_uid(conn)
+            if uid != os.geteuid():
+                sys.stderr.write(
+                    f"gaudi-launch: the job's rsh socket {self.rsh_socket()} refused a request from uid {uid} "
+                    "(only this user's mpirun may ask)\n"
+                )
+                return  # closed unanswered: nothing run, nothing said
             try:
                 with conn.makefile("rb") as f:
                     line = f.readline(1 << 20)

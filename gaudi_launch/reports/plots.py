@@ -19,8 +19,10 @@ import json
 import math
 import os
 import re
+import stat
 import sys
-from typing import Any, Optional
+import tempfile
+from typing import Any, BinaryIO, Callable, Optional
 
 from gaudi_launch.exitcodes import ExitCode
 
@@ -239,9 +241,42 @@ def _figure(width: float = 7.5, height: float = 4.2):
     return fig, ax
 
 
+def write_whole(path: str, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` through a new temporary file beside it, renamed over it: a link someone planted
+    at ``path`` (a run directory others can write to) is replaced, never written through."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            mask = os.umask(0)
+            os.umask(mask)
+            os.fchmod(f.fileno(), 0o666 & ~mask)  # the mode open() would have given: a report is to share
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_own(path: str) -> bytes:
+    """A file this run wrote, read back only if it still is our plain file (not a link put in its place)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ReportError(f"cannot read back {path}, just written: {exc.strerror} (replaced by someone?)")
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            raise ReportError(f"{path} was replaced after it was written (not a plain file of this user)")
+        return f.read()
+
+
 def _save(fig, path: str, written: list[str]) -> None:
     fig.tight_layout()
-    fig.savefig(path, format="png", bbox_inches="tight", pad_inches=0.12)  # long labels stay in the picture
+    # bbox "tight": long labels stay in the picture
+    write_whole(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight", pad_inches=0.12))
     written.append(path)
 
 
@@ -278,12 +313,10 @@ def write_html(paths: list[str], out: str, title: str) -> str:
         f"<h1 style='font-family:sans-serif'>{html.escape(title)}</h1>",
     ]
     for path in paths:
-        with open(path, "rb") as f:
-            data = base64.b64encode(f.read()).decode("ascii")
+        data = base64.b64encode(read_own(path)).decode("ascii")
         parts.append(f"<p><img alt='{html.escape(os.path.basename(path))}' src='data:image/png;base64,{data}'></p>")
     target = os.path.join(out, "report.html")
-    with open(target, "w", encoding="utf-8") as f:
-        f.write("\n".join(parts) + "\n")
+    write_whole(target, lambda f: f.write(("\n".join(parts) + "\n").encode("utf-8")))
     return target
 
 
@@ -700,6 +733,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         kind, data = _load(args.source)
         out = args.out or _default_out(args.source)
+        if not args.out and os.path.islink(out):
+            raise ReportError(
+                f"{out} is a symbolic link: the plots are not written through it (whoever can write to "
+                f"{os.path.dirname(out)} may have put it there); give the directory for them with --out DIR"
+            )
         _mpl()  # before creating anything: a missing matplotlib leaves no empty directory behind
         os.makedirs(out, exist_ok=True)
         if kind == "run":
@@ -717,6 +755,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "mfu": plot_mfu_bench,
                 "seed": plot_seed_bench,
             }[kind](data, out, stem)
+        written.append(
+            write_html(written, out, f"gaudi-launch report: {os.path.basename(os.path.abspath(args.source))}")
+        )
     except MissingMatplotlib as exc:
         print(
             f"gaudi-launch report: error: matplotlib is not installed ({exc})\n  hint: {INSTALL_HINT}", file=sys.stderr
@@ -725,7 +766,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     except ReportError as exc:
         print(f"gaudi-launch report: error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
-    written.append(write_html(written, out, f"gaudi-launch report: {os.path.basename(os.path.abspath(args.source))}"))
     for path in written:
         print(path)
     return 0
