@@ -19,13 +19,17 @@ from gaudi_launch.remote.fanout import per_host
 # Run by the remote interpreter; argv: JOB_ID SIGNAL [SINCE]. Prints how many processes it
 # signalled, then one line "pid<TAB>name<TAB>uid<TAB>why" per process it could not inspect or signal
 # that may be the job's: one of ours whose environment is closed to us (not dumpable: setuid,
-# prctl) and that started after SINCE (epoch seconds), or a match it was not allowed to signal.
-# Signal 0 only counts.
+# prctl) and that started after SINCE (epoch seconds); one of another user (its environment is
+# always closed to us) that started after SINCE and is tied to the job: the child, or in the process
+# group or session, of a process of the job or of such a closed one of ours (a rank's `sudo -E -u`),
+# and not what started it (slurmstepd, sshd); or a match it was not allowed to signal. Signal 0 only
+# counts.
 KILL_CODE = r"""
 import os, sys
 needle = b"\0GAUDI_LAUNCH_JOB_ID=" + sys.argv[1].encode() + b"\0"
 sig, me, uid, hit, unseen = int(sys.argv[2]), os.getpid(), os.getuid(), 0, []
 since = float(sys.argv[3]) if len(sys.argv) > 3 else None
+tied, groups, others = set(), set(), []
 def facts(pid):
     with open("/proc/%s/stat" % pid) as f:
         stat = f.read()
@@ -34,7 +38,11 @@ def facts(pid):
         btime = next(int(l.split()[1]) for l in f if l.startswith("btime "))
     with open("/proc/%s/status" % pid) as f:
         ruid = next(int(l.split()[1]) for l in f if l.startswith("Uid:"))
-    return name, ruid, btime + int(rest[19]) / os.sysconf("SC_CLK_TCK"), rest[0]
+    # name, real uid, start (epoch s), state, parent, process group, session
+    return (name, ruid, btime + int(rest[19]) / os.sysconf("SC_CLK_TCK")) + tuple(rest[:4])
+def tie(pid, f):
+    tied.add(pid)
+    groups.update(g for g in f[5:7] if g != "0")
 for pid in filter(str.isdigit, os.listdir("/proc")):
     if int(pid) == me:
         continue
@@ -43,15 +51,23 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
             env = b"\0" + f.read()
     except PermissionError:
         try:
-            name, ruid, started, state = facts(pid)
+            f = facts(pid)
         except (OSError, StopIteration, ValueError, IndexError):
             continue
-        if since is not None and ruid == uid and started >= since and state != "Z":  # a zombie is gone
-            unseen.append("%s\t%s\t%d\tits environment cannot be read" % (pid, name, ruid))
+        if since is not None and f[2] >= since and f[3] != "Z":  # a zombie is gone
+            if f[1] == uid:
+                unseen.append("%s\t%s\t%d\tits environment cannot be read" % (pid, f[0], f[1]))
+                tie(pid, f)
+            else:
+                others.append((pid, f))
         continue
     except OSError:
         continue
     if needle in env or env.endswith(needle[:-1]):
+        try:
+            tie(pid, facts(pid))  # before the signal ends it
+        except (OSError, StopIteration, ValueError, IndexError):
+            tied.add(pid)
         try:
             os.kill(int(pid), sig)
             hit += 1
@@ -63,6 +79,29 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
             unseen.append("%s\t%s\t%d\tnot allowed to signal it" % (pid, name, ruid))
         except OSError:
             pass
+def ancestors(pids):
+    seen = set()
+    for pid in pids:
+        for _ in range(64):
+            try:
+                with open("/proc/%s/stat" % pid) as f:
+                    pid = f.read().rsplit(")", 1)[1].split()[1]
+            except (OSError, IndexError):
+                break
+            if pid in ("0", "1") or pid in seen:
+                break
+            seen.add(pid)
+    return seen
+above = ancestors(list(tied)) if others else set()  # what started the job (slurmstepd, sshd): not its
+grew = True
+while grew:  # a child of a tied process is tied too
+    grew = False
+    for pid, f in others:
+        if pid not in tied and pid not in above and (f[4] in tied or f[5] in groups or f[6] in groups):
+            why = "another user's process in the job's session; its environment cannot be read"
+            unseen.append("%s\t%s\t%d\t%s" % (pid, f[0], f[1], why))
+            tie(pid, f)
+            grew = True
 print(hit)
 for line in unseen:
     print(line)
