@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the system tools the multi-host test clusters need (sshd, ssh, OpenMPI, pdsh, ip, nsenter;
-# Slurm and munge for the Slurm cluster).
+# Slurm and munge for the Slurm cluster; Docker's engine and debootstrap for the image tests).
 # Idempotent: does nothing when everything is already present.
 set -euo pipefail
 
@@ -21,8 +21,15 @@ for tool in srun salloc sbatch scontrol squeue scancel sinfo munged mungekey; do
 done
 [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] || missing+=("slurmctld/slurmd")
 
+# The Docker image tests (tests/docker): Debian's engine (no systemd here: the tests start dockerd
+# themselves) and debootstrap, which makes the stand-in base image (scripts/docker-standin-base.sh).
+DOCKER_PKGS=(docker.io debootstrap)
+for tool in docker dockerd debootstrap; do
+    have "$tool" || missing+=("$tool")
+done
+
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "install-system-deps: all present (sshd, ssh, mpirun, pdsh, ip, nsenter, unshare, slurm, munge)"
+    echo "install-system-deps: all present (sshd, ssh, mpirun, pdsh, ip, nsenter, unshare, slurm, munge, docker, debootstrap)"
     exit 0
 fi
 
@@ -31,11 +38,13 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "install-system-deps: not root; install as root with:" >&2
     echo "  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${PKGS[*]}" >&2
     echo "  apt-get install -y ${SLURM_PKGS[*]}" >&2
+    echo "  apt-get install -y --no-install-recommends ${DOCKER_PKGS[*]}" >&2
     exit 1
 fi
 
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${PKGS[@]}" >/dev/null
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${SLURM_PKGS[@]}" >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${DOCKER_PKGS[@]}" >/dev/null
 mkdir -p /run/sshd
-echo "install-system-deps: installed ${PKGS[*]} ${SLURM_PKGS[*]}"
+echo "install-system-deps: installed ${PKGS[*]} ${SLURM_PKGS[*]} ${DOCKER_PKGS[*]}"
