@@ -20,6 +20,16 @@ from gaudi_launch.process.restarts import attempt_spec, run_job
 from gaudi_launch.process.supervise import JobResult
 from gaudi_launch.remote.hostwait import before
 
+DEFAULT_START_TIMEOUT = 900.0  # seconds for every rank to start, unless --start-timeout says otherwise
+
+
+def start_timeout_for(spec: JobSpec, backend: str) -> Optional[float]:
+    """The start-up deadline of one attempt: --start-timeout, else 900 s; none for 0, nor by default
+    with srun, whose wait in the queue for an allocation has no bound of ours. Pure."""
+    if spec.start_timeout is None:
+        return None if backend == "slurm" else DEFAULT_START_TIMEOUT
+    return spec.start_timeout or None
+
 
 def prepare(spec: JobSpec) -> JobSpec:
     """The spec of the first attempt. Idempotent."""
@@ -57,6 +67,7 @@ def launch(
                 file=stderr or sys.stderr,
                 flush=True,
             )
+        supervisor_options.setdefault("start_timeout", start_timeout_for(p.job, p.backend))
         return get_backend(p.backend).run(p, **streams, **supervisor_options)
 
     return run_job(spec, plan if plan is not None else plan_job(spec), build=plan_job, start=start, err=stderr)

@@ -272,6 +272,15 @@ class JobSpec:
             "--log-dir, and tear the job down (exit 5). Default: off.",
         ),
     )
+    start_timeout: Optional[float] = field(
+        default=None,
+        metadata=opt(  # supervise.py; the default is launch.start_timeout_for's
+            "--start-timeout",
+            "--start_timeout",
+            help="Fail the launch (exit 127) when not every rank has started within S seconds, saying which "
+            "did and where; 0: never. Default: 900, never with --backend slurm (srun may wait in the queue).",
+        ),
+    )
     lost_hosts: list[str] = field(default_factory=list)  # set by the restart loop, not an option
 
     def as_request(self, cwd: str) -> dict:
@@ -355,6 +364,11 @@ class JobSpec:
             isinstance(hang, bool) or not isinstance(hang, (int, float)) or not math.isfinite(hang) or hang < 1
         ):
             raise UserError(f"a number of seconds, at least 1, got {hang!r}", where="--hang-timeout")
+        start = self.start_timeout
+        if start is not None and (
+            isinstance(start, bool) or not isinstance(start, (int, float)) or not math.isfinite(start) or start < 0
+        ):
+            raise UserError(f"a number of seconds, 0 (never) or more, got {start!r}", where="--start-timeout")
         for option, value in (("--spare-hosts", self.spare_hosts), ("--min-nodes", self.min_nodes)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise UserError(f"a whole number, 0 or more, got {value!r}", where=option)

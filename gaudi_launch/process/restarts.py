@@ -173,6 +173,8 @@ def describe(result, number: int, runtime_s: float) -> Attempt:
         culprit = result.hung.splitlines()[0]
     elif getattr(result, "lost", None):
         culprit = result.lost
+    elif getattr(result, "not_started", None):
+        culprit = result.not_started
     elif result.interrupted_by:
         status = f"stopped by {result.interrupted_by}"
     return Attempt(number, result.exit_code, cause, culprit, status, runtime_s)

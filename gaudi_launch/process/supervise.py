@@ -27,7 +27,7 @@ from typing import Callable, Optional, TextIO
 from gaudi_launch.exitcodes import ExitCode, for_signal
 from gaudi_launch.process.logfiles import open_log, prepare_log_dir
 from gaudi_launch.process.progress import LineSplitter
-from gaudi_launch.process.wire import ERROR_MARKER, parse_record
+from gaudi_launch.process.wire import ERROR_MARKER, STARTED, parse_record
 from gaudi_launch.remote.teardown import describe_unseen
 
 TAIL_KEEP = 200  # lines of output remembered per process for the summary
@@ -132,6 +132,7 @@ class JobResult:
     summary: str
     hung: Optional[str] = None  # --hang-timeout: where the ranks waited when no rank advanced
     lost: Optional[str] = None  # a host that stopped answering (watch.py's message)
+    not_started: Optional[str] = None  # --start-timeout: which ranks had not started in time
 
     @property
     def ok(self) -> bool:
@@ -209,14 +210,19 @@ def format_summary(
     log_dir: Optional[str],
     lost: Optional[str] = None,
     hung: Optional[str] = None,
+    not_started: Optional[str] = None,
+    waiting: Sequence[int] = (),
 ) -> str:
-    """One failure summary, root cause first. Pure: built from results only."""
+    """One failure summary, root cause first. Pure: built from results only. ``not_started``: the
+    start-up deadline's message, ``waiting`` the ranks it names."""
     # Ctrl-C or a scheduler's SIGTERM with every rank still healthy: the job was stopped, not broken.
     title = (
         " gaudi-launch: job interrupted "
-        if interrupted_by and first is None and not (lost or hung)
+        if interrupted_by and first is None and not (lost or hung or not_started)
         else " gaudi-launch: job hung "
         if hung and first is None
+        else " gaudi-launch: launch failed "
+        if not_started and first is None
         else " gaudi-launch: job failed "
     )
     lines = ["", title.center(74, "=")]
@@ -224,6 +230,15 @@ def format_summary(
         lines.append(f"first failure: {lost}")
     if hung and first is None and not lost:
         lines.append(f"first failure: {hung}")
+    if not_started and first is None and not (lost or hung):
+        lines.append(f"first failure: {not_started}")
+        # what was seen: the last output of whatever was to start them (mpirun, srun, a rank's process)
+        seen = next((p for p in procs if set(p.rank_hosts) & set(waiting) and p.tail), None)
+        if seen is not None:
+            lines.append(f"last output of {seen.name}:")
+            lines.extend("  | " + line for line in seen.tail[-SUMMARY_LINES:])
+        else:
+            lines.append("nothing was printed by what was to start them")
     if first is not None and culprit is not None:
         who = f"rank {culprit.rank}" if culprit.rank is not None else first.name
         via = f" (through {first.name}, pid {first.pid})" if len(first.rank_hosts) > 1 else f" (pid {first.pid})"
@@ -304,6 +319,7 @@ class Supervisor:
         console_ranks: Optional[Sequence[int]] = None,
         hang_check: Optional[Callable[[], Optional[str]]] = None,
         hang_interval: float = 2.0,
+        start_timeout: Optional[float] = None,
     ):
         self.procs = [_Proc(i, s) for i, s in enumerate(specs)]
         self.grace = grace
@@ -327,6 +343,13 @@ class Supervisor:
         self.hang_check = hang_check
         self.hang_interval = hang_interval
         self.hung: Optional[str] = None
+        # --start-timeout: every rank's bootstrap says it started (wire.STARTED); not all of them
+        # within this many seconds is a launch failure (a launcher that never gets the ranks going).
+        self.start_timeout = start_timeout
+        self._expected = {r: h for p in self.procs for r, h in p.spec.rank_hosts.items()}
+        self._started: set[int] = set()
+        self.not_started: Optional[str] = None
+        self._waiting: list[int] = []
         # The job-id sweep (teardown.job_sweeper): signals every process that carries the job's id on
         # every host, which reaches what left its process group (a rank's setsid/double-fork daemon).
         self.sweep = sweep
@@ -432,6 +455,12 @@ class Supervisor:
             pass
 
     def _emit(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
+        if text.startswith(STARTED):
+            said = text[len(STARTED) :].strip()
+            started = int(said) if said.isdigit() else rank if rank is not None else proc.spec.rank
+            with self._write_lock:
+                self._started.add(started)
+            return
         if text.startswith(ERROR_MARKER):
             record = parse_record(text[len(ERROR_MARKER) :])
             if record is not None:
@@ -556,6 +585,27 @@ class Supervisor:
             time.sleep(0.2)
         self._sweep(signal.SIGKILL)
 
+    def _watch_start(self, deadline: float) -> None:
+        """The start-up deadline: not every rank started by then is the event "not started"."""
+        while not self._done.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+            with self._write_lock:
+                waiting = sorted(set(self._expected) - self._started)
+                started = sorted(self._started & set(self._expected))
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                self._events.put(("not started", (waiting, started)))
+                return
+
+    def _not_started_message(self, waiting: list[int], started: list[int]) -> str:
+        hosts = sorted({self._expected[r] for r in waiting if self._expected[r]})
+        did = f" ({_rank_words(started)})" if started else ""
+        return (
+            f"not every rank started within {self.start_timeout:g} s (--start-timeout): {len(started)} of "
+            f"{len(self._expected)} did{did}; not started: {_rank_words(waiting)}"
+            + (f" on {', '.join(hosts[:8])}{' ...' if len(hosts) > 8 else ''}" if hosts else "")
+        )
+
     def _on_signal(self, signum, _frame) -> None:
         self._stop_signal = signum
         self._events.put(("signal", signum))
@@ -571,6 +621,10 @@ class Supervisor:
             threading.Thread(target=self._poll, args=(self.watch_interval, self.watch, "lost"), daemon=True).start()
         if self.hang_check is not None:
             threading.Thread(target=self._poll, args=(self.hang_interval, self.hang_check, "hung"), daemon=True).start()
+        if self.start_timeout:
+            threading.Thread(
+                target=self._watch_start, args=(time.monotonic() + self.start_timeout,), daemon=True
+            ).start()
         try:
             return self._run()
         finally:
@@ -630,6 +684,12 @@ class Supervisor:
             if kind == "hung":
                 if first is None and interrupted is None and self.lost is None and deadline is None:
                     self.hung = value
+                    teardown()
+                continue
+            if kind == "not started":
+                if first is None and interrupted is None and self.lost is None and deadline is None:
+                    self._waiting = value[0]
+                    self.not_started = self._not_started_message(*value)
                     teardown()
                 continue
             if kind == "signal":
@@ -699,6 +759,8 @@ class Supervisor:
             code = ExitCode.HOST_LOST
         elif self.hung:
             code = ExitCode.HUNG
+        elif self.not_started:
+            code = ExitCode.CANNOT_EXECUTE  # the ranks could not be started
         elif interrupted:
             code = for_signal(signal.Signals[interrupted])
         else:
@@ -707,7 +769,16 @@ class Supervisor:
         if code != 0:
             summary = self.mask(
                 format_summary(
-                    first_result, culprit, results, interrupted, code, self.log_dir, lost=self.lost, hung=self.hung
+                    first_result,
+                    culprit,
+                    results,
+                    interrupted,
+                    code,
+                    self.log_dir,
+                    lost=self.lost,
+                    hung=self.hung,
+                    not_started=self.not_started,
+                    waiting=self._waiting,
                 )
             )
             try:
@@ -724,7 +795,21 @@ class Supervisor:
             summary=summary,
             hung=self.hung,
             lost=self.lost,
+            not_started=self.not_started,
         )
+
+
+def _rank_words(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0-3,6' (sorted ranks). Pure."""
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
 
 
 def _clip(line: str) -> str:

@@ -4,6 +4,7 @@ relay.py, read by supervise.py and relay.py): one place, so both ends agree.
 - An error record: ``ERROR_MARKER`` + one JSON object (rank, host, exit code, exception, traceback)
   on one line, written by the rank bootstrap when the script fails.
 - ``TORN_DOWN``: the rank was stopped by the job's teardown, not failing on its own (relay.py).
+- ``STARTED`` + the rank: the rank bootstrap runs (the start-up deadline, --start-timeout, counts these).
 
 And one thing the launcher tells the rank bootstrap, on its command line: ``NO_PYTHON_FLAG`` first
 means the program is an executable (--no_python), run as the bootstrap's child.
@@ -16,6 +17,7 @@ from typing import Optional
 
 ERROR_MARKER = "@@gaudi-launch-error-record@@ "
 TORN_DOWN = "@@gaudi-launch-torn-down@@"
+STARTED = "@@gaudi-launch-started@@ "
 NO_PYTHON_FLAG = "--gaudi-launch-no-python"
 
 

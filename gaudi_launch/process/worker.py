@@ -39,7 +39,7 @@ from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
 from gaudi_launch.plan.contract import elastic_env, node_layout, node_visibility, read_error_file
 from gaudi_launch.process import relay
 from gaudi_launch.process.heartbeats import HEARTBEAT_DIR, install_stack_dump
-from gaudi_launch.process.wire import NO_PYTHON_FLAG, TORN_DOWN, record_line
+from gaudi_launch.process.wire import NO_PYTHON_FLAG, STARTED, TORN_DOWN, record_line
 from gaudi_launch.remote.jobdir import JobDirError, check_private_dir, clean_stale, path_for, read_job
 from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
 
@@ -441,6 +441,9 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
         print("usage: python -m gaudi_launch.process.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     environ.update(normalize_env(environ, os.cpu_count()))
+    if environ.get("GAUDI_LAUNCH_JOB_ID"):  # to the launcher: this rank started (its start-up deadline)
+        sys.stderr.write(f"{STARTED}{environ.get('RANK', '')}\n")
+        sys.stderr.flush()
     if environ.get("GAUDI_LAUNCH_JOB_ID") and environ.get("LOCAL_RANK") == "0":
         _clean_dead_jobs()
     environ.update(_error_file(environ))
