@@ -170,12 +170,14 @@ def evaluation_due(
     return args.eval_strategy == "epoch" and epoch_end and epochs_done >= delay
 
 
-def save_due(args: TrainingArguments, step: int, epoch_end: bool) -> bool:
-    """Whether to checkpoint now (--save_strategy): every save_steps optimizer steps, at each epoch's end,
-    or never. Pure."""
+def save_due(args: TrainingArguments, step: int, epoch_end: bool, last_step: bool = False) -> bool:
+    """Whether to checkpoint now (--save_strategy): every save_steps optimizer steps and after the last
+    step, at each epoch's end (a stop inside an epoch ends it), or never; as transformers'
+    DefaultFlowCallback decides (on_step_end's save at the end, on_epoch_end). --save_steps 0 is ours:
+    no checkpoint at all. Pure."""
     strategy = getattr(args, "save_strategy", "steps")
     if strategy == "steps":
-        return not epoch_end and bool(args.save_steps) and step % args.save_steps == 0
+        return not epoch_end and bool(args.save_steps) and (step % args.save_steps == 0 or last_step)
     return strategy == "epoch" and epoch_end
 
 
@@ -459,7 +461,7 @@ class Trainer:
                         self._log_step(step, logged, lr, throughput)
                     since_log, n_since_log = None, 0
                 self._evaluate_if_due(step, False, throughput, last_step=step >= max_steps)
-                if save_due(args, step, False):
+                if save_due(args, step, False, last_step=step >= max_steps):
                     with paused():
                         self._save(step, epoch, batch_index + 1)
                 if self.on_step_end is not None:
@@ -470,10 +472,10 @@ class Trainer:
             epoch_over = batch_index + 1 >= len(loader)  # also when it was the last step's
             if epoch_over or done:  # HF ends the epoch at a stop inside it too (Trainer._run_epoch: on_epoch_end)
                 self._evaluate_if_due(step, True, throughput, epoch + 1)
-            if epoch_over:
-                if save_due(args, step, True):
-                    with throughput.pause() if args.adjust_throughput else contextlib.nullcontext():
-                        self._save(step, epoch + 1, 0)  # resumes at the next epoch's start
+            if (epoch_over or done) and save_due(args, step, True):
+                with throughput.pause() if args.adjust_throughput else contextlib.nullcontext():
+                    # At an epoch's end a resume starts the next epoch; at a stop inside one, goes on in it.
+                    self._save(step, epoch + 1, 0) if epoch_over else self._save(step, epoch, batch_index + 1)
             skip = 0
             epoch += 1
         train_loss = self._mean_across_ranks(loss_sum / n_losses) if loss_sum is not None else 0.0
