@@ -134,7 +134,8 @@ def token_sum_loss(outputs, labels, num_items_in_batch=None):
     T5ForConditionalGeneration.forward take **kwargs, so the Trainer counts on them to divide by
     num_items_in_batch (training_step: loss_is_scaled_for_ga, no division by the accumulation steps;
     compute_loss: times the world size), but they return their own per-batch mean (CrossEntropyLoss()),
-    which makes the gradient gradient_accumulation_steps x world_size too large."""
+    which makes the gradient gradient_accumulation_steps x world_size too large (huggingface/transformers#47688,
+    open)."""
     logits = outputs["logits"].float()
     total = torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction="sum"
