@@ -223,6 +223,9 @@ def ship_job(plan: LaunchPlan, spec: JobSpec, directory: str, job: bytes) -> lis
     receive = [spec.python, "-m", "gaudi_launch.remote.jobdir", "receive", directory, jobdir.digest(job)]
     failed = on_hosts(remote, receive, plan.ssh_args, job)
     if failed:
+        got = [h for h in remote if h not in failed]
+        if got:  # nothing starts: the hosts that have the job file (its values in clear) lose it now
+            remove_job_dir(got, spec, directory, plan.ssh_args)
         host, why = next(iter(failed.items()))
         raise UserError(
             f"could not put the job file on {host}: {why}",
@@ -272,12 +275,17 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], **supervis
         shutil.rmtree(directory, ignore_errors=True)
         remote = [h for h in remote if not (watch and h in watch.lost)]
         if remote:
-            on_hosts(
-                remote,
-                [spec.python, "-m", "gaudi_launch.remote.jobdir", "remove", directory],
-                plan.ssh_args,
-                timeout=max(5.0, spec.ssh_timeout),
-            )
+            remove_job_dir(remote, spec, directory, plan.ssh_args)
+
+
+def remove_job_dir(hosts: list[str], spec: JobSpec, directory: str, ssh_args: list[str]) -> None:
+    """The job directory off ``hosts`` (a SIGKILLed launcher's is removed by the ranks' watch there)."""
+    on_hosts(
+        hosts,
+        [spec.python, "-m", "gaudi_launch.remote.jobdir", "remove", directory],
+        ssh_args,
+        timeout=max(5.0, spec.ssh_timeout),
+    )
 
 
 def _supervise(

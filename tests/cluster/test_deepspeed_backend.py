@@ -178,3 +178,27 @@ def test_a_relative_ssh_config_reaches_the_hosts_from_the_runners_job_directory(
     res = cluster.run_on(0, argv, env=cluster.env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert [(r["host"], r["rank"]) for r in seen(res.stdout)] == [("glds-n0", "0"), ("glds-n1", "1")]
+
+
+def test_a_failed_shipping_takes_the_job_file_off_the_hosts_that_got_it(cluster, tmp_path):
+    # Issue 27 item 8: nothing starts when one host cannot get the job file; the hosts that did get it
+    # (its values in clear, 0600) lose it at once. (The cluster's hosts share this filesystem: the
+    # directory that glds-n1 received is the one seen here.)
+    import secrets
+
+    from gaudi_launch.backends import deepspeed
+    from gaudi_launch.errors import UserError
+    from gaudi_launch.inputs.spec import JobSpec
+    from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
+    from gaudi_launch.remote import jobdir
+
+    directory = jobdir.path_for(secrets.token_hex(4))
+    nodes = [NodePlan("glds-n1", 0, [0], [0]), NodePlan("nobody@glds-n2", 1, [0], [1])]  # nobody: refused
+    plan = LaunchPlan("deepspeed", 2, "glds-n1", 29500, nodes, {}, [], ["t.py"], ssh_args=["-F", cluster.ssh_config])
+    job = jobdir.payload({"MY_TOKEN": "tok-in-clear"}, ["t.py"], False, str(tmp_path), "k")
+    try:
+        with pytest.raises(UserError, match="could not put the job file on nobody@glds-n2"):
+            deepspeed.ship_job(plan, JobSpec(program=["t.py"]), directory, job)
+        assert not os.path.exists(directory)
+    finally:
+        jobdir.remove([directory])
