@@ -24,11 +24,13 @@ import json
 import os
 import re
 import secrets
+import typing
 from collections.abc import Mapping
 from dataclasses import fields, replace
 
 from gaudi_launch.errors import UserError
-from gaudi_launch.inputs.envfile import MASK
+from gaudi_launch.inputs.envfile import MASK, parse_assignments
+from gaudi_launch.inputs.options import option_fields
 from gaudi_launch.inputs.spec import JOB_OWN_VARS, JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
@@ -41,49 +43,63 @@ from gaudi_launch.remote.jobdir import JobDirError, check_private_dir, write_pri
 PER_RUN = ("job_id", "notes", "preflight")
 DIGESTS = "secret_digests"  # {NAME: HMAC-SHA256 of the value}, for every value the plan masks
 KEY_FILE = "plan-key"
+MAX_PLAN_BYTES = 64 << 20  # a plan of thousands of hosts is a few MiB
 # What a plan says before any host is asked: compared before the pre-flight (or srun's probe) runs
 # anything with the request's interpreter and ssh options.
 STATIC = ("backend", "world_size", "master_addr", "nodes", "program", "ssh_args")
 
 
 def read_plan(path: str) -> dict:
-    """The saved plan (a dict), or a UserError naming the file (and line) and what to do."""
+    """The saved plan (a dict), or a UserError naming the file (and line) and what to do. Reads at
+    most MAX_PLAN_BYTES: `gaudi-launch run /dev/zero` ends at once, a FIFO without writer does not
+    block the open."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            os.set_blocking(fd, True)  # a pipe's writer may still be writing
+            data = f.read(MAX_PLAN_BYTES + 1)
     except OSError as exc:
         raise UserError(
             f"cannot read the plan: {exc.strerror}",
             where=path,
             hint="make one with: gaudi-launch --dry-run --json [OPTIONS] SCRIPT > plan.json",
         ) from None
+    if len(data) > MAX_PLAN_BYTES:
+        raise UserError(
+            f"not a plan: larger than {MAX_PLAN_BYTES >> 20} MiB", where=path, hint="the file --dry-run --json writes"
+        )
     try:
-        data = json.loads(text)
+        saved = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"not a plan: not UTF-8 text (byte {exc.start})", where=path) from None
     except json.JSONDecodeError as exc:
         raise UserError(
             f"not a plan: invalid JSON ({exc.msg})",
             where=f"{path}:{exc.lineno}",
             hint="the file --dry-run --json writes, unedited",
         ) from None
-    if not isinstance(data, dict) or not isinstance(data.get("request"), dict):
+    except (RecursionError, ValueError) as exc:  # nested too deeply; an integer of thousands of digits
+        raise UserError(f"not a plan: {type(exc).__name__}: {str(exc)[:100]}", where=path) from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("request"), dict):
         raise UserError(
             "not a plan gaudi-launch can run: it has no 'request' (the options it was made from)",
             where=path,
             hint="make it again with this version: gaudi-launch --dry-run --json ... > plan.json",
         )
-    return data
+    return saved
 
 
 def enter_cwd(saved: dict, path: str) -> None:
     """Work where the dry run was made: relative paths (script, hostfile, env file) and the ranks'
     working directory mean what they meant then."""
     cwd = saved["request"].get("cwd")
-    if not isinstance(cwd, str):
+    if not isinstance(cwd, str) or not os.path.isabs(cwd):
         raise UserError(
-            "the plan does not say where it was made (request.cwd)",
+            "the plan does not say where it was made (request.cwd: an absolute directory)",
             where=path,
             hint="make it again with this version: gaudi-launch --dry-run --json ... > plan.json",
         )
+    _check_text("cwd", cwd, path)
     try:
         os.chdir(cwd)
     except OSError as exc:
@@ -92,6 +108,84 @@ def enter_cwd(saved: dict, path: str) -> None:
             where=path,
             hint="run the plan where that directory exists, or make the plan again",
         ) from None
+
+
+def check_request(request: dict, path: str) -> None:
+    """Each option of a saved request has the type its command-line option gives, and its strings
+    could have come from a command line (no NUL, no lone surrogate): a plan is edited text. Pure."""
+    hints = typing.get_type_hints(JobSpec)
+    for name, value in request.items():
+        if name == "cwd":
+            continue
+        want = _wanted(hints[name], value)
+        if want:
+            raise UserError(
+                f"request.{name}: {want}, got {_brief(value)}",
+                where=path,
+                hint="the plan was edited: make it again with gaudi-launch --dry-run --json ... > plan.json",
+            )
+    for name, value in request.items():
+        _check_text(name, value, path)
+    if request.get("lost_hosts"):  # the restart loop's own, never an option
+        raise UserError(f"request.lost_hosts: always [] in a plan, got {_brief(request['lost_hosts'])}", where=path)
+    program = request.get("program")
+    if not program:
+        raise UserError(
+            f"request.program: the script and its arguments (a list of text, the script first), got {_brief(program)}",
+            where=path,
+        )
+
+
+# The request field of each command-line flag, to name the field in the plan an error is about.
+_FIELD_OF_FLAG = {
+    flag: f.name for f, option in option_fields(JobSpec) for flag in (*option.flags, option.via) if flag
+} | {"request.env": "env", "SCRIPT": "program"}
+
+
+def _wanted(hint, value) -> str:
+    """What ``value`` should be for a field of type ``hint``; empty when it is that. Pure."""
+    optional = typing.get_origin(hint) is typing.Union and type(None) in typing.get_args(hint)
+    if optional:
+        if value is None:
+            return ""
+        hint = next(h for h in typing.get_args(hint) if h is not type(None))
+    tail = " or null" if optional else ""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is bool:
+        return "" if isinstance(value, bool) else "true or false" + tail
+    if hint is int:
+        return "" if number and isinstance(value, int) else "a whole number" + tail
+    if hint is float:
+        return "" if number else "a number" + tail
+    if hint is str:
+        return "" if isinstance(value, str) else "text" + tail
+    item = typing.get_args(hint)[-1] if typing.get_args(hint) else str
+    if typing.get_origin(hint) is dict:
+        ok = isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+        return "" if ok else "NAME: text pairs" + tail
+    if item is int:
+        ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        return "" if ok else "a list of whole numbers, 0 or more" + tail
+    ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return "" if ok else "a list of text" + tail
+
+
+def _check_text(name: str, value, path: str) -> None:
+    texts = value if isinstance(value, list) else [*value, *value.values()] if isinstance(value, dict) else [value]
+    for text in texts:
+        if not isinstance(text, str):
+            continue
+        if "\0" in text:
+            raise UserError(f"request.{name}: holds a NUL character, which no command line can", where=path)
+        try:
+            text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            raise UserError(f"request.{name}: holds a lone surrogate ({_brief(text)}), not text", where=path) from None
+
+
+def _brief(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def spec_from_request(request: dict, environ: Mapping[str, str], path: str) -> JobSpec:
@@ -105,6 +199,7 @@ def spec_from_request(request: dict, environ: Mapping[str, str], path: str) -> J
             where=path,
             hint="run it with the version that made it, or make the plan again",
         )
+    check_request(request, path)
     env = dict(request.get("env") or {})
     for name, value in env.items():
         if value == MASK:  # secret by its name or by its value (a URL's password): from this shell
@@ -122,7 +217,14 @@ def spec_from_request(request: dict, environ: Mapping[str, str], path: str) -> J
             where=path,
             hint="pass secrets in environment variables (-x NAME), not on the command line",
         )
-    return JobSpec(**{**request, "env": env})
+    try:  # as strictly as the command line: names of variables, then the options' values
+        parse_assignments([f"{k}={v}" for k, v in env.items()], "request.env")
+        return JobSpec(**{**request, "env": env}).validate()
+    except UserError as exc:
+        where = exc.where or ""
+        field = "request." + _FIELD_OF_FLAG[where] if where in _FIELD_OF_FLAG else where or "request"
+        label = f"{field} ({where})" if where.startswith("-") else field
+        raise UserError(f"{label}: {exc.message}", where=path, hint=exc.hint) from None
 
 
 def secret_digests(values: Mapping[str, str], key: bytes) -> dict[str, str]:
