@@ -204,11 +204,24 @@ def _run(**values) -> int:
     ctx = click.get_current_context()
     if values["from_plan"]:
         return _replay(ctx, values)
-    if values["config"]:
-        _apply_config(ctx, values, values["config"])
-    if values["no_local_rank"] and values["append_local_rank"]:
-        raise UserError("--no_local_rank and --append-local-rank contradict each other", where="--no_local_rank")
-    return _launch(values)
+    from_config = _apply_config(ctx, values, values["config"]) if values["config"] else {}
+    try:
+        if values["no_local_rank"] and values["append_local_rank"]:
+            raise UserError("--no_local_rank and --append-local-rank contradict each other", where="--no_local_rank")
+        return _launch(values)
+    except UserError as exc:
+        raise _at_config_line(ctx, exc, from_config) from None
+
+
+def _at_config_line(ctx: click.Context, exc: UserError, from_config: dict[str, str]) -> UserError:
+    """An error about an option whose value came from the job file names the file's line (and the
+    option), not the flag the user never typed."""
+    flag = (exc.where or "").split(" ", 1)[0]
+    name = next((p.name for p in ctx.command.params if flag in getattr(p, "opts", ())), None)
+    if not flag.startswith("-") or name not in from_config:
+        return exc
+    message = exc.message if exc.message.startswith(flag) else f"{flag}: {exc.message}"
+    return UserError(message, where=from_config[name], hint=exc.hint)
 
 
 def _replay(ctx: click.Context, v: dict) -> int:
@@ -249,11 +262,16 @@ def command() -> click.Command:
     )
 
 
-def _apply_config(ctx: click.Context, values: dict, path: str) -> None:
-    from gaudi_launch.inputs.config import load_config
+def _apply_config(ctx: click.Context, values: dict, path: str) -> dict[str, str]:
+    """Set the values the job file gives (the command line wins); {parameter name: "file:line"} of those set."""
+    from gaudi_launch.inputs.config import load_config, normalize_key
 
     params = {p.name: p for p in ctx.command.params}
+    # any long flag works as a key too (ranks, no-ssh-check), not only the parameter's own name
+    by_flag = {normalize_key(o): p.name for p in ctx.command.params for o in getattr(p, "opts", ()) if o[:2] == "--"}
+    taken = {}
     for name, raw, where in load_config(path):
+        name = name if name in params else by_flag.get(name, name)
         param = params.get(name)
         if param is None or name in _NOT_IN_CONFIG:
             raise UserError(
@@ -266,35 +284,39 @@ def _apply_config(ctx: click.Context, values: dict, path: str) -> None:
         if name == "script_args" and ctx.get_parameter_source("script") not in (ParameterSource.DEFAULT, None):
             continue  # a script given on the command line brings its own arguments
         values[name] = _config_value(ctx, param, name, raw, where)
+        taken[name] = where
+    return taken
 
 
 def _config_value(ctx: click.Context, param: click.Parameter, name: str, raw, where: str):
     """A YAML value checked as strictly as the same option on the command line."""
+    # messages name the option's flag, never the parameter's internal name (json_out is --json)
+    label = next((o for o in getattr(param, "opts", ()) if o.startswith("--")), name)
     if name == "env" and isinstance(raw, dict):
         raw = [f"{k}={'' if v is None else v}" for k, v in raw.items()]
     many = param.multiple or param.nargs == -1
     if many and not isinstance(raw, list):
-        raise UserError(f"{name} is a list", where=where, hint=f"{name}: [a, b]")
+        raise UserError(f"{label} is a list", where=where, hint=f"{name}: [a, b]")
     if not many and isinstance(raw, (list, dict)):
-        raise UserError(f"{name} takes a single value, not a {type(raw).__name__}", where=where)
+        raise UserError(f"{label} takes a single value, not a {type(raw).__name__}", where=where)
     items = raw if many else [raw]
     if any(v is None for v in items):  # YAML null: click would pass None on and fail much later
-        raise UserError(f"{name} has no value", where=where, hint=f"give {name} a value, or leave the key out")
+        raise UserError(f"{label} has no value", where=where, hint=f"give {label} a value, or leave the key out")
     if isinstance(param.type, click.types.BoolParamType) and not all(isinstance(v, bool) for v in items):
-        raise UserError(f"{name} is true or false, got {raw!r}", where=where)
+        raise UserError(f"{label} is true or false, got {raw!r}", where=where)
     if isinstance(param.type, click.types.IntParamType) and any(isinstance(v, (bool, float)) for v in items):
-        raise UserError(f"{name} must be a whole number", where=where)
+        raise UserError(f"{label} must be a whole number", where=where)
     if name == "env":
         _check_env_items(items, where)
     if isinstance(param.type, click.types.StringParamType):
         if any(isinstance(v, (list, dict)) for v in items):
-            raise UserError(f"{name} takes text, not a nested list or mapping", where=where)
+            raise UserError(f"{label} takes text, not a nested list or mapping", where=where)
         items = [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in items]
         raw = items if many else items[0]
     try:
         return param.type_cast_value(ctx, raw)
     except (click.BadParameter, TypeError, ValueError) as exc:
-        raise UserError(f"bad value for {name}: {getattr(exc, 'message', exc)}", where=where)
+        raise UserError(f"bad value for {label}: {getattr(exc, 'message', exc)}", where=where)
 
 
 def _check_env_items(items: list, where: str) -> None:

@@ -16,6 +16,7 @@ from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.multinode import default_preflight
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.hangs import with_heartbeats
+from gaudi_launch.process.logfiles import prepare_log_dir
 from gaudi_launch.process.restarts import attempt_spec, run_job
 from gaudi_launch.process.supervise import JobResult
 from gaudi_launch.remote.hostwait import before
@@ -57,6 +58,8 @@ def launch(
     """Run the job (``plan``: its first plan, already shown or checked) and return the last attempt's
     result. ``announce``: one line per attempt saying what starts where (the CLI's)."""
     spec = prepare(spec)
+    if spec.log_dir:  # refused before the job is announced, not after
+        prepare_log_dir(spec.log_dir)
     streams: dict[str, Any] = {k: v for k, v in (("stdout", stdout), ("stderr", stderr)) if v is not None}
 
     def start(p: LaunchPlan, **supervisor_options) -> JobResult:
