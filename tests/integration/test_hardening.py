@@ -48,10 +48,10 @@ def assert_refused(res, tmp_path, *expected):
 @pytest.mark.parametrize(
     "yaml_text, expected",
     [
-        ("num_devices: 1\njson: 0\n", "job.yaml:2: json_out is true or false"),
-        ("grace: null\n", "job.yaml:1: grace has no value"),
-        ("num_devices: 1\nssh_timeout: null\n", "job.yaml:2: ssh_timeout has no value"),
-        ("env: [null]\n", "job.yaml:1: env has no value"),
+        ("num_devices: 1\njson: 0\n", "job.yaml:2: --json is true or false"),
+        ("grace: null\n", "job.yaml:1: --grace has no value"),
+        ("num_devices: 1\nssh_timeout: null\n", "job.yaml:2: --ssh-timeout has no value"),
+        ("env: [null]\n", "job.yaml:1: --env has no value"),
         ("num_devices: 1\nenv:\n  - A=1\n  - 1BAD=x\n", "job.yaml:2: invalid variable name '1BAD'"),
         ("env: [[1, 2]]\n", "job.yaml:1: env items are NAME=VALUE text"),
     ],
