@@ -115,5 +115,9 @@ def image(docker_engine):
         docker(*build, timeout=900, check=True)
         yield Image(tag, base, t1 - t0, time.monotonic() - t1)
     finally:
+        # a container left by a test that timed out (its `docker run` client killed) would keep the tag
+        left = docker("ps", "-aq", "--filter", f"ancestor={tag}").stdout.split()
+        if left:
+            docker("rm", "--force", "--volumes", *left, timeout=120)
         docker("rmi", tag, timeout=120)
     assert docker("image", "inspect", tag).returncode != 0, f"image {tag} is still there"
