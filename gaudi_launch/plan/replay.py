@@ -318,7 +318,10 @@ def _secret_differences(saved, fresh: dict) -> list[str]:
         elif name not in saved:
             out.append(f"{name}: the plan holds no digest of it, so its value here cannot be checked")
         elif not hmac.compare_digest(str(saved[name]), fresh[name]):
-            out.append(f"{name}: its value here is not the one the plan was made with")
+            out.append(
+                f"{name}: its value here is not the one the plan was made with (or the plan was made by another "
+                "user, or before $XDG_STATE_HOME/gaudi-launch/plan-key was made again)"
+            )
     return out
 
 
