@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything the demo and the tests need on a fresh Debian machine:
-# the system tools of the multi-host and Slurm test clusters (as root: sshd, OpenMPI, pdsh, Slurm)
+# the system tools of the multi-host, Slurm and Docker tests (as root: sshd, OpenMPI, pdsh, Slurm, docker.io)
 # and the virtual environment in .venv with gaudi-launch (editable) and its [dev] extra.
 # SKIP_SYSTEM_DEPS=1 leaves the system tools out (the demo runs on this host alone and needs none).
 # Each step says what it does; the first run takes a few minutes, later runs a second.
@@ -10,7 +10,7 @@ say() { echo "setup-env: $*" >&2; }
 if [ "${SKIP_SYSTEM_DEPS:-0}" = 1 ]; then
   say "system tools of the test clusters: skipped (SKIP_SYSTEM_DEPS=1)"
 elif [ "$(id -u)" -eq 0 ]; then
-  say "system tools of the test clusters (sshd, OpenMPI, pdsh, Slurm; only the tests use them)..."
+  say "system tools of the test clusters (sshd, OpenMPI, pdsh, Slurm, Docker, debootstrap; only the tests use them)..."
   bash scripts/install-system-deps.sh 2>&1 | sed 's/^/  /' >&2
 else
   bash scripts/install-system-deps.sh >/dev/null 2>&1 \

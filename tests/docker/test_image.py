@@ -171,7 +171,7 @@ def test_image_builds_on_the_stand_in_base(image):
 
 def test_worker_without_a_key_refuses_to_start(stack):
     t0 = time.monotonic()
-    r = docker(*stack.run_args(stack.name("keyless")), stack.image.tag, "worker", timeout=60)
+    r = docker(*stack.run_args(stack.name("keyless")), stack.image.tag, "worker", timeout=30)
     assert r.returncode == 2, r.stderr
     assert "no authorized key" in r.stderr and "starting sshd" not in r.stderr
     assert time.monotonic() - t0 < 30
