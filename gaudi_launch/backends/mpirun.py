@@ -11,7 +11,6 @@ import functools
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Callable, Optional
 
@@ -22,7 +21,7 @@ from gaudi_launch.plan.contract import worker_argv
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.plan.multinode import host_watch
 from gaudi_launch.process.supervise import Culprit, JobResult, ProcSpec, Supervisor, signal_name
-from gaudi_launch.remote import jobdir, sshmux
+from gaudi_launch.remote import jobdir, openmpi, sshmux
 from gaudi_launch.remote.teardown import job_sweeper
 
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", "GAUDI_LAUNCH_JOB_ID")
@@ -35,17 +34,38 @@ _TAGS = {
 }
 
 
-@functools.cache
 def openmpi_major(mpirun: str = "mpirun") -> Optional[int]:
     """4 or 5 from `mpirun --version`; None when mpirun is missing or not OpenMPI."""
-    if not shutil.which(mpirun):
-        return None
-    try:
-        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r"Open MPI\)?\s+(\d+)\.", out)
-    return int(m.group(1)) if m else None
+    return openmpi.major(openmpi.local_version(mpirun))
+
+
+# The MCA parameters that differ between OpenMPI 4 (ORTE) and 5 (PRRTE: its own parameters, passed
+# with --prtemca; https://docs.open-mpi.org/en/v5.0.x/mca.html). 5 renamed the launcher's
+# plm_rsh_* to plm_ssh_* and made oob_tcp_if_include a deprecated synonym of prte_if_include, as
+# `prte_info --all` of OpenMPI 5.0.8 lists them (5.0.8's mpirun still maps the plm_rsh_* names, but
+# silently drops orte_* ones; ompi issue #12873 asks for these names). btl_tcp_if_include belongs to
+# the MPI library (the ranks' side), not the runtime, and kept its name.
+MCA = {
+    4: {
+        "ssh_args": ("--mca", "plm_rsh_args"),
+        "no_tree_spawn": ("--mca", "plm_rsh_no_tree_spawn"),
+        "agent": ("--mca", "plm_rsh_agent"),
+        "daemon_net": ("--mca", "oob_tcp_if_include"),
+        "mpi_net": ("--mca", "btl_tcp_if_include"),
+    },
+    5: {
+        "ssh_args": ("--prtemca", "plm_ssh_args"),
+        "no_tree_spawn": ("--prtemca", "plm_ssh_no_tree_spawn"),
+        "agent": ("--prtemca", "plm_ssh_agent"),
+        "daemon_net": ("--prtemca", "prte_if_include"),
+        "mpi_net": ("--mca", "btl_tcp_if_include"),
+    },
+}
+
+
+def mca(version: Optional[int], what: str) -> list[str]:
+    """The option and the parameter's name for ``what`` (a key of MCA) with this OpenMPI. Pure."""
+    return list(MCA[5 if (version or 4) >= 5 else 4][what])
 
 
 # Up to this long, the hosts go on the command line (`--host a:8,b:8`, what a user would type and a
@@ -104,9 +124,9 @@ def build_argv(
     argv += ["--rank-by", "slot"]
     argv += ["--tag-output"] if version < 5 else ["--output", "tag"]
     if tcp_cidr:
-        argv += ["--mca", "btl_tcp_if_include", tcp_cidr, "--mca", "oob_tcp_if_include", tcp_cidr]
+        argv += [*mca(version, "mpi_net"), tcp_cidr, *mca(version, "daemon_net"), tcp_cidr]
     if rsh_args:
-        argv += ["--mca", "plm_rsh_args", rsh_args_value(rsh_args)]
+        argv += [*mca(version, "ssh_args"), rsh_args_value(rsh_args)]
     for name in exported:
         argv += ["-x", name]
     argv += worker_argv(spec)
@@ -142,19 +162,20 @@ def rsh_args_value(rsh_args: list[str]) -> str:
     return " ".join(rsh_args)
 
 
-def over_connections(argv: list[str], client_args: list[str]) -> list[str]:
+def over_connections(argv: list[str], client_args: list[str], version: Optional[int] = 4) -> list[str]:
     """mpirun's argv with its daemons started over the job's open ssh connections (sshmux): the
-    options join plm_rsh_args, and every daemon is started from here (no tree spawn: a daemon
-    starting others would make handshakes of its own). Pure."""
+    options join plm_rsh_args (5: plm_ssh_args), and every daemon is started from here (no tree
+    spawn: a daemon starting others would make handshakes of its own). Pure."""
     argv = list(argv)
     value = rsh_args_value(list(client_args))
-    if "plm_rsh_args" in argv:
-        i = argv.index("plm_rsh_args") + 1
+    name = mca(version, "ssh_args")[1]
+    if name in argv:
+        i = argv.index(name) + 1
         argv[i] = f"{argv[i]} {value}"
     else:
-        argv[1:1] = ["--mca", "plm_rsh_args", value]
-    i = argv.index("plm_rsh_args") + 1
-    argv[i + 1 : i + 1] = ["--mca", "plm_rsh_no_tree_spawn", "1"]
+        argv[1:1] = [*mca(version, "ssh_args"), value]
+    i = argv.index(name) + 1
+    argv[i + 1 : i + 1] = [*mca(version, "no_tree_spawn"), "1"]
     return argv
 
 
@@ -339,7 +360,7 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
     argv, ssh_args = cmd.argv, plan.ssh_args
     env = {**environ, **plan.env, **cmd.env}
     if connections is not None:  # the pre-flight's connections, kept open for the job
-        argv = over_connections(argv, connections.client_args())
+        argv = over_connections(argv, connections.client_args(), plan.openmpi)
         ssh_args = [*ssh_args, *connections.client_args()]
         # OpenMPI 4: each daemon starts through the pre-flight's session on its host (no second
         # login shell there). OpenMPI 5 (prterun) keeps its own ssh, over the open connections.

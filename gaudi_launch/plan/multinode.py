@@ -20,7 +20,7 @@ from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fabric
 from gaudi_launch.plan.launchplan import LaunchPlan
-from gaudi_launch.remote import sshmux
+from gaudi_launch.remote import openmpi, sshmux
 from gaudi_launch.remote.preflight import CheckReport, HostFacts, SshOptions, check_hosts
 from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
 
@@ -186,6 +186,8 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         progress=progress,
         connections=connections,
     )
+    if plan.backend == "mpirun" or (plan.backend == "deepspeed" and spec.launcher == "openmpi"):
+        openmpi.judge(report, openmpi.local_version())  # one major version on every host (before the spares)
     return spares_apart(report, hosts)
 
 

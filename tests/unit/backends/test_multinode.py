@@ -63,9 +63,54 @@ def test_mpirun_argv_openmpi5_binds_cores_and_passes_ssh_and_network():
     assert argv[argv.index("--map-by") + 1] == "ppr:2:node:PE=8"
     assert argv[argv.index("--bind-to") + 1] == "core"
     assert argv[argv.index("--output") + 1] == "tag" and "--tag-output" not in argv
-    assert argv[argv.index("btl_tcp_if_include") + 1] == "10.0.0.0/24"
-    assert argv[argv.index("oob_tcp_if_include") + 1] == "10.0.0.0/24"
-    assert argv[argv.index("plm_rsh_args") + 1] == "-p 3022 -F /cfg"
+    # OpenMPI 5 (PRRTE) names, as `prte_info --all` of 5.0.8 lists them; the MPI library's btl kept its name
+    assert argv[argv.index("btl_tcp_if_include") - 1 : argv.index("btl_tcp_if_include") + 2] == [
+        "--mca",
+        "btl_tcp_if_include",
+        "10.0.0.0/24",
+    ]
+    assert argv[argv.index("prte_if_include") - 1 : argv.index("prte_if_include") + 2] == [
+        "--prtemca",
+        "prte_if_include",
+        "10.0.0.0/24",
+    ]
+    assert argv[argv.index("plm_ssh_args") - 1 : argv.index("plm_ssh_args") + 2] == [
+        "--prtemca",
+        "plm_ssh_args",
+        "-p 3022 -F /cfg",
+    ]
+    assert not [a for a in argv if "plm_rsh" in a or "oob_tcp" in a or a.startswith("orte_")]
+
+
+def test_mpirun_argv_openmpi4_keeps_the_orte_names_and_5_daemons_skip_tree_spawn_under_prte_names():
+    spec = JobSpec(program=["t.py"], python="/py")
+    kw = dict(root=False, exported=[], tcp_cidr="10.0.0.0/24", rsh_args=["-p", "3022"])
+    four = mpirun.build_argv(two_node_plan(), spec, version=4, **kw)
+    assert four[four.index("--rank-by") :][:2] == ["--rank-by", "slot"]
+    assert four[four.index("--tag-output") + 1 :][:9] == [
+        "--mca",
+        "btl_tcp_if_include",
+        "10.0.0.0/24",
+        "--mca",
+        "oob_tcp_if_include",
+        "10.0.0.0/24",
+        "--mca",
+        "plm_rsh_args",
+        "-p 3022",
+    ]
+    five = mpirun.over_connections(mpirun.build_argv(two_node_plan(), spec, version=5, **kw), ["-o", "X=1"], 5)
+    i = five.index("plm_ssh_args")
+    assert five[i - 1 : i + 5] == [
+        "--prtemca",
+        "plm_ssh_args",
+        "-p 3022 -o X=1",
+        "--prtemca",
+        "plm_ssh_no_tree_spawn",
+        "1",
+    ]
+    assert five[five.index("--rank-by") + 1] == "slot" and "core" not in five
+    four = mpirun.over_connections(four, ["-o", "X=1"], 4)
+    assert four[four.index("plm_rsh_args") + 1 :][:4] == ["-p 3022 -o X=1", "--mca", "plm_rsh_no_tree_spawn", "1"]
 
 
 def test_ompi_demux_reassembles_lines_split_across_ranks():
