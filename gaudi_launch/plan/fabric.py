@@ -280,6 +280,12 @@ def efa_env(base: Mapping[str, str], wrapper_dir: str | None = None) -> dict[str
 SOCKET_IFNAME_VARS = ("HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
+def efa_libs_env(base: Mapping[str, str], wrapper_dir: str | None = None) -> dict[str, str]:
+    """``efa_env`` without HCCL_OVER_OFI: the OFI wrapper and EFA libraries for a host-NIC path over EFA
+    that HCCL chooses itself (Gaudi 2 and 3, plan/scaleout.py). Pure."""
+    return {k: v for k, v in efa_env({**base, "HCCL_OVER_OFI": "set"}, wrapper_dir).items() if k != "HCCL_OVER_OFI"}
+
+
 def fabric_env(
     base: Mapping[str, str], *, efa: bool, ifname: str | None, wrapper_dir: str | None = None
 ) -> dict[str, str]:

@@ -57,6 +57,8 @@ class LaunchPlan:
     # What the pre-flight found (multinode.findings), when one ran: a dry run shows it even when
     # it failed, so the plan of a job whose hosts cannot be reached is still visible.
     preflight: Optional[dict] = None
+    # Each host's scale-out path (plan/scaleout.py: path, name, why, env, page), when a pre-flight probed it.
+    scaleout: Optional[dict] = None
     # Never shown (to_dict drops them): a random key that makes a job file's digest on argv say
     # nothing about short values, and the values of the launcher's secret-looking variables, to mask
     # (ranks on this host, and all of srun's, inherit them, exported or not).
@@ -101,6 +103,8 @@ class LaunchPlan:
             for c in self.commands
         ]
         data["program"] = [mask_text(a, secrets) for a in self.program]
+        if self.scaleout is None:
+            del data["scaleout"]  # no host was probed: no key
         if self.preflight is None:
             del data["preflight"]  # no pre-flight ran (one host, --no-ssh-check): no key
         data["request"] = {k: (mask_env(v) if k == "env" else _masked(v, secrets)) for k, v in self.request.items()}

@@ -18,7 +18,7 @@ from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs.envfile import secrets_in
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
-from gaudi_launch.plan import fabric
+from gaudi_launch.plan import fabric, scaleout
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.remote import openmpi, sshmux
 from gaudi_launch.remote.preflight import CheckReport, HostFacts, SshOptions, check_hosts
@@ -258,7 +258,12 @@ def finish_plan(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, 
                     "(accept-new); --strict-host-keys, or StrictHostKeyChecking yes in your ssh "
                     "config, refuses it"
                 )
-    efa = spec.efa if spec.efa is not None else fabric.efa_present()
+    paths = scaleout_paths(report, spec.efa) if report is not None and plan.backend != "local" else {}
+    if paths:  # decided per host from what the pre-flight found (plan/scaleout.py)
+        apply_scaleout(plan, paths, environ, spec.hccl_ofi_wrapper)
+        efa = False  # the recipe, where a host needs it, is set by apply_scaleout
+    else:
+        efa = spec.efa if spec.efa is not None else fabric.efa_present()
     if efa:
         plan.notes.append(
             "EFA: HCCL_OVER_OFI=1 and the EFA libraries on LD_LIBRARY_PATH"
@@ -267,6 +272,33 @@ def finish_plan(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, 
     plan.env.update(
         fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname, wrapper_dir=spec.hccl_ofi_wrapper)
     )
+
+
+def scaleout_paths(report, efa: Optional[bool]) -> dict[str, scaleout.ScaleOutPath]:
+    """Each probed host's scale-out path (--efa / --no-efa override its EFA devices). Pure."""
+    return {h: scaleout.decide(f.fabric, efa) for h, f in report.facts.items() if f.fabric is not None}
+
+
+def apply_scaleout(
+    plan: LaunchPlan, paths: Mapping[str, scaleout.ScaleOutPath], environ: Mapping[str, str], wrapper: Optional[str]
+) -> None:
+    """The variables the hosts' paths need (none that you set yourself), the paths in the plan, and notes."""
+    env, ofi, efa_libs, warnings = scaleout.combine(paths)
+    plan.scaleout = {h: p.as_dict() for h, p in paths.items()}
+    base = {**environ, **plan.env}
+    if ofi:
+        env.update(fabric.efa_env(base, wrapper))
+    elif efa_libs:
+        env.update(fabric.efa_libs_env(base, wrapper))
+    plan.env.update({k: v for k, v in env.items() if k == "LD_LIBRARY_PATH" or not base.get(k)})
+    if base.get("HCCL_OVER_OFI") and not ofi:
+        plan.notes.append(
+            f"scale-out: HCCL_OVER_OFI={base['HCCL_OVER_OFI']} as you set it forces the host NIC through host memory "
+            f"(P2) on every host, slower than the path below on Gaudi 2 and 3 ({scaleout.SCALE_OUT_PAGE})"
+        )
+    for host, p in paths.items():
+        plan.notes.append(f"scale-out {host}: {p.code} {p.name}: {p.why}")
+    plan.notes += [f"scale-out: {w}" for w in warnings]
 
 
 def progress_printer(stream=None):

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from gaudi_launch.plan import scaleout
 from gaudi_launch.remote import probe
 from gaudi_launch.remote.fanout import per_host
 from gaudi_launch.remote.sshclient import (
@@ -59,6 +60,7 @@ class HostFacts:
     master_reachable: Optional[bool] = None
     port_free: Optional[bool] = None  # only for the master host
     elapsed_s: float = 0.0
+    fabric: Optional[scaleout.HostFabric] = None  # scale-out facts (Gaudi generation, NIC ports, libfabric)
 
 
 @dataclass
@@ -187,6 +189,7 @@ def _judge(
     facts.openmpi = found.openmpi
     facts.deepspeed = found.deepspeed
     facts.master_reachable = found.master_reachable
+    facts.fabric = scaleout.parse_probe_block(found.scaleout) if found.scaleout else None
     if is_master and facts.port_free is None:
         facts.port_free = found.port_free
 
@@ -246,6 +249,9 @@ def _judge(
                 f"choose another --master_port, or stop what holds it (ss -ltnp 'sport = :{master_port}')",
             )
         )
+    ports = scaleout.port_finding(facts.fabric) if facts.fabric else None
+    if ports and ports[2]:  # some scale-out ports up, some down: HCCL takes the Gaudi NICs and fails
+        problems.append(ports[:2])
     if problems:
         facts.ok = False
         facts.reason = "; ".join(p[0] for p in problems)
@@ -454,4 +460,15 @@ def _warnings(facts: dict[str, HostFacts]) -> list[str]:
     no_smi = [h for h, f in probed.items() if f.devices is None]
     if no_smi:
         out.append(f"device count not checked (no hl-smi) on {', '.join(no_smi)}")
+    out += _port_warnings(probed)
+    return out
+
+
+def _port_warnings(facts: dict[str, HostFacts]) -> list[str]:
+    """Every Gaudi scale-out port of a host down: HCCL falls back to a host NIC, slower. Pure."""
+    out = []
+    for host, f in facts.items():
+        found = scaleout.port_finding(f.fabric) if f.fabric else None
+        if found and not found[2]:
+            out.append(f"{host}: {found[0]}: HCCL falls back to a host NIC (fix: {found[1]})")
     return out

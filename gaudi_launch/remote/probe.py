@@ -17,6 +17,8 @@ BEGIN = "@@gaudi-launch-probe begin"
 END = "@@gaudi-launch-probe end"
 IP_BEGIN = "@@ip-addr begin"
 IP_END = "@@ip-addr end"
+SCALEOUT_BEGIN = "@@scaleout begin"  # the scale-out tools' output, verbatim (plan/scaleout.parse_probe_block)
+SCALEOUT_END = "@@scaleout end"
 # The agent's interpreter leaves the working directory off sys.path before the checks (after the cd, a
 # stray socket.py there must not matter).
 _AGENT_FIRST = "import sys\nsys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
@@ -43,6 +45,7 @@ class ProbeResult:
     port_free: Optional[bool] = None  # asked on the master only
     port_error: Optional[str] = None
     ip_addr: str = ""  # `ip -o addr show`, raw
+    scaleout: str = ""  # hl-smi / fi_info / sysfs output for the scale-out path, raw
 
 
 @cache
@@ -88,9 +91,14 @@ def parse(text: Union[str, bytes]) -> ProbeResult:
     if BEGIN in stripped:
         lines = lines[stripped.index(BEGIN) + 1 :]
     in_ip, ip_lines = False, []
+    in_so, so_lines = False, []
     for raw in lines:
         line = raw.strip()
-        if line in (IP_BEGIN, IP_END):
+        if line in (SCALEOUT_BEGIN, SCALEOUT_END) and not in_ip:
+            in_so = line == SCALEOUT_BEGIN
+        elif in_so:
+            so_lines.append(raw)
+        elif line in (IP_BEGIN, IP_END):
             in_ip = line == IP_BEGIN
         elif in_ip:
             ip_lines.append(raw)
@@ -98,9 +106,10 @@ def parse(text: Union[str, bytes]) -> ProbeResult:
             out.complete = True
         elif "=" in line:
             key, value = (part.strip() for part in line.split("=", 1))
-            if key in _TYPES and key not in ("complete", "ip_addr"):
+            if key in _TYPES and key not in ("complete", "ip_addr", "scaleout"):
                 setattr(out, key, _value(_TYPES[key], value, getattr(out, key)))
     out.ip_addr = "\n".join(ip_lines) + ("\n" if ip_lines else "")
+    out.scaleout = "\n".join(so_lines) + ("\n" if so_lines else "")
     return out
 
 

@@ -39,6 +39,37 @@ if command -v hl-smi >/dev/null 2>&1; then
 else echo devices=none; fi
 _m=$(command -v mpirun 2>/dev/null || { [ -x /opt/amazon/openmpi/bin/mpirun ] && echo /opt/amazon/openmpi/bin/mpirun; })
 if [ -n "$_m" ]; then _one "$(_t "$_m" --version 2>&1 </dev/null)"; echo "openmpi=$_v"; fi
+# Scale-out facts (plan/scaleout.py reads them): each tool's output verbatim under a @@<command> line.
+# hl-smi's port lists only when it answers, -n ports on card 0 (the external ports are the same on each card).
+_scaleout() {
+    echo '@@scaleout begin'
+    echo '@@uname -r'; uname -r 2>/dev/null
+    echo '@@ls /sys/class/infiniband'
+    for _e in /sys/class/infiniband/*; do [ -e "$_e" ] && echo "${_e##*/}"; done
+    if command -v fi_info >/dev/null 2>&1; then
+        echo '@@fi_info --version'; _t fi_info --version 2>/dev/null </dev/null
+        _efa=0
+        for _e in /sys/class/infiniband/efa* /sys/class/infiniband/rdmap*; do [ -e "$_e" ] && _efa=1; done
+        if [ "$_efa" = 0 ]; then echo '@@fi_info -p efa'; _t fi_info -p efa 2>/dev/null </dev/null; fi
+    fi
+    if command -v hl-smi >/dev/null 2>&1; then
+        _q=$(_t hl-smi -Q name,driver_version,bus_id -f csv,noheader 2>/dev/null </dev/null)
+        echo '@@hl-smi -Q name,driver_version,bus_id -f csv,noheader'; printf '%s\n' "$_q"
+        _first=1
+        while IFS= read -r _l; do
+            case $_l in HL-*,*,*) ;; *) continue ;; esac
+            _b=${_l##*,}; _b=${_b# }
+            if [ "$_first" = 1 ]; then
+                echo "@@hl-smi -n ports -i $_b"; _t hl-smi -n ports -i "$_b" 2>/dev/null </dev/null; _first=0
+            fi
+            echo "@@hl-smi -n link -i $_b"; _t hl-smi -n link -i "$_b" 2>/dev/null </dev/null
+        done <<EOF_Q
+$_q
+EOF_Q
+    fi
+    echo '@@scaleout end'
+}
+_scaleout
 if [ "$agent" != 1 ]; then
     # before the cd: python -c puts the working directory on sys.path, where a stray socket.py must not
     # matter. Printing nothing means it did not run.
