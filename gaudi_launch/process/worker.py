@@ -35,12 +35,15 @@ import traceback
 from collections.abc import Mapping, MutableMapping
 from typing import Optional
 
+from gaudi_launch.inputs import cards
 from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
+from gaudi_launch.plan import gaudi
 from gaudi_launch.plan.contract import elastic_env, node_layout, node_visibility, read_error_file
 from gaudi_launch.process import relay
 from gaudi_launch.process.heartbeats import HEARTBEAT_DIR, install_stack_dump
 from gaudi_launch.process.wire import NO_PYTHON_FLAG, STARTED, TORN_DOWN, record_line
 from gaudi_launch.remote.jobdir import JobDirError, check_private_dir, clean_stale, path_for, read_job
+from gaudi_launch.remote.teardown import sweep_here
 from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
 
 # Where other launchers put the rank layout, in order of preference for each torchrun name.
@@ -162,6 +165,44 @@ def _hpu_env(script_args: list[str], environ: MutableMapping[str, str]) -> dict[
             file=sys.stderr,
         )
         return {}
+
+
+def _bind_cpus(environ: Mapping[str, str]) -> None:
+    """Bind this rank to its card's share of the card's NUMA node (plan/gaudi.py), unless --cpu-bind none.
+    Done here, in every backend's rank, rather than with mpirun's or srun's own flags: only this host knows
+    which card the rank takes and where that card sits. A host without hl-smi is left alone."""
+    if environ.get(gaudi.CPU_BIND_VAR) == "none" or not shutil.which("hl-smi"):
+        return
+    cores = gaudi.rank_binding(environ, cards.read_host(sysfs=environ.get("GAUDI_LAUNCH_SYSFS") or "/sys"))
+    if not cores:
+        return
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError as exc:  # e.g. a cpuset (container, srun) without those cores: run unbound
+        print(f"gaudi-launch worker: could not bind to cores {cards.cpu_ranges(cores)} ({exc})", file=sys.stderr)
+
+
+def _recipe_cache(environ: MutableMapping[str, str]) -> None:
+    """PT_HPU_RECIPE_CACHE_CONFIG in the job's directory on this host, unless the user set it (plan/gaudi.py)."""
+    job = environ.get("GAUDI_LAUNCH_JOB_ID", "")
+    if not job or environ.get(gaudi.RECIPE_VAR):
+        return
+    try:
+        job_dir = _private_job_dir(job)
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            kind = gaudi.fs_type(os.path.realpath(job_dir), f.read())
+    except OSError:
+        return
+    value, why = gaudi.recipe_cache_setting(environ, job_dir, kind in gaudi.NETWORK_FS, gaudi.stack_version())
+    if value is None:
+        if environ.get("LOCAL_RANK") == "0":
+            print(f"gaudi-launch worker: {why}", file=sys.stderr)
+        return
+    try:
+        os.makedirs(os.path.join(job_dir, gaudi.RECIPE_DIR), 0o700, exist_ok=True)
+    except OSError:
+        return
+    environ[gaudi.RECIPE_VAR] = value
 
 
 def _register_hccl() -> None:
@@ -299,9 +340,12 @@ def _grace(environ: Mapping[str, str]) -> float:
     return grace if 0 <= grace < 3600 else 10.0
 
 
-def watch_launcher(grace: float) -> bool:
+def watch_launcher(grace: float, job: str = "") -> bool:
     """End this rank's group when whatever reads its output is gone (the launcher, or the ssh session
-    and pdsh that carried it, were killed): SIGTERM, then SIGKILL after ``grace`` seconds.
+    and pdsh that carried it, were killed): SIGTERM, then SIGKILL after ``grace`` seconds. With the
+    ``job`` id, the same for everything on this host that carries it (what left the group: a rank's
+    setsid + double-fork daemon), and the job's directory here (DeepSpeed's job file) is removed:
+    with the launcher gone, no one else would.
 
     Nothing signals a remote rank when the launcher is SIGKILLed, but its stdout/stderr pipe (or
     socket) then loses its reader, which poll() reports as POLLERR/POLLHUP without polling for
@@ -322,10 +366,11 @@ def watch_launcher(grace: float) -> bool:
     if not fds:
         return False
     rank_gone, rank_alive = os.pipe()  # not inherited by exec'd children: HUP when the rank ends
+    group = os.getpgrp()
     if os.fork() == 0:
         try:
             os.close(rank_alive)
-            _watch(fds, rank_gone, grace)
+            _watch(fds, rank_gone, grace, group, job)
         finally:
             os._exit(0)
     os.close(rank_gone)
@@ -334,11 +379,19 @@ def watch_launcher(grace: float) -> bool:
     return True
 
 
-def _watch(fds: list[int], rank_gone: int, grace: float) -> None:
-    """The watcher process: in the rank's group, so that whatever ends the group ends it too, but
-    deaf to the stop signals the group gets, so that its SIGKILL follows its SIGTERM."""
+def _watch(fds: list[int], rank_gone: int, grace: float, group: int, job: str = "") -> None:
+    """The watcher process: deaf to the stop signals the rank's group gets, so that its SIGKILL follows
+    its SIGTERM. Without a job id it stays in that group, so that whatever ends the group ends it too;
+    with one it leads a group of its own, so that a group SIGKILL (mpirun's orted ending the ranks
+    of a launcher that is gone) leaves it to sweep the job id after (whatever outlives it is swept by
+    the launcher's own final sweep, which ends this watch too: it carries the job id)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
+    if job:
+        try:
+            os.setpgid(0, 0)
+        except OSError:
+            pass
     poller = select.poll()
     for fd in fds:
         poller.register(fd, 0)  # POLLERR and POLLHUP are reported whatever is asked for
@@ -346,15 +399,46 @@ def _watch(fds: list[int], rank_gone: int, grace: float) -> None:
     while True:
         events = dict(poller.poll())
         if events.get(rank_gone):
-            return  # the rank ended on its own (or by the group's teardown)
+            # The rank ended: on its own, by the job's teardown, or by the parent-death signal of a
+            # launcher that is gone (its pipe closed before that signal is sent): only then go on.
+            events = dict(poller.poll(0))
+            if not (job and any(ev & (select.POLLERR | select.POLLHUP) for fd, ev in events.items() if fd in fds)):
+                return
+            break
         if any(ev & (select.POLLERR | select.POLLHUP) for ev in events.values()):
             break
-    group = os.getpgrp()
-    os.killpg(group, signal.SIGTERM)
+    for fd in fds:
+        os.close(fd)  # nothing reads them any more; nor may they hold a pipe open for anyone
+    _signal_group(group, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    if job:
+        sweep_here(job, signal.SIGTERM)  # spares this process; the other ranks' watches ignore it
     waiter = select.poll()
     waiter.register(rank_gone, select.POLLIN)
     if not waiter.poll(grace * 1000):
-        os.killpg(group, signal.SIGKILL)
+        _signal_group(group, signal.SIGKILL)
+    if job:
+        while time.monotonic() < deadline and sweep_here(job, 0).hit > 0:
+            time.sleep(0.2)
+        sweep_here(job, signal.SIGKILL)
+        _remove_job_dir(job)
+
+
+def _signal_group(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
+    except OSError:
+        pass  # the group has ended already
+
+
+def _remove_job_dir(job: str) -> None:
+    """This host's directory of the job, if it is ours and private (never through a link)."""
+    path = path_for(job)
+    try:
+        check_private_dir(path)
+    except (OSError, JobDirError):
+        return
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def run_program(argv: list[str], environ: Mapping[str, str]) -> int:
@@ -458,11 +542,14 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
     if os.getpgrp() == os.getpid():
         signal.signal(signal.SIGTERM, _term_whole_group)
         if environ.get("GAUDI_LAUNCH_JOB_ID"):
-            watch_launcher(_grace(environ))
+            watch_launcher(_grace(environ), environ["GAUDI_LAUNCH_JOB_ID"])
     as_module = argv[0] in ("-m", NO_PYTHON_FLAG)
     target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
+    if environ.get("GAUDI_LAUNCH_JOB_ID"):
+        _bind_cpus(environ)
     if uses_hpu(environ):
         environ.update(_hpu_env(args, environ))
+        _recipe_cache(environ)
         if int(environ.get("WORLD_SIZE", "1") or 1) > 1 and not no_python:
             _register_hccl()
     if no_python:

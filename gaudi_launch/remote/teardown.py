@@ -7,6 +7,8 @@ kills other users' jobs (DeepSpeed #6807). Runs over plain ssh, in parallel, wit
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shlex
 import subprocess
 import sys
@@ -155,6 +157,23 @@ def describe_unseen(host: str, unseen: list[str]) -> str:
         f"gaudi-launch: on {host}, {len(unseen)} process(es) that may belong to this job could not be "
         f"inspected or signalled and may still run: " + "; ".join(unseen)
     )
+
+
+def sweep_here(job_id: str, sig: int) -> Sweep:
+    """KILL_CODE run in this process (which it spares): the sweep of a rank's launcher watch, on its
+    own host, once the launcher is gone (worker._watch)."""
+    if not job_id:
+        raise ValueError("a job id is required: without one every process would match")
+    out, argv = io.StringIO(), sys.argv
+    sys.argv = ["sweep", *kill_args(job_id, sig)]
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(KILL_CODE, "sweep", "exec"), {"__name__": "__main__"})
+    except Exception:
+        return Sweep(-1, [])
+    finally:
+        sys.argv = argv
+    return parse_sweep(out.getvalue())
 
 
 def kill_argv(python: str, job_id: str, sig: int, since: Optional[float] = None) -> list[str]:
