@@ -22,8 +22,10 @@ from gaudi_launch.inputs.devices import detect_local_devices
 from gaudi_launch.inputs.hostfile import read_hostfile
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan import scaleout
 from gaudi_launch.plan.fabric import efa_present
 from gaudi_launch.plan.multinode import ssh_args
+from gaudi_launch.remote import probe
 from gaudi_launch.remote.fanout import per_host
 
 PACKAGES = (
@@ -88,6 +90,66 @@ def _nics() -> list[dict[str, str]]:
     return out
 
 
+def _scaleout() -> dict[str, Any]:
+    """This host's Gaudi generation, driver, NIC ports, libfabric and the scale-out path HCCL will take
+    (plan/scaleout.py), from the pre-flight probe's own tool calls, run here."""
+    cmd = probe.command(sys.executable, None, "/", "127.0.0.1", 9, None)
+    try:
+        done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        f = scaleout.parse_probe_block(probe.parse(done.stdout).scaleout)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": f"probe failed: {exc}"}
+    path = scaleout.decide(f)
+    ports = (
+        "not read"
+        if f.ports_up is None
+        else f"{f.ports_up} up, {len(f.ports_down)} down"
+        + (f" ({', '.join(f.ports_down[:4])})" if f.ports_down else "")
+    )
+    return {
+        "generation": {1: "Gaudi (first generation)", 2: "Gaudi 2", 3: "Gaudi 3"}.get(f.generation or 0),
+        "device": f.device_name,
+        "driver": f.driver,
+        "firmware": _firmware(),
+        "kernel": f.kernel,
+        "libfabric": f.libfabric,
+        "rdma_devices": list(f.rdma_devices),
+        "gaudi_scaleout_ports": ports,
+        "path": path.as_dict(),
+    }
+
+
+def _firmware() -> Optional[str]:
+    """hl-smi --fw-versions (System Management Interface Tool page), its lines joined; None without it."""
+    if shutil.which("hl-smi") is None:
+        return None
+    try:
+        done = subprocess.run(["hl-smi", "--fw-versions"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    return "; ".join(lines[:4]) if done.returncode == 0 and lines else None
+
+
+REPORTNCHECK = ("reportNcheck.py", "reportNcheck")
+
+
+def _reportncheck() -> Optional[dict[str, Any]]:
+    """Habana's ReportNCheck (page "Intel Gaudi ReportNCheck Tool", installed with the RDMA PerfTest tool), when
+    on PATH: its report run with -c (connectivity check); the verdict is its exit status and last line.
+    None when it is not installed. Untested against the real tool (none here)."""
+    tool = next((shutil.which(name) for name in REPORTNCHECK if shutil.which(name)), None)
+    if tool is None:
+        return None
+    argv = [sys.executable, tool, "-c"] if tool.endswith(".py") else [tool, "-c"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"tool": tool, "ok": False, "verdict": f"did not run: {exc}"}
+    lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    return {"tool": tool, "ok": done.returncode == 0, "verdict": lines[-1] if lines else f"exit {done.returncode}"}
+
+
 def collect() -> dict[str, Any]:
 
     devices = detect_local_devices()
@@ -100,6 +162,8 @@ def collect() -> dict[str, Any]:
         "tools": {name: _tool(argv) for name, argv in TOOLS},
         "devices": {"count": devices.count, "kind": devices.kind, "source": devices.source},
         "efa": efa_present(),
+        "scaleout": _scaleout(),
+        "reportncheck": _reportncheck(),
         "nics": _nics(),
         "env": {
             k: os.environ[k]
@@ -117,6 +181,7 @@ def render(info: dict[str, Any]) -> str:
     dev = info["devices"]
     lines.append(f"{'devices':24} {dev['count']} {dev['kind']} ({dev['source']})")
     lines.append(f"{'EFA':24} {'yes' if info['efa'] else 'no'}")
+    lines += _scaleout_lines(info)
     lines.append(f"{'NICs':24} " + ", ".join(f"{n['name']} ({n['state']})" for n in info["nics"]))
     lines += ["", "packages:"]
     lines += [f"  {name:22} {version or 'not installed'}" for name, version in info["packages"].items()]
@@ -125,6 +190,36 @@ def render(info: dict[str, Any]) -> str:
     if info["env"]:
         lines += ["", "environment:"] + [f"  {k}={v}" for k, v in info["env"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _scaleout_lines(info: dict[str, Any]) -> list[str]:
+    """The scale-out part of the text report: generation, driver, firmware, ports, libfabric, path. Pure."""
+    so = info.get("scaleout") or {}
+    if "error" in so:
+        return [f"{'scale-out':24} {so['error']}"]
+    if not so:
+        return []
+    path = so.get("path") or {}
+    lines = [
+        f"{'Gaudi':24} {so.get('generation') or 'unknown (no hl-smi answer)'}"
+        + (f" ({so['device']})" if so.get("device") else ""),
+        f"{'driver':24} {so.get('driver') or '-'}",
+        f"{'firmware':24} {so.get('firmware') or '-'}",
+        f"{'Gaudi scale-out ports':24} {so.get('gaudi_scaleout_ports')}",
+        f"{'libfabric':24} {so.get('libfabric') or 'not found (no fi_info)'}",
+        f"{'RDMA devices':24} {', '.join(so.get('rdma_devices') or []) or 'none'}",
+        f"{'scale-out path':24} {path.get('path')} {path.get('name')}: {path.get('why')}",
+    ]
+    rnc = info.get("reportncheck")
+    lines.append(
+        f"{'ReportNCheck':24} "
+        + ("not installed" if not rnc else f"{'OK' if rnc['ok'] else 'FAILED'}: {rnc['verdict']} ({rnc['tool']} -c)")
+    )
+    return lines
+
+
+def _scaleout_row(line: str) -> tuple[str, str]:
+    return line[:24].strip(), line[25:]
 
 
 def flatten(info: dict[str, Any]) -> dict[str, str]:
@@ -136,6 +231,7 @@ def flatten(info: dict[str, Any]) -> dict[str, str]:
         "CPUs": str(info["cpus"]),
         "devices": f"{dev['count']} {dev['kind']}",
         "EFA": "yes" if info["efa"] else "no",
+        **{k: v for k, v in (_scaleout_row(line) for line in _scaleout_lines(info))},
         "NICs": ", ".join(n["name"] for n in info["nics"]),
     }
     rows.update({name: version or "-" for name, version in info["packages"].items()})

@@ -1,0 +1,45 @@
+"""`gaudi-launch env` shows the Gaudi generation, driver, NIC port state, libfabric and the scale-out path
+(issue 24, item 8), read through the hl-smi / fi_info stand-ins (tests/standin/gaudi_tools.py)."""
+
+from __future__ import annotations
+
+import os
+
+from gaudi_launch.reports import environment
+from tests.standin import gaudi_tools
+
+
+def test_env_report_shows_the_scale_out_facts(tmp_path, monkeypatch):
+    tools = gaudi_tools.install(str(tmp_path / "dl1"), "dl1")
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    so = environment._scaleout()
+    assert so["generation"] == "Gaudi (first generation)" and so["device"] == "HL-205"
+    assert so["driver"] == "1.21.3-2f7c1b9" and so["libfabric"] == "1.19.0amzn4.0"
+    assert so["path"]["path"] == "P2" and so["path"]["env"] == {"HCCL_OVER_OFI": "1"}
+    text = "\n".join(environment._scaleout_lines({"scaleout": so, "reportncheck": None}))
+    assert "Gaudi                    Gaudi (first generation) (HL-205)" in text
+    assert "scale-out path           P2 host NIC over OFI, forced (HCCL_OVER_OFI=1): first-generation" in text
+    assert "ReportNCheck             not installed" in text
+    rows = environment.flatten(
+        {
+            **{k: "" for k in ("os", "python")},
+            "cpus": 2,
+            "devices": {"count": 8, "kind": "hpu"},
+            "efa": True,
+            "nics": [],
+            "packages": {},
+            "tools": {},
+            "env": {},
+            "scaleout": so,
+            "reportncheck": None,
+        }
+    )
+    assert rows["libfabric"] == "1.19.0amzn4.0" and rows["Gaudi"].startswith("Gaudi (first generation)")
+
+
+def test_env_report_without_gaudi_tools(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    so = environment._scaleout()
+    if so["device"] is not None:  # a machine with the real hl-smi
+        return
+    assert so["path"]["path"] in ("?", "P2") and so["gaudi_scaleout_ports"] == "not read"
