@@ -176,6 +176,15 @@ class JobSpec:
             help="Directory of hccl_ofi_wrapper. Default: $HCCL_OFI_WRAPPER, else /root/hccl_ofi_wrapper.",
         ),
     )
+    cpu_bind: str = field(
+        default="numa",
+        metadata=opt(  # plan/gaudi.py; the rank bootstrap binds
+            "--cpu-bind",
+            "--cpu_bind",
+            help="numa: bind each rank to its share of the cores of its Gaudi card's NUMA node (from hl-smi's bus "
+            "id and sysfs); none: leave ranks unbound. Default: numa.",
+        ),
+    )
     launcher: str = field(
         default="pdsh",
         metadata=opt("--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi."),
@@ -356,6 +365,8 @@ class JobSpec:
             isinstance(backoff, bool)
             or not isinstance(backoff, (int, float))
             or not math.isfinite(backoff)
+        if self.cpu_bind not in ("numa", "none"):
+            raise UserError(f"unknown CPU binding {self.cpu_bind!r}", where="--cpu-bind", hint="numa or none")
             or backoff < 0
         ):
             raise UserError(f"a number of seconds, 0 or more, got {backoff!r}", where="--restart-backoff")

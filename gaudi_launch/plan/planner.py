@@ -9,6 +9,7 @@ from typing import Callable, Optional
 
 from gaudi_launch.backends import get_backend, slurm
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs import cards
 from gaudi_launch.inputs.devices import DeviceCount, detect_local_devices
 from gaudi_launch.inputs.envfile import load_env_files
 from gaudi_launch.inputs.hostfile import Host, read_hostfile
@@ -16,10 +17,12 @@ from gaudi_launch.inputs.hostnames import bare_host, is_local_host
 from gaudi_launch.inputs.hostselect import select
 from gaudi_launch.inputs.ports import check_port, pick_free_port
 from gaudi_launch.inputs.spec import JobSpec
-from gaudi_launch.plan.contract import node_device_env
+from gaudi_launch.plan import gaudi
+from gaudi_launch.plan.contract import node_device_env, node_visibility_env
 from gaudi_launch.plan.launchplan import LaunchPlan, layout
 from gaudi_launch.plan.multinode import PreflightFailed, findings, finish_plan, pick_remote_port
 from gaudi_launch.process.restarts import hosts_for_attempt
+from gaudi_launch.remote.jobdir import path_for as jobdir_path
 
 
 def resolve_hosts(
@@ -88,7 +91,7 @@ def build_plan(
     environ = os.environ if environ is None else environ
     spec.validate(require_program)
     if slurm.wanted(spec, environ):  # the allocation (or srun's) is the hostfile: no ssh, no pre-flight
-        return slurm.build_plan(spec, environ)
+        return gaudi_settings(slurm.build_plan(spec, environ), spec, environ)
     selected, hosts, notes, spares = resolve_hosts(spec, detect)
     backend = choose_backend(spec, selected, hosts)
     if spec.master_addr:
@@ -141,6 +144,7 @@ def build_plan(
         # mapped onto the visibility its ranks inherit (a selected index is the same device
         # whatever the backend).
         plan.env.update(node_device_env([n.devices for n in nodes], parents))
+    gaudi_settings(plan, spec, environ)
     plan.spec = spec
     chosen = get_backend(backend)
     chosen.detect(plan, environ)
@@ -155,3 +159,49 @@ def inherited_env(plan: LaunchPlan, host: str, environ: Mapping[str, str]) -> di
     if is_local_host(host):
         return {**environ, **plan.env}
     return {**{k: environ[k] for k in plan.exported if k in environ}, **plan.env}
+
+
+def gaudi_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> LaunchPlan:
+    """--cpu-bind into the ranks' environment, a partial node this host cannot run refused, and what the
+    ranks will do about binding, the recipe cache and lazy mode in the plan's notes (plan/gaudi.py). The cards
+    of the hosts that are this machine are read here; the pre-flight checks the others'."""
+    plan.env.update(gaudi.cpu_bind_env(spec.cpu_bind))
+    local = [n for n in plan.nodes if is_local_host(n.host)]
+    facts = cards.read_host() if local and spec.backend != "slurm" else cards.HostCards()
+    lines: list[str] = []
+    for node in local if facts.cards else []:
+        parent = inherited_env(plan, node.host, environ)
+        visible = node_visibility_env(node, parent).get("HABANA_VISIBLE_MODULES") or parent.get(
+            "HABANA_VISIBLE_MODULES"
+        )
+        modules = cards.rank_modules(len(node.ranks), visible)
+        problem = cards.partial_node_problem(modules, len(facts.cards))
+        if problem:
+            raise UserError(
+                f"{node.host}: {problem}",
+                where="--include" if spec.include else "--exclude" if spec.exclude else "--num_devices",
+                hint="take 2 or 4 cards from one of those groups (e.g. --include host:0,1), or the whole node",
+            )
+        lines += gaudi.binding_lines(node.host, modules, facts)
+    job_env = {**environ, **plan.env}
+    tmp_dir = jobdir_path(plan.job_id)
+    version = gaudi.stack_version()
+    if not facts.cards and version is None and len(local) == len(plan.nodes):
+        return plan  # this machine alone, and no Gaudi here: nothing of this applies
+    plan.notes.extend(
+        gaudi.plan_notes(
+            cpu_bind=spec.cpu_bind,
+            local_binding=lines,
+            recipe=gaudi.recipe_cache_setting(job_env, tmp_dir, _network_fs(os.path.dirname(tmp_dir)), version),
+            mode=gaudi.execution_mode(job_env, spec.program[1:], version),
+        )
+    )
+    return plan
+
+
+def _network_fs(path: str) -> bool:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            return gaudi.fs_type(os.path.realpath(path), f.read()) in gaudi.NETWORK_FS
+    except OSError:
+        return False

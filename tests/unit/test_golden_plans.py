@@ -10,6 +10,7 @@ import io
 import json
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -53,6 +54,7 @@ def isolated(tmp_path, monkeypatch):
 def normalized(plan: dict) -> dict:
     """Stable across runs and machines: no job id, interpreter path, deepspeed path or working directory."""
     text = json.dumps(plan).replace(plan["job_id"], "JOB").replace(sys.executable, "PYTHON")
+    text = text.replace(json.dumps(tempfile.gettempdir())[1:-1] + "/", "TMP/")  # the recipe cache's directory
     plan = json.loads(text)
     plan["request"]["cwd"] = "CWD"
     if "secret_digests" in plan:  # keyed with this user's random key

@@ -26,12 +26,21 @@ def _read(path):
         return None
 
 
+# The 1.19 bridge's RecipeCacheConfig::reload (pytorch_helpers/habana_helpers/habana_serialization/
+# recipe_cache_config.cpp) asserts 1 to 3 comma-separated fields; the fourth (<RECIPE_CACHE_ON_NFS>) came later.
+_recipe_cache = os.environ.get("PT_HPU_RECIPE_CACHE_CONFIG")
+if _recipe_cache is not None and not 1 <= len(_recipe_cache.split(",")) <= 3:
+    raise RuntimeError(
+        "Expected number of parameters extracted from PT_HPU_RECIPE_CACHE_CONFIG should be from range <1:3>."
+    )
+
 # The real bridge reads these once, at import: the tests assert they were set (and the op-list
 # files written) before it.
 record(
     "core.import",
     PT_HPU_LAZY_MODE=os.environ.get("PT_HPU_LAZY_MODE"),
     PT_ENABLE_INT64_SUPPORT=os.environ.get("PT_ENABLE_INT64_SUPPORT"),  # env_flags.yaml; read once, cached
+    PT_HPU_RECIPE_CACHE_CONFIG=_recipe_cache,
     **{var: os.environ.get(var) for var in _LISTS},
     op_lists={var: _read(os.environ.get(var)) for var in _LISTS},
 )

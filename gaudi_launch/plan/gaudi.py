@@ -1,0 +1,179 @@
+"""What a job's ranks get on a Gaudi host besides the rank layout, and how the plan says it: the cores each
+rank is bound to, the per-job compiled-graph (recipe) cache, and the execution mode (lazy or eager).
+
+Decisions are pure functions; the rank bootstrap (process/worker.py) applies them on each host, since only
+there are that host's cards, NUMA nodes, temporary directory and Gaudi stack known. The planner shows them.
+Stdlib only (the worker imports this before the user's script).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from typing import Optional
+
+from gaudi_launch.inputs import cards
+from gaudi_launch.runtime.hpu_env import LAZY_VAR, lazy_mode_setting, script_hpu_flags
+
+CPU_BIND_VAR = "GAUDI_LAUNCH_CPU_BIND"  # "none": ranks are not bound (--cpu-bind none)
+CPU_BIND_CHOICES = ("numa", "none")
+RECIPE_VAR = "PT_HPU_RECIPE_CACHE_CONFIG"
+RECIPE_DIR = "recipe-cache"
+RECIPE_CACHE_MB = 1024  # the bridge's own default size (Runtime Flags: ",false,1024,false")
+# Filesystem types of /proc/self/mountinfo that live on another machine.
+NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "fuse.sshfs"})
+# The first release whose "Runtime Flags" page documents the fourth field <RECIPE_CACHE_ON_NFS>. The 1.19
+# bridge refuses more than three fields (HabanaAI/gaudi-pytorch-bridge, recipe_cache_config.cpp,
+# RecipeCacheConfig::reload: HABANA_ASSERT(params.size() >= 1 && params.size() <= 3)).
+NFS_FIELD_SINCE = (1, 22)
+# PT_HPU_LAZY_MODE's default: 1 (lazy) on the 1.19 "Runtime Flags" page, 0 (eager, torch.compile) on the
+# current one; 1.21 is the first release that runs eager by default.
+EAGER_DEFAULT_SINCE = (1, 21)
+
+
+def stack_version(version: Optional[str] = None) -> Optional[tuple[int, int]]:
+    """(major, minor) of the installed Gaudi PyTorch bridge (habana-torch-plugin, e.g. 1.22.0.740), or None
+    when it is not installed or its version does not read. ``version`` given: parse only (pure)."""
+    if version is None:
+        try:
+            version = metadata.version("habana-torch-plugin")
+        except metadata.PackageNotFoundError:
+            return None
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+# ------------------------------------------------------------------ CPU binding
+
+
+def cpu_bind_env(choice: str) -> dict[str, str]:
+    """What --cpu-bind puts in every rank's environment: nothing for the default (the worker binds). Pure."""
+    return {CPU_BIND_VAR: "none"} if choice == "none" else {}
+
+
+def rank_binding(environ: Mapping[str, str], host: cards.HostCards) -> Optional[list[int]]:
+    """The cores this rank binds itself to (its card's NUMA node's share), or None: --cpu-bind none, no card
+    facts, or no LOCAL_RANK. Pure."""
+    if environ.get(CPU_BIND_VAR) == "none" or not host.cards:
+        return None
+    local, size = environ.get("LOCAL_RANK", ""), environ.get("LOCAL_WORLD_SIZE", "")
+    if not local.isdigit() or not size.isdigit() or int(local) >= int(size):
+        return None
+    modules = cards.rank_modules(int(size), environ.get("HABANA_VISIBLE_MODULES"))
+    return cards.rank_cores(modules, host)[int(local)]
+
+
+def binding_lines(host: str, modules: Sequence[int], facts: cards.HostCards) -> list[str]:
+    """How each local rank on ``host`` is bound, one line per rank, for the plan. Pure."""
+    node_of = {c.module_id: facts.numa_of_bus.get(c.bus_id, -1) for c in facts.cards}
+    lines = []
+    for rank, (module, cores) in enumerate(zip(modules, cards.rank_cores(modules, facts))):
+        where = f"card module {module}, NUMA node {node_of.get(module, -1)}"
+        lines.append(
+            f"{host} local rank {rank} ({where}): "
+            + (f"cores {cards.cpu_ranges(cores)}" if cores else "not bound (no NUMA node known for its card)")
+        )
+    return lines
+
+
+# ------------------------------------------------------------------ recipe cache
+
+
+def fs_type(path: str, mountinfo: str) -> Optional[str]:
+    """The filesystem type of the mount holding ``path`` (absolute, resolved), from /proc/self/mountinfo's
+    text: the longest mount point that contains it. Pure."""
+    best, kind = -1, None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if not sep or len(fields) < 5 or not rest:
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best:
+            best, kind = len(point), rest[0]
+    return kind
+
+
+def recipe_cache_setting(
+    environ: Mapping[str, str], job_dir: str, on_network_fs: bool, version: Optional[tuple[int, int]]
+) -> tuple[Optional[str], str]:
+    """(PT_HPU_RECIPE_CACHE_CONFIG for this rank or None to leave it, why). Pure.
+
+    Habana's "Runtime Flags" page: <RECIPE_CACHE_PATH>,<RECIPE_CACHE_DELETE>,<RECIPE_CACHE_SIZE_MB>,
+    <RECIPE_CACHE_ON_NFS>; one process compiles a recipe and the others read it from disk. A directory of
+    the job's own: the ranks of one job share it, another job never reads a stale one. Not cleared at start
+    (false): a restart of the same job reuses what it compiled. The NFS field only where the bridge knows it;
+    an older bridge asks for a local disk ("avoid remote drives (such as NFS)"), so none is set there.
+    """
+    if environ.get(RECIPE_VAR):
+        return None, f"{RECIPE_VAR} as you set it"
+    path = os.path.join(job_dir, RECIPE_DIR)
+    nfs_field = version is not None and version >= NFS_FIELD_SINCE
+    if on_network_fs and not nfs_field:
+        return None, (
+            f"no compiled-graph cache: {job_dir} is on a network filesystem and this Gaudi software "
+            f"({'unknown version' if version is None else f'{version[0]}.{version[1]}'}) has no NFS setting; set TMPDIR to a "
+            "local disk"
+        )
+    value = f"{path},false,{RECIPE_CACHE_MB}" + ((",true" if on_network_fs else ",false") if nfs_field else "")
+    return value, "the job's compiled-graph cache" + (" (on a network filesystem)" if on_network_fs else "")
+
+
+# ------------------------------------------------------------------ execution mode
+
+
+def execution_mode(
+    environ: Mapping[str, str], script_args: Sequence[str], version: Optional[tuple[int, int]]
+) -> tuple[str, str]:
+    """("lazy" or "eager", why) for ranks running this script: the user's PT_HPU_LAZY_MODE, else the script's
+    flags (the worker sets the variable from them, runtime/hpu_env.py), else the installed stack's own
+    default. Pure."""
+    if environ.get(LAZY_VAR):
+        return ("eager" if environ[LAZY_VAR] == "0" else "lazy"), f"{LAZY_VAR}={environ[LAZY_VAR]} as you set it"
+    flags = script_hpu_flags(list(script_args))
+    setting = lazy_mode_setting(flags.use_lazy_mode, flags.torch_compile, environ) if flags else None
+    if setting is not None:
+        why = "--torch_compile" if flags and flags.torch_compile else f"--use_lazy_mode {setting == '1'}".lower()
+        return ("eager" if setting == "0" else "lazy"), f"{why} on the script's command line"
+    if version is None:
+        return "stack default", (
+            "no Gaudi software found here: each host's own default (lazy up to 1.20, eager from 1.21)"
+        )
+    eager = version >= EAGER_DEFAULT_SINCE
+    return ("eager" if eager else "lazy"), f"the default of the installed Gaudi software {version[0]}.{version[1]}"
+
+
+# ------------------------------------------------------------------ what the plan says
+
+
+def plan_notes(
+    *,
+    cpu_bind: str,
+    local_binding: Sequence[str],
+    recipe: tuple[Optional[str], str],
+    mode: tuple[str, str],
+) -> list[str]:
+    """The dry run's lines about binding, the recipe cache and the execution mode. ``local_binding``: the
+    binding_lines of the hosts this machine can see; ``recipe``: recipe_cache_setting for this host. Pure."""
+    if cpu_bind == "none":
+        notes = ["CPU binding: none (--cpu-bind none)"]
+    else:
+        notes = [
+            "CPU binding: each rank binds itself to its share of its Gaudi card's NUMA node (hl-smi's bus id, "
+            "/sys/bus/pci/devices/<bus>/numa_node, /sys/devices/system/node/nodeN/cpulist; Habana's "
+            "--map-by socket:PE=<cores per card> rule); --cpu-bind none turns it off"
+        ]
+        notes += [f"  {line}" for line in local_binding]
+    value, why = recipe
+    if value is not None:
+        notes.append(
+            f"compiled-graph cache: each rank sets {RECIPE_VAR} to the job's directory on its host, here "
+            f"{value} (Habana's 'Runtime Flags' page)"
+        )
+    else:
+        notes.append(f"compiled-graph cache: {why}")
+    notes.append(f"execution mode: {mode[0]} ({mode[1]})")
+    return notes

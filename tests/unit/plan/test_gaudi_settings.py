@@ -1,0 +1,170 @@
+"""What ranks get on a Gaudi host (plan/gaudi.py): the recipe cache per job, the execution mode, CPU binding, and
+how the plan and the planner show and check them (hl-smi stand-in on PATH, a sysfs of our own)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan import gaudi
+from gaudi_launch.plan.planner import build_plan
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
+STANDIN_BIN = os.path.abspath(os.path.join(ROOT, "tests", "standin", "bin"))
+STANDIN = os.path.abspath(os.path.join(ROOT, "tests", "standin"))
+
+MOUNTINFO = """\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
+40 22 0:35 / /home rw,relatime shared:20 - nfs4 fs:/home rw,vers=4.2
+41 40 8:2 / /home/scratch rw shared:21 - xfs /dev/sdb1 rw
+"""
+
+
+def test_fs_type_takes_the_longest_mount_point():
+    assert gaudi.fs_type("/tmp/gaudi-launch-1", MOUNTINFO) == "ext4"
+    assert gaudi.fs_type("/home/u/tmp", MOUNTINFO) == "nfs4"
+    assert gaudi.fs_type("/home/scratch/x", MOUNTINFO) == "xfs"
+    assert gaudi.fs_type("/homer", MOUNTINFO) == "ext4"
+
+
+def test_recipe_cache_in_the_jobs_directory():
+    value, _ = gaudi.recipe_cache_setting({}, "/tmp/gaudi-launch-ab", False, (1, 22))
+    assert value == "/tmp/gaudi-launch-ab/recipe-cache,false,1024,false"  # <path>,<delete>,<MB>,<on_nfs>
+    value, _ = gaudi.recipe_cache_setting({}, "/home/u/gaudi-launch-ab", True, (1, 23))
+    assert value == "/home/u/gaudi-launch-ab/recipe-cache,false,1024,true"
+
+
+def test_recipe_cache_on_an_older_stack_has_three_fields_and_avoids_nfs():
+    value, _ = gaudi.recipe_cache_setting({}, "/tmp/j", False, (1, 19))
+    assert value == "/tmp/j/recipe-cache,false,1024"  # the 1.19 bridge asserts 1 to 3 fields
+    assert gaudi.recipe_cache_setting({}, "/tmp/j", False, None)[0] == "/tmp/j/recipe-cache,false,1024"
+    value, why = gaudi.recipe_cache_setting({}, "/home/j", True, (1, 21))
+    assert value is None and "network filesystem" in why and "TMPDIR" in why
+
+
+def test_recipe_cache_the_user_set_stands():
+    value, why = gaudi.recipe_cache_setting({"PT_HPU_RECIPE_CACHE_CONFIG": "/d,true,64"}, "/tmp/j", False, (1, 22))
+    assert value is None and "as you set it" in why
+
+
+@pytest.mark.parametrize(
+    "env, args, version, mode",
+    [
+        ({"PT_HPU_LAZY_MODE": "1"}, ["--torch_compile"], (1, 22), "lazy"),  # the user's value stands
+        ({}, ["--torch_compile"], (1, 19), "eager"),
+        ({}, ["--use_lazy_mode"], (1, 22), "lazy"),
+        ({}, ["--use_lazy_mode", "false"], (1, 19), "eager"),
+        ({}, [], (1, 19), "lazy"),  # the stack's default: lazy up to 1.20
+        ({}, [], (1, 22), "eager"),  # eager from 1.21
+        ({}, [], None, "stack default"),
+    ],
+)
+def test_execution_mode(env, args, version, mode):
+    assert gaudi.execution_mode(env, args, version)[0] == mode
+
+
+def test_stack_version_reads_the_bridges_version():
+    assert gaudi.stack_version("1.22.0.740") == (1, 22)
+    assert gaudi.stack_version("garbage") is None
+
+
+def test_cpu_bind_none_reaches_every_rank_and_turns_binding_off():
+    assert gaudi.cpu_bind_env("none") == {"GAUDI_LAUNCH_CPU_BIND": "none"}
+    assert gaudi.cpu_bind_env("numa") == {}
+    with pytest.raises(UserError, match="--cpu-bind"):
+        JobSpec(program=["x.py"], cpu_bind="socket").validate()
+
+
+def sysfs(tmp_path, node_of_index, cpulists):
+    """A sysfs tree for the stand-in's Gaudi 2 cards: NUMA node per card index, CPUs per node."""
+    out = subprocess.run(
+        [os.path.join(STANDIN_BIN, "hl-smi"), "-Q", "index,bus_id", "-f", "csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for line in out.splitlines():
+        index, bus = (p.strip() for p in line.split(","))
+        d = tmp_path / "sys" / "bus" / "pci" / "devices" / bus
+        d.mkdir(parents=True)
+        (d / "numa_node").write_text(f"{node_of_index(int(index))}\n")
+    for node, cpus in cpulists.items():
+        d = tmp_path / "sys" / "devices" / "system" / "node" / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpus + "\n")
+    return str(tmp_path / "sys")
+
+
+@pytest.fixture
+def gaudi_host(monkeypatch):
+    monkeypatch.setenv("PATH", STANDIN_BIN + os.pathsep + os.environ["PATH"])
+    for name in ("HABANA_VISIBLE_MODULES", "PT_HPU_RECIPE_CACHE_CONFIG", "PT_HPU_LAZY_MODE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_include_of_an_unsupported_pair_is_refused_by_module_id(gaudi_host):
+    with pytest.raises(UserError) as err:
+        build_plan(JobSpec(program=["x.py"], include="localhost:0,3", num_devices=8))
+    assert "module ids 0,3" in str(err.value) and err.value.where == "--include"
+    build_plan(JobSpec(program=["x.py"], include="localhost:2,3", num_devices=8))  # a supported pair
+    with pytest.raises(UserError, match="module ids 0,1,2"):
+        build_plan(JobSpec(program=["x.py"], num_devices=3))
+
+
+def test_dry_run_shows_binding_recipe_cache_and_mode(gaudi_host, monkeypatch, tmp_path):
+    import gaudi_launch.inputs.cards as cards
+
+    root = sysfs(tmp_path, lambda i: 0 if i < 4 else 1, {0: "0-3,8-11", 1: "4-7,12-15"})
+    real = cards.read_host
+    monkeypatch.setattr(cards, "read_host", lambda sysfs="/sys", processes=False: real(root, processes))
+    plan = build_plan(JobSpec(program=["x.py", "--torch_compile"], num_devices=2))
+    notes = "\n".join(plan.notes)
+    # local ranks 0 and 1 take modules 0 and 1: indices 6 and 7 on this server, NUMA node 1, half of it each
+    assert "localhost local rank 0 (card module 0, NUMA node 1): cores 4-5,12-13" in notes
+    assert "localhost local rank 1 (card module 1, NUMA node 1): cores 6-7,14-15" in notes
+    assert f"gaudi-launch-{plan.job_id}/recipe-cache,false,1024" in notes
+    assert "execution mode: eager (--torch_compile on the script's command line)" in notes
+    plan = build_plan(JobSpec(program=["x.py"], num_devices=2, cpu_bind="none"))
+    assert plan.env["GAUDI_LAUNCH_CPU_BIND"] == "none" and "CPU binding: none (--cpu-bind none)" in plan.notes
+
+
+def test_rank_binds_itself_and_gets_the_recipe_cache(gaudi_host, tmp_path):
+    """One real rank through the local backend and the worker: bound to its card's node, the recipe cache in
+    its job's directory in the form the (stand-in 1.19) bridge accepts at import."""
+    cpus = sorted(os.sched_getaffinity(0))
+    # module 0 is card index 6: put it alone on node 1, which holds this machine's last CPU
+    root = sysfs(tmp_path, lambda i: 1 if i == 6 else 0, {0: str(cpus[0]), 1: str(cpus[-1])})
+    script = tmp_path / "show.py"
+    script.write_text(
+        "import json, os\n"
+        "import habana_frameworks.torch.core\n"
+        "print('SEEN ' + json.dumps({'cpus': sorted(os.sched_getaffinity(0)),"
+        " 'cache': os.environ.get('PT_HPU_RECIPE_CACHE_CONFIG')}))\n"
+    )
+    env = {**os.environ, "GAUDI_LAUNCH_SYSFS": root, "PYTHONPATH": STANDIN, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", "--num_devices", "1", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.split("SEEN ", 1)[1].splitlines()[0])
+    assert seen["cpus"] == [cpus[-1]]
+    assert seen["cache"].startswith(str(tmp_path) + "/gaudi-launch-")
+    assert seen["cache"].endswith("/recipe-cache,false,1024")
+    env["GAUDI_STANDIN_CARDS"] = "gaudi2"
+    done = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", "--num_devices", "1", "--cpu-bind", "none", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.split("SEEN ", 1)[1].splitlines()[0])["cpus"] == cpus
