@@ -168,3 +168,15 @@ def test_rank_binds_itself_and_gets_the_recipe_cache(gaudi_host, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.split("SEEN ", 1)[1].splitlines()[0])["cpus"] == cpus
+
+
+def test_mpirun_leaves_binding_to_the_ranks(tmp_path, monkeypatch):
+    """mpirun's PE mapping bound rank i to the i-th block of cores whatever its card: it binds none now."""
+    from gaudi_launch.backends import mpirun
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hostfile").write_text("gaudi-a slots=8\ngaudi-b slots=8\n")
+    plan = build_plan(JobSpec(program=["x.py"], hostfile="hostfile", backend="mpirun", ssh_check=False))
+    plan.cores_per_host = 224  # what a pre-flight finds on a 2-socket Gaudi 2 server
+    argv = mpirun.commands(plan, {})[0].argv
+    assert argv[argv.index("--map-by") + 1] == "ppr:8:node" and argv[argv.index("--bind-to") + 1] == "none"
