@@ -5,6 +5,7 @@ Everything after SCRIPT is the script's own argv and is passed on untouched. No 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -359,8 +360,8 @@ def _launch(v: dict) -> int:
         world_size=v["world_size"],
         num_devices=num_devices,
     )
-    if v["json_out"] and not v["dry_run"]:
-        raise UserError("--json only applies to --dry-run", where="--json")
+    if v["json_out"] and not v["dry_run"] and not (v["check_only"] and v["collective_check"]):
+        raise UserError("--json only applies to --dry-run (and to check --collective)", where="--json")
     program = [v["script"], *(v["script_args"] or [])] if v["script"] else []
     if (
         program
@@ -438,9 +439,22 @@ def run_spec(
             )
         report = preflight_for(spec)(plan, spec)
         table = report.render_table()
-        sys.stdout.write(table if table.endswith("\n") else table + "\n")
-        return ExitCode.OK if report.ok else ExitCode.PREFLIGHT
+        if not (spec.collective_check and json_out):
+            sys.stdout.write(table if table.endswith("\n") else table + "\n")
+        if not report.ok or not spec.collective_check:
+            return ExitCode.OK if report.ok else ExitCode.PREFLIGHT
+        return _collective_only(spec, plan, json_out)
+    if spec.exclude_from:  # the hosts a collective check named, left out like --exclude
+        from gaudi_launch.collective import read_exclusions
+
+        bad = read_exclusions(spec.exclude_from)
+        if bad:
+            spec = dataclasses.replace(spec, exclude="@".join(([spec.exclude] if spec.exclude else []) + bad))
     plan = plan_job(spec, keep_failed_preflight=dry_run)
+    if spec.collective_check and not dry_run and not spec.sbatch:
+        from gaudi_launch.collective import check_before_job
+
+        spec, plan = check_before_job(spec, plan)
     if same_as is not None:
         check_same(same_as[0], plan_json(plan, os.environ), same_as[1])
     if dry_run:  # the plan whatever the pre-flight said, its findings with it; exit 3 if it failed
@@ -468,6 +482,22 @@ def run_spec(
         )
         return 0
     return launch(spec, plan, announce=True).exit_code
+
+
+def _collective_only(spec, plan, json_out: bool) -> int:
+    """`check --collective`: the collective test on the checked hosts, its table (or JSON), exit 3 naming
+    the slow or failed hosts."""
+    from gaudi_launch.collective import check_hosts_of, run_check
+
+    report = run_check(spec, check_hosts_of(plan))
+    if json_out:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        sys.stdout.write(report.render_table() + "\n")
+    verdict = report.verdict()
+    if verdict:
+        print(f"gaudi-launch: error: {verdict}", file=sys.stderr)
+    return ExitCode.OK if report.ok else ExitCode.PREFLIGHT
 
 
 def _option_names() -> list[str]:

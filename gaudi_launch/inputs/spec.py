@@ -290,6 +290,34 @@ class JobSpec:
             "did and where; 0: never. Default: 900, never with --backend slurm (srun may wait in the queue).",
         ),
     )
+    # Issue 25 (collective.py): prove the fabric before the job.
+    collective_check: bool = field(
+        default=False,
+        metadata=opt(
+            "--collective-check",
+            "--collective_check",
+            "--collective",
+            help="Before the job (or with `check`): an all-reduce and ring exchanges, one rank per host through the "
+            "job's backend; slow or failed hosts are named (exit 3), or replaced by --spare-hosts.",
+        ),
+    )
+    min_bandwidth: Optional[float] = field(
+        default=None,
+        metadata=opt(
+            "--min-bandwidth",
+            "--min_bandwidth",
+            help="With --collective-check: a host under this many GB/s with its best partner is slow (besides "
+            "under half the median).",
+        ),
+    )
+    exclude_from: Optional[str] = field(
+        default=None,
+        metadata=opt(
+            "--exclude-from",
+            "--exclude_from",
+            help="Leave out the hosts a collective check found slow or failed (its collective-check.json).",
+        ),
+    )
     lost_hosts: list[str] = field(default_factory=list)  # set by the restart loop, not an option
 
     def as_request(self, cwd: str) -> dict:
@@ -337,10 +365,19 @@ class JobSpec:
             )
         if self.ssh_timeout <= 0:
             raise UserError(f"must be positive, got {self.ssh_timeout}", where="--ssh-timeout")
+        if self.cpu_bind not in ("numa", "none"):
+            raise UserError(f"unknown CPU binding {self.cpu_bind!r}", where="--cpu-bind", hint="numa or none")
         if self.launcher not in ("pdsh", "openmpi"):
             raise UserError(f"unknown DeepSpeed launcher {self.launcher!r}", where="--launcher", hint="pdsh or openmpi")
         if self.grace < 0:
             raise UserError(f"must not be negative, got {self.grace}", where="--grace")
+        bw = self.min_bandwidth
+        if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float)) or not 0 < bw < math.inf):
+            raise UserError(f"a positive number of GB/s, got {bw!r}", where="--min-bandwidth")
+        if self.collective_check and not self.hostfile:
+            raise UserError(
+                "the collective check measures the links between hosts: give a --hostfile", where="--collective-check"
+            )
         self._validate_restarts()
         return self
 
@@ -365,8 +402,6 @@ class JobSpec:
             isinstance(backoff, bool)
             or not isinstance(backoff, (int, float))
             or not math.isfinite(backoff)
-        if self.cpu_bind not in ("numa", "none"):
-            raise UserError(f"unknown CPU binding {self.cpu_bind!r}", where="--cpu-bind", hint="numa or none")
             or backoff < 0
         ):
             raise UserError(f"a number of seconds, 0 or more, got {backoff!r}", where="--restart-backoff")

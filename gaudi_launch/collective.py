@@ -1,0 +1,203 @@
+"""Prove the fabric before the job (issue 25): `check --collective` and `--collective-check`.
+
+The test is a job of its own: one rank per host (the job's hosts and its spares), started by the job's
+backend (local, mpirun, deepspeed) with the job's interface, interpreter and environment, running
+gaudi_launch.runtime.collective_check with the device's library (hccl, nccl or gloo). This process only
+reads the ranks' marker lines (it never imports torch) and judges them (reports/collective.py).
+Time is bounded twice: each step by the ranks' process-group timeout, the whole by a deadline here after
+which the check job is torn down like an interrupted job, its silent hosts named failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from typing import Optional
+
+from gaudi_launch.errors import UserError
+from gaudi_launch.exitcodes import ExitCode
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.launch import launch, plan_job
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.process.logfiles import prepare_log_dir
+from gaudi_launch.reports.collective import CollectiveReport, judge, parse
+
+RANK_MODULE = "gaudi_launch.runtime.collective_check"
+SETTINGS_VAR = "GAUDI_LAUNCH_COLLECTIVE"  # runtime/collective_check.SETTINGS
+MESSAGE_BYTES = 4 << 20  # a few MB: past the latency-bound regime, still well under a second per round
+ROUNDS = 5
+STEP_TIMEOUT_S = 30.0  # per collective step (the process group's timeout); also the ranks' rendezvous
+START_TIMEOUT_S = 60.0  # every rank started (torch imported) on a busy machine
+RESULT_FILE = "collective-check.json"
+
+
+class CollectiveCheckFailed(UserError):
+    exit_code = ExitCode.PREFLIGHT
+
+    def __init__(self, report: CollectiveReport, written: Optional[str] = None, extra: str = ""):
+        text = report.verdict() or "collective check failed"
+        head, _, hint = text.partition("\n  hint: ")
+        body = head + "\n" + report.render_table()
+        if written:
+            body += f"\nfindings written to {written} (--exclude-from reads it)"
+        super().__init__(body + extra, hint=hint or None)
+        self.report = report
+
+
+def check_hosts_of(plan: LaunchPlan) -> list[str]:
+    """The hosts to measure: the job's, then its spares (a spare must be fit to take a place)."""
+    hosts = [n.host for n in plan.nodes]
+    return hosts + [h for h in plan.spares if h not in hosts]
+
+
+def check_spec(spec: JobSpec, hosts: list[str], hostfile: str) -> JobSpec:
+    """The check job: the user's job with its program, one rank per host, no restarts and no log dir. Pure."""
+    settings = f"{MESSAGE_BYTES},{ROUNDS},{STEP_TIMEOUT_S:g}"
+    return dataclasses.replace(
+        spec,
+        program=[RANK_MODULE],
+        module=True,
+        no_python=False,
+        append_local_rank=False,
+        hostfile=hostfile,
+        include=None,
+        exclude=None,
+        num_nodes=None,
+        num_devices=1,
+        env={**spec.env, SETTINGS_VAR: settings},
+        log_dir=None,
+        grace=2.0,
+        ssh_check=False,  # the job's pre-flight has just run
+        wait_hosts=None,
+        console_ranks=None,
+        max_restarts=0,
+        spare_hosts=0,
+        min_nodes=None,
+        lost_hosts=[],
+        hang_timeout=None,
+        start_timeout=START_TIMEOUT_S,
+        collective_check=False,
+        exclude_from=None,
+        sbatch=None,
+    )
+
+
+def run_check(spec: JobSpec, hosts: list[str], *, deadline_s: Optional[float] = None) -> CollectiveReport:
+    """Run the check job on ``hosts`` (one rank each) and judge what the ranks said."""
+    if len(hosts) < 2:
+        raise UserError(
+            "the collective check needs two hosts or more: it measures the links between them",
+            where="--collective-check",
+        )
+    if deadline_s is None:
+        deadline_s = START_TIMEOUT_S + STEP_TIMEOUT_S * 4
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gaudi-launch-collective-") as tmp:
+        hostfile = os.path.join(tmp, "hostfile")
+        with open(hostfile, "w") as f:
+            f.write("".join(f"{h} slots=1\n" for h in hosts))
+        job = check_spec(spec, hosts, hostfile)
+        plan = build_plan(job)
+        rank_hosts = {r: n.host for n in plan.nodes for r in n.ranks}
+        out = io.StringIO()
+        # The hard limit: past it, the check job is torn down as on Ctrl-C (its supervisor handles the
+        # signal in this, the main thread) and whoever had not answered is named.
+        timer = threading.Timer(deadline_s, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.daemon = True
+        timer.start()
+        try:
+            launch(job, plan, stdout=out, stderr=out)
+        finally:
+            timer.cancel()
+    return judge(
+        parse(out.getvalue().splitlines()),
+        rank_hosts,
+        min_bandwidth=spec.min_bandwidth,
+        elapsed_s=time.monotonic() - t0,
+    )
+
+
+def write_finding(report: CollectiveReport, directory: str) -> Optional[str]:
+    """The report as JSON in ``directory`` (the job's --log-dir, else its working directory)."""
+    path = os.path.join(directory, RESULT_FILE)
+    try:
+        with open(path, "w") as f:
+            json.dump(report.to_json(), f, indent=2)
+            f.write("\n")
+    except OSError:
+        return None
+    return path
+
+
+def read_exclusions(path: str) -> list[str]:
+    """The hosts a written finding names slow or failed (--exclude-from)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        bad = list(data.get("slow", [])) + list(data.get("failed", []))
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise UserError(
+            f"cannot read {path}: {exc}",
+            where="--exclude-from",
+            hint=f"give the {RESULT_FILE} a collective check wrote",
+        ) from None
+    if not all(isinstance(h, str) for h in bad):
+        raise UserError(f"{path}: 'slow' and 'failed' must list host names", where="--exclude-from")
+    return bad
+
+
+def replace_bad_hosts(spec: JobSpec, plan: LaunchPlan, report: CollectiveReport) -> tuple[JobSpec, list[str]]:
+    """The spec whose plan leaves the slow and failed hosts out, spares taking their places, and a note
+    per host; raises CollectiveCheckFailed when the spares cannot cover the job's hosts. Pure."""
+    bad = {h.host: h for h in report.bad}
+    if not bad:
+        return spec, []
+    job_hosts = [n.host for n in plan.nodes]
+    good_spares = [h for h in plan.spares if h not in bad]
+    bad_job = [h for h in job_hosts if h in bad]
+    notes = [f"left out by the collective check: {h} ({bad[h].status}: {bad[h].reason})" for h in bad]
+    if len(bad_job) > len(good_spares):
+        extra = (
+            f"\n{len(bad_job)} of the job's hosts must be left out and {len(good_spares)} good spare(s) can "
+            "take their places: nothing was started"
+        )
+        raise CollectiveCheckFailed(report, extra=extra)
+    return dataclasses.replace(
+        spec, lost_hosts=list(spec.lost_hosts) + [h for h in bad if h not in spec.lost_hosts]
+    ), notes
+
+
+def check_before_job(spec: JobSpec, plan: LaunchPlan) -> tuple[JobSpec, LaunchPlan]:
+    """--collective-check on a launch: measure the job's hosts and spares, write the finding, and give
+    the spec and plan to run (slow or failed hosts replaced by spares), or raise (exit 3)."""
+    if plan.backend == "slurm":
+        raise UserError(
+            "--collective-check runs from a hostfile over ssh; under Slurm the allocation decides the nodes",
+            where="--collective-check",
+            hint="run `gaudi-launch check --collective --hostfile H` on the nodes first, or leave it out",
+        )
+    hosts = check_hosts_of(plan)
+    report = run_check(spec, hosts)
+    if spec.log_dir:
+        prepare_log_dir(spec.log_dir)  # made (0700) or refused here, as the launch would
+    written = write_finding(report, spec.log_dir or os.getcwd())
+    print(report.render_table(), flush=True)
+    if not report.bad and not report.ok:  # hosts not measured, none named: nothing to swap
+        raise CollectiveCheckFailed(report, written)
+    new_spec, notes = replace_bad_hosts(spec, plan, report)
+    if not notes:
+        return spec, plan
+    new_plan = plan_job(new_spec)
+    # the restart loop's wording ("lost in an earlier attempt") gives way to the check's reasons
+    kept = ["; ".join(p for p in n.split("; ") if not p.startswith("left out (lost")) for n in new_plan.notes]
+    new_plan.notes = [n for n in kept if n] + notes
+    for n in notes:
+        print(f"gaudi-launch: {n}", flush=True)
+    return new_spec, new_plan
