@@ -19,6 +19,7 @@ from gaudi_launch.inputs.envfile import secrets_in
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fabric, scaleout
+from gaudi_launch.plan.contract import visible_subset
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.remote import openmpi, sshmux
 from gaudi_launch.remote.preflight import CheckReport, HostFacts, SshOptions, check_hosts
@@ -175,6 +176,11 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         master_addr=plan.master_addr,
         master_port=plan.master_port,
         devices_needed={**plan.spares, **{n.host: len(n.devices) for n in plan.nodes}},
+        # module ids: the slots through the HABANA_VISIBLE_MODULES the ranks inherit there ("Gaudi-to-process
+        # Assignment"); the pre-flight checks them against hl-smi's cards (partial nodes, busy cards)
+        modules_needed={
+            n.host: [int(m) for m in visible_subset(_visible(plan, n.host), n.devices).split(",")] for n in plan.nodes
+        },
         ssh=SshOptions(
             port=spec.ssh_port,
             identity=spec.ssh_identity,
@@ -189,6 +195,13 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
     if plan.backend == "mpirun" or (plan.backend == "deepspeed" and spec.launcher == "openmpi"):
         openmpi.judge(report, openmpi.local_version())  # one major version on every host (before the spares)
     return spares_apart(report, hosts)
+
+
+def _visible(plan: LaunchPlan, host: str) -> Optional[str]:
+    """HABANA_VISIBLE_MODULES as the ranks on ``host`` inherit it: the job's, else this shell's (here, or
+    exported there). Pure but for the environment read."""
+    inherited = os.environ if is_local_host(host) or "HABANA_VISIBLE_MODULES" in plan.exported else {}
+    return plan.env.get("HABANA_VISIBLE_MODULES") or inherited.get("HABANA_VISIBLE_MODULES")
 
 
 def spares_apart(report: CheckReport, hosts: list[str]) -> CheckReport:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from gaudi_launch.inputs import cards
 from gaudi_launch.plan import scaleout
 from gaudi_launch.remote import probe
 from gaudi_launch.remote.fanout import per_host
@@ -178,6 +179,7 @@ def _judge(
     is_master: bool,
     needed: int,
     where: str,
+    modules: Optional[list[int]] = None,
 ) -> None:
     """Fill facts from the parsed probe and set ok / reason / fix (the first problem wins)."""
     facts.hostname = found.hostname
@@ -249,6 +251,7 @@ def _judge(
                 f"choose another --master_port, or stop what holds it (ss -ltnp 'sport = :{master_port}')",
             )
         )
+    problems += _card_problems(found.scaleout, modules or [], where)
     ports = scaleout.port_finding(facts.fabric) if facts.fabric else None
     if ports and ports[2]:  # some scale-out ports up, some down: HCCL takes the Gaudi NICs and fails
         problems.append(ports[:2])
@@ -258,6 +261,49 @@ def _judge(
         facts.fix = "\n".join(p[1] for p in problems)
     else:
         facts.ok = True
+
+
+def _sections(block: str) -> dict[str, list[str]]:
+    """The probe's ``@@<command>`` sections (probe.sh, _scaleout) by command. Pure."""
+    out: dict[str, list[str]] = {}
+    current: Optional[list[str]] = None
+    for line in block.splitlines():
+        if line.startswith("@@"):
+            current = out.setdefault(line[2:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return out
+
+
+def _card_problems(block: str, modules: list[int], where: str) -> list[tuple[str, str]]:
+    """A partial node Habana does not support, and wanted cards that another process holds ("Device acquire
+    failed", synStatus 26/20 otherwise), from hl-smi's answers in the probe (inputs/cards.py). Pure."""
+    sections = _sections(block)
+    host = cards.HostCards(
+        cards=cards.parse_query("\n".join(sections.get("hl-smi -Q index,module_id,bus_id -f csv,noheader", [])))
+    )
+    if not host.cards or not modules:
+        return []
+    out = []
+    problem = cards.partial_node_problem(modules, len(host.cards))
+    if problem:
+        out.append(
+            (
+                f"{problem} on {where}",
+                "take 2 or 4 cards of one of those groups with --include HOST:0,1, or the whole node",
+            )
+        )
+    host.holders = cards.parse_processes("\n".join(sections.get("hl-smi", [])))
+    held = cards.held_cards(modules, host, {})
+    if held:
+        pids = " ".join(dict.fromkeys(h.split("process ", 1)[1].split()[0] for h in held))
+        out.append(
+            (
+                "; ".join(held) + f" on {where}: its ranks would fail with 'Device acquire failed'",
+                f"wait for it or stop it (kill {pids}), or choose other cards with --include",
+            ),
+        )
+    return out
 
 
 def _versions_warning(what: str, by_host: dict[str, Optional[str]]) -> Optional[str]:
@@ -282,6 +328,7 @@ def check_hosts(
     master_addr: str,
     master_port: Optional[int],
     devices_needed: dict[str, int],
+    modules_needed: Optional[dict[str, list[int]]] = None,
     ssh: SshOptions,
     local: Callable[[str], bool],
     progress: Optional[Callable[[str, str], None]] = None,
@@ -392,6 +439,7 @@ def check_hosts(
                 master_ssh_port=master_probe_port,
                 is_master=is_master,
                 needed=int(devices_needed.get(host, 0) or 0),
+                modules=(modules_needed or {}).get(host),
                 where=where,
             )
             if not found.complete and err.strip():

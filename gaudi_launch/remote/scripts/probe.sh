@@ -66,6 +66,9 @@ _scaleout() {
         done <<EOF_Q
 $_q
 EOF_Q
+        # which card is which module (preflight.py: partial nodes, cards another process holds)
+        echo '@@hl-smi -Q index,module_id,bus_id -f csv,noheader'; _t hl-smi -Q index,module_id,bus_id -f csv,noheader 2>/dev/null </dev/null
+        echo '@@hl-smi'; _t hl-smi 2>/dev/null </dev/null
     fi
     echo '@@scaleout end'
 }
