@@ -22,7 +22,7 @@ from gaudi_launch.inputs.devices import detect_local_devices
 from gaudi_launch.inputs.hostfile import read_hostfile
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
-from gaudi_launch.plan import scaleout
+from gaudi_launch.plan import gaudi, scaleout
 from gaudi_launch.plan.fabric import efa_present
 from gaudi_launch.plan.multinode import ssh_args
 from gaudi_launch.remote import probe
@@ -162,6 +162,8 @@ def collect() -> dict[str, Any]:
         "tools": {name: _tool(argv) for name, argv in TOOLS},
         "devices": {"count": devices.count, "kind": devices.kind, "source": devices.source},
         "efa": efa_present(),
+        # lazy or eager for a script without --use_lazy_mode/--torch_compile (plan/gaudi.py)
+        "execution_mode": " ".join(_mode(gaudi.execution_mode(os.environ, [], gaudi.stack_version()))),
         "scaleout": _scaleout(),
         "reportncheck": _reportncheck(),
         "nics": _nics(),
@@ -173,6 +175,10 @@ def collect() -> dict[str, Any]:
     }
 
 
+def _mode(found: tuple[str, str]) -> tuple[str, str]:
+    return found[0], f"({found[1]})"
+
+
 def render(info: dict[str, Any]) -> str:
     lines = [f"gaudi-launch env ({info['host']})", ""]
     lines.append(f"{'OS':24} {info['os']}")
@@ -181,6 +187,8 @@ def render(info: dict[str, Any]) -> str:
     dev = info["devices"]
     lines.append(f"{'devices':24} {dev['count']} {dev['kind']} ({dev['source']})")
     lines.append(f"{'EFA':24} {'yes' if info['efa'] else 'no'}")
+    if info.get("execution_mode"):
+        lines.append(f"{'execution mode':24} {info['execution_mode']}")
     lines += _scaleout_lines(info)
     lines.append(f"{'NICs':24} " + ", ".join(f"{n['name']} ({n['state']})" for n in info["nics"]))
     lines += ["", "packages:"]
@@ -231,6 +239,7 @@ def flatten(info: dict[str, Any]) -> dict[str, str]:
         "CPUs": str(info["cpus"]),
         "devices": f"{dev['count']} {dev['kind']}",
         "EFA": "yes" if info["efa"] else "no",
+        "execution mode": info.get("execution_mode", "-").split(" (")[0],
         **{k: v for k, v in (_scaleout_row(line) for line in _scaleout_lines(info))},
         "NICs": ", ".join(n["name"] for n in info["nics"]),
     }

@@ -180,3 +180,16 @@ def test_mpirun_leaves_binding_to_the_ranks(tmp_path, monkeypatch):
     plan.cores_per_host = 224  # what a pre-flight finds on a 2-socket Gaudi 2 server
     argv = mpirun.commands(plan, {})[0].argv
     assert argv[argv.index("--map-by") + 1] == "ppr:8:node" and argv[argv.index("--bind-to") + 1] == "none"
+
+
+@pytest.mark.parametrize("version, shown", [((1, 22), "eager"), ((1, 19), "lazy")])
+def test_env_report_says_which_mode_ranks_run_in(version, shown, monkeypatch):
+    from gaudi_launch.reports import environment
+
+    monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)
+    monkeypatch.setattr(gaudi, "stack_version", lambda: version)
+    info = environment.collect()
+    assert info["execution_mode"].startswith(f"{shown} (the default of the installed Gaudi software")
+    assert f"execution mode           {shown} (" in environment.render(info)
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    assert environment.collect()["execution_mode"] == "lazy (PT_HPU_LAZY_MODE=1 as you set it)"
