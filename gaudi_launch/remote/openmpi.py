@@ -44,7 +44,9 @@ def mismatches(by_host: Mapping[str, Optional[str]], launcher: Optional[str]) ->
     ref = major(ref_line)
     if ref is None:
         return {}
-    where = "this host" if major(launcher) is not None else next(h for h, v in by_host.items() if major(v) == ref)
+    where = (
+        "the launcher's host" if major(launcher) is not None else next(h for h, v in by_host.items() if major(v) == ref)
+    )
     ref_text = _one_line(ref_line)
     out = {}
     for host, line in by_host.items():

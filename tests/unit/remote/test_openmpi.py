@@ -20,7 +20,7 @@ def test_hosts_of_another_major_version_are_named_against_the_launcher():
     bad = openmpi.mismatches({"n0": V5, "n1": V4, "n2": "mpirun (Open MPI) 5.0.3", "n3": None}, launcher=V5)
     assert list(bad) == ["n1"]  # a minor difference runs; a host without mpirun is only warned about
     reason, fix = bad["n1"]
-    assert reason.startswith("OpenMPI 4 here (mpirun (Open MPI) 4.1.4) but OpenMPI 5 on this host")
+    assert reason.startswith("OpenMPI 4 here (mpirun (Open MPI) 4.1.4) but OpenMPI 5 on the launcher's host")
     assert fix.startswith("install OpenMPI 5 on n1")
     # no mpirun here: the first host's version is the reference, and named
     bad = openmpi.mismatches({"n0": V4, "n1": V5, "n2": V5}, launcher=None)
