@@ -136,7 +136,7 @@ def _progress(records: list[dict]) -> tuple[int, Optional[dict]]:
         if step in done:
             count += 1
         elif step.startswith("ring+") and "done" in done:
-            continue  # two hosts have no shifted ring
+            count += 1  # two hosts have no shifted ring
         else:
             break
     return count, error

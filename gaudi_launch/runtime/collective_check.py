@@ -26,7 +26,7 @@ from gaudi_launch.runtime.device import init_distributed, select_device, synchro
 
 MARKER = "GAUDI_LAUNCH_COLLECTIVE "
 SETTINGS = "GAUDI_LAUNCH_COLLECTIVE"
-LATENCY_ROUNDS = 20
+LATENCY_ROUNDS = 10
 
 
 def say(record: dict) -> None:
