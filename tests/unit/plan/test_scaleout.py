@@ -191,3 +191,10 @@ def test_dry_run_dl1_keeps_the_efa_recipe(tmp_path, monkeypatch, clean_env):
     assert plan.env["LD_LIBRARY_PATH"] == "/root/hccl_ofi_wrapper:/opt/amazon/openmpi/lib:/opt/amazon/efa/lib"
     assert "FI_EFA_USE_DEVICE_RDMA" not in plan.env
     assert plan.to_dict()["scaleout"]["gaudi-b"]["env"] == {"HCCL_OVER_OFI": "1"}
+
+
+def test_your_hccl_over_ofi_is_kept_and_named(tmp_path, monkeypatch, clean_env):
+    monkeypatch.setenv("HCCL_OVER_OFI", "1")
+    plan = _dry_run(tmp_path, monkeypatch, "gaudi3-hostnic")
+    assert "HCCL_OVER_OFI" not in plan.env and "HCCL_OVER_OFI" in plan.exported  # yours, passed on as it is
+    assert any(n.startswith("scale-out: HCCL_OVER_OFI=1 as you set it forces") for n in plan.notes), plan.notes
