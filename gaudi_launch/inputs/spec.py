@@ -318,6 +318,15 @@ class JobSpec:
             help="Leave out the hosts a collective check found slow or failed (its collective-check.json).",
         ),
     )
+    allow_version_mismatch: bool = field(
+        default=False,
+        metadata=opt(
+            "--allow-version-mismatch",
+            "--allow_version_mismatch",
+            help="Go on when Python, torch, the Gaudi bridge, DeepSpeed, transformers or OpenMPI differ across "
+            "hosts (the pre-flight shows the table as a warning instead of failing).",
+        ),
+    )
     lost_hosts: list[str] = field(default_factory=list)  # set by the restart loop, not an option
 
     def as_request(self, cwd: str) -> dict:

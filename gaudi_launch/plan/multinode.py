@@ -21,7 +21,7 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fabric, scaleout
 from gaudi_launch.plan.contract import visible_subset
 from gaudi_launch.plan.launchplan import LaunchPlan
-from gaudi_launch.remote import openmpi, sshmux
+from gaudi_launch.remote import openmpi, sshmux, versions
 from gaudi_launch.remote.preflight import CheckReport, HostFacts, SshOptions, check_hosts
 from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
 
@@ -194,6 +194,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
     )
     if plan.backend == "mpirun" or (plan.backend == "deepspeed" and spec.launcher == "openmpi"):
         openmpi.judge(report, openmpi.local_version())  # one major version on every host (before the spares)
+    versions.judge(report, spec.allow_version_mismatch)  # the same software everywhere (issue 25)
     return spares_apart(report, hosts)
 
 

@@ -58,6 +58,10 @@ class HostFacts:
     devices: Optional[int] = None  # hl-smi count when hl-smi exists, else None (not checked)
     openmpi: Optional[str] = None  # `mpirun --version` first line
     deepspeed: Optional[str] = None  # deepspeed version of the workers' python
+    python_version: Optional[str] = None  # the workers' python, and what it would import (remote/versions.py)
+    torch: Optional[str] = None
+    transformers: Optional[str] = None
+    habana_bridge: Optional[str] = None
     master_reachable: Optional[bool] = None
     port_free: Optional[bool] = None  # only for the master host
     elapsed_s: float = 0.0
@@ -190,6 +194,8 @@ def _judge(
     facts.devices = found.devices
     facts.openmpi = found.openmpi
     facts.deepspeed = found.deepspeed
+    facts.python_version, facts.torch = found.python_version, found.torch
+    facts.transformers, facts.habana_bridge = found.transformers, found.habana_bridge
     facts.master_reachable = found.master_reachable
     facts.fabric = scaleout.parse_probe_block(found.scaleout) if found.scaleout else None
     if is_master and facts.port_free is None:

@@ -35,6 +35,9 @@ class ProbeResult:
     python_ok: Optional[bool] = None  # the python ran
     python_version: Optional[str] = None
     deepspeed: Optional[str] = None  # its deepspeed's version
+    torch: Optional[str] = None  # its torch's version (dist-info), "unknown" when there is none
+    transformers: Optional[str] = None
+    habana_bridge: Optional[str] = None  # habana-torch-plugin's version
     openmpi: Optional[str] = None  # `mpirun --version`, first line
     devices: Optional[int] = None  # hl-smi's count; None also when there is no hl-smi
     devices_error: Optional[str] = None

@@ -108,3 +108,28 @@ def test_with_a_spare_the_job_runs_on_the_other_three(cluster4, tmp_path):
         res = gaudi_launch(cluster4, tmp_path, *args)
     assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
     assert "JOBHOST" not in res.stdout and "slow: glf-n1" in res.stderr
+
+
+def test_a_host_whose_python_has_another_torch_is_refused_with_the_table(cluster4, tmp_path):
+    # A host-specific interpreter wrapper: on glf-n3 a PYTHONPATH entry shadows torch with version 9.9.9.
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("")
+    (fake / "torch-9.9.9.dist-info").mkdir()
+    (fake / "torch-9.9.9.dist-info" / "METADATA").write_text("Name: torch\nVersion: 9.9.9\n")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        f'#!/bin/sh\n[ "$(hostname)" = glf-n3 ] && export PYTHONPATH={fake}\nexec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    common = ["--hostfile", cluster4.hostfile(slots=1), "--ssh-config", cluster4.ssh_config, "--python", str(wrapper)]
+    res = gaudi_launch(cluster4, tmp_path, "check", *common)
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = {line.split()[0]: line for line in res.stdout.splitlines() if line.startswith("glf-n")}
+    assert [h for h, line in rows.items() if " failed " in line] == ["glf-n3"], res.stdout
+    assert "torch 9.9.9 here" in rows["glf-n3"]
+    table = [line.split() for line in res.stdout.splitlines() if line.strip().startswith("torch ")]
+    assert table and len(set(table[0][1:4])) == 1 and table[0][4] == "9.9.9", res.stdout  # hosts 0-2, then 3
+    res = gaudi_launch(cluster4, tmp_path, "check", *common, "--allow-version-mismatch")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "warning: software differs across hosts (--allow-version-mismatch: going on)" in res.stdout

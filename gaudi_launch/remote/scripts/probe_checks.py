@@ -31,6 +31,30 @@ try:
         print("deepspeed=unknown")
 except Exception:
     pass
+# The versions that must agree across hosts (remote/versions.py): each package's dist-info beside the
+# package this interpreter would import, found without importing it (torch alone costs a second).
+for _key, _pkg, _dist in (
+    ("torch", "torch", "torch"),
+    ("transformers", "transformers", "transformers"),
+    ("habana_bridge", "habana_frameworks", "habana_torch_plugin"),
+):
+    try:
+        import glob
+        import importlib.util
+        import os
+
+        _spec = importlib.util.find_spec(_pkg)
+        if _spec is None:
+            continue
+        _site = os.path.dirname(list(_spec.submodule_search_locations or [])[0])
+        _found = sorted(glob.glob(os.path.join(_site, _dist + "-*.dist-info")))
+        print(
+            "{}={}".format(
+                _key, os.path.basename(_found[0])[len(_dist) + 1 : -len(".dist-info")] if _found else "unknown"
+            )
+        )
+    except Exception:
+        print(f"{_key}=unknown")
 sys.stdout.flush()
 addr, port = sys.argv[1], int(sys.argv[2])
 try:
