@@ -7,6 +7,7 @@ import io
 import json
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -274,6 +275,7 @@ def test_dry_run_json_matches_golden(name, args, environ, monkeypatch, tmp_path)
     data = json.loads(out.getvalue())
     text = json.dumps(data).replace(data["job_id"], "JOB").replace(sys.executable, "PYTHON")
     text = text.replace(str(tmp_path), "HOME")
+    text = text.replace(json.dumps(tempfile.gettempdir())[1:-1] + "/", "TMP/")  # the recipe cache's directory
     plan = json.loads(text)
     plan["secret_digests"] = {k: "DIGEST" for k in plan["secret_digests"]}  # keyed with this user's random key
     path = os.path.join(GOLDEN, f"{name}.json")
