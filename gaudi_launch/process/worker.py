@@ -340,7 +340,7 @@ def _grace(environ: Mapping[str, str]) -> float:
     return grace if 0 <= grace < 3600 else 10.0
 
 
-def watch_launcher(grace: float, job: str = "") -> bool:
+def watch_launcher(grace: float, job: str = "", relayed: bool = False) -> bool:
     """End this rank's group when whatever reads its output is gone (the launcher, or the ssh session
     and pdsh that carried it, were killed): SIGTERM, then SIGKILL after ``grace`` seconds. With the
     ``job`` id, the same for everything on this host that carries it (what left the group: a rank's
@@ -370,7 +370,7 @@ def watch_launcher(grace: float, job: str = "") -> bool:
     if os.fork() == 0:
         try:
             os.close(rank_alive)
-            _watch(fds, rank_gone, grace, group, job)
+            _watch(fds, rank_gone, grace, group, job, relayed)
         finally:
             os._exit(0)
     os.close(rank_gone)
@@ -379,7 +379,7 @@ def watch_launcher(grace: float, job: str = "") -> bool:
     return True
 
 
-def _watch(fds: list[int], rank_gone: int, grace: float, group: int, job: str = "") -> None:
+def _watch(fds: list[int], rank_gone: int, grace: float, group: int, job: str = "", relayed: bool = False) -> None:
     """The watcher process: deaf to the stop signals the rank's group gets, so that its SIGKILL follows
     its SIGTERM. Without a job id it stays in that group, so that whatever ends the group ends it too;
     with one it leads a group of its own, so that a group SIGKILL (mpirun's orted ending the ranks
@@ -401,8 +401,9 @@ def _watch(fds: list[int], rank_gone: int, grace: float, group: int, job: str = 
         if events.get(rank_gone):
             # The rank ended: on its own, by the job's teardown, or by the parent-death signal of a
             # launcher that is gone (its pipe closed before that signal is sent): only then go on.
-            events = dict(poller.poll(0))
-            if not (job and any(ev & (select.POLLERR | select.POLLHUP) for fd, ev in events.items() if fd in fds)):
+            # A relay (relay.py) is no such reader: it ends with the rank, and is watched while it runs.
+            events = {} if relayed or not job else dict(poller.poll(0))
+            if not any(ev & (select.POLLERR | select.POLLHUP) for fd, ev in events.items() if fd in fds):
                 return
             break
         if any(ev & (select.POLLERR | select.POLLHUP) for ev in events.values()):
@@ -526,7 +527,7 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
         return 2
     environ.update(normalize_env(environ, os.cpu_count()))
     if environ.get("GAUDI_LAUNCH_JOB_ID"):  # to the launcher: this rank started (its start-up deadline)
-        sys.stderr.write(f"{STARTED}{environ.get('RANK', '')}\n")
+        sys.stderr.write(f"{STARTED}{environ.get('RANK', '')} {socket.gethostname()}\n")  # and where
         sys.stderr.flush()
     if environ.get("GAUDI_LAUNCH_JOB_ID") and environ.get("LOCAL_RANK") == "0":
         _clean_dead_jobs()
@@ -542,7 +543,7 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
     if os.getpgrp() == os.getpid():
         signal.signal(signal.SIGTERM, _term_whole_group)
         if environ.get("GAUDI_LAUNCH_JOB_ID"):
-            watch_launcher(_grace(environ), environ["GAUDI_LAUNCH_JOB_ID"])
+            watch_launcher(_grace(environ), environ["GAUDI_LAUNCH_JOB_ID"], relayed=_RELAYED)
     as_module = argv[0] in ("-m", NO_PYTHON_FLAG)
     target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
     if environ.get("GAUDI_LAUNCH_JOB_ID"):
