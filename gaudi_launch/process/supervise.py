@@ -113,6 +113,7 @@ class ProcResult:
     rank_hosts: dict[int, str] = field(default_factory=dict)
     explain: Optional[Callable[[list[str]], Optional[Culprit]]] = None
     launcher: bool = False  # it started ranks (mpirun, deepspeed), even a single one
+    started: Optional[list[int]] = None  # its ranks whose bootstrap said it started (wire.STARTED)
 
     def __post_init__(self):
         self.rank_hosts = self.rank_hosts or {self.rank: self.host}
@@ -196,6 +197,8 @@ def find_culprit(first: ProcResult) -> Culprit:
                 tail = first.rank_tails.get(found.rank) if found.rank is not None else None
                 found.excerpt = failure_excerpt(tail or first.tail)
             return found
+    if first.launcher and first.started == []:  # it failed before any of its ranks started: its own failure
+        return Culprit(None, first.host, first.status + " (before any rank started)", failure_excerpt(first.tail))
     return Culprit(
         first.rank, first.host, first.status, failure_excerpt(first.rank_tails.get(first.rank) or first.tail)
     )
@@ -241,7 +244,8 @@ def format_summary(
             lines.append("nothing was printed by what was to start them")
     if first is not None and culprit is not None:
         who = f"rank {culprit.rank}" if culprit.rank is not None else first.name
-        via = f" (through {first.name}, pid {first.pid})" if len(first.rank_hosts) > 1 else f" (pid {first.pid})"
+        through = len(first.rank_hosts) > 1 and culprit.rank is not None
+        via = f" (through {first.name}, pid {first.pid})" if through else f" (pid {first.pid})"
         lines.append(f"first failure: {who} on {culprit.host}{via}, {culprit.status} after {first.runtime_s:.1f} s")
         if culprit.excerpt:
             lines.append(f"last output of {who}:")
@@ -260,14 +264,16 @@ def format_summary(
         for p in procs
         if p.state == ProcState.TORN_DOWN
     ]
+    never = [p.name for p in procs if p.state == ProcState.NOT_STARTED]
     if first is not None and len(first.rank_hosts) > 1:
         failed = {r.get("rank") for r in first.records} | {culprit.rank if culprit else None}
         rest = [r for r in sorted(first.rank_hosts) if r not in failed]
-        if rest:
+        if rest and first.started == [] and culprit is not None and culprit.rank is None:
+            never.append(_rank_words(rest))  # its launcher failed first
+        elif rest:
             torn.append(", ".join(f"rank {r}" for r in rest) + f" (stopped by {first.name})")
     if torn:
         lines.append("torn down as a consequence: " + ", ".join(torn))
-    never = [p.name for p in procs if p.state == ProcState.NOT_STARTED]
     if never:
         lines.append("never started: " + ", ".join(never))
     if log_dir:
@@ -737,6 +743,7 @@ class Supervisor:
                 rank_hosts=p.spec.rank_hosts,
                 explain=p.spec.explain,
                 launcher=p.spec.ranks is not None,
+                started=sorted(self._started & set(p.spec.rank_hosts)),
             )
             for p in self.procs
         ]

@@ -93,3 +93,21 @@ def test_start_timeout_default_and_bounds():
     for bad in (-1, float("nan"), float("inf"), True, "5"):
         with pytest.raises(UserError, match="--start-timeout"):
             JobSpec(program=["t.py"], start_timeout=bad).validate()
+
+
+def test_a_launcher_failing_before_any_rank_started_is_blamed_itself_not_rank_0():
+    # Issue 27 item 12's second half: DeepSpeed's runner failing its own ssh check was reported as
+    # "first failure: rank 0 ... (through deepspeed)" though no rank ever ran; the start markers tell.
+    from gaudi_launch.process.supervise import ProcResult, ProcState, find_culprit, format_summary
+
+    why = "RuntimeError: Using hostfile at /tmp/j/hostfile but host=glds-n0 was not reachable via ssh."
+    runner = ProcResult(0, "glds-n0", "deepspeed", 7, 1, ProcState.FAILED, 3.2, tail=["Traceback ...", why])
+    runner.rank_hosts, runner.launcher, runner.started = {0: "glds-n0", 1: "glds-n1"}, True, []
+    text = format_summary(runner, find_culprit(runner), [runner], None, 1, None)
+    assert "first failure: deepspeed on glds-n0 (pid 7), exit code 1 (before any rank started) after 3.2 s" in text
+    assert f"last output of deepspeed:\n  | Traceback ...\n  | {why}" in text
+    assert "never started: ranks 0-1" in text and "rank 0 on" not in text and "torn down" not in text
+    runner.started = [0]  # once a rank has started, the evidence points at the ranks again
+    assert "first failure: rank 0 on glds-n0 (through deepspeed, pid 7)" in format_summary(
+        runner, find_culprit(runner), [runner], None, 1, None
+    )
