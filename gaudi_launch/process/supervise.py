@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, TextIO
 
 from gaudi_launch.exitcodes import ExitCode, for_signal
+from gaudi_launch.process import placement
 from gaudi_launch.process.logfiles import open_log, prepare_log_dir
 from gaudi_launch.process.progress import LineSplitter
 from gaudi_launch.process.wire import ERROR_MARKER, STARTED, parse_record
@@ -356,6 +357,8 @@ class Supervisor:
         self._started: set[int] = set()
         self.not_started: Optional[str] = None
         self._waiting: list[int] = []
+        self._started_on: dict[int, str] = {}  # rank -> the host it said it started on (placement.py)
+        self._placed = False  # whether the placement was checked (once every rank said its host)
         # The job-id sweep (teardown.job_sweeper): signals every process that carries the job's id on
         # every host, which reaches what left its process group (a rank's setsid/double-fork daemon).
         self.sweep = sweep
@@ -462,10 +465,18 @@ class Supervisor:
 
     def _emit(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
         if text.startswith(STARTED):
-            said = text[len(STARTED) :].strip()
-            started = int(said) if said.isdigit() else rank if rank is not None else proc.spec.rank
+            said = text[len(STARTED) :].split()  # the rank, then its host (wire.STARTED)
+            own = rank if rank is not None else proc.spec.rank
+            started = int(said[0]) if said and said[0].isdigit() else own
             with self._write_lock:
                 self._started.add(started)
+                if len(said) > 1:
+                    self._started_on[started] = said[1]
+                check = not self._placed and set(self._expected) <= set(self._started_on)
+                self._placed = self._placed or check
+            wrong = placement.misplaced(self._expected, self._started_on) if check else None
+            if wrong:  # every rank said where it runs: not where the plan put it stops the job
+                self._events.put(("misplaced", wrong))
             return
         if text.startswith(ERROR_MARKER):
             record = parse_record(text[len(ERROR_MARKER) :])
@@ -690,6 +701,11 @@ class Supervisor:
             if kind == "hung":
                 if first is None and interrupted is None and self.lost is None and deadline is None:
                     self.hung = value
+                    teardown()
+                continue
+            if kind == "misplaced":  # reported as a launch failure, like ranks that did not start
+                if first is None and interrupted is None and self.lost is None and deadline is None:
+                    self.not_started = value
                     teardown()
                 continue
             if kind == "not started":

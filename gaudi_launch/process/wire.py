@@ -4,7 +4,8 @@ relay.py, read by supervise.py and relay.py): one place, so both ends agree.
 - An error record: ``ERROR_MARKER`` + one JSON object (rank, host, exit code, exception, traceback)
   on one line, written by the rank bootstrap when the script fails.
 - ``TORN_DOWN``: the rank was stopped by the job's teardown, not failing on its own (relay.py).
-- ``STARTED`` + the rank: the rank bootstrap runs (the start-up deadline, --start-timeout, counts these).
+- ``STARTED`` + the rank and its host: the rank bootstrap runs (the start-up deadline, --start-timeout, counts
+  these; process/placement.py checks the hosts).
 
 And one thing the launcher tells the rank bootstrap, on its command line: ``NO_PYTHON_FLAG`` first
 means the program is an executable (--no_python), run as the bootstrap's child.

@@ -133,3 +133,17 @@ def test_a_host_whose_python_has_another_torch_is_refused_with_the_table(cluster
     res = gaudi_launch(cluster4, tmp_path, "check", *common, "--allow-version-mismatch")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "warning: software differs across hosts (--allow-version-mismatch: going on)" in res.stdout
+
+
+def test_ranks_sent_to_one_machine_by_an_ssh_alias_stop_the_job_with_both_lists(cluster4, tmp_path):
+    # glf-n9 is no host of its own: the ssh config's HostName sends it to glf-n1's address
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host glf-n9\n    HostName {cluster4.hosts[1].addr}\n\n" + open(cluster4.ssh_config).read())
+    (tmp_path / "hostfile").write_text("glf-n1 slots=1\nglf-n9 slots=1\n")
+    (tmp_path / "job.py").write_text("import time\nprint('JOB RAN', flush=True)\ntime.sleep(30)\n")
+    res = gaudi_launch(cluster4, tmp_path, "--hostfile", "hostfile", "--ssh-config", str(config), "job.py")
+    assert res.returncode == 127, res.stdout[-3000:] + res.stderr[-3000:]
+    assert (
+        "the ranks do not run where the plan put them: planned rank 0 on glf-n1; rank 1 on glf-n9; "
+        "they reported ranks 0-1 on glf-n1"
+    ) in res.stderr
