@@ -144,7 +144,7 @@ def build_plan(
         # mapped onto the visibility its ranks inherit (a selected index is the same device
         # whatever the backend).
         plan.env.update(node_device_env([n.devices for n in nodes], parents))
-    gaudi_settings(plan, spec, environ)
+    gaudi_settings(plan, spec, environ, report)
     plan.spec = spec
     chosen = get_backend(backend)
     chosen.detect(plan, environ)
@@ -161,7 +161,7 @@ def inherited_env(plan: LaunchPlan, host: str, environ: Mapping[str, str]) -> di
     return {**{k: environ[k] for k in plan.exported if k in environ}, **plan.env}
 
 
-def gaudi_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> LaunchPlan:
+def gaudi_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], report=None) -> LaunchPlan:
     """--cpu-bind into the ranks' environment, a partial node this host cannot run refused, and what the
     ranks will do about binding, the recipe cache and lazy mode in the plan's notes (plan/gaudi.py). The cards
     of the hosts that are this machine are read here; the pre-flight checks the others'."""
@@ -170,11 +170,7 @@ def gaudi_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) 
     facts = cards.read_host() if local and spec.backend != "slurm" else cards.HostCards()
     lines: list[str] = []
     for node in local if facts.cards else []:
-        parent = inherited_env(plan, node.host, environ)
-        visible = node_visibility_env(node, parent).get("HABANA_VISIBLE_MODULES") or parent.get(
-            "HABANA_VISIBLE_MODULES"
-        )
-        modules = cards.rank_modules(len(node.ranks), visible)
+        modules = _node_modules(plan, node, environ)
         problem = cards.partial_node_problem(modules, len(facts.cards))
         if problem:
             raise UserError(
@@ -183,6 +179,10 @@ def gaudi_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) 
                 hint="take 2 or 4 cards from one of those groups (e.g. --include host:0,1), or the whole node",
             )
         lines += gaudi.binding_lines(node.host, modules, facts)
+    for node in plan.nodes if report is not None else []:  # the other hosts, as their pre-flight found them
+        found = report.facts[node.host].cards if node.host in report.facts and node not in local else None
+        if found is not None and found.cards:
+            lines += gaudi.binding_lines(node.host, _node_modules(plan, node, environ), found)
     job_env = {**environ, **plan.env}
     tmp_dir = jobdir_path(plan.job_id)
     version = gaudi.stack_version()
@@ -197,6 +197,14 @@ def gaudi_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) 
         )
     )
     return plan
+
+
+def _node_modules(plan: LaunchPlan, node, environ: Mapping[str, str]) -> list[int]:
+    """The module id of each local rank's card on ``node``: its slots through the HABANA_VISIBLE_MODULES its
+    ranks inherit ("Gaudi-to-process Assignment"). Pure."""
+    parent = inherited_env(plan, node.host, environ)
+    visible = node_visibility_env(node, parent).get("HABANA_VISIBLE_MODULES") or parent.get("HABANA_VISIBLE_MODULES")
+    return cards.rank_modules(len(node.ranks), visible)
 
 
 def _network_fs(path: str) -> bool:

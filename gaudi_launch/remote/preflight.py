@@ -66,6 +66,7 @@ class HostFacts:
     port_free: Optional[bool] = None  # only for the master host
     elapsed_s: float = 0.0
     fabric: Optional[scaleout.HostFabric] = None  # scale-out facts (Gaudi generation, NIC ports, libfabric)
+    cards: Optional[cards.HostCards] = None  # its cards by module id, their NUMA nodes, who holds them
 
 
 @dataclass
@@ -257,7 +258,8 @@ def _judge(
                 f"choose another --master_port, or stop what holds it (ss -ltnp 'sport = :{master_port}')",
             )
         )
-    problems += _card_problems(found.scaleout, modules or [], where)
+    facts.cards = host_cards(found.scaleout) if found.scaleout else None
+    problems += _card_problems(facts.cards, modules or [], where)
     ports = scaleout.port_finding(facts.fabric) if facts.fabric else None
     if ports and ports[2]:  # some scale-out ports up, some down: HCCL takes the Gaudi NICs and fails
         problems.append(ports[:2])
@@ -281,14 +283,27 @@ def _sections(block: str) -> dict[str, list[str]]:
     return out
 
 
-def _card_problems(block: str, modules: list[int], where: str) -> list[tuple[str, str]]:
-    """A partial node Habana does not support, and wanted cards that another process holds ("Device acquire
-    failed", synStatus 26/20 otherwise), from hl-smi's answers in the probe (inputs/cards.py). Pure."""
+def host_cards(block: str) -> cards.HostCards:
+    """A host's cards, who holds them, their NUMA nodes and each node's CPUs, from the probe's hl-smi and
+    sysfs sections (probe.sh). Pure."""
     sections = _sections(block)
     host = cards.HostCards(
         cards=cards.parse_query("\n".join(sections.get("hl-smi -Q index,module_id,bus_id -f csv,noheader", [])))
     )
-    if not host.cards or not modules:
+    host.holders = cards.parse_processes("\n".join(sections.get("hl-smi", [])))
+    for line in sections.get("numa", []):
+        name, _, value = line.strip().partition(" ")
+        if name.startswith("node") and name[4:].isdigit():
+            host.node_cpus[int(name[4:])] = cards.parse_cpulist(value)
+        elif value.strip().lstrip("-").isdigit():
+            host.numa_of_bus[name.lower()] = int(value)
+    return host
+
+
+def _card_problems(host: Optional[cards.HostCards], modules: list[int], where: str) -> list[tuple[str, str]]:
+    """A partial node Habana does not support, and wanted cards that another process holds ("Device acquire
+    failed", synStatus 26/20 otherwise), from hl-smi's answers in the probe (inputs/cards.py). Pure."""
+    if host is None or not host.cards or not modules:
         return []
     out = []
     problem = cards.partial_node_problem(modules, len(host.cards))
@@ -299,7 +314,6 @@ def _card_problems(block: str, modules: list[int], where: str) -> list[tuple[str
                 "take 2 or 4 cards of one of those groups with --include HOST:0,1, or the whole node",
             )
         )
-    host.holders = cards.parse_processes("\n".join(sections.get("hl-smi", [])))
     held = cards.held_cards(modules, host, {})
     if held:
         pids = " ".join(dict.fromkeys(h.split("process ", 1)[1].split()[0] for h in held))

@@ -67,7 +67,19 @@ _scaleout() {
 $_q
 EOF_Q
         # which card is which module (preflight.py: partial nodes, cards another process holds)
-        echo '@@hl-smi -Q index,module_id,bus_id -f csv,noheader'; _t hl-smi -Q index,module_id,bus_id -f csv,noheader 2>/dev/null </dev/null
+        _c=$(_t hl-smi -Q index,module_id,bus_id -f csv,noheader 2>/dev/null </dev/null)
+        echo '@@hl-smi -Q index,module_id,bus_id -f csv,noheader'; printf '%s\n' "$_c"
+        # each card's NUMA node and each node's CPUs, for the ranks' binding (inputs/cards.py)
+        _s=${GAUDI_LAUNCH_SYSFS:-/sys}
+        echo '@@numa'
+        while IFS=, read -r _i _mod _b; do
+            _b=${_b# }; [ -r "$_s/bus/pci/devices/$_b/numa_node" ] && echo "$_b $(cat "$_s/bus/pci/devices/$_b/numa_node")"
+        done <<EOF_C
+$_c
+EOF_C
+        for _n in "$_s"/devices/system/node/node[0-9]*; do
+            [ -r "$_n/cpulist" ] && echo "${_n##*/} $(cat "$_n/cpulist")"
+        done
         echo '@@hl-smi'; _t hl-smi 2>/dev/null </dev/null
     fi
     echo '@@scaleout end'
