@@ -104,6 +104,9 @@ def main() -> int:
     except Exception as exc:  # the launcher names the step and the host; the others time out on their own
         say({"step": step, "rank": rank, "host": host, "error": f"{type(exc).__name__}: {exc}"[:500]})
         sys.stdout.flush()
+        # The peers' timeouts fire within moments of ours: a little wait lets them report theirs before our
+        # exit tears the job down, so that only the host that did not answer is silent.
+        time.sleep(2)
         os._exit(1)  # not destroy_process_group: it can wait on the peer that failed us
     sys.stdout.flush()
     os._exit(0)

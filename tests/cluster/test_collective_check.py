@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -147,3 +150,46 @@ def test_ranks_sent_to_one_machine_by_an_ssh_alias_stop_the_job_with_both_lists(
         "the ranks do not run where the plan put them: planned rank 0 on glf-n1; rank 1 on glf-n9; "
         "they reported ranks 0-1 on glf-n1"
     ) in res.stderr
+
+
+def _rank_pids_on(c: NetCluster, i: int) -> list[int]:
+    """The collective check's rank processes in host i's network namespace (one PID namespace for all)."""
+    netns = os.readlink(f"/proc/{c._anchor_pid(c.hosts[i])}/ns/net")
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmd = open(f"/proc/{entry}/cmdline", "rb").read()
+            if b"gaudi_launch.runtime.collective_check" in cmd and os.readlink(f"/proc/{entry}/ns/net") == netns:
+                pids.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def test_a_host_that_stops_answering_is_named_failed_within_the_step_limit(cluster4, tmp_path):
+    hostfile = cluster4.hostfile(slots=1)
+    argv = [sys.executable, "-m", "gaudi_launch", "check", "--hostfile", hostfile, "--ssh-config"]
+    argv += [cluster4.ssh_config, "--collective", "--json"]
+    env = dict(cluster4.env(), GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT="5")
+    t0 = time.monotonic()
+    job = cluster4.popen_on(0, argv, env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stopped: list[int] = []
+    try:
+        while not stopped and job.poll() is None and time.monotonic() - t0 < 60:
+            stopped = _rank_pids_on(cluster4, 3)
+            time.sleep(0.05)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)  # host 3 stops answering in the middle of the check
+        out, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+        for pid in stopped:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGCONT)
+    took = time.monotonic() - t0
+    assert stopped and job.returncode == 3, out.decode()[-2000:] + err.decode()[-3000:]
+    data = json.loads(out)
+    assert data["failed"] == ["glf-n3"] and data["slow"] == [], data
+    assert {h["host"]: h["status"] for h in data["hosts"]}["glf-n3"] == "failed"
+    assert took < 40, took  # the step's 5 s limit and the teardown, not the 30 s default nor the start timeout
