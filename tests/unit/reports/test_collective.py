@@ -118,3 +118,12 @@ def test_slow_hosts_go_to_the_spares_and_without_one_nothing_starts(tmp_path):
     path.write_text("[1]")
     with pytest.raises(UserError, match="--exclude-from"):
         read_exclusions(str(path))
+
+
+def test_the_options_are_checked_before_anything_runs():
+    with pytest.raises(UserError, match="give a --hostfile") as err:
+        JobSpec(program=["t.py"], collective_check=True).validate()
+    assert err.value.where == "--collective-check"
+    with pytest.raises(UserError, match="a positive number of GB/s") as err:
+        JobSpec(program=["t.py"], hostfile="hf", min_bandwidth=-1.0).validate()
+    assert err.value.where == "--min-bandwidth"
