@@ -336,7 +336,8 @@ def is_secret(name: str, value: str = "") -> bool:
     GITHUB_PAT, wandbKey, ...) or, whatever its name, when ``value`` holds a URL with a password."""
     if any(part in _SECRET_PARTS for part in _name_parts(name)):
         return True
-    return any(word in name.upper() for word in _SECRET_SUBSTRINGS) or bool(url_passwords(value))
+    upper = name.upper().replace("TOKENIZER", "")  # TOKENIZERS_PARALLELISM holds no token
+    return any(word in upper for word in _SECRET_SUBSTRINGS) or bool(url_passwords(value))
 
 
 def secrets_in(environ: Mapping[str, str]) -> dict[str, str]:
@@ -349,6 +350,8 @@ def mask_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (MASK if v and is_secret(k, v) else v) for k, v in env.items()}
 
 
+# Switch words: no credential, and masking one in output would hide every "true" a rank prints.
+_SWITCHES = frozenset({"true", "false", "yes", "no", "on", "off", "none", "null"})
 _SHORT = 4  # values shorter than this are masked only where they stand as a whole word
 # A one-character value is never masked: hiding every standalone "1" would garble rank numbers and
 # exit codes in every summary, and hides nothing a guess would not find.
@@ -388,6 +391,8 @@ def _mask_pattern(secrets: frozenset) -> Optional[re.Pattern]:
     long_forms: set[str] = set()
     short_forms: set[str] = set()
     for _, value in secrets:
+        if value.strip().lower() in _SWITCHES:
+            continue
         for form in _forms(value):
             (long_forms if len(form) >= _SHORT else short_forms).add(form)
     if not (long_forms or short_forms):

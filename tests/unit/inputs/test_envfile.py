@@ -710,3 +710,11 @@ def test_escaped_forms_of_a_secret_are_masked(secret):
 
 def unquote(text: str) -> str:
     return text.replace("'***'", "***").replace('"***"', "***")
+
+
+def test_switch_values_and_tokenizer_settings_are_not_masked_in_output():
+    # the launcher's whole environment is masked in output now: a PRIVATE_MODE=true must not hide
+    # every "true" a rank prints, and TOKENIZERS_PARALLELISM holds no token
+    assert not is_secret("TOKENIZERS_PARALLELISM") and is_secret("TOKENIZER_API_TOKEN")
+    env = {"PRIVATE_MODE": "true", "USE_KEY": "Off", "HF_TOKEN": "hf_tok123456"}
+    assert mask_text("flag true, Off, hf_tok123456", env) == "flag true, Off, ***"
