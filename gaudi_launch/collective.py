@@ -32,7 +32,7 @@ from gaudi_launch.reports.collective import CollectiveReport, judge, parse
 RANK_MODULE = "gaudi_launch.runtime.collective_check"
 SETTINGS_VAR = "GAUDI_LAUNCH_COLLECTIVE"  # runtime/collective_check.SETTINGS
 MESSAGE_BYTES = 4 << 20  # a few MB: past the latency-bound regime, still well under a second per round
-ROUNDS = 3  # after a warm-up; every rank runs the same count (a rank-local rule could deadlock)
+ROUNDS = 5  # after a warm-up; every rank runs the same count (a rank-local rule could deadlock)
 # Per collective step (the process group's timeout, also the ranks' rendezvous); the variable is for a
 # fabric known to be slow, and for the tests.
 STEP_TIMEOUT_S = float(os.environ.get("GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT", "30"))
