@@ -118,12 +118,14 @@ def run_check(spec: JobSpec, hosts: list[str], *, deadline_s: Optional[float] = 
             launch(job, plan, stdout=out, stderr=out)
         finally:
             timer.cancel()
-    return judge(
+    report = judge(
         parse(out.getvalue().splitlines()),
         rank_hosts,
         min_bandwidth=spec.min_bandwidth,
         elapsed_s=time.monotonic() - t0,
     )
+    report.backend = plan.backend
+    return report
 
 
 def write_finding(report: CollectiveReport, directory: str) -> Optional[str]:

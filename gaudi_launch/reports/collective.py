@@ -43,6 +43,7 @@ class CollectiveReport:
     message_bytes: int
     library: str  # gloo, hccl or nccl: what the ranks used
     elapsed_s: float = 0.0
+    backend: str = ""  # what started the ranks: local, mpirun or deepspeed
 
     @property
     def bad(self) -> list[HostResult]:
@@ -83,7 +84,8 @@ class CollectiveReport:
             lines.append(f"median {self.median_gbs:.3g} GB/s; slow: {rule} ({self.threshold_gbs:.3g} GB/s)")
         if self.allreduce_gbs is not None:
             lines.append(
-                f"all-reduce of {self.message_bytes / 2**20:g} MiB on {len(self.hosts)} hosts ({self.library}): "
+                f"all-reduce of {self.message_bytes / 2**20:g} MiB on {len(self.hosts)} hosts ({self.library}"
+                f"{', started by ' + self.backend if self.backend else ''}): "
                 f"{self.allreduce_ms:.3g} ms, {self.allreduce_gbs:.3g} GB/s bus bandwidth"
             )
         lines.append(f"collective check took {self.elapsed_s:.1f} s")

@@ -64,7 +64,7 @@ def test_healthy_fabric_passes_with_a_figure_per_host(cluster4, tmp_path):
     # a veth pair moves well over 50 MB/s
     assert all(len(h["partners"]) == 3 for h in hosts)  # r-1, r+1 (ring), r+2 (shifted)
     assert all(h["bandwidth_gbs"] > 0.05 and 0 < h["latency_us"] < 1e5 for h in hosts), hosts
-    assert data["library"] == "gloo" and data["allreduce_gbs"] > 0.01
+    assert data["library"] == "gloo" and data["backend"] == "mpirun" and data["allreduce_gbs"] > 0.01
 
 
 def test_a_throttled_host_and_only_it_is_named_slow(cluster4, tmp_path):
@@ -193,3 +193,11 @@ def test_a_host_that_stops_answering_is_named_failed_within_the_step_limit(clust
     assert data["failed"] == ["glf-n3"] and data["slow"] == [], data
     assert {h["host"]: h["status"] for h in data["hosts"]}["glf-n3"] == "failed"
     assert took < 40, took  # the step's 5 s limit and the teardown, not the 30 s default nor the start timeout
+
+
+def test_the_check_runs_through_deepspeeds_launcher_too(cluster4, tmp_path):
+    res = check(cluster4, tmp_path, "--json", "--backend", "deepspeed")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(res.stdout)
+    assert data["ok"] and [h["host"] for h in data["hosts"]] == cluster4.names and data["backend"] == "deepspeed"
+    assert all(h["bandwidth_gbs"] > 0.05 for h in data["hosts"]), data
