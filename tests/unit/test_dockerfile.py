@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,49 @@ ENTRYPOINT = os.path.join(ROOT, "docker", "entrypoint.sh")
 DOCKERIGNORE = os.path.join(ROOT, ".dockerignore")
 INSTALL_HINT = "pip install -e '.[dev]' (or bash scripts/setup-env.sh)"
 KEY_NAME = re.compile(r"(^|/)(id_[a-z0-9_]+(\.pub)?|ssh_host_[^/]*|[^/]*\.pem|[^/]*\.key|authorized_keys2?)$")
+
+
+DOCKER_README = os.path.join(ROOT, "docker", "README.md")
+HABANA_DOCS = "https://docs.habana.ai/en/latest/"
+FIRST_GEN = "Gaudi"  # first-generation Gaudi (AWS DL1); "Gaudi 2", "Gaudi 3" are the later ones
+
+# Habana's support matrix, kept here only: release -> OSes of its PyTorch images, the PyTorch of its
+# pytorch-installer-<torch> image path, the Gaudi generations it supports, and the Habana pages that say so.
+SUPPORT_MATRIX = {
+    "1.21.3": {
+        "os": ("ubuntu22.04", "ubuntu24.04"),
+        "torch": "2.6.0",
+        "gaudi": (FIRST_GEN, "Gaudi 2", "Gaudi 3"),
+        # one matrix page per release line (v1.21.0: first-gen, Gaudi 2, Gaudi 3; PyTorch 2.6.0); the patch
+        # releases 1.21.1-1.21.5 are in the line's release notes
+        "source": (
+            HABANA_DOCS + "Support_Matrix/Support_Matrix_v1.21.0.html",
+            HABANA_DOCS + "Release_Notes/Release%20Notes%20v1.21.html",
+        ),
+    },
+    "1.22.0": {
+        "os": ("ubuntu22.04", "ubuntu24.04"),
+        "torch": "2.7.1",
+        "gaudi": ("Gaudi 2", "Gaudi 3"),
+        # the matrix says PyTorch 2.7; Habana's image build for r1.22.0 pins PT_VERSION 2.7.1
+        # (HabanaAI/Setup_and_Install dockerfiles/common.mk, commit b626de8)
+        "source": (HABANA_DOCS + "Support_Matrix/Support_Matrix_v1.22.0.html",),
+    },
+    "1.23.0": {
+        "os": ("ubuntu22.04", "ubuntu24.04"),
+        "torch": "2.9.0",
+        "gaudi": ("Gaudi 2", "Gaudi 3"),
+        # the matrix says PyTorch 2.9; the quick start runs .../1.23.0/ubuntu24.04/habanalabs/pytorch-installer-2.9.0
+        "source": (
+            HABANA_DOCS + "Support_Matrix/Support_Matrix.html",
+            HABANA_DOCS + "Quick_Start_Guides/IBM_Quick_Start.html",
+        ),
+    },
+}
+
+
+def release_key(version: str) -> tuple:
+    return tuple(int(p) for p in version.split("."))
 
 
 def linter(name: str, package: str) -> str:
@@ -181,7 +225,7 @@ def test_tools_wrapper_launcher_user_and_volume(parsed):
     runs = " ".join(i["value"] for i in instructions(parsed, "RUN"))
     assert "pdsh" in runs and "openssh-server" in runs
     args = parsed.args
-    assert args.get("EFA") == "1" and args.get("LIBFABRIC_ROOT") == "/opt/amazon/efa"
+    assert args.get("EFA") == "0" and args.get("LIBFABRIC_ROOT") == "/opt/amazon/efa"  # EFA=1: the DL1 profile
     assert "HabanaAI/hccl_ofi_wrapper" in args.get("HCCL_OFI_WRAPPER_REPO", "")
     assert re.search(r'make -C \S+ LIBFABRIC_ROOT="\$\{LIBFABRIC_ROOT\}"', runs)
     # the wrapper is installed where the image's HCCL_OFI_WRAPPER says, which gaudi-launch reads
@@ -218,7 +262,7 @@ def test_readme_has_the_dl1_run_command():
         "HABANA_VISIBLE_DEVICES=all",
         "AUTHORIZED_KEY",
         "placement-group",
-        "Gaudi2",
+        "Gaudi 3",
     ):
         assert needle in text, needle
 
@@ -231,3 +275,88 @@ def test_entrypoint_keeps_to_sshd_and_roles():
     code = "\n".join(line for line in lines if not line.lstrip().startswith("#")).lower()
     for word in ("/dev/tcp", "ssh-keyscan", "efa", "fi_info", "deepspeed_env", "ifname", "ip -o"):
         assert not re.search(rf"(?<![a-z]){re.escape(word)}", code), word
+
+
+# ------------------------------------------------------------------ the support matrix
+
+
+def documented_builds(path: str) -> dict:
+    """tag -> build ARGs of every `docker build -f docker/Dockerfile ...` command written in `path` (the
+    Dockerfile's header comments or a README's code blocks), continuation lines joined."""
+    with open(path) as f:
+        lines = [re.sub(r"^#\s?", "", line) if path == DOCKERFILE else line for line in f.read().splitlines()]
+    text = re.sub(r"\\\n\s*", " ", "\n".join(lines))
+    builds = {}
+    for cmd in re.findall(r"^\s*(docker build .*)$", text, re.M):
+        argv = shlex.split(cmd.split("#")[0])
+        if "docker/Dockerfile" not in argv or "HABANA_REGISTRY=localhost" in argv:
+            continue  # the stand-in builds of the test suite are not a profile
+        tag = argv[argv.index("-t") + 1]
+        builds[tag] = dict(argv[n + 1].split("=", 1) for n, a in enumerate(argv) if a == "--build-arg")
+    return builds
+
+
+def effective(parsed, build_args: dict) -> dict:
+    """The version ARGs and EFA a build gets: the Dockerfile's defaults, overridden by the command's."""
+    st = parsed.structure
+    first_from = next(n for n, i in enumerate(st) if i["instruction"] == "FROM")
+    defaults = dict(i["value"].split("=", 1) for i in st[:first_from] if i["instruction"] == "ARG")
+    defaults.update(parsed.args)  # the stage's own ARGs (EFA)
+    names = ("SYNAPSE_VERSION", "OS", "TORCH_VERSION", "EFA")
+    return {n: build_args.get(n, defaults[n]) for n in names}
+
+
+def matrix_problems(cfg: dict) -> list:
+    row = SUPPORT_MATRIX.get(cfg["SYNAPSE_VERSION"])
+    if row is None:
+        return [f"SYNAPSE_VERSION={cfg['SYNAPSE_VERSION']} is not a release of the support matrix table"]
+    problems = []
+    if cfg["OS"] not in row["os"]:
+        problems.append(f"OS={cfg['OS']}: release {cfg['SYNAPSE_VERSION']} has images for {row['os']}")
+    if cfg["TORCH_VERSION"] != row["torch"]:
+        problems.append(f"TORCH_VERSION={cfg['TORCH_VERSION']}: release {cfg['SYNAPSE_VERSION']} ships {row['torch']}")
+    return problems
+
+
+def test_support_matrix_table_cites_habana_and_drops_first_gen_from_1_22():
+    for release, row in SUPPORT_MATRIX.items():
+        assert row["source"] and all(u.startswith(HABANA_DOCS) for u in row["source"]), release
+        assert set(row["gaudi"]) <= {FIRST_GEN, "Gaudi 2", "Gaudi 3"} and row["os"], release
+        if release_key(release) >= (1, 22):
+            assert FIRST_GEN not in row["gaudi"], f"{release}: 1.22+ supports Gaudi 2 and 3 only"
+    assert any(FIRST_GEN in row["gaudi"] for row in SUPPORT_MATRIX.values()), "the DL1 profile needs a 1.21 row"
+
+
+def test_dockerfile_defaults_are_the_newest_release_for_gaudi_2_and_3(parsed):
+    cfg = effective(parsed, {})
+    newest = max(SUPPORT_MATRIX, key=release_key)
+    assert cfg["SYNAPSE_VERSION"] == newest, f"default {cfg['SYNAPSE_VERSION']}, newest in the matrix {newest}"
+    assert not matrix_problems(cfg), matrix_problems(cfg)
+    assert FIRST_GEN not in SUPPORT_MATRIX[newest]["gaudi"]
+    assert cfg["EFA"] == "0", "the default (Gaudi 2/3) builds no OFI wrapper; EFA=1 is the DL1 profile's"
+    assert parsed.baseimage == (
+        f"vault.habana.ai/gaudi-docker/{newest}/{cfg['OS']}/habanalabs/pytorch-installer-{cfg['TORCH_VERSION']}:latest"
+    )
+
+
+@pytest.mark.parametrize("where", [DOCKERFILE, DOCKER_README], ids=["Dockerfile header", "docker/README.md"])
+def test_documented_builds_default_and_dl1_profile_agree_with_the_matrix(parsed, where):
+    builds = documented_builds(where)
+    defaults = [t for t, a in builds.items() if not a]
+    assert defaults, f"{where}: no build command for the default (no --build-arg): {builds}"
+    assert "gaudi-launch:dl1" in builds, f"{where}: no DL1 profile (-t gaudi-launch:dl1): {sorted(builds)}"
+    for tag in defaults:  # the default build is for Gaudi 2/3, without the OFI wrapper
+        cfg = effective(parsed, {})
+        assert FIRST_GEN not in SUPPORT_MATRIX[cfg["SYNAPSE_VERSION"]]["gaudi"] and cfg["EFA"] == "0", (tag, cfg)
+    for tag, build_args in builds.items():
+        assert not matrix_problems(effective(parsed, build_args)), (
+            where,
+            tag,
+            matrix_problems(effective(parsed, build_args)),
+        )
+    dl1 = effective(parsed, builds["gaudi-launch:dl1"])
+    assert dl1["SYNAPSE_VERSION"].startswith("1.21."), f"DL1 profile on {dl1['SYNAPSE_VERSION']}: 1.21.x is its last"
+    assert FIRST_GEN in SUPPORT_MATRIX[dl1["SYNAPSE_VERSION"]]["gaudi"]
+    assert dl1["EFA"] == "1" and dl1["OS"] == "ubuntu22.04" and dl1["TORCH_VERSION"] == "2.6.0", dl1
+    # the header and the README document the same builds
+    assert builds == documented_builds(DOCKERFILE), f"{where} and the Dockerfile header differ"
