@@ -5,7 +5,6 @@ Everything after SCRIPT is the script's own argv and is passed on untouched. No 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -445,11 +444,9 @@ def run_spec(
             return ExitCode.OK if report.ok else ExitCode.PREFLIGHT
         return _collective_only(spec, plan, json_out)
     if spec.exclude_from:  # the hosts a collective check named, left out like --exclude
-        from gaudi_launch.collective import read_exclusions
+        from gaudi_launch.collective import apply_exclusions
 
-        bad = read_exclusions(spec.exclude_from)
-        if bad:
-            spec = dataclasses.replace(spec, exclude="@".join(([spec.exclude] if spec.exclude else []) + bad))
+        spec = apply_exclusions(spec)
     plan = plan_job(spec, keep_failed_preflight=dry_run)
     if spec.collective_check and not dry_run and not spec.sbatch:
         from gaudi_launch.collective import check_before_job

@@ -157,6 +157,16 @@ def read_exclusions(path: str) -> list[str]:
     return bad
 
 
+def apply_exclusions(spec: JobSpec) -> JobSpec:
+    """--exclude-from: the hosts a written finding named, left out like --exclude."""
+    if not spec.exclude_from:
+        return spec
+    bad = read_exclusions(spec.exclude_from)
+    if not bad:
+        return spec
+    return dataclasses.replace(spec, exclude="@".join(([spec.exclude] if spec.exclude else []) + bad))
+
+
 def replace_bad_hosts(spec: JobSpec, plan: LaunchPlan, report: CollectiveReport) -> tuple[JobSpec, list[str]]:
     """The spec whose plan leaves the slow and failed hosts out, spares taking their places, and a note
     per host; raises CollectiveCheckFailed when the spares cannot cover the job's hosts. Pure."""

@@ -15,10 +15,11 @@ import sys
 from collections.abc import Sequence
 from typing import Optional, Union
 
+from gaudi_launch.collective import apply_exclusions, check_before_job
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.options import default_of, option_fields
 from gaudi_launch.inputs.spec import JobSpec, resolve_compat
-from gaudi_launch.launch import launch, prepare
+from gaudi_launch.launch import launch, plan_job, prepare
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.supervise import JobResult
@@ -107,7 +108,13 @@ class DistributedRunner:
         With max_restarts, a failed job is started again first (``self.result`` is its last attempt)."""
         self.results = []
         for command in self.command_list:
-            self.result = launch(self.spec_for(command), **self._streams)
+            spec, plan = prepare(self.spec_for(command)), None
+            if spec.exclude_from or spec.collective_check:  # as on the command line (cli.run_spec)
+                spec = apply_exclusions(spec)
+                plan = plan_job(spec)
+                if spec.collective_check:
+                    spec, plan = check_before_job(spec, plan)
+            self.result = launch(spec, plan, **self._streams)
             self.results.append(self.result)
             if not self.result.ok:
                 return self.result.exit_code

@@ -201,3 +201,28 @@ def test_the_check_runs_through_deepspeeds_launcher_too(cluster4, tmp_path):
     data = json.loads(res.stdout)
     assert data["ok"] and [h["host"] for h in data["hosts"]] == cluster4.names and data["backend"] == "deepspeed"
     assert all(h["bandwidth_gbs"] > 0.05 for h in data["hosts"]), data
+
+
+def test_distributed_runner_takes_the_same_options(cluster4, tmp_path):
+    (tmp_path / "job.py").write_text("import socket\nprint('JOBHOST', socket.gethostname())\n")
+    finding = tmp_path / "collective-check.json"
+    finding.write_text(json.dumps({"slow": ["glf-n2"], "failed": []}))
+    code = (
+        "import sys\n"
+        "from gaudi_launch import DistributedRunner\n"
+        f"r = DistributedRunner(['job.py'], hostfile={cluster4.hostfile(slots=1)!r}, ssh_config={cluster4.ssh_config!r},\n"
+        f"    collective_check=True, exclude_from={str(finding)!r})\n"
+        "sys.exit(r.run())\n"
+    )
+    res = cluster4.run_on(
+        0, [sys.executable, "-c", code], env=cluster4.env(), cwd=str(tmp_path), capture_output=True, text=True,
+        timeout=180,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert {line.split()[-1] for line in res.stdout.splitlines() if "JOBHOST" in line} == {
+        "glf-n0",
+        "glf-n1",
+        "glf-n3",
+    }
+    assert "collective check took" in res.stdout  # the check ran, on the three hosts left
+    assert json.loads(finding.read_text())["slow"] == []  # and wrote its own finding in the working directory
