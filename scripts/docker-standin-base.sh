@@ -5,15 +5,18 @@
 #
 # It has what docker/Dockerfile and docker/entrypoint.sh take from Habana's image: python3 with pip that
 # installs system-wide (Debian's EXTERNALLY-MANAGED marker removed, as Habana's images allow it) and
-# OpenMPI's mpirun. It leaves out everything Gaudi: the SynapseAI driver libraries, habana_frameworks,
-# Habana's torch and DeepSpeed, hl-smi, the Ubuntu release (this is Debian bookworm) and libfabric/EFA.
-# So a job in it runs plain Python ranks, never a training step.
+# OpenMPI's mpirun. For an OS of ubuntu24.04 or later it also has what Habana's images inherit from
+# ubuntu:noble and a Dockerfile can trip on: user "ubuntu" with uid and gid 1000
+# (https://bugs.launchpad.net/cloud-images/+bug/2005129). It leaves out everything Gaudi: the SynapseAI
+# driver libraries, habana_frameworks, Habana's torch and DeepSpeed, hl-smi, the Ubuntu release itself (the
+# OS in the tag is only a name: this is Debian bookworm whatever it says) and libfabric/EFA. So a job in it
+# runs plain Python ranks, never a training step.
 #
 #   scripts/docker-standin-base.sh          build it (or bring it up to date) and print its tag
 #
 # The tag is the one docker/Dockerfile's FROM names with --build-arg HABANA_REGISTRY=localhost, for the
 # Dockerfile's default SYNAPSE_VERSION/OS/TORCH_VERSION/BASE_TAG, or for those set in the environment:
-#   localhost/1.21.3/ubuntu22.04/habanalabs/pytorch-installer-2.6.0:latest
+#   localhost/1.23.0/ubuntu24.04/habanalabs/pytorch-installer-2.9.0:latest
 # Then: docker build -f docker/Dockerfile --build-arg HABANA_REGISTRY=localhost --build-arg EFA=0 .
 #
 # Steps: debootstrap --variant=minbase (once: imported as $DEBIAN_IMAGE and reused, about 35 s), then a
@@ -70,6 +73,14 @@ if ! docker image inspect "$DEBIAN_IMAGE" >/dev/null 2>&1; then
     rm -rf "$work/rootfs"
 fi
 
+# Ubuntu 23.04 and later images hold user "ubuntu" (uid 1000); 22.04 and earlier do not.
+noble_user=""
+case "$OS" in
+ubuntu2[3-9].* | ubuntu[3-9][0-9].*)
+    noble_user="RUN useradd --create-home --uid 1000 --user-group --shell /bin/bash --comment Ubuntu ubuntu"
+    ;;
+esac
+
 # One file per certificate: update-ca-certificates reads single certificates from /usr/local/share.
 mkdir -p "$work/ctx/cas"
 csplit -s -z -f "$work/ctx/cas/host-" -b '%03d.crt' "$HOST_CA_BUNDLE" '/-----BEGIN CERTIFICATE-----/' '{*}'
@@ -83,7 +94,8 @@ RUN apt-get update -qq \\
     && rm -rf /var/lib/apt/lists/*
 COPY cas/ /usr/local/share/ca-certificates/host/
 RUN update-ca-certificates >/dev/null
-LABEL org.opencontainers.image.description="gaudi-launch stand-in for Habana's pytorch-installer image: Debian $DEBIAN_SUITE, python3, pip, OpenMPI; no Gaudi stack"
+$noble_user
+LABEL org.opencontainers.image.description="gaudi-launch stand-in for Habana's pytorch-installer image ($OS in name only): Debian $DEBIAN_SUITE, python3, pip, OpenMPI; no Gaudi stack"
 EOF
 say "building $TAG..."
 docker build -q --network host -t "$TAG" "$work/ctx" >/dev/null

@@ -7,6 +7,7 @@ mpirun, reports a rank's failure by container name, and stops on a changed worke
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -14,7 +15,7 @@ import uuid
 
 import pytest
 
-from tests.docker.conftest import docker
+from tests.docker.conftest import ROOT, docker
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.docker
@@ -167,6 +168,25 @@ def test_image_builds_on_the_stand_in_base(image):
     count, where = r.stdout.split()
     assert count == "0" and where.startswith("/usr/local/lib/python3"), r.stdout
     print(f"stand-in base {image.base_s:.0f} s, image build {image.build_s:.0f} s, {info['Size'] / 1e6:.0f} MB")
+
+
+def test_non_root_user_with_uid_1000_is_created_on_an_ubuntu_24_04_base(image):
+    """The Dockerfile's user RUN, run as docker would (bash -o pipefail -c, the ARGs in the environment)
+    in the stand-in base, which holds Ubuntu 24.04's own user "ubuntu" at uid 1000 like Habana's
+    ubuntu24.04 images: USER=gaudi USER_UID=1000 must end with gaudi at uid 1000, not with `useradd: UID
+    1000 is not unique`. (A full image build as non-root would rebuild every layer: a minute more.)"""
+    from dockerfile_parse import DockerfileParser
+
+    parsed = DockerfileParser(path=os.path.join(ROOT, "docker", "Dockerfile"), env_replace=False)
+    (run,) = [i["value"] for i in parsed.structure if i["instruction"] == "RUN" and "useradd" in i["value"]]
+    assert "ubuntu24.04" in image.base, image.base  # the Dockerfile's default OS, which the stand-in names
+    script = f"getent passwd 1000 | cut -d: -f1; {run}; id -u gaudi; getent passwd 1000 | cut -d: -f1"
+    r = docker(
+        "run", "--rm", "--network", "none", "-e", "USER=gaudi", "-e", "USER_UID=1000", "--entrypoint", "bash",
+        image.base, "-o", "pipefail", "-c", script, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, f"the user RUN failed on the ubuntu24.04 stand-in:\n{r.stdout}{r.stderr}"
+    assert r.stdout.split() == ["ubuntu", "1000", "gaudi"], r.stdout
 
 
 def test_worker_without_a_key_refuses_to_start(stack):
