@@ -53,7 +53,7 @@ def test_a_rank_whose_output_reader_is_gone_ends_its_group_even_ignoring_sigterm
         proc.kill()
 
 
-def test_job_dir_is_private_left_by_sigkill_and_removed_at_the_next_start(tmp_path):
+def test_job_dir_is_private_removed_by_the_ranks_watch_after_a_sigkill_or_else_at_the_next_start(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     script = tmp_path / "sleeper.py"
@@ -78,7 +78,10 @@ def test_job_dir_is_private_left_by_sigkill_and_removed_at_the_next_start(tmp_pa
         assert all_gone(pids, timeout=2 + 10), [p for p in pids if alive(p)]
     finally:
         job.kill()
-    assert job_dir.is_dir()  # nobody was left to remove it
+    # The ranks' launcher watch outlives the SIGKILLed launcher and removes the job's directory on its host.
+    assert wait_for(lambda: not job_dir.exists(), timeout=10), "the watch left the job directory"
+    # Were the watch killed too, the directory would stay: the next start on this host removes it.
+    job_dir.mkdir(mode=0o700)
     old = time.time() - 3600
     os.utime(job_dir, (old, old))
     done = tmp_path / "done.py"
