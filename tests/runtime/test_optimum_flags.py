@@ -388,19 +388,21 @@ def _recording_backend(gm, example_inputs):
     return gm.forward
 
 
-def test_torch_compile_backend_reaches_torch_compile_and_implies_compile(monkeypatch):
+def test_torch_compile_backend_reaches_torch_compile_and_implies_compile():
     seen = _COMPILED
     seen.clear()
     if "gaudi_launch_test_backend" not in torch._dynamo.list_backends(exclude_tags=()):
         torch._dynamo.register_backend(_recording_backend, name="gaudi_launch_test_backend")
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "allow_unspec_int_on_nn_module", False)
-    args = TrainingArguments(torch_compile_backend="gaudi_launch_test_backend", allow_unspec_int_on_nn_module=True)
-    assert args.torch_compile
-    cpu = DeviceInfo("cpu", torch.device("cpu"), "gloo", False, -1)
-    model = compile_model(torch.nn.Linear(3, 2), cpu, args)
-    model(torch.ones(2, 3))
-    assert seen and torch._dynamo.config.allow_unspec_int_on_nn_module is True
+    # torch's own patch restores the switch afterwards (pytest's monkeypatch left dynamo's config broken for
+    # later compiles in this process: "allow_unspec_int_on_nn_module does not exist").
+    with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=False):
+        args = TrainingArguments(torch_compile_backend="gaudi_launch_test_backend", allow_unspec_int_on_nn_module=True)
+        assert args.torch_compile
+        cpu = DeviceInfo("cpu", torch.device("cpu"), "gloo", False, -1)
+        model = compile_model(torch.nn.Linear(3, 2), cpu, args)
+        model(torch.ones(2, 3))
+        assert seen and torch._dynamo.config.allow_unspec_int_on_nn_module is True
     assert compile_backend(TrainingArguments(torch_compile=True), "hpu") == "hpu_backend"
     assert compile_backend(TrainingArguments(torch_compile=True), "cpu") == "inductor"
     # The worker decides lazy mode from the script's flags before torch loads: a backend means eager.
