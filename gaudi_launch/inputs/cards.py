@@ -148,20 +148,6 @@ def _share(cpus: Sequence[int], k: int, n: int) -> list[int]:
     return sorted(cpus)[k * size : (k + 1) * size] if size else sorted(cpus)
 
 
-def cpu_ranges(cpus: Sequence[int]) -> str:
-    """[0,1,2,3,8] -> '0-3,8'. Pure."""
-    parts: list[str] = []
-    i = 0
-    s = sorted(cpus)
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
-            j += 1
-        parts.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
 def _run(argv: list[str]) -> Optional[str]:
     if not shutil.which(argv[0]):
         return None

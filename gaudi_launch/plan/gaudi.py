@@ -15,6 +15,7 @@ from importlib import metadata
 from typing import Optional
 
 from gaudi_launch.inputs import cards
+from gaudi_launch.inputs.idranges import id_ranges
 from gaudi_launch.runtime.hpu_env import LAZY_VAR, lazy_mode_setting, script_hpu_flags
 
 CPU_BIND_VAR = "GAUDI_LAUNCH_CPU_BIND"  # "none": ranks are not bound (--cpu-bind none)
@@ -73,7 +74,7 @@ def binding_lines(host: str, modules: Sequence[int], facts: cards.HostCards) -> 
         where = f"card module {module}, NUMA node {node_of.get(module, -1)}"
         lines.append(
             f"{host} local rank {rank} ({where}): "
-            + (f"cores {cards.cpu_ranges(cores)}" if cores else "not bound (no NUMA node known for its card)")
+            + (f"cores {id_ranges(cores)}" if cores else "not bound (no NUMA node known for its card)")
         )
     return lines
 

@@ -13,6 +13,7 @@ from secrets import token_hex
 from typing import TYPE_CHECKING, Optional
 
 from gaudi_launch.inputs.envfile import is_secret, mask_env, mask_text
+from gaudi_launch.inputs.idranges import id_ranges
 
 if TYPE_CHECKING:
     from gaudi_launch.inputs.spec import JobSpec
@@ -163,15 +164,7 @@ def _masked(value, secrets: dict[str, str]):
 
 def _ids(ids: list[int]) -> str:
     """[0,1,2,3,6] -> '0-3,6': short and unambiguous."""
-    parts: list[str] = []
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(parts) or "-"
+    return id_ranges(ids) or "-"
 
 
 def layout(selected: list[tuple[str, list[int]]]) -> list[NodePlan]:

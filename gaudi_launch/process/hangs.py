@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.hostnames import is_local_host
+from gaudi_launch.inputs.idranges import rank_words
 from gaudi_launch.process.heartbeats import DUMP_SIGNAL, HEARTBEAT_DIR, start_time
 from gaudi_launch.process.logfiles import open_log, prepare_log_dir
 from gaudi_launch.remote.jobdir import create, path_for
@@ -109,29 +110,16 @@ def where_waiting(
     return "?", "no Python frame", ""
 
 
-def rank_ranges(ranks: Sequence[int]) -> str:
-    """[0, 1, 2, 5] -> 'ranks 0-2,5'; [3] -> 'rank 3'. Pure."""
-    ranks = sorted(set(ranks))
-    parts, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            parts.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
-
-
 def summarize(places: dict[int, tuple[str, str, str]], world_size: int, stalled_s: float) -> str:
     """One line: the ranks grouped by where they wait, the odd ones out first. Pure."""
     groups: dict[tuple[str, str], list[int]] = {}
     for rank, (what, where, _) in places.items():
         groups.setdefault((what, where), []).append(rank)
     ordered = sorted(groups.items(), key=lambda kv: (len(kv[1]), min(kv[1])))
-    parts = [f"{rank_ranges(ranks)} in {what} at {where}" for (what, where), ranks in ordered]
+    parts = [f"{rank_words(ranks)} in {what} at {where}" for (what, where), ranks in ordered]
     missing = [r for r in range(world_size) if r not in places]
     if missing:
-        parts.append(f"{rank_ranges(missing)}: no stack (on another host, or not running)")
+        parts.append(f"{rank_words(missing)}: no stack (on another host, or not running)")
     return f"no rank advanced for {stalled_s:.0f} s: " + "; ".join(parts)
 
 

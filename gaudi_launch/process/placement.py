@@ -9,18 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Optional
 
-
-def _ranks(ranks: list[int]) -> str:
-    """'rank 3', 'ranks 0-3,6'."""
-    ranks = sorted(ranks)
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
+from gaudi_launch.inputs.idranges import rank_words
 
 
 def _groups(by_rank: Mapping[int, str]) -> dict[str, list[int]]:
@@ -43,8 +32,8 @@ def misplaced(planned: Mapping[int, str], reported: Mapping[int, str]) -> Option
         hosts_on.setdefault(reported[r], set()).add(planned[r])
     if all(len(m) == 1 for m in machines_of.values()) and all(len(h) == 1 for h in hosts_on.values()):
         return None
-    plan = "; ".join(f"{_ranks(rs)} on {h}" for h, rs in _groups({r: planned[r] for r in ranks}).items())
-    seen = "; ".join(f"{_ranks(rs)} on {h}" for h, rs in _groups({r: reported[r] for r in ranks}).items())
+    plan = "; ".join(f"{rank_words(rs)} on {h}" for h, rs in _groups({r: planned[r] for r in ranks}).items())
+    seen = "; ".join(f"{rank_words(rs)} on {h}" for h, rs in _groups({r: reported[r] for r in ranks}).items())
     return (
         f"the ranks do not run where the plan put them: planned {plan}; they reported {seen} "
         "(check that the hostfile's names are different machines: an ssh alias or a HostName in the ssh config "

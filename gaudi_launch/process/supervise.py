@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, TextIO
 
 from gaudi_launch.exitcodes import ExitCode, for_signal
+from gaudi_launch.inputs.idranges import rank_words
 from gaudi_launch.process import placement
 from gaudi_launch.process.logfiles import open_log, prepare_log_dir
 from gaudi_launch.process.progress import LineSplitter
@@ -270,7 +271,7 @@ def format_summary(
         failed = {r.get("rank") for r in first.records} | {culprit.rank if culprit else None}
         rest = [r for r in sorted(first.rank_hosts) if r not in failed]
         if rest and first.started == [] and culprit is not None and culprit.rank is None:
-            never.append(_rank_words(rest))  # its launcher failed first
+            never.append(rank_words(rest))  # its launcher failed first
         elif rest:
             torn.append(", ".join(f"rank {r}" for r in rest) + f" (stopped by {first.name})")
     if torn:
@@ -616,10 +617,10 @@ class Supervisor:
 
     def _not_started_message(self, waiting: list[int], started: list[int]) -> str:
         hosts = sorted({self._expected[r] for r in waiting if self._expected[r]})
-        did = f" ({_rank_words(started)})" if started else ""
+        did = f" ({rank_words(started)})" if started else ""
         return (
             f"not every rank started within {self.start_timeout:g} s (--start-timeout): {len(started)} of "
-            f"{len(self._expected)} did{did}; not started: {_rank_words(waiting)}"
+            f"{len(self._expected)} did{did}; not started: {rank_words(waiting)}"
             + (f" on {', '.join(hosts[:8])}{' ...' if len(hosts) > 8 else ''}" if hosts else "")
         )
 
@@ -820,19 +821,6 @@ class Supervisor:
             lost=self.lost,
             not_started=self.not_started,
         )
-
-
-def _rank_words(ranks: list[int]) -> str:
-    """'rank 3', 'ranks 0-3,6' (sorted ranks). Pure."""
-    parts: list[str] = []
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
 
 
 def _clip(line: str) -> str:

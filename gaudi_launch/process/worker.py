@@ -36,6 +36,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Optional
 
 from gaudi_launch.inputs import cards
+from gaudi_launch.inputs.idranges import id_ranges
 from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
 from gaudi_launch.plan import gaudi
 from gaudi_launch.plan.contract import elastic_env, node_layout, node_visibility, read_error_file
@@ -179,7 +180,7 @@ def _bind_cpus(environ: Mapping[str, str]) -> None:
     try:
         os.sched_setaffinity(0, cores)
     except OSError as exc:  # e.g. a cpuset (container, srun) without those cores: run unbound
-        print(f"gaudi-launch worker: could not bind to cores {cards.cpu_ranges(cores)} ({exc})", file=sys.stderr)
+        print(f"gaudi-launch worker: could not bind to cores {id_ranges(cores)} ({exc})", file=sys.stderr)
 
 
 def _recipe_cache(environ: MutableMapping[str, str]) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from gaudi_launch.inputs import cards
+from gaudi_launch.inputs.idranges import id_ranges
 
 HL_SMI = os.path.join(os.path.dirname(__file__), "..", "..", "standin", "bin", "hl-smi")
 
@@ -57,7 +58,7 @@ def test_rank_modules_follow_habana_visible_modules():
 
 def test_cpulist():
     assert cards.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
-    assert cards.cpu_ranges([3, 0, 1, 2, 8]) == "0-3,8"
+    assert id_ranges([3, 0, 1, 2, 8]) == "0-3,8" and id_ranges([2, 2, 1]) == "1-2" and id_ranges([]) == ""
 
 
 def two_sockets(profile: str, per_socket: int) -> cards.HostCards:

@@ -10,13 +10,13 @@ import time
 import pytest
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.idranges import rank_words
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.process.hangs import (
     HangWatch,
     check_watchable,
     main_thread,
     parse_stacks,
-    rank_ranges,
     summarize,
     where_waiting,
     with_heartbeats,
@@ -70,7 +70,7 @@ def test_a_second_dump_replaces_the_first():
 
 
 def test_ranks_are_grouped_the_odd_one_out_first():
-    assert rank_ranges([3]) == "rank 3" and rank_ranges([0, 1, 2, 5, 7, 8]) == "ranks 0-2,5,7-8"
+    assert rank_words([3]) == "rank 3" and rank_words([0, 1, 2, 5, 7, 8]) == "ranks 0-2,5,7-8"
     places = {r: ("all_reduce", "train.py:41", "") for r in (0, 1, 2)}
     places[3] = ("time.sleep", "train.py:30", "")
     assert summarize(places, 6, 20.4) == (
