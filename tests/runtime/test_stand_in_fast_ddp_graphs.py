@@ -94,6 +94,12 @@ TRAIN = textwrap.dedent("""
         params = [p.detach().cpu().reshape(-1).tolist() for p in trainer.model.parameters()]
         out[strategy] = {{"loss": res.train_loss, "params": params, "steps": steps}}
         del trainer
+    # Close the group once DDP's objects are gone: left to the interpreter's exit, gloo's threads were
+    # destroyed still running ("terminate called without an active exception", SIGABRT) in one CI run.
+    import gc
+    import torch.distributed as dist
+    gc.collect()
+    dist.destroy_process_group()
     print(json.dumps(out))
 """)
 
