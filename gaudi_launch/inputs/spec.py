@@ -307,7 +307,7 @@ class JobSpec:
             "--min-bandwidth",
             "--min_bandwidth",
             help="With --collective-check: a host under this many GB/s with its best partner is slow (besides "
-            "under half the median).",
+            "under a quarter of the median).",
         ),
     )
     exclude_from: Optional[str] = field(

@@ -70,6 +70,12 @@ def test_only_the_slow_host_is_named_not_its_neighbours(n):
     assert data["slow"] == ["h1"] and data["failed"] == [] and data["ok"] is False
 
 
+def test_a_busy_but_healthy_host_is_not_slow_a_throttled_one_is():
+    # 0.37x the median: the launcher's host under CPU contention in a CI run (healthy); 0.2x: slow.
+    assert not judge(records(4, slow={0}, gbs=3.8, slow_gbs=0.37 * 3.8), hosts(4)).bad
+    assert [h.host for h in judge(records(4, slow={0}, gbs=3.8, slow_gbs=0.2 * 3.8), hosts(4)).bad] == ["h0"]
+
+
 def test_two_hosts_finish_and_only_min_bandwidth_can_call_them_slow():
     rep = judge(records(2), hosts(2))
     assert rep.ok, rep.render_table()  # no shifted ring with two hosts: still finished
