@@ -9,15 +9,11 @@ all-reduces; the losses and weights of both runs must agree.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.runtime.test_trainer import two_rank_results
 
 RANKS = textwrap.dedent("""
     import contextlib, json, os, sys
@@ -71,17 +67,7 @@ RANKS = textwrap.dedent("""
 
 
 def test_ddp_all_reduces_once_per_optimizer_step_with_accumulation(tmp_path):
-    script = tmp_path / "ranks.py"
-    script.write_text(RANKS)
-    res = subprocess.run(
-        [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", str(script), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=str(ROOT),
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in res.stdout.splitlines() if "RESULT " in line]
+    results = two_rank_results(tmp_path, RANKS)
     assert len(results) == 2
     for r in results:
         before, now = r["every_backward"], r["trainer"]

@@ -356,11 +356,11 @@ TWO_RANKS = TASK + textwrap.dedent("""
 """)
 
 
-def test_two_rank_fast_ddp_with_clipping_trains_as_ddp_does(tmp_path):
-    # fast_ddp off HPU: gradients are views of its buffer and clipped there at once; the loss curve
-    # is DDP's (the clip binds: max_grad_norm 0.05).
+def two_rank_results(tmp_path, source: str) -> list:
+    """Run ``source`` on 2 CPU ranks through gaudi-launch (its first argument: tmp_path); each rank's
+    ``RESULT {json}`` line, parsed."""
     script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANKS)
+    script.write_text(source)
     res = subprocess.run(
         [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", str(script), str(tmp_path)],
         capture_output=True,
@@ -369,7 +369,13 @@ def test_two_rank_fast_ddp_with_clipping_trains_as_ddp_does(tmp_path):
         cwd=str(ROOT),
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in res.stdout.splitlines() if "RESULT " in line]
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in res.stdout.splitlines() if "RESULT " in line]
+
+
+def test_two_rank_fast_ddp_with_clipping_trains_as_ddp_does(tmp_path):
+    # fast_ddp off HPU: gradients are views of its buffer and clipped there at once; the loss curve
+    # is DDP's (the clip binds: max_grad_norm 0.05).
+    results = two_rank_results(tmp_path, TWO_RANKS)
     assert len(results) == 2 and all(r["views"] for r in results)
     curves = next(r["curves"] for r in results if r["rank"] == "0")
     assert len(curves["ddp"]) == len(curves["fast_ddp"]) == 12
