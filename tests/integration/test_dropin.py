@@ -58,7 +58,7 @@ PER_JOB = {
     "MASTER_PORT",
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_ERROR_FILE",
-    # torchrun sets 1 thread per rank; gaudi-launch the rank's share of the cores (README)
+    # torchrun sets 1 thread per rank; gaudi-launch the rank's share of the cores (docs/migrating.md)
     "OMP_NUM_THREADS",
 }
 

@@ -1,4 +1,4 @@
-"""README's Layout section is drawn from the package tree: every module is named under its own
+"""docs/architecture.md's Layout section is drawn from the package tree: every module is named under its own
 package there, and every module named there exists."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ PY = re.compile(r"(?<![\w/.])((?:\w+/)*\w+\.py)\b")
 
 
 def layout_block() -> str:
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme[readme.index("\n## Layout\n") :]
+    page = open(os.path.join(ROOT, "docs", "architecture.md")).read()
+    section = page[page.index("\n## Layout\n") :]
     return section.split("```\n")[1]
 
 
@@ -57,9 +57,9 @@ def test_every_module_is_named_under_its_package_and_every_named_one_exists():
     t = tree()
     assert packages == set(t) - {""}
     real = {(f"{p}/{m}" if p else m) for p, files in t.items() if p != "runtime" for m in files}
-    assert modules - real == set(), "named in README's Layout but not in the tree"
+    assert modules - real == set(), "named in docs/architecture.md's Layout but not in the tree"
     missing = {m for m in real - modules if os.path.basename(m) not in ("__init__.py", "__main__.py")}
-    assert missing == set(), "in the tree but not in README's Layout"
+    assert missing == set(), "in the tree but not in docs/architecture.md's Layout"
     assert {m[:-3] for m in t["runtime"] if m != "__init__.py"} <= runtime
 
 

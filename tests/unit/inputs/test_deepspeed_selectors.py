@@ -3,7 +3,7 @@
 The cases of DeepSpeed's own tests/unit/launcher/test_run.py (test_parser_local,
 test_parser_multinode, test_parse_inclusion_exclusion, test_parser_errors), ported to
 ``select``, then every selector compared with the installed DeepSpeed's parse_resource_filter.
-Deliberate differences (README, "Differences from DeepSpeed / gaudi_spawn / torchrun"): leaving no
+Deliberate differences (docs/migrating.md): leaving no
 host is an error here (DeepSpeed returns an empty pool and fails later), and a host named both
 whole and with slots is refused (DeepSpeed silently takes only the slots).
 """
