@@ -31,16 +31,20 @@ class JobSpec:
             "--hostfile",
             "--hostfile_path",
             help="DeepSpeed-style hostfile: 'HOST slots=N' per line. Default: this host only.",
+            panel="Hosts",
         ),
     )
     include: Optional[str] = field(
-        default=None, metadata=opt("--include", "-i", help="Use only these hosts/devices: 'host1:0,2@host2'.")
+        default=None,
+        metadata=opt("--include", "-i", help="Use only these hosts/devices: 'host1:0,2@host2'.", panel="Hosts"),
     )
     exclude: Optional[str] = field(
-        default=None, metadata=opt("--exclude", "-e", help="Leave out these hosts/devices: 'host1:3@host2'.")
+        default=None,
+        metadata=opt("--exclude", "-e", help="Leave out these hosts/devices: 'host1:3@host2'.", panel="Hosts"),
     )
     num_nodes: Optional[int] = field(
-        default=None, metadata=opt("--num_nodes", "--num-nodes", help="Use the first N hosts of the hostfile.")
+        default=None,
+        metadata=opt("--num_nodes", "--num-nodes", help="Use the first N hosts of the hostfile.", panel="Hosts"),
     )
     num_devices: Optional[int] = field(
         default=None,
@@ -50,6 +54,7 @@ class JobSpec:
             "--num_gpus",
             "--num-gpus",
             help="Devices (ranks) per node. Default: every slot, or the detected device count.",
+            panel="Devices",
         ),
     )
     backend: str = field(
@@ -58,6 +63,7 @@ class JobSpec:
             "--backend",
             help="auto, local, mpirun, deepspeed or slurm. auto: slurm inside a Slurm allocation without "
             "--hostfile, local for this host alone, else mpirun.",
+            panel="Hosts",
         ),
     )
     master_addr: Optional[str] = field(
@@ -66,18 +72,25 @@ class JobSpec:
             "--master_addr",
             "--master-addr",
             help="Rendezvous address. Default: 127.0.0.1 locally, else the first host.",
+            panel="Hosts",
         ),
     )
     master_port: Optional[int] = field(
         default=None,
         metadata=opt(
-            "--master_port", "--master-port", help="Rendezvous port. Default: a free port picked on the master host."
+            "--master_port",
+            "--master-port",
+            help="Rendezvous port. Default: a free port picked on the master host.",
+            panel="Hosts",
         ),
     )
     env_file: Optional[str] = field(
         default=None,
         metadata=opt(
-            "--env-file", "--env_file", help="Read only this env file instead of ~/.deepspeed_env and ./.deepspeed_env."
+            "--env-file",
+            "--env_file",
+            help="Read only this env file instead of ~/.deepspeed_env and ./.deepspeed_env.",
+            panel="Environment",
         ),
     )
     env: dict[str, str] = field(
@@ -87,17 +100,19 @@ class JobSpec:
             "--env",
             help="KEY=VALUE for every rank, or KEY to pass this shell's value without putting it on a "
             "command line (repeatable); wins over env files.",
+            panel="Environment",
         ),
     )
     module: bool = field(
-        default=False, metadata=opt("--module", "-m", help="Run SCRIPT as a Python module (python -m).")
+        default=False, metadata=opt("--module", "-m", help="Run SCRIPT as a Python module (python -m).", panel="Script")
     )
     no_python: bool = field(
-        default=False, metadata=opt("--no_python", "--no-python", help="SCRIPT is an executable, not a Python file.")
+        default=False,
+        metadata=opt("--no_python", "--no-python", help="SCRIPT is an executable, not a Python file.", panel="Script"),
     )
     python: str = field(
         default_factory=lambda: sys.executable,
-        metadata=opt("--python", help="Interpreter for the ranks. Default: this one."),
+        metadata=opt("--python", help="Interpreter for the ranks. Default: this one.", panel="Script"),
     )
     append_local_rank: bool = field(
         default=False,
@@ -105,13 +120,20 @@ class JobSpec:
             "--append-local-rank",
             "--append_local_rank",
             help="Append --local_rank=N to the script's arguments (off by default; ranks read LOCAL_RANK).",
+            panel="Script",
         ),
     )
     log_dir: Optional[str] = field(
-        default=None, metadata=opt("--log-dir", "--log_dir", help="Also write each rank's output to DIR/rank-N.log.")
+        default=None,
+        metadata=opt(
+            "--log-dir", "--log_dir", help="Also write each rank's output to DIR/rank-N.log.", panel="Output and modes"
+        ),
     )
     grace: float = field(
-        default=10.0, metadata=opt("--grace", help="Seconds between SIGTERM and SIGKILL when tearing the job down.")
+        default=10.0,
+        metadata=opt(
+            "--grace", help="Seconds between SIGTERM and SIGKILL when tearing the job down.", panel="Long runs"
+        ),
     )
     # Multi-node: SSH, pre-flight, exported environment, fabric, DeepSpeed's own launcher.
     ssh_port: Optional[int] = field(
@@ -120,6 +142,7 @@ class JobSpec:
             "--ssh-port",
             "--ssh_port",
             help="SSH port of every host. Default: ~/.ssh/config, else 22 (DL1 containers: 3022).",
+            panel="SSH",
         ),
     )
     ssh_identity: Optional[str] = field(
@@ -128,19 +151,23 @@ class JobSpec:
             "--ssh-identity",
             "--ssh_identity",
             help="Private key for SSH. Default: ~/.ssh/config, then the usual keys and the agent.",
+            panel="SSH",
         ),
     )
     ssh_config: Optional[str] = field(
-        default=None, metadata=opt("--ssh-config", "--ssh_config", help="ssh_config file. Default: ~/.ssh/config.")
+        default=None,
+        metadata=opt("--ssh-config", "--ssh_config", help="ssh_config file. Default: ~/.ssh/config.", panel="SSH"),
     )
     ssh_timeout: float = field(
-        default=10.0, metadata=opt("--ssh-timeout", "--ssh_timeout", help="SSH connect timeout in seconds.")
+        default=10.0,
+        metadata=opt("--ssh-timeout", "--ssh_timeout", help="SSH connect timeout in seconds.", panel="SSH"),
     )
     strict_host_keys: bool = field(
         default=False,
         metadata=opt(
             "--strict-host-keys",
             help="Refuse hosts whose key is not in known_hosts (default: accept new keys, refuse changed ones).",
+            panel="SSH",
         ),
     )
     ssh_check: bool = field(default=True, metadata=via("--no-ssh-check"))
@@ -151,6 +178,7 @@ class JobSpec:
             "--wait_hosts",
             help="Wait up to S seconds for every host's sshd to answer before the "
             "pre-flight (hosts that start with the job, e.g. containers).",
+            panel="SSH",
         ),
     )
     export_prefixes: list[str] = field(
@@ -159,6 +187,7 @@ class JobSpec:
             "--export-prefix",
             "--export_prefix",
             help="Also export this launcher's variables starting with PREFIX to every rank (repeatable).",
+            panel="Environment",
         ),
     )
     efa: Optional[bool] = field(
@@ -166,6 +195,7 @@ class JobSpec:
         metadata=opt(  # None: on when this host has EFA devices
             "--efa/--no-efa",
             help="Set HCCL_OVER_OFI and the EFA libraries. Default: on when this host has EFA devices.",
+            panel="Environment",
         ),
     )
     hccl_ofi_wrapper: Optional[str] = field(
@@ -174,6 +204,7 @@ class JobSpec:
             "--hccl-ofi-wrapper",
             "--hccl_ofi_wrapper",
             help="Directory of hccl_ofi_wrapper. Default: $HCCL_OFI_WRAPPER, else /root/hccl_ofi_wrapper.",
+            panel="Environment",
         ),
     )
     cpu_bind: str = field(
@@ -183,11 +214,14 @@ class JobSpec:
             "--cpu_bind",
             help="numa: bind each rank to its share of the cores of its Gaudi card's NUMA node (from hl-smi's bus "
             "id and sysfs); none: leave ranks unbound. Default: numa.",
+            panel="Devices",
         ),
     )
     launcher: str = field(
         default="pdsh",
-        metadata=opt("--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi."),
+        metadata=opt(
+            "--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi.", panel="DeepSpeed"
+        ),
     )
     launcher_args: Optional[str] = field(
         default=None,
@@ -195,18 +229,23 @@ class JobSpec:
             "--launcher-args",
             "--launcher_args",
             help="With --backend deepspeed: extra arguments for its runner (one string).",
+            panel="DeepSpeed",
         ),
     )
     # Slurm (--backend slurm from a login node): srun's allocation options, and the user's own.
     partition: Optional[str] = field(
-        default=None, metadata=opt("--partition", help="With --backend slurm from a login node: srun's partition.")
+        default=None,
+        metadata=opt("--partition", help="With --backend slurm from a login node: srun's partition.", panel="Slurm"),
     )
     time: Optional[str] = field(
         default=None,
-        metadata=opt("--time", help="With --backend slurm from a login node: srun's time limit (e.g. 1:00:00)."),
+        metadata=opt(
+            "--time", help="With --backend slurm from a login node: srun's time limit (e.g. 1:00:00).", panel="Slurm"
+        ),
     )
     account: Optional[str] = field(
-        default=None, metadata=opt("--account", help="With --backend slurm from a login node: srun's account.")
+        default=None,
+        metadata=opt("--account", help="With --backend slurm from a login node: srun's account.", panel="Slurm"),
     )
     sbatch: Optional[str] = field(
         default=None,
@@ -214,6 +253,7 @@ class JobSpec:
             "--sbatch",
             help="With --backend slurm: write a batch script (and a private env file beside it) for this "
             "job instead of running it; submit it with sbatch.",
+            panel="Slurm",
         ),
     )
     slurm_args: Optional[str] = field(
@@ -222,6 +262,7 @@ class JobSpec:
             "--slurm-args",
             "--slurm_args",
             help="With --backend slurm: more srun options, one string (split like a shell would, never run by one).",
+            panel="Slurm",
         ),
     )
     # show only these ranks on the console (logs keep all)
@@ -235,6 +276,7 @@ class JobSpec:
             help="Start the job again after a failure, up to N times (torchrun's option); ranks get "
             "GAUDI_LAUNCH_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT, our Trainer resumes from its newest "
             "checkpoint.",
+            panel="Long runs",
         ),
     )
     restart_on: str = field(
@@ -243,6 +285,7 @@ class JobSpec:
             "--restart-on",
             "--restart_on",
             help="With --max-restarts: which failures restart, a list of rank, host, hang (default all).",
+            panel="Long runs",
         ),
     )
     restart_backoff: float = field(
@@ -251,6 +294,7 @@ class JobSpec:
             "--restart-backoff",
             "--restart_backoff",
             help="With --max-restarts: seconds before the first restart, doubling after each (at most 60).",
+            panel="Long runs",
         ),
     )
     spare_hosts: int = field(
@@ -260,6 +304,7 @@ class JobSpec:
             "--spare_hosts",
             help="With --max-restarts: hold the last N selected hosts back; one takes a lost host's place on the "
             "restart, so the world size stays.",
+            panel="Long runs",
         ),
     )
     min_nodes: Optional[int] = field(
@@ -269,6 +314,7 @@ class JobSpec:
             "--min_nodes",
             help="With --max-restarts: when a host is lost and no spare is left, restart on the hosts left if there "
             "are at least M (else exit 4).",
+            panel="Long runs",
         ),
     )
     hang_timeout: Optional[float] = field(
@@ -279,6 +325,7 @@ class JobSpec:
             help="When no rank on this host advanced for S seconds (heartbeats: our Trainer's steps, "
             "gaudi_launch.heartbeat() in a script), print where every rank waits, keep their stacks in "
             "--log-dir, and tear the job down (exit 5). Default: off.",
+            panel="Long runs",
         ),
     )
     start_timeout: Optional[float] = field(
@@ -288,6 +335,7 @@ class JobSpec:
             "--start_timeout",
             help="Fail the launch (exit 127) when not every rank has started within S seconds, saying which "
             "did and where; 0: never. Default: 900, never with --backend slurm (srun may wait in the queue).",
+            panel="Long runs",
         ),
     )
     # Issue 25 (collective.py): prove the fabric before the job.
@@ -299,6 +347,7 @@ class JobSpec:
             "--collective",
             help="Before the job (or with `check`): an all-reduce and ring exchanges, one rank per host through the "
             "job's backend; slow or failed hosts are named (exit 3), or replaced by --spare-hosts.",
+            panel="Hosts",
         ),
     )
     min_bandwidth: Optional[float] = field(
@@ -308,6 +357,7 @@ class JobSpec:
             "--min_bandwidth",
             help="With --collective-check: a host under this many GB/s with its best partner is slow (besides "
             "under a quarter of the median).",
+            panel="Hosts",
         ),
     )
     exclude_from: Optional[str] = field(
@@ -316,6 +366,7 @@ class JobSpec:
             "--exclude-from",
             "--exclude_from",
             help="Leave out the hosts a collective check found slow or failed (its collective-check.json).",
+            panel="Hosts",
         ),
     )
     allow_version_mismatch: bool = field(
@@ -325,6 +376,7 @@ class JobSpec:
             "--allow_version_mismatch",
             help="Go on when Python, torch, the Gaudi bridge, DeepSpeed, transformers or OpenMPI differ across "
             "hosts (the pre-flight shows the table as a warning instead of failing).",
+            panel="SSH",
         ),
     )
     lost_hosts: list[str] = field(default_factory=list)  # set by the restart loop, not an option
