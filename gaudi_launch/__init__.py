@@ -14,7 +14,7 @@ __all__ = ["DistributedRunner", "heartbeat", "__version__"]
 def heartbeat() -> None:
     """Tell the launcher this rank advanced: call it once per training step in a plain script, for
     --hang-timeout (our Trainer does it itself). Free when the launcher does not watch for hangs."""
-    from gaudi_launch.process.heartbeats import beat
+    from gaudi_launch.wire import beat
 
     beat()
 

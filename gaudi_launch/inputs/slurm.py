@@ -15,11 +15,12 @@ import zlib
 from collections.abc import Mapping
 from typing import Optional
 
+from gaudi_launch import wire
 from gaudi_launch.errors import UserError
 
 # Set by the slurm backend on srun's environment: the ranks' layout comes from srun's variables,
 # whatever RANK/LOCAL_RANK/... the launcher's own environment may carry.
-RANKS_FROM = "GAUDI_LAUNCH_RANKS_FROM"
+RANKS_FROM = wire.RANKS_FROM
 PORT_BASE, PORT_SPAN = 20000, 20000
 
 

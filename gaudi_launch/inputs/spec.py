@@ -10,8 +10,8 @@ from typing import Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.options import opt, via
-from gaudi_launch.process.heartbeats import HEARTBEAT_DIR
-from gaudi_launch.process.restarts import MAX_RESTARTS, MAX_RESTARTS_VAR, RESTART_COUNT, parse_restart_on
+from gaudi_launch.inputs.restartopts import MAX_RESTARTS, parse_restart_on
+from gaudi_launch.wire import HEARTBEAT_DIR, MAX_RESTARTS_VAR, RESTART_COUNT
 
 BACKENDS = ("auto", "local", "mpirun", "deepspeed", "slurm")
 # Variables a job sets for its own ranks (prepare/attempt_spec), not options the user gave.

@@ -12,21 +12,21 @@ from collections import ChainMap
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Optional, cast
 
-from gaudi_launch.process.wire import NO_PYTHON_FLAG
+from gaudi_launch.wire import (
+    JOB_ID,
+    MAX_RESTARTS_VAR,
+    NO_PYTHON_FLAG,
+    NODE_DEVICES,
+    NODE_SIZES,
+    RESTART_COUNT,
+    node_var,
+)
 
 if TYPE_CHECKING:  # types only: the rank bootstrap imports this module, and nothing heavier
     from gaudi_launch.inputs.spec import JobSpec
     from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 
 VISIBILITY = ("HABANA_VISIBLE_MODULES", "CUDA_VISIBLE_DEVICES")
-# Selected slots of every node, '0,1;1,3' (node 0 takes slots 0,1, node 1 slots 1,3): one command
-# (mpirun, deepspeed) starts every node, so each node's part travels in one variable.
-NODE_DEVICES = "GAUDI_LAUNCH_NODE_DEVICES"
-
-
-def node_var(name: str) -> str:
-    """Per-node physical ids for one visibility variable, when the ranks inherit a restriction."""
-    return f"GAUDI_LAUNCH_NODE_{name}"
 
 
 def visible_subset(parent: Optional[str], slots: Sequence[int]) -> str:
@@ -70,7 +70,6 @@ def node_visibility(env: Mapping[str, str], node_rank: Optional[str]) -> dict[st
 
 # Ranks per node, '1,2', when nodes differ: DeepSpeed's launch.py gives LOCAL_RANK as
 # RANK % (ranks on the node), which is not the rank's place on its node then.
-NODE_SIZES = "GAUDI_LAUNCH_NODE_SIZES"
 
 
 def node_sizes_env(sizes: list[int]) -> dict[str, str]:
@@ -97,16 +96,16 @@ def elastic_env(layout: Mapping[str, str], environ: Mapping[str, str]) -> dict[s
     torch.distributed.is_torchelastic_launched() is true as under torchrun. Not
     TORCHELASTIC_USE_AGENT_STORE: there is no agent store, init_process_group makes its own.
     """
-    if not environ.get("GAUDI_LAUNCH_JOB_ID") or "RANK" not in layout or "WORLD_SIZE" not in layout:
+    if not environ.get(JOB_ID) or "RANK" not in layout or "WORLD_SIZE" not in layout:
         return {}
     env = {
         "ROLE_RANK": layout["RANK"],
         "ROLE_NAME": "default",
         "ROLE_WORLD_SIZE": layout["WORLD_SIZE"],
-        "TORCHELASTIC_RUN_ID": environ["GAUDI_LAUNCH_JOB_ID"],
+        "TORCHELASTIC_RUN_ID": environ[JOB_ID],
         # --max-restarts: the launcher's count of this attempt (restarts.py), under torchrun's names
-        "TORCHELASTIC_RESTART_COUNT": environ.get("GAUDI_LAUNCH_RESTART_COUNT") or "0",
-        "TORCHELASTIC_MAX_RESTARTS": environ.get("GAUDI_LAUNCH_MAX_RESTARTS") or "0",
+        "TORCHELASTIC_RESTART_COUNT": environ.get(RESTART_COUNT) or "0",
+        "TORCHELASTIC_MAX_RESTARTS": environ.get(MAX_RESTARTS_VAR) or "0",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
     if layout.get("CROSS_SIZE"):
@@ -166,7 +165,7 @@ def rank_contract(
         "CROSS_SIZE": len(plan.nodes),
         "MASTER_ADDR": plan.master_addr,
         "MASTER_PORT": plan.master_port,
-        "GAUDI_LAUNCH_JOB_ID": plan.job_id,
+        JOB_ID: plan.job_id,
     }
     layout.update(node_visibility_env(node, inherited) if node_env is None else node_env)
     contract = {k: str(v) for k, v in layout.items()}

@@ -17,8 +17,9 @@ from typing import Optional
 from gaudi_launch.inputs import cards
 from gaudi_launch.inputs.idranges import id_ranges
 from gaudi_launch.runtime.hpu_env import LAZY_VAR, lazy_mode_setting, script_hpu_flags
+from gaudi_launch.wire import CPU_BIND
 
-CPU_BIND_VAR = "GAUDI_LAUNCH_CPU_BIND"  # "none": ranks are not bound (--cpu-bind none)
+CPU_BIND_VAR = CPU_BIND  # "none": ranks are not bound (--cpu-bind none)
 CPU_BIND_CHOICES = ("numa", "none")
 RECIPE_VAR = "PT_HPU_RECIPE_CACHE_CONFIG"
 RECIPE_DIR = "recipe-cache"

@@ -24,6 +24,7 @@ from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.remote import openmpi, sshmux, versions
 from gaudi_launch.remote.preflight import CheckReport, HostFacts, SshOptions, check_hosts
 from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
+from gaudi_launch.wire import SSH_SHARE
 
 
 class PreflightFailed(UserError):
@@ -164,7 +165,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
     the job's connection to it (sshmux), used by every later ssh of the job and closed at its end."""
     connections = None
     hosts = [n.host for n in plan.nodes]
-    if share and any(not local(h) for h in hosts) and os.environ.get("GAUDI_LAUNCH_SSH_SHARE", "1") != "0":
+    if share and any(not local(h) for h in hosts) and os.environ.get(SSH_SHARE, "1") != "0":
         connections = sshmux.open_for(plan.job_id, ssh_args(spec, configured_host_keys(hosts, spec.ssh_config)))
     script = spec.program[0] if spec.program and not spec.module else None
     report = check_hosts(

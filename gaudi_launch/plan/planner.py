@@ -21,8 +21,8 @@ from gaudi_launch.plan import gaudi
 from gaudi_launch.plan.contract import node_device_env, node_visibility_env
 from gaudi_launch.plan.launchplan import LaunchPlan, layout
 from gaudi_launch.plan.multinode import PreflightFailed, findings, finish_plan, pick_remote_port
-from gaudi_launch.process.restarts import hosts_for_attempt
-from gaudi_launch.remote.jobdir import path_for as jobdir_path
+from gaudi_launch.plan.restarthosts import hosts_for_attempt
+from gaudi_launch.wire import path_for as jobdir_path
 
 
 def resolve_hosts(

@@ -34,9 +34,7 @@ from gaudi_launch.inputs.options import option_fields
 from gaudi_launch.inputs.spec import JOB_OWN_VARS, JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
-from gaudi_launch.process.heartbeats import HEARTBEAT_DIR
-from gaudi_launch.process.worker import JOB_DIGEST_FLAG
-from gaudi_launch.remote.jobdir import JobDirError, check_private_dir, write_private
+from gaudi_launch.wire import HEARTBEAT_DIR, JOB_DIGEST_FLAG, JobDirError, check_private_dir, write_private
 
 # Per run, not compared: the job id, the notes and the pre-flight's findings (the port too, unless
 # the request fixed it). Every other field of either plan is.

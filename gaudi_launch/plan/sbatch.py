@@ -21,7 +21,7 @@ from gaudi_launch.backends.slurm import LATER, _node_names
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
-from gaudi_launch.remote.jobdir import write_private
+from gaudi_launch.wire import write_private
 
 
 def env_file_text(env: Mapping[str, str]) -> str:

@@ -26,9 +26,10 @@ from typing import Callable, Optional
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.idranges import rank_words
-from gaudi_launch.process.heartbeats import DUMP_SIGNAL, HEARTBEAT_DIR, start_time
+from gaudi_launch.process.heartbeats import DUMP_SIGNAL, start_time
 from gaudi_launch.process.logfiles import open_log, prepare_log_dir
-from gaudi_launch.remote.jobdir import create, path_for
+from gaudi_launch.remote.jobdir import create
+from gaudi_launch.wire import HEARTBEAT_DIR, path_for
 
 SETTLE_S = 5.0  # how long the ranks get to write their stacks
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")

@@ -25,7 +25,7 @@ import socket
 import time
 from typing import Optional
 
-from gaudi_launch.process.wire import ERROR_MARKER, TORN_DOWN, record_line
+from gaudi_launch.wire import ERROR_MARKER, TORN_DOWN, record_line
 
 RANK_TAG = "@@gaudi-launch-rank@@"
 LINE_MAX = 1 << 20  # a longer line is passed on in pieces of this size (the supervisor's read size)

@@ -11,7 +11,6 @@ in the first place. The decisions are pure functions; ``run_job`` is the thin lo
 from __future__ import annotations
 
 import dataclasses
-import enum
 import signal
 import sys
 import threading
@@ -22,42 +21,18 @@ from typing import TYPE_CHECKING, Callable, Optional, TextIO
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
-from gaudi_launch.process.hangs import HEARTBEAT_DIR, HangWatch, check_watchable
+from gaudi_launch.inputs.restartopts import Cause, parse_restart_on
+from gaudi_launch.process.hangs import HangWatch, check_watchable
+from gaudi_launch.wire import HEARTBEAT_DIR, MAX_RESTARTS_VAR, RESTART_COUNT
 
-if TYPE_CHECKING:  # types only: spec.py imports this module
+if TYPE_CHECKING:  # types only
     from gaudi_launch.inputs.spec import JobSpec
     from gaudi_launch.plan.launchplan import LaunchPlan
     from gaudi_launch.process.supervise import JobResult
 
 
-class Cause(str, enum.Enum):
-    """Why an attempt failed, as --restart-on names it."""
-
-    RANK = "rank"  # a rank failed
-    HOST = "host"  # a host stopped answering
-    HANG = "hang"  # no rank advanced for --hang-timeout seconds
-
-    def __str__(self) -> str:
-        return self.value
-
-
-CAUSES = tuple(Cause)
-MAX_RESTARTS = 1000  # a typo guard, not a policy
 BACKOFF_CAP_S = 60.0  # doubling back-off never waits longer than this
-RESTART_COUNT = "GAUDI_LAUNCH_RESTART_COUNT"
-MAX_RESTARTS_VAR = "GAUDI_LAUNCH_MAX_RESTARTS"
 _CAUSE_WORDS = {Cause.RANK: "rank failure", Cause.HOST: "host lost", Cause.HANG: "hang"}
-
-
-def parse_restart_on(text: str) -> frozenset[Cause]:
-    """'rank,hang' -> {'rank', 'hang'}; 'all' is every cause. Pure."""
-    names = [n.strip().lower() for n in str(text).split(",") if n.strip()]
-    if names == ["all"]:
-        return frozenset(CAUSES)
-    unknown = [n for n in names if n not in CAUSES]
-    if unknown or not names:
-        raise UserError(f"{text!r}: a comma-separated list of {', '.join(CAUSES)} (or all)", where="--restart-on")
-    return frozenset(Cause(n) for n in names)
 
 
 def attempt_spec(spec, attempt: int, lost_hosts: Sequence[str] = ()):
@@ -70,63 +45,9 @@ def attempt_spec(spec, attempt: int, lost_hosts: Sequence[str] = ()):
     return dataclasses.replace(spec, env=env, lost_hosts=list(lost_hosts))
 
 
-class HostsExhausted(UserError):
-    """Lost hosts leave too few to go on: the job stops as a lost host does (exit 4)."""
-
-    exit_code = ExitCode.HOST_LOST
-
-
-def hosts_for_attempt(
-    selected: list[tuple[str, list]], lost: Sequence[str], spares: int, min_nodes: Optional[int]
-) -> tuple[list[tuple[str, list]], Optional[str]]:
-    """Which selected (host, devices) run this attempt, and a note. The last ``spares`` hosts are
-    held back; a lost host is left out and the next spare takes its place, so the world size stays.
-    Without a spare the job runs on fewer hosts only down to ``min_nodes``. Pure."""
-    if spares and spares >= len(selected):
-        raise UserError(
-            f"{spares} spare host(s) leave none of the {len(selected)} selected to run on",
-            where="--spare-hosts",
-            hint="list more hosts than --spare-hosts",
-        )
-    wanted = len(selected) - spares
-    usable = [s for s in selected if s[0] not in set(lost)]
-    if len(usable) >= wanted:
-        chosen = usable[:wanted]
-    elif min_nodes and len(usable) >= min_nodes:
-        chosen = usable
-    else:
-        raise HostsExhausted(
-            f"{len(lost)} host(s) lost ({', '.join(lost)}): {len(usable)} left, the job needs {min_nodes or wanted}",
-            where="--max-restarts",
-            hint="--spare-hosts N holds hosts back to take a lost one's place; --min-nodes M lets "
-            "the job go on with fewer",
-        )
-    notes = []
-    held = [h for h, _ in usable[len(chosen) :]]
-    if held:
-        notes.append("spare host(s) held back: " + ", ".join(held))
-    if lost:
-        notes.append("left out (lost in an earlier attempt): " + ", ".join(lost))
-    if len(chosen) < wanted:
-        notes.append(
-            f"running on {len(chosen)} of {wanted} host(s) (--min-nodes {min_nodes}): fewer ranks, so a "
-            "smaller global batch unless the script adapts to WORLD_SIZE"
-        )
-    return chosen, "; ".join(notes) or None
-
-
 def lost_hosts_in(message: Optional[str], hosts: Sequence[str]) -> list[str]:
     """The hosts a lost-host message (watch.py: 'host NAME stopped answering ...') names. Pure."""
     return [h for h in hosts if message and message.startswith(f"host {h} ")]
-
-
-def restart_count(environ) -> int:
-    """Which restart this rank belongs to (0: the first run), from our variable or torchrun's. Pure."""
-    for name in (RESTART_COUNT, "TORCHELASTIC_RESTART_COUNT"):
-        value = str(environ.get(name, "")).strip()
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 def backoff_s(restart: int, base: float, cap: float = BACKOFF_CAP_S) -> float:

@@ -29,8 +29,8 @@ from gaudi_launch.inputs.idranges import rank_words
 from gaudi_launch.process import placement
 from gaudi_launch.process.logfiles import open_log, prepare_log_dir
 from gaudi_launch.process.progress import LineSplitter
-from gaudi_launch.process.wire import ERROR_MARKER, STARTED, parse_record
 from gaudi_launch.remote.teardown import describe_unseen
+from gaudi_launch.wire import ERROR_MARKER, STARTED, parse_record
 
 TAIL_KEEP = 200  # lines of output remembered per process for the summary
 TAIL_LINE_CHARS = 2000  # each remembered line is cut to this: tails stay bounded in bytes too

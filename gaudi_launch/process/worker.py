@@ -41,11 +41,27 @@ from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
 from gaudi_launch.plan import gaudi
 from gaudi_launch.plan.contract import elastic_env, node_layout, node_visibility, read_error_file
 from gaudi_launch.process import relay
-from gaudi_launch.process.heartbeats import HEARTBEAT_DIR, install_stack_dump
-from gaudi_launch.process.wire import NO_PYTHON_FLAG, STARTED, TORN_DOWN, record_line
-from gaudi_launch.remote.jobdir import JobDirError, check_private_dir, clean_stale, path_for, read_job
+from gaudi_launch.process.heartbeats import install_stack_dump
+from gaudi_launch.remote.jobdir import clean_stale, read_job
 from gaudi_launch.remote.teardown import sweep_here
 from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
+from gaudi_launch.wire import (
+    DEVICE,
+    GRACE,
+    HEARTBEAT_DIR,
+    JOB_DIGEST_FLAG,
+    JOB_FILE_FLAG,
+    JOB_ID,
+    NO_PYTHON_FLAG,
+    RANKS_FROM,
+    STARTED,
+    SYSFS,
+    TORN_DOWN,
+    JobDirError,
+    check_private_dir,
+    path_for,
+    record_line,
+)
 
 # Where other launchers put the rank layout, in order of preference for each torchrun name.
 _SOURCES = {
@@ -60,11 +76,11 @@ _SOURCES = {
 
 def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> dict[str, str]:
     """The torchrun names (plus DeepSpeed's aliases) filled in from whichever launcher ran us. Pure."""
-    if env.get("GAUDI_LAUNCH_RANKS_FROM") == "slurm":
+    if env.get(RANKS_FROM) == "slurm":
         # srun started us (the slurm backend): its task variables are the layout, whatever
         # RANK/LOCAL_RANK/... came along in srun's environment.
         layout = rank_layout(env)
-        merged = {**env, **layout, "GAUDI_LAUNCH_RANKS_FROM": ""}
+        merged = {**env, **layout, RANKS_FROM: ""}
         combined = {**layout, **normalize_env(merged, cpu_count)}
         return {k: v for k, v in combined.items() if env.get(k) != v}
     out: dict[str, str] = {}
@@ -98,9 +114,6 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> di
     return {k: v for k, v in out.items() if env.get(k) != v}
 
 
-# A job file (see jobdir.py) instead of values on argv: `ps` shows argv to every user of a host.
-JOB_FILE_FLAG = "--job-file="
-JOB_DIGEST_FLAG = "--job-sha256="
 # Read by the dynamic loader or the interpreter at start-up: changing them needs a fresh process.
 _STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")
 
@@ -127,9 +140,7 @@ def read_job_argv(argv: list[str]) -> dict:
 
 def uses_hpu(environ: Mapping[str, str]) -> bool:
     """The Gaudi stack is installed (found, not imported) and --device did not say otherwise."""
-    return (
-        environ.get("GAUDI_LAUNCH_DEVICE", "hpu") == "hpu" and importlib.util.find_spec("habana_frameworks") is not None
-    )
+    return environ.get(DEVICE, "hpu") == "hpu" and importlib.util.find_spec("habana_frameworks") is not None
 
 
 def _private_job_dir(job: str) -> str:
@@ -156,7 +167,7 @@ def _clean_dead_jobs() -> None:
 def _hpu_env(script_args: list[str], environ: MutableMapping[str, str]) -> dict[str, str]:
     # The bridge reads lazy mode and the autocast op lists once, at import, and `import torch`
     # imports it (SynapseAI >= 1.18): they must be in place before the script's first line.
-    job = environ.get("GAUDI_LAUNCH_JOB_ID", "")
+    job = environ.get(JOB_ID, "")
     try:
         job_dir = _private_job_dir(job) if job else None
         return hpu_env_for_script(script_args, environ, job_dir)
@@ -174,7 +185,7 @@ def _bind_cpus(environ: Mapping[str, str]) -> None:
     which card the rank takes and where that card sits. A host without hl-smi is left alone."""
     if environ.get(gaudi.CPU_BIND_VAR) == "none" or not shutil.which("hl-smi"):
         return
-    cores = gaudi.rank_binding(environ, cards.read_host(sysfs=environ.get("GAUDI_LAUNCH_SYSFS") or "/sys"))
+    cores = gaudi.rank_binding(environ, cards.read_host(sysfs=environ.get(SYSFS) or "/sys"))
     if not cores:
         return
     try:
@@ -185,7 +196,7 @@ def _bind_cpus(environ: Mapping[str, str]) -> None:
 
 def _recipe_cache(environ: MutableMapping[str, str]) -> None:
     """PT_HPU_RECIPE_CACHE_CONFIG in the job's directory on this host, unless the user set it (plan/gaudi.py)."""
-    job = environ.get("GAUDI_LAUNCH_JOB_ID", "")
+    job = environ.get(JOB_ID, "")
     if not job or environ.get(gaudi.RECIPE_VAR):
         return
     try:
@@ -322,12 +333,10 @@ _RELAYED_FLAG = "--gaudi-launch-relayed"
 def _error_file(environ: Mapping[str, str]) -> dict[str, str]:
     """A private TORCHELASTIC_ERROR_FILE per rank, as torchrun gives, for torch's @record."""
     global _ERROR_DIR
-    if not environ.get("GAUDI_LAUNCH_JOB_ID"):
+    if not environ.get(JOB_ID):
         return {}
     try:
-        _ERROR_DIR = tempfile.mkdtemp(
-            prefix=f"gaudi-launch-{environ['GAUDI_LAUNCH_JOB_ID']}-rank{environ.get('RANK', '')}-"
-        )
+        _ERROR_DIR = tempfile.mkdtemp(prefix=f"gaudi-launch-{environ[JOB_ID]}-rank{environ.get('RANK', '')}-")
     except OSError:
         return {}
     return {"TORCHELASTIC_ERROR_FILE": os.path.join(_ERROR_DIR, "error.json")}
@@ -335,7 +344,7 @@ def _error_file(environ: Mapping[str, str]) -> dict[str, str]:
 
 def _grace(environ: Mapping[str, str]) -> float:
     try:
-        grace = float(environ.get("GAUDI_LAUNCH_GRACE", "10"))
+        grace = float(environ.get(GRACE, "10"))
     except ValueError:
         return 10.0
     return grace if 0 <= grace < 3600 else 10.0
@@ -527,10 +536,10 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
         print("usage: python -m gaudi_launch.process.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     environ.update(normalize_env(environ, os.cpu_count()))
-    if environ.get("GAUDI_LAUNCH_JOB_ID"):  # to the launcher: this rank started (its start-up deadline)
+    if environ.get(JOB_ID):  # to the launcher: this rank started (its start-up deadline)
         sys.stderr.write(f"{STARTED}{environ.get('RANK', '')} {socket.gethostname()}\n")  # and where
         sys.stderr.flush()
-    if environ.get("GAUDI_LAUNCH_JOB_ID") and environ.get("LOCAL_RANK") == "0":
+    if environ.get(JOB_ID) and environ.get("LOCAL_RANK") == "0":
         _clean_dead_jobs()
     environ.update(_error_file(environ))
     if environ.get(HEARTBEAT_DIR):  # --hang-timeout: the launcher may ask for this rank's stacks
@@ -539,15 +548,15 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
         os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
     except OSError:
         pass  # already a session leader (our local backend): nothing to do
-    if environ.get("GAUDI_LAUNCH_RANKS_FROM") == "slurm":
+    if environ.get(RANKS_FROM) == "slurm":
         wait_alone_in_group()  # the first task of a node leads the group srun put them all in
     if os.getpgrp() == os.getpid():
         signal.signal(signal.SIGTERM, _term_whole_group)
-        if environ.get("GAUDI_LAUNCH_JOB_ID"):
-            watch_launcher(_grace(environ), environ["GAUDI_LAUNCH_JOB_ID"], relayed=_RELAYED)
+        if environ.get(JOB_ID):
+            watch_launcher(_grace(environ), environ[JOB_ID], relayed=_RELAYED)
     as_module = argv[0] in ("-m", NO_PYTHON_FLAG)
     target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
-    if environ.get("GAUDI_LAUNCH_JOB_ID"):
+    if environ.get(JOB_ID):
         _bind_cpus(environ)
     if uses_hpu(environ):
         environ.update(_hpu_env(args, environ))

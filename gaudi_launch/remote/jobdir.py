@@ -16,14 +16,16 @@ import os
 import re
 import shutil
 import socket
-import stat
 import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from typing import Optional
 
-PREFIX = "gaudi-launch-"
+# The naming and the private-file rules are the wire module's (the rank side shares them); path_for and
+# JobDirError stay reachable here for the backends.
+from gaudi_launch.wire import PREFIX, JobDirError, check_private_dir, path_for, write_private  # noqa: F401
+
 JOB_FILE = "job.json"
 OWNER_FILE = "owner"
 STALE_AFTER_S = 120.0  # a directory this young may belong to a job whose ranks are still starting
@@ -32,14 +34,6 @@ SAFE_PATH = re.compile(r"[A-Za-z0-9_./-]+")
 # What follows PREFIX in a job's directories: its id, or its id and a rank's private directory
 # (the worker's TORCHELASTIC_ERROR_FILE, from mkdtemp), left behind when that rank was SIGKILLed.
 _JOB_DIR_NAME = re.compile(r"([0-9a-f]{8,64})(-rank[0-9]*-[A-Za-z0-9_]+)?")
-
-
-class JobDirError(ValueError):
-    """The per-job directory or file is not what this job created: refuse to use it."""
-
-
-def path_for(job_id: str, tmp: Optional[str] = None) -> str:
-    return os.path.join(tmp or tempfile.gettempdir(), PREFIX + job_id)
 
 
 def payload(env: Mapping[str, str], argv: list[str], module: bool, cwd: str, key: str) -> bytes:
@@ -53,17 +47,6 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check_private_dir(path: str) -> None:
-    """An existing directory is usable only if it is a real directory of ours that nobody else can enter."""
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise JobDirError(f"{path} exists and is not a directory")
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise JobDirError(
-            f"{path} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, not to this user with mode 700"
-        )
-
-
 def create(path: str) -> None:
     """The launcher's job directory: fresh (an existing one is never reused), 0700, with an owner record."""
     os.mkdir(path, 0o700)
@@ -74,13 +57,6 @@ def create(path: str) -> None:
 def owner_record(pid: Optional[int] = None) -> str:
     pid = os.getpid() if pid is None else pid
     return f"{socket.gethostname()} {pid} {_start_time(pid) or 0}\n"
-
-
-def write_private(path: str, data: bytes) -> None:
-    """A new file only this user can read; never follows a link, never overwrites."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
 
 
 def read_job(path: str, want: str) -> dict:

@@ -19,8 +19,6 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from gaudi_launch.process.heartbeats import beat
-from gaudi_launch.process.restarts import restart_count
 from gaudi_launch.runtime import checkpoint as ckpt
 from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
 from gaudi_launch.runtime.attention import apply_attention
@@ -44,6 +42,7 @@ from gaudi_launch.runtime.optim import clip_flat_grad_norm, clip_grad_norm, make
 from gaudi_launch.runtime.precision import autocast
 from gaudi_launch.runtime.sampling import DealtBatches, batches_per_rank, steps_per_epoch, window_sizes, windows_after
 from gaudi_launch.runtime.zero_init import built_partitioned, prepare_deepspeed
+from gaudi_launch.wire import beat, restart_count
 
 
 @dataclass

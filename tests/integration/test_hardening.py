@@ -544,7 +544,7 @@ def test_error_records_kept_per_process_are_bounded():
     import json
 
     from gaudi_launch.process.supervise import RECORDS_KEEP, ProcSpec, Supervisor
-    from gaudi_launch.process.wire import ERROR_MARKER
+    from gaudi_launch.wire import ERROR_MARKER
 
     record = json.dumps({"rank": 0, "exit_code": 1, "traceback": "x" * 10000})
     code = f"import sys\nfor i in range(3000): print({ERROR_MARKER + record!r})\nsys.exit(1)"

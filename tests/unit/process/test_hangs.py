@@ -21,7 +21,7 @@ from gaudi_launch.process.hangs import (
     where_waiting,
     with_heartbeats,
 )
-from gaudi_launch.process.heartbeats import HEARTBEAT_DIR
+from gaudi_launch.wire import HEARTBEAT_DIR
 from tests.unit.cli_helpers import plan_of, user_error
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py

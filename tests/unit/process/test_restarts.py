@@ -7,21 +7,19 @@ import pytest
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import elastic_env
+from gaudi_launch.inputs.restartopts import Cause, parse_restart_on
+from gaudi_launch.plan.restarthosts import HostsExhausted, hosts_for_attempt
 from gaudi_launch.process.restarts import (
     Attempt,
-    Cause,
-    HostsExhausted,
     attempt_spec,
     backoff_s,
     failure_cause,
     format_attempts,
-    hosts_for_attempt,
     lost_hosts_in,
-    parse_restart_on,
-    restart_count,
     should_restart,
 )
 from gaudi_launch.process.supervise import Culprit, JobResult, ProcResult
+from gaudi_launch.wire import restart_count
 from tests.unit.cli_helpers import plan_of, user_error
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
