@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.restartopts import Cause, parse_restart_on
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import elastic_env
-from gaudi_launch.inputs.restartopts import Cause, parse_restart_on
 from gaudi_launch.plan.restarthosts import HostsExhausted, hosts_for_attempt
 from gaudi_launch.process.restarts import (
     Attempt,
