@@ -66,3 +66,40 @@ class LineSplitter:
             text = self._state  # "...\rlast state\r\n": the line is its last state
         self._state, self._rewriting = None, False
         return text, True
+
+
+PROGRESS_EVERY = 3.0  # seconds between a rank's progress states written to a non-terminal (a pipe, a file)
+
+
+class ProgressPace:
+    """Which progress states of one stream go to a non-terminal, where each one is a line of its own:
+    a bar's first state at once, then at most one every ``every`` seconds, the newest; a state held
+    back is shown when its time comes even if the bar stops moving (``due``), so a log shows where a
+    stalled loop stands. A finished line (the bar's last state) ends the bar: ``done``. Pure: the
+    caller passes the clock."""
+
+    def __init__(self, every: float = PROGRESS_EVERY):
+        self.every = every
+        self._shown: Optional[float] = None  # when this bar's last state was shown
+        self.pending: Optional[str] = None  # the newest state not shown yet
+
+    def offer(self, text: str, now: float) -> Optional[str]:
+        """A new state: the text to show now, or None (held back as ``pending``)."""
+        self.pending = text
+        return self.due(now)
+
+    def due(self, now: float) -> Optional[str]:
+        """The held-back state when its time has come, else None."""
+        if self.pending is None or (self._shown is not None and now - self._shown < self.every):
+            return None
+        text, self.pending, self._shown = self.pending, None, now
+        return text
+
+    def wait(self, now: float) -> Optional[float]:
+        """Seconds until the held-back state is due; None when nothing is held back."""
+        if self.pending is None:
+            return None
+        return 0.0 if self._shown is None else max(0.0, self._shown + self.every - now)
+
+    def done(self) -> None:
+        self._shown = self.pending = None

@@ -14,6 +14,7 @@ import enum
 import errno
 import os
 import queue
+import select
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from gaudi_launch.exitcodes import ExitCode, for_signal
 from gaudi_launch.inputs.idranges import rank_words
 from gaudi_launch.process import placement
 from gaudi_launch.process.logfiles import open_log, prepare_log_dir
-from gaudi_launch.process.progress import LineSplitter
+from gaudi_launch.process.progress import LineSplitter, ProgressPace
 from gaudi_launch.remote.teardown import describe_unseen
 from gaudi_launch.wire import ERROR_MARKER, STARTED, parse_record
 
@@ -397,28 +398,41 @@ class Supervisor:
     def _pump_live(self, proc: _Proc, rank: Optional[int], pipe, sink: TextIO) -> None:
         """One rank's own pipe: lines as they end, and progress states (\r) as they come."""
         splitter = LineSplitter(LINE_READ_MAX)
+        pace = None if _isatty(sink) else ProgressPace()  # a pipe or file: states as lines, a few
         fd = pipe.fileno()
         while True:
+            wait = pace.wait(time.monotonic()) if pace else None
             try:
+                if wait is not None and not select.select([fd], [], [], wait)[0]:
+                    self._progress(proc, rank, pace.due(time.monotonic()), sink)  # a stalled bar's state
+                    continue
                 data = os.read(fd, 65536)  # whatever has arrived: no waiting for a newline
-            except OSError:
+            except (OSError, ValueError):
                 break
             if not data:
                 break
             for text, final in splitter.feed(data):
+                if pace and final:
+                    pace.done()
+                elif pace:
+                    text = pace.offer(text, time.monotonic())
                 (self._emit if final else self._progress)(proc, rank, text, sink)
         for text, _ in splitter.close():
             self._emit(proc, rank, text, sink)
         pipe.close()
 
-    def _progress(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
-        """A progress state: rewrites its line on a terminal; elsewhere only the finished line is kept."""
-        if not _isatty(sink) or (
-            self.console_ranks is not None and rank is not None and rank not in self.console_ranks
-        ):
+    def _progress(self, proc: _Proc, rank: Optional[int], text: Optional[str], sink: TextIO) -> None:
+        """A progress state: rewrites its line on a terminal; elsewhere (paced by _pump_live) a line of its own.
+        Logs keep only the finished line."""
+        if text is None or (self.console_ranks is not None and rank is not None and rank not in self.console_ranks):
             return
+        tty = _isatty(sink)
         with self._write_lock:
             try:
+                if not tty:
+                    sink.write(self._prefix(proc, rank) + self.mask(text)[:4000] + "\n")
+                    sink.flush()
+                    return
                 sink.write("\r" + self._prefix(proc, rank) + self.mask(text)[:4000] + "\x1b[K")
                 sink.flush()
                 self._rewriting.add(id(sink))

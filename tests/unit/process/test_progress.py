@@ -1,6 +1,6 @@
 """Splitting output into finished lines and carriage-return progress states (gaudi_launch/process/progress.py)."""
 
-from gaudi_launch.process.progress import LineSplitter
+from gaudi_launch.process.progress import LineSplitter, ProgressPace
 
 
 def pieces(*chunks: bytes):
@@ -37,3 +37,20 @@ def test_text_after_states_is_the_line_and_an_unfinished_state_is_kept_at_the_en
 def test_a_line_without_end_is_handed_out_in_pieces():
     s = LineSplitter(max_line=4)
     assert s.feed(b"abcdef") == [("abcdef", True)]
+
+
+def test_a_non_terminal_gets_the_first_state_then_the_newest_every_few_seconds():
+    pace = ProgressPace(every=3.0)
+    shown = [pace.offer(f"{i}%", now=i / 10) for i in range(100)]  # 100 states in 10 s
+    assert [s for s in shown if s] == ["0%", "30%", "60%", "90%"]
+    assert pace.pending == "99%" and abs(pace.wait(now=9.9) - 2.1) < 1e-9  # shown at 9.0
+
+
+def test_a_stalled_bar_shows_its_last_state_when_due_and_a_finished_line_starts_a_new_bar():
+    pace = ProgressPace(every=3.0)
+    assert pace.offer("1/9", now=0.0) == "1/9"
+    assert pace.offer("2/9", now=0.5) is None and pace.offer("3/9", now=1.0) is None
+    assert pace.due(now=2.9) is None and pace.wait(now=2.0) == 1.0
+    assert pace.due(now=3.0) == "3/9" and pace.wait(now=3.0) is None and pace.due(now=99) is None
+    pace.done()  # the line ended: the next bar's first state goes at once
+    assert pace.offer("a", now=3.1) == "a"
