@@ -21,7 +21,8 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import worker_argv
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.plan.multinode import host_watch
-from gaudi_launch.process.supervise import Culprit, JobResult, ProcSpec, Supervisor, signal_name
+from gaudi_launch.process.failures import Culprit, signal_name
+from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.remote import jobdir, openmpi, sshmux
 from gaudi_launch.remote.teardown import job_sweeper
 

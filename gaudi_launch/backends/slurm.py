@@ -31,7 +31,8 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fabric
 from gaudi_launch.plan.contract import node_device_env, worker_argv
 from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
-from gaudi_launch.process.supervise import Culprit, JobResult, ProcSpec, Supervisor
+from gaudi_launch.process.failures import Culprit
+from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.remote.teardown import kill_argv, parse_sweep
 from gaudi_launch.remote.watch import HostWatch
 

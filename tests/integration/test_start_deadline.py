@@ -98,7 +98,7 @@ def test_start_timeout_default_and_bounds():
 def test_a_launcher_failing_before_any_rank_started_is_blamed_itself_not_rank_0():
     # Issue 27 item 12's second half: DeepSpeed's runner failing its own ssh check was reported as
     # "first failure: rank 0 ... (through deepspeed)" though no rank ever ran; the start markers tell.
-    from gaudi_launch.process.supervise import ProcResult, ProcState, find_culprit, format_summary
+    from gaudi_launch.process.failures import ProcResult, ProcState, find_culprit, format_summary
 
     why = "RuntimeError: Using hostfile at /tmp/j/hostfile but host=glds-n0 was not reachable via ssh."
     runner = ProcResult(0, "glds-n0", "deepspeed", 7, 1, ProcState.FAILED, 3.2, tail=["Traceback ...", why])

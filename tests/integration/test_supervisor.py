@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from gaudi_launch.process.supervise import ProcSpec, Supervisor, failure_excerpt, format_summary
+from gaudi_launch.process.failures import failure_excerpt, format_summary
+from gaudi_launch.process.supervise import ProcSpec, Supervisor
 from tests.helpers import alive, all_gone, read_pids, wait_for
 
 RANK = os.path.join(os.path.dirname(__file__), "rank_behaviour.py")
@@ -187,7 +188,7 @@ def test_failure_excerpt_prefers_the_last_traceback():
 
 
 def test_format_summary_names_root_cause_first():
-    from gaudi_launch.process.supervise import ProcResult, find_culprit
+    from gaudi_launch.process.failures import ProcResult, find_culprit
 
     first = ProcResult(1, "h1", "rank 1", 11, 3, "failed", 2.0, tail=["bad"])
     other = ProcResult(0, "h0", "rank 0", 10, -15, "torn down", 2.1)
@@ -199,7 +200,7 @@ def test_format_summary_names_root_cause_first():
 
 
 def test_culprit_of_a_multi_rank_process_comes_from_the_first_error_record():
-    from gaudi_launch.process.supervise import ProcResult, find_culprit
+    from gaudi_launch.process.failures import ProcResult, find_culprit
 
     mpirun = ProcResult(
         0,

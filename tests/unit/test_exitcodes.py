@@ -7,7 +7,7 @@ import re
 import signal
 
 from gaudi_launch.exitcodes import ExitCode, for_signal
-from gaudi_launch.process.supervise import exit_code_for
+from gaudi_launch.process.failures import exit_code_for
 
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 

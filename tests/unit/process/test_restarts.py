@@ -9,6 +9,7 @@ from gaudi_launch.inputs.restartopts import Cause, parse_restart_on
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import elastic_env
 from gaudi_launch.plan.restarthosts import HostsExhausted, hosts_for_attempt
+from gaudi_launch.process.failures import Culprit, ProcResult
 from gaudi_launch.process.restarts import (
     Attempt,
     attempt_spec,
@@ -18,7 +19,7 @@ from gaudi_launch.process.restarts import (
     lost_hosts_in,
     should_restart,
 )
-from gaudi_launch.process.supervise import Culprit, JobResult, ProcResult
+from gaudi_launch.process.supervise import JobResult
 from gaudi_launch.wire import restart_count
 from tests.unit.cli_helpers import plan_of, user_error
 
