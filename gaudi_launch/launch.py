@@ -13,12 +13,12 @@ from typing import Any, Callable, Optional, TextIO
 from gaudi_launch.backends import get_backend
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
-from gaudi_launch.plan.multinode import default_preflight
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.hangs import with_heartbeats
 from gaudi_launch.process.logfiles import prepare_log_dir
 from gaudi_launch.process.restarts import attempt_spec, run_job
 from gaudi_launch.process.supervise import JobResult
+from gaudi_launch.remote.hostchecks import default_preflight
 from gaudi_launch.remote.hostwait import before
 
 DEFAULT_START_TIMEOUT = 900.0  # seconds for every rank to start, unless --start-timeout says otherwise

@@ -25,12 +25,12 @@ from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import node_sizes_env
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
-from gaudi_launch.plan.multinode import host_watch
 from gaudi_launch.process.relay import untag
 from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.process.worker import job_argv
 from gaudi_launch.remote import jobdir, sshmux
 from gaudi_launch.remote.fanout import per_host
+from gaudi_launch.remote.hostchecks import host_watch
 from gaudi_launch.remote.teardown import job_sweeper, signal_job
 
 # The runner's whole environment comes from these names (plus what commands() sets): none starts

@@ -20,10 +20,10 @@ from gaudi_launch.inputs.hostnames import bare_host, is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import worker_argv
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
-from gaudi_launch.plan.multinode import host_watch
 from gaudi_launch.process.failures import Culprit, signal_name
 from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
 from gaudi_launch.remote import jobdir, openmpi, sshmux
+from gaudi_launch.remote.hostchecks import host_watch
 from gaudi_launch.remote.teardown import job_sweeper
 
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", "GAUDI_LAUNCH_JOB_ID")

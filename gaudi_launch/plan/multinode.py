@@ -1,7 +1,7 @@
-"""What a multi-node plan adds: SSH options, the pre-flight, the interface pick, EFA/HCCL env.
+"""What a multi-node plan adds: SSH options, the pre-flight's findings, the interface pick, EFA/HCCL env.
 
-Decisions are pure functions of the spec, the launcher's environment and the pre-flight's facts;
-``run_preflight`` is the one place that talks to the hosts.
+Decisions are pure functions of the spec, the launcher's environment and the pre-flight's facts; the
+pre-flight itself runs in remote/hostchecks.py, handed to the planner by the composition root.
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 import random
 import socket
-import sys
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
@@ -19,12 +18,7 @@ from gaudi_launch.inputs.envfile import secrets_in
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fabric, scaleout
-from gaudi_launch.plan.contract import visible_subset
 from gaudi_launch.plan.launchplan import LaunchPlan
-from gaudi_launch.remote import openmpi, sshmux, versions
-from gaudi_launch.remote.preflight import CheckReport, HostFacts, SshOptions, check_hosts
-from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
-from gaudi_launch.wire import SSH_SHARE
 
 
 class PreflightFailed(UserError):
@@ -160,79 +154,15 @@ def resolve_ip(addr: str) -> Optional[str]:
         return None
 
 
-def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, share: bool = True):
-    """The pre-flight of ``plan``'s hosts. With ``share``, its ssh to each remote host stays open as
-    the job's connection to it (sshmux), used by every later ssh of the job and closed at its end."""
-    connections = None
-    hosts = [n.host for n in plan.nodes]
-    if share and any(not local(h) for h in hosts) and os.environ.get(SSH_SHARE, "1") != "0":
-        connections = sshmux.open_for(plan.job_id, ssh_args(spec, configured_host_keys(hosts, spec.ssh_config)))
-    script = spec.program[0] if spec.program and not spec.module else None
-    report = check_hosts(
-        hosts + [h for h in plan.spares if h not in hosts],  # a spare that cannot run the job: said now
-        python=spec.python,  # --no_python ranks start through our bootstrap too
-        script=script,
-        cwd=os.getcwd(),
-        master_host=master_host(plan),
-        master_addr=plan.master_addr,
-        master_port=plan.master_port,
-        devices_needed={**plan.spares, **{n.host: len(n.devices) for n in plan.nodes}},
-        # module ids: the slots through the HABANA_VISIBLE_MODULES the ranks inherit there ("Gaudi-to-process
-        # Assignment"); the pre-flight checks them against hl-smi's cards (partial nodes, busy cards)
-        modules_needed={
-            n.host: [int(m) for m in visible_subset(_visible(plan, n.host), n.devices).split(",")] for n in plan.nodes
-        },
-        ssh=SshOptions(
-            port=spec.ssh_port,
-            identity=spec.ssh_identity,
-            config=spec.ssh_config,
-            timeout=spec.ssh_timeout,
-            strict=spec.strict_host_keys,
-        ),
-        local=local,
-        progress=progress,
-        connections=connections,
-    )
-    if plan.backend == "mpirun" or (plan.backend == "deepspeed" and spec.launcher == "openmpi"):
-        openmpi.judge(report, openmpi.local_version())  # one major version on every host (before the spares)
-    versions.judge(report, spec.allow_version_mismatch)  # the same software everywhere (issue 25)
-    return spares_apart(report, hosts)
-
-
-def _visible(plan: LaunchPlan, host: str) -> Optional[str]:
+def visible_modules(plan: LaunchPlan, host: str) -> Optional[str]:
     """HABANA_VISIBLE_MODULES as the ranks on ``host`` inherit it: the job's, else this shell's (here, or
     exported there). Pure but for the environment read."""
     inherited = os.environ if is_local_host(host) or "HABANA_VISIBLE_MODULES" in plan.exported else {}
     return plan.env.get("HABANA_VISIBLE_MODULES") or inherited.get("HABANA_VISIBLE_MODULES")
 
 
-def spares_apart(report: CheckReport, hosts: list[str]) -> CheckReport:
-    """The report of the job's ``hosts``: a spare's findings leave it, a failed spare becoming a warning
-    that names it (the job runs without it; it cannot take a lost host's place). Pure."""
-    spares = [f for h, f in report.facts.items() if h not in hosts]
-    if not spares:
-        return report
-    warnings = [
-        f"spare host {f.host} failed the pre-flight: {_one_line(f.reason or 'failed')}"
-        + (f" (fix: {_one_line(f.fix)})" if f.fix else "")
-        + "; it cannot take a lost host's place until this is fixed"
-        for f in spares
-        if not f.ok
-    ]
-    return CheckReport(facts={h: report.facts[h] for h in hosts}, warnings=warnings + report.warnings)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def default_preflight(plan: LaunchPlan, spec: JobSpec):
-    """The pre-flight as the CLI and DistributedRunner run it (progress lines on a terminal)."""
-    return run_preflight(plan, spec, local=is_local_host, progress=progress_printer())
-
-
-def apply_facts(plan: LaunchPlan, facts: Mapping[str, HostFacts], environ: Mapping[str, str]) -> None:
-    """Interface, its network and the CPU budget from what the pre-flight saw on each host."""
+def apply_facts(plan: LaunchPlan, facts: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    """Interface, its network and the CPU budget from what the pre-flight saw on each host (its HostFacts)."""
     cpus = [f.ncpus for f in facts.values() if f.ncpus]
     plan.cores_per_host = min(cpus) if cpus else None
     interfaces = {h: fabric.parse_ip_addr(f.ip_addr) for h, f in facts.items() if f.ip_addr}
@@ -314,21 +244,3 @@ def apply_scaleout(
     for host, p in paths.items():
         plan.notes.append(f"scale-out {host}: {p.code} {p.name}: {p.why}")
     plan.notes += [f"scale-out: {w}" for w in warnings]
-
-
-def progress_printer(stream=None):
-    stream = stream or sys.stderr
-    if not getattr(stream, "isatty", lambda: False)():
-        return None
-
-    def show(host: str, status: str) -> None:
-        stream.write(f"  pre-flight {host}: {status}\n")
-        stream.flush()
-
-    return show
-
-
-def host_watch(plan: LaunchPlan, spec: JobSpec, is_local):
-    """A watch over the remote hosts of a running job, or None when every host is this one."""
-    remote = [n.host for n in plan.nodes if not is_local(n.host)]
-    return HostWatch(lambda: ssh_endpoints(remote, spec.ssh_port, spec.ssh_config)) if remote else None

@@ -1,0 +1,102 @@
+"""The pre-flight of a plan's hosts, before the job (over ssh: remote/preflight.py), and the watch over
+them while it runs. I/O at the edge of the planner: ``build_plan`` gets ``default_preflight`` passed in by
+the composition root and plans from its report (plan/multinode.py's finish_plan), never calling out itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from gaudi_launch.inputs.hostnames import is_local_host
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.contract import visible_subset
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.plan.multinode import configured_host_keys, master_host, ssh_args, visible_modules
+from gaudi_launch.remote import openmpi, sshmux, versions
+from gaudi_launch.remote.preflight import CheckReport, SshOptions, check_hosts
+from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
+from gaudi_launch.wire import SSH_SHARE
+
+
+def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, share: bool = True):
+    """The pre-flight of ``plan``'s hosts. With ``share``, its ssh to each remote host stays open as
+    the job's connection to it (sshmux), used by every later ssh of the job and closed at its end."""
+    connections = None
+    hosts = [n.host for n in plan.nodes]
+    if share and any(not local(h) for h in hosts) and os.environ.get(SSH_SHARE, "1") != "0":
+        connections = sshmux.open_for(plan.job_id, ssh_args(spec, configured_host_keys(hosts, spec.ssh_config)))
+    script = spec.program[0] if spec.program and not spec.module else None
+    report = check_hosts(
+        hosts + [h for h in plan.spares if h not in hosts],  # a spare that cannot run the job: said now
+        python=spec.python,  # --no_python ranks start through our bootstrap too
+        script=script,
+        cwd=os.getcwd(),
+        master_host=master_host(plan),
+        master_addr=plan.master_addr,
+        master_port=plan.master_port,
+        devices_needed={**plan.spares, **{n.host: len(n.devices) for n in plan.nodes}},
+        # module ids: the slots through the HABANA_VISIBLE_MODULES the ranks inherit there ("Gaudi-to-process
+        # Assignment"); the pre-flight checks them against hl-smi's cards (partial nodes, busy cards)
+        modules_needed={
+            n.host: [int(m) for m in visible_subset(visible_modules(plan, n.host), n.devices).split(",")]
+            for n in plan.nodes
+        },
+        ssh=SshOptions(
+            port=spec.ssh_port,
+            identity=spec.ssh_identity,
+            config=spec.ssh_config,
+            timeout=spec.ssh_timeout,
+            strict=spec.strict_host_keys,
+        ),
+        local=local,
+        progress=progress,
+        connections=connections,
+    )
+    if plan.backend == "mpirun" or (plan.backend == "deepspeed" and spec.launcher == "openmpi"):
+        openmpi.judge(report, openmpi.local_version())  # one major version on every host (before the spares)
+    versions.judge(report, spec.allow_version_mismatch)  # the same software everywhere (issue 25)
+    return spares_apart(report, hosts)
+
+
+def spares_apart(report: CheckReport, hosts: list[str]) -> CheckReport:
+    """The report of the job's ``hosts``: a spare's findings leave it, a failed spare becoming a warning
+    that names it (the job runs without it; it cannot take a lost host's place). Pure."""
+    spares = [f for h, f in report.facts.items() if h not in hosts]
+    if not spares:
+        return report
+    warnings = [
+        f"spare host {f.host} failed the pre-flight: {_one_line(f.reason or 'failed')}"
+        + (f" (fix: {_one_line(f.fix)})" if f.fix else "")
+        + "; it cannot take a lost host's place until this is fixed"
+        for f in spares
+        if not f.ok
+    ]
+    return CheckReport(facts={h: report.facts[h] for h in hosts}, warnings=warnings + report.warnings)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def default_preflight(plan: LaunchPlan, spec: JobSpec):
+    """The pre-flight as the CLI and DistributedRunner run it (progress lines on a terminal)."""
+    return run_preflight(plan, spec, local=is_local_host, progress=progress_printer())
+
+
+def progress_printer(stream=None):
+    stream = stream or sys.stderr
+    if not getattr(stream, "isatty", lambda: False)():
+        return None
+
+    def show(host: str, status: str) -> None:
+        stream.write(f"  pre-flight {host}: {status}\n")
+        stream.flush()
+
+    return show
+
+
+def host_watch(plan: LaunchPlan, spec: JobSpec, is_local):
+    """A watch over the remote hosts of a running job, or None when every host is this one."""
+    remote = [n.host for n in plan.nodes if not is_local(n.host)]
+    return HostWatch(lambda: ssh_endpoints(remote, spec.ssh_port, spec.ssh_config)) if remote else None
