@@ -2,7 +2,8 @@
 
 When no rank advanced (heartbeats.py) for S seconds, every rank on this host is asked for its
 Python stacks (faulthandler, DUMP_SIGNAL), and one line says where they wait, grouped: "rank 3 in
-time.sleep at train.py:30; ranks 0-2 in all_reduce at train.py:41". The full stacks go to the log
+time.sleep from step() at train.py:30; ranks 0-2 in all_reduce (distributed_c10d.py:3252) from step() at
+train.py:41": the frame it waits in and the user's function around it. The full stacks go to the log
 directory; then the job is torn down like any failure (and restarted with --restart-on hang).
 Ranks on other hosts cannot be reached for stacks (their heartbeats stay on their host): they are
 named as such. Parsing and grouping are pure functions.
@@ -21,7 +22,7 @@ import sysconfig
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.hostnames import is_local_host
@@ -36,7 +37,7 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent c
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
 _CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
 _LIBRARY_DIRS = tuple(p for p in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")} if p)
-_OURS = os.path.dirname(os.path.abspath(__file__))
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the gaudi_launch package
 
 
 @dataclass(frozen=True)
@@ -81,43 +82,66 @@ def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
     return next((t for t in threads if t.current), threads[0] if threads else None)
 
 
-def is_user_code(path: str) -> bool:
-    """The script's own files and our training runtime, not Python's or installed libraries. Pure."""
+class Place(NamedTuple):
+    """Where a rank's main thread waits: the frame it waits in, and the user's code around it."""
+
+    what: str  # the function it waits in ("all_reduce"), or the call on the user's line ("time.sleep")
+    inner: str  # that function's file:line; "" when the wait is a C call made on the user's line
+    func: str  # the user's function around it; "" at a script's top level
+    where: str  # the user's file:line
+    code: str  # the text of that line
+
+    def describe(self) -> str:
+        inner = f" ({self.inner})" if self.inner else ""
+        func = f" from {self.func}()" if self.func else ""
+        return f"{self.what}{inner}{func} at {self.where}"
+
+
+def is_library(path: str) -> bool:
+    """Python's own modules, installed packages (torch), frozen ones and this package. Pure."""
     if path.startswith("<") or "site-packages" in path or "dist-packages" in path:
-        return os.path.join("gaudi_launch", "runtime") in path
-    if path.startswith(_OURS):
-        return path.startswith(os.path.join(_OURS, "runtime"))
-    return not any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS)
+        return True
+    return path.startswith(_OURS + os.sep) or any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS)
 
 
-def where_waiting(
-    frames: Sequence[Frame], source: Callable[[str, int], str] = linecache.getline
-) -> tuple[str, str, str]:
-    """(what it waits in, file:line of the user's code, that line's text) for a main thread. Pure
-    but for reading the source line. Waiting inside a library: the innermost Python function;
-    inside C code (time.sleep, a C++ collective): the call on the user's line."""
-    for i, frame in enumerate(frames):
-        if is_user_code(frame.file):
-            text = source(frame.file, frame.line).strip()
-            if i:
-                what = frames[0].func
-            else:
-                call = _CALL.search(text)
-                what = call.group(1) if call else frame.func
-            return what, f"{os.path.basename(frame.file)}:{frame.line}", text
-    if frames:
-        inner = frames[0]
-        return inner.func, f"{os.path.basename(inner.file)}:{inner.line}", ""
-    return "?", "no Python frame", ""
+def is_runtime(path: str) -> bool:
+    """Our training runtime (gaudi_launch/runtime), installed or not. Pure."""
+    return os.sep + os.path.join("gaudi_launch", "runtime") + os.sep in path
 
 
-def summarize(places: dict[int, tuple[str, str, str]], world_size: int, stalled_s: float) -> str:
+def where_waiting(frames: Sequence[Frame], source: Callable[[str, int], str] = linecache.getline) -> Place:
+    """Where a main thread waits (innermost frame first). Pure but for reading the source line. The
+    user's frame is the innermost one outside libraries (else the innermost of our runtime, for a job
+    started with ``-m gaudi_launch.runtime...``). Waiting inside a library: the innermost Python
+    function and its place; inside C code (time.sleep, a C++ collective): the call on the user's line."""
+    user = next((i for i, f in enumerate(frames) if not is_library(f.file)), None)
+    if user is None:
+        user = next((i for i, f in enumerate(frames) if is_runtime(f.file)), None)
+    if user is None:
+        if frames:
+            inner = frames[0]
+            return Place(inner.func, "", "", _at(inner), "")
+        return Place("?", "", "", "no Python frame", "")
+    frame = frames[user]
+    text = source(frame.file, frame.line).strip()
+    func = "" if frame.func.startswith("<") else frame.func  # <module>: the script's top level
+    if user:
+        return Place(frames[0].func, _at(frames[0]), func, _at(frame), text)
+    call = _CALL.search(text)
+    return Place(call.group(1) if call else frame.func, "", func, _at(frame), text)
+
+
+def _at(frame: Frame) -> str:
+    return f"{os.path.basename(frame.file)}:{frame.line}"
+
+
+def summarize(places: dict[int, Place], world_size: int, stalled_s: float) -> str:
     """One line: the ranks grouped by where they wait, the odd ones out first. Pure."""
-    groups: dict[tuple[str, str], list[int]] = {}
-    for rank, (what, where, _) in places.items():
-        groups.setdefault((what, where), []).append(rank)
+    groups: dict[str, list[int]] = {}
+    for rank, place in places.items():
+        groups.setdefault(place.describe(), []).append(rank)
     ordered = sorted(groups.items(), key=lambda kv: (len(kv[1]), min(kv[1])))
-    parts = [f"{rank_words(ranks)} in {what} at {where}" for (what, where), ranks in ordered]
+    parts = [f"{rank_words(ranks)} in {text}" for text, ranks in ordered]
     missing = [r for r in range(world_size) if r not in places]
     if missing:
         parts.append(f"{rank_words(missing)}: no stack (on another host, or not running)")
@@ -250,9 +274,9 @@ class HangWatch:
                 places[rank] = where_waiting(thread.frames)
         summary = summarize(places, self.world_size, stalled)
         lines = [summary]
-        for rank, (what, where, code) in sorted(places.items()):
-            if code:
-                lines.append(f"  rank {rank} at {where}: {code}")
+        for rank, place in sorted(places.items()):
+            if place.code:
+                lines.append(f"  rank {rank} at {place.where}: {place.code}")
         self.stacks_file, where = self._write_stacks(summary, texts)
         lines.append(where)
         return "\n".join(lines)

@@ -12,7 +12,7 @@ import time
 
 from tests.helpers import alive, all_gone, read_pids
 
-# Four ranks all-reduce once per step with a heartbeat each; rank 3 sleeps before step 3's collective.
+# Four ranks all-reduce once per step (in train_step) with a heartbeat each; rank 3 sleeps before step 3's collective.
 HANG = textwrap.dedent("""
     import os, sys, time
     import torch
@@ -23,13 +23,17 @@ HANG = textwrap.dedent("""
         f.write(f"{os.getpid()}\\n")
     dist.init_process_group("gloo")
     t = torch.ones(4)
-    for step in range(1, 100):
-        gaudi_launch.heartbeat()
+
+    def train_step(step):
         if rank == 3 and step == 3:
             with open(os.path.join(sys.argv[1], "stuck-at"), "w") as f:
                 f.write(str(time.time()))
             time.sleep(600)  # LINE_SLEEP
         dist.all_reduce(t)  # LINE_COLLECTIVE
+
+    for step in range(1, 100):
+        gaudi_launch.heartbeat()
+        train_step(step)
         time.sleep(0.2)
 """)
 
@@ -73,8 +77,11 @@ def test_a_rank_stuck_before_a_collective_is_named_with_where_the_others_wait(tm
     summary = err[err.index("gaudi-launch: job hung") :]
     first = re.search(r"first failure: (.*)", summary).group(1)
     assert first.startswith("no rank advanced for 2"), first
-    assert (
-        f"rank 3 in time.sleep at hang.py:{sleep_line}; ranks 0-2 in all_reduce at hang.py:{collective_line}" in first
+    # the frame each waits in (torch's all_reduce: its file and line) and the user's function around it
+    assert re.search(
+        rf"rank 3 in time.sleep from train_step\(\) at hang.py:{sleep_line}; "
+        rf"ranks 0-2 in all_reduce \(distributed_c10d.py:\d+\) from train_step\(\) at hang.py:{collective_line}$",
+        first,
     ), first
     assert f"rank 3 at hang.py:{sleep_line}: time.sleep(600)  # LINE_SLEEP" in summary
     stacks = [n for n in os.listdir(log_dir) if n.startswith("hang-")]
@@ -82,7 +89,7 @@ def test_a_rank_stuck_before_a_collective_is_named_with_where_the_others_wait(tm
     text = (log_dir / stacks[0]).read_text()
     for rank in range(4):
         assert f"===== rank {rank} =====" in text
-    assert text.count(f'hang.py", line {collective_line} in <module>') == 3
+    assert text.count(f'hang.py", line {collective_line} in train_step') == 3
     assert "exit code: 5" in summary
     pids = read_pids(str(pid_dir))
     assert len(pids) == 4 and all_gone(pids), [p for p in pids if alive(p)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from gaudi_launch.inputs.idranges import rank_words
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.process.hangs import (
     HangWatch,
+    Place,
     check_watchable,
     main_thread,
     parse_stacks,
@@ -52,7 +54,9 @@ def test_the_main_threads_wait_is_the_innermost_library_call_from_user_code():
     assert [len(t.frames) for t in threads] == [3, 6]
     main = main_thread(threads)
     assert main is threads[1]  # not the bootstrap's watchdog thread
-    assert where_waiting(main.frames, source) == ("all_reduce", "train.py:41", "dist.all_reduce(t)")
+    place = where_waiting(main.frames, source)
+    assert place == Place("all_reduce", "distributed_c10d.py:3252", "step", "train.py:41", "dist.all_reduce(t)")
+    assert place.describe() == "all_reduce (distributed_c10d.py:3252) from step() at train.py:41"
 
 
 def test_waiting_in_c_code_is_named_by_the_call_on_the_users_line():
@@ -61,7 +65,26 @@ def test_waiting_in_c_code_is_named_by_the_call_on_the_users_line():
         '  File "<frozen runpy>", line 88 in _run_code\n'
     )
     frames = main_thread(parse_stacks(dump)).frames
-    assert where_waiting(frames, source) == ("time.sleep", "train.py:30", "time.sleep(600)")
+    assert where_waiting(frames, source) == Place("time.sleep", "", "", "train.py:30", "time.sleep(600)")
+    assert where_waiting(frames, source).describe() == "time.sleep at train.py:30"  # top level: no function
+
+
+def test_the_users_function_is_the_innermost_outside_libraries_and_our_runtime():
+    dump = (
+        "Current thread 0x1 (most recent call first):\n"
+        f'  File "{threading.__file__}", line 629 in wait\n'
+        '  File "/venv/lib/python3.11/site-packages/gaudi_launch/runtime/fast_ddp.py", line 120 in sync\n'
+        '  File "/home/u/train.py", line 30 in wait_for_peer\n'
+        '  File "/home/u/train.py", line 60 in <module>\n'
+        '  File "<frozen runpy>", line 88 in _run_code\n'
+    )
+    frames = main_thread(parse_stacks(dump)).frames
+    assert where_waiting(frames, source).describe() == "wait (threading.py:629) from wait_for_peer() at train.py:30"
+    # only our runtime (python -m gaudi_launch.runtime...): its innermost frame is the one named
+    runtime_only = [f for f in frames if "train.py" not in f.file]
+    assert where_waiting(runtime_only, source).describe() == "wait (threading.py:629) from sync() at fast_ddp.py:120"
+    c_call = [f for f in frames if "train.py" in f.file]  # waiting in C code called on the user's line
+    assert where_waiting(c_call, source).describe() == "time.sleep from wait_for_peer() at train.py:30"
 
 
 def test_a_second_dump_replaces_the_first():
@@ -71,11 +94,11 @@ def test_a_second_dump_replaces_the_first():
 
 def test_ranks_are_grouped_the_odd_one_out_first():
     assert rank_words([3]) == "rank 3" and rank_words([0, 1, 2, 5, 7, 8]) == "ranks 0-2,5,7-8"
-    places = {r: ("all_reduce", "train.py:41", "") for r in (0, 1, 2)}
-    places[3] = ("time.sleep", "train.py:30", "")
+    places = {r: Place("all_reduce", "distributed_c10d.py:3252", "step", "train.py:41", "") for r in (0, 1, 2)}
+    places[3] = Place("time.sleep", "", "", "train.py:30", "")
     assert summarize(places, 6, 20.4) == (
         "no rank advanced for 20 s: rank 3 in time.sleep at train.py:30; "
-        "ranks 0-2 in all_reduce at train.py:41; "
+        "ranks 0-2 in all_reduce (distributed_c10d.py:3252) from step() at train.py:41; "
         "ranks 4-5: no stack (on another host, or not running)"
     )
 
