@@ -20,10 +20,10 @@ import threading
 import time
 from typing import Optional
 
+from gaudi_launch.backends.job import launch, plan_job
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs.spec import JobSpec
-from gaudi_launch.launch import launch, plan_job
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.logfiles import prepare_log_dir

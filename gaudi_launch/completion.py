@@ -1,19 +1,20 @@
-"""Shell completion through click's own mechanism.
+"""Shell completion through Typer's own mechanism.
 
-The shell's completion function calls ``gaudi-launch`` with ``_GAUDI_LAUNCH_COMPLETE=bash_complete``
-(zsh_complete, fish_complete) and click answers from the options themselves. ``--show-completion
-[SHELL]`` prints the function to source, ``--install-completion [SHELL]`` writes it where the shell
-reads it. Scripts installed by versions built on typer ask with ``complete_bash``; they still get
-their bare words.
+The shell's completion function calls ``gaudi-launch`` with ``_GAUDI_LAUNCH_COMPLETE=complete_bash``
+(complete_zsh, complete_fish) and Typer answers from the launch command's options. The script to source
+is what Typer prints for ``_GAUDI_LAUNCH_COMPLETE=source_<shell>``: ``gaudi-launch completion [SHELL]``
+prints it, with ``--install`` it is written where the shell reads it (Typer's own ``--show-completion`` and
+``--install-completion`` do the same for the shell they find running). Scripts installed by the click-based versions (``bash_complete``) are told to
+install again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
-from typing import Callable, Optional
-
-import click
-from click.shell_completion import BashComplete, get_completion_class
+import sys
+from typing import Any, Optional
 
 from gaudi_launch.errors import UserError
 
@@ -27,29 +28,37 @@ _INSTALL = {
 }
 
 
-def script(command: click.Command, shell: str) -> str:
-    cls = get_completion_class(shell) if shell in _INSTALL else None
-    if cls is None:
-        raise UserError(f"no completion for the shell {shell!r}", where="--show-completion", hint="bash, zsh or fish")
-    return cls(command, {}, PROG, VAR).source()
+def _shell(value: Optional[str]) -> str:
+    shell = value or os.path.basename(os.environ.get("SHELL", "")) or "bash"
+    if shell not in _INSTALL:
+        raise UserError(f"no completion for the shell {shell!r}", where="completion", hint="bash, zsh or fish")
+    return shell
 
 
-def _shell(value: str) -> str:
-    return value or os.path.basename(os.environ.get("SHELL", "")) or "bash"
+def script(command: Any, shell: Optional[str]) -> str:
+    """The completion script of ``command`` (the launch command) for ``shell``, as Typer writes it."""
+    shell = _shell(shell)
+    out, before = io.StringIO(), os.environ.get(VAR)
+    os.environ[VAR] = f"source_{shell}"
+    try:
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            command.main(args=[], prog_name=PROG, standalone_mode=False)
+    finally:
+        if before is None:
+            del os.environ[VAR]
+        else:
+            os.environ[VAR] = before
+    return out.getvalue().strip("\n")
 
 
-def _show(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> None:
-    if value is None or ctx.resilient_parsing:
-        return
-    click.echo(script(ctx.command, _shell(value)))
-    ctx.exit()
+def show(command: Any, shell: Optional[str]) -> int:
+    print(script(command, shell))
+    return 0
 
 
-def _install(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> None:
-    if value is None or ctx.resilient_parsing:
-        return
-    shell = _shell(value)
-    text = script(ctx.command, shell)
+def install(command: Any, shell: Optional[str]) -> int:
+    shell = _shell(shell)
+    text = script(command, shell)
     home = os.path.expanduser("~")
     target, rc = _INSTALL[shell]
     path = os.path.join(home, target)
@@ -63,42 +72,16 @@ def _install(ctx: click.Context, _param: click.Parameter, value: Optional[str]) 
         if line not in old:
             with open(rc_path, "a") as f:
                 f.write(("" if old.endswith("\n") or not old else "\n") + line + "\n")
-    click.echo(f"{shell} completion installed in {path}; it takes effect in a new shell")
-    ctx.exit()
+    print(f"{shell} completion installed in {path}; it takes effect in a new shell")
+    return 0
 
 
-def _option(
-    name: str, callback: Callable[[click.Context, click.Parameter, Optional[str]], None], help: str
-) -> click.Option:
-    """An eager option with an optional value (the shell): --NAME alone means the current shell."""
-    return click.Option(
-        [name.lstrip("-").replace("-", "_"), name],
-        callback=callback,
-        help=help,
-        is_flag=False,
-        flag_value="",
-        default=None,
-        expose_value=False,
-        is_eager=True,
-        metavar="[SHELL]",
+def old_request() -> bool:
+    """A completion request from a script the click-based versions installed: say to install again."""
+    if os.environ.get(VAR) not in ("bash_complete", "zsh_complete", "fish_complete"):
+        return False
+    print(
+        "gaudi-launch: this completion script is from an older gaudi-launch; run: gaudi-launch completion --install",
+        file=sys.stderr,
     )
-
-
-def completion_options() -> list[click.Option]:
-    return [
-        _option("--install-completion", _install, "Install completion for the current shell (or bash, zsh, fish)."),
-        _option(
-            "--show-completion",
-            _show,
-            "Show completion for the current shell, to copy it or customize the installation.",
-        ),
-    ]
-
-
-def legacy_bash(command: click.Command) -> Optional[str]:
-    """The answer to a completion script installed by an earlier (typer) version, else None."""
-    if os.environ.get(VAR) != "complete_bash":
-        return None
-    comp = BashComplete(command, {}, PROG, VAR)
-    args, incomplete = comp.get_completion_args()
-    return "\n".join(item.value for item in comp.get_completions(args, incomplete))
+    return True

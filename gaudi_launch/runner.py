@@ -15,11 +15,11 @@ import sys
 from collections.abc import Sequence
 from typing import Optional, Union
 
+from gaudi_launch.backends.job import launch, plan_job, prepare
 from gaudi_launch.collective import apply_exclusions, check_before_job
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.options import default_of, option_fields
 from gaudi_launch.inputs.spec import JobSpec, resolve_compat
-from gaudi_launch.launch import launch, plan_job, prepare
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.supervise import JobResult

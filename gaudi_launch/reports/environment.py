@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -301,39 +300,34 @@ def collect_hosts(hostfile: str, ssh_options: list[str], python: str) -> tuple[d
     )
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="gaudi-launch env",
-        description="Versions, devices and network of this machine (or of every host of a hostfile), for bug reports.",
-    )
-    parser.add_argument("--json", action="store_true", help="one JSON object instead of text")
-    parser.add_argument("--hostfile", help="report every host of this hostfile, differences marked")
-    parser.add_argument("--ssh-config", "--ssh_config", dest="ssh_config")
-    parser.add_argument("--ssh-port", "--ssh_port", dest="ssh_port", type=int)
-    parser.add_argument("--ssh-identity", "--ssh_identity", dest="ssh_identity")
-    parser.add_argument("--python", default=sys.executable, help="gaudi-launch's interpreter on the hosts")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    if not args.hostfile:
+def report(
+    *,
+    json_out: bool = False,
+    hostfile: Optional[str] = None,
+    ssh_config: Optional[str] = None,
+    ssh_port: Optional[int] = None,
+    ssh_identity: Optional[str] = None,
+    python: str = sys.executable,
+) -> int:
+    """`gaudi-launch env` (its options are parsed in cli.py): this machine, or every host of ``hostfile``."""
+    if not hostfile:
         info = collect()
-        sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else render(info))
+        sys.stdout.write(json.dumps(info, indent=2) + "\n" if json_out else render(info))
         return 0
 
     spec = JobSpec(
         program=[],
-        hostfile=args.hostfile,
-        ssh_config=args.ssh_config,
-        ssh_port=args.ssh_port,
-        ssh_identity=args.ssh_identity,
+        hostfile=hostfile,
+        ssh_config=ssh_config,
+        ssh_port=ssh_port,
+        ssh_identity=ssh_identity,
     )
     try:
-        per_host, failed = collect_hosts(args.hostfile, ssh_args(spec), args.python)
+        per_host, failed = collect_hosts(hostfile, ssh_args(spec), python)
     except UserError as exc:
         print(f"gaudi-launch env: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    if args.json:
+    if json_out:
         sys.stdout.write(json.dumps({"hosts": per_host, "unreachable": failed}, indent=2) + "\n")
     else:
         sys.stdout.write(render_hosts(per_host, failed))

@@ -730,10 +730,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as exc:  # --help (0) or a usage error (2): argparse has printed why
         return int(exc.code or 0)
+    return report(args.source, args.out)
+
+
+def report(source: str, out_dir: Optional[str] = None) -> int:
+    """`gaudi-launch report RUN_DIR [--out DIR]` (parsed in cli.py): the PNGs and their HTML page."""
     try:
-        kind, data = _load(args.source)
-        out = args.out or _default_out(args.source)
-        if not args.out and os.path.islink(out):
+        kind, data = _load(source)
+        out = out_dir or _default_out(source)
+        if not out_dir and os.path.islink(out):
             raise ReportError(
                 f"{out} is a symbolic link: the plots are not written through it (whoever can write to "
                 f"{os.path.dirname(out)} may have put it there); give the directory for them with --out DIR"
@@ -741,23 +746,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         _mpl()  # before creating anything: a missing matplotlib leaves no empty directory behind
         os.makedirs(out, exist_ok=True)
         if kind == "run":
-            title = os.path.basename(os.path.normpath(os.path.abspath(args.source)))
+            title = os.path.basename(os.path.normpath(os.path.abspath(source)))
             if title == "metrics.jsonl":
-                title = os.path.basename(os.path.dirname(os.path.abspath(args.source)))
+                title = os.path.basename(os.path.dirname(os.path.abspath(source)))
             written = plot_run(data, out, title)
             if not written:
-                raise ReportError(f"{args.source}: nothing to plot (no loss, throughput or memory values)")
+                raise ReportError(f"{source}: nothing to plot (no loss, throughput or memory values)")
         else:
-            stem = os.path.splitext(os.path.basename(args.source))[0]
+            stem = os.path.splitext(os.path.basename(source))[0]
             written = {
                 "train": plot_train_bench,
                 "launch": plot_launch_bench,
                 "mfu": plot_mfu_bench,
                 "seed": plot_seed_bench,
             }[kind](data, out, stem)
-        written.append(
-            write_html(written, out, f"gaudi-launch report: {os.path.basename(os.path.abspath(args.source))}")
-        )
+        written.append(write_html(written, out, f"gaudi-launch report: {os.path.basename(os.path.abspath(source))}"))
     except MissingMatplotlib as exc:
         print(
             f"gaudi-launch report: error: matplotlib is not installed ({exc})\n  hint: {INSTALL_HINT}", file=sys.stderr

@@ -1,5 +1,6 @@
 """Options declared once (gaudi_launch/inputs/options.py): every JobSpec option is a command-line option and
-a DistributedRunner keyword, with one default, and reaches the same JobSpec from both."""
+a DistributedRunner keyword, with one default, and reaches the same JobSpec from both; the Typer command
+line takes every spelling, shows every option in its --help panel, and checks values by the fields' types."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import inspect
 import os
 import subprocess
 import sys
+from typing import Optional
 
-import click
 import pytest
 
-from gaudi_launch import cli
+from gaudi_launch import cli, launch
 from gaudi_launch.errors import UserError
-from gaudi_launch.inputs.options import default_of, option_fields
+from gaudi_launch.inputs.commandline import COMMAND_LINE_OPTIONS, convert, kind_of, launch_options
+from gaudi_launch.inputs.options import PANELS, default_of, option_fields
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.runner import DistributedRunner
 
@@ -23,28 +25,72 @@ FIELDS = option_fields(JobSpec)
 UPSTREAM = {"master_port": 29500}  # optimum-habana's positional default, kept
 
 
-def cli_params():
-    return {p.name: p for p in cli.command().params}
-
-
 def test_every_option_is_a_cli_option_and_a_runner_keyword_with_one_default():
-    params = cli_params()
-    cli_flags = {o for p in params.values() for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
+    options = {o.name: o for o in launch_options()}
+    cli_flags = {flag for o in options.values() for s in o.option.flags for flag in s.split("/")}
     keywords = inspect.signature(DistributedRunner).parameters
     assert len(FIELDS) >= 40
     for f, option in FIELDS:
         if option.flags:
-            param = params[f.name]
-            flags = [*param.opts, *param.secondary_opts]
-            assert set(flags) == {x for flag in option.flags for x in flag.split("/")}, f.name
-            assert param.default == default_of(f), f.name
-            assert param.help == option.help
+            assert options[f.name].option is option and options[f.name].default == default_of(f), f.name
+            assert option.panel in PANELS, f.name
         else:  # set through a command-line-only flag (--no-ssh-check, --ranks)
             assert option.via in cli_flags, f.name
         assert f.name in keywords, f.name
         assert keywords[f.name].default == UPSTREAM.get(f.name, default_of(f)), f.name
     not_options = {f.name for f in JobSpec.__dataclass_fields__.values()} - {f.name for f, _ in FIELDS}
     assert not_options == {"program", "lost_hosts"}
+
+
+def test_the_command_line_takes_every_spelling_for_its_own_field(monkeypatch):
+    seen = []
+    monkeypatch.setattr(launch, "run_command", lambda given: seen.append(given) or 0)
+    for o in launch_options():
+        kind, many = kind_of(o.hint)
+        for spelling in o.option.flags:
+            for i, flag in enumerate(spelling.split("/")):  # --efa/--no-efa: True, then False
+                assert cli.main([flag] if kind is bool else [flag, "7"]) == 0, flag
+                expected = (i == 0) if kind is bool else ["7"] if many else "7"
+                assert seen.pop() == {o.name: expected}, flag
+    assert cli.main(["check", "--num_devices", "2", "t.py", "-x"]) == 0
+    assert seen.pop() == {"num_devices": "2", "check_only": True, "script": "t.py", "script_args": ["-x"]}
+
+
+def test_help_shows_every_option_in_its_panel_in_order(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # rich cuts long spellings at the terminal's width
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Usage: gaudi-launch [OPTIONS] [SCRIPT] [SCRIPT_ARGS]..." in out
+    starts = [out.index(f"─ {panel} ─") for panel in PANELS]
+    assert starts == sorted(starts)
+    for o in launch_options() + [o for o in COMMAND_LINE_OPTIONS]:
+        option = getattr(o, "option", o)
+        panel = out.index(f"─ {option.panel} ─")
+        end = out.find("╰", panel)
+        assert all(flag in out[panel:end] for s in option.flags for flag in s.split("/")), option.flags
+
+
+def test_values_are_checked_against_the_fields_types():
+    assert convert(Optional[int], "8", "--num_devices") == 8
+    assert convert(float, "2.5", "--grace") == 2.5 and convert(float, 3, "--grace") == 3.0
+    assert convert(list[str], ["3", 4], "--export-prefix") == ["3", "4"]
+    assert convert(dict[str, str], {"A": 1, "B": None}, "--env") == ["A=1", "B="]
+    assert convert(Optional[str], 29, "--time") == "29"  # YAML's 29 as text
+    for hint, raw, words in [
+        (Optional[int], "abc", "must be a whole number, got 'abc'"),
+        (Optional[int], 2.5, "must be a whole number"),
+        (Optional[int], True, "must be a whole number"),
+        (float, "soon", "must be a number, got 'soon'"),
+        (float, False, "must be a number"),
+        (bool, "yes", "is true or false, got 'yes'"),
+        (Optional[str], {"a": 1}, "takes a single value, not a dict"),
+        (list[str], "A", "is a list"),
+        (list[str], [["A"]], "takes text, not a nested list or mapping"),
+        (Optional[int], None, "has no value"),
+    ]:
+        with pytest.raises(UserError) as exc:
+            convert(hint, raw, "--opt")
+        assert exc.value.where == "--opt" and words in exc.value.message, (hint, raw)
 
 
 def test_upstream_positional_parameters_keep_their_place():
@@ -124,7 +170,7 @@ FLAGS = [
 
 def spec_from_cli(monkeypatch, argv) -> JobSpec:
     seen = []
-    monkeypatch.setattr(cli, "run_spec", lambda spec, **kw: seen.append(spec) or 0)
+    monkeypatch.setattr(launch, "run_spec", lambda spec, **kw: seen.append(spec) or 0)
     assert cli.main(argv) == 0
     return seen[0]
 
@@ -161,13 +207,6 @@ def test_runner_values_are_validated_like_the_cli():
     assert exc.value.where == "--ssh-timeout"
 
 
-def test_cli_options_are_click_options_with_the_old_types():
-    params = cli_params()
-    assert params["num_devices"].type is click.INT and params["grace"].type is click.FLOAT
-    assert params["env"].multiple and params["export_prefixes"].multiple
-    assert params["efa"].is_bool_flag and params["efa"].default is None
-
-
 # ----------------------------------------------------------------------------- shell completion
 
 
@@ -180,24 +219,26 @@ def _complete(env_extra, *args, home=None):
     )
 
 
-def test_completion_script_is_produced_and_answers_with_click():
-    shown = _complete({}, "--show-completion", "bash")
-    assert shown.returncode == 0 and "_GAUDI_LAUNCH_COMPLETE=bash_complete" in shown.stdout
-    assert "complete -o nosort -F" in shown.stdout
+def test_completion_script_is_typers_and_answers_from_the_options():
+    shown = _complete({}, "completion", "bash")
+    assert shown.returncode == 0 and "_GAUDI_LAUNCH_COMPLETE=complete_bash" in shown.stdout
+    assert shown.stdout.startswith("_gaudi_launch_completion() {") and "complete -o default -F" in shown.stdout
     for shell in ("zsh", "fish"):
-        assert "_GAUDI_LAUNCH_COMPLETE" in _complete({}, "--show-completion", shell).stdout
+        assert f"_GAUDI_LAUNCH_COMPLETE=complete_{shell}" in _complete({}, "completion", shell).stdout
     res = _complete(
-        {"COMP_WORDS": "gaudi-launch --ssh-t", "COMP_CWORD": "1", "_GAUDI_LAUNCH_COMPLETE": "bash_complete"}
+        {"COMP_WORDS": "gaudi-launch --ssh-t", "COMP_CWORD": "1", "_GAUDI_LAUNCH_COMPLETE": "complete_bash"}
     )
-    assert res.returncode == 0 and res.stdout.split() == ["plain,--ssh-timeout"]
-    bad = _complete({}, "--show-completion", "tcsh")
+    assert res.returncode == 0 and res.stdout.split() == ["--ssh-timeout"]
+    bad = _complete({}, "completion", "tcsh")
     assert bad.returncode == 2 and "tcsh" in bad.stderr and "bash, zsh or fish" in bad.stderr
+    old = _complete({"_GAUDI_LAUNCH_COMPLETE": "bash_complete"})  # a script the click-based versions installed
+    assert old.returncode == 1 and "gaudi-launch completion --install" in old.stderr
 
 
 def test_install_completion_writes_the_script_and_sources_it_once(tmp_path):
     for _ in range(2):
-        res = _complete({}, "--install-completion", "bash", home=str(tmp_path))
+        res = _complete({}, "completion", "bash", "--install", home=str(tmp_path))
         assert res.returncode == 0, res.stderr
     script = tmp_path / ".bash_completions" / "gaudi-launch.sh"
-    assert "bash_complete" in script.read_text()
+    assert "complete_bash" in script.read_text()
     assert (tmp_path / ".bashrc").read_text() == f"source {script}\n"

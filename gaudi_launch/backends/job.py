@@ -1,0 +1,77 @@
+"""One way to run a job through its backend, for the command line (launch.py), DistributedRunner (runner.py) and
+the collective check (collective.py) alike: spec -> plan -> attempts.
+
+``prepare`` puts what every attempt shares into the spec (restart count, heartbeat directory);
+``plan_job`` builds the plan with the pre-flight (waiting for the hosts first with --wait-hosts);
+``launch`` runs it through its backend, again after a failure while --max-restarts allows.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Optional, TextIO
+
+from gaudi_launch.backends import get_backend
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.process.hangs import with_heartbeats
+from gaudi_launch.process.logfiles import prepare_log_dir
+from gaudi_launch.process.restarts import attempt_spec, run_job
+from gaudi_launch.process.supervise import JobResult
+from gaudi_launch.remote.hostchecks import default_preflight
+from gaudi_launch.remote.hostwait import before
+
+DEFAULT_START_TIMEOUT = 900.0  # seconds for every rank to start, unless --start-timeout says otherwise
+
+
+def start_timeout_for(spec: JobSpec, backend: str) -> Optional[float]:
+    """The start-up deadline of one attempt: --start-timeout, else 900 s; none for 0, nor by default
+    with srun, whose wait in the queue for an allocation has no bound of ours. Pure."""
+    if spec.start_timeout is None:
+        return None if backend == "slurm" else DEFAULT_START_TIMEOUT
+    return spec.start_timeout or None
+
+
+def prepare(spec: JobSpec) -> JobSpec:
+    """The spec of the first attempt. Idempotent."""
+    return with_heartbeats(attempt_spec(spec, 0))
+
+
+def preflight_for(spec: JobSpec) -> Callable:
+    """The pre-flight this job runs: the SSH checks, after --wait-hosts' wait when given."""
+    return before(default_preflight, spec.wait_hosts) if spec.wait_hosts else default_preflight
+
+
+def plan_job(spec: JobSpec, *, keep_failed_preflight: bool = False) -> LaunchPlan:
+    """The plan of a prepared spec, pre-flight included (a failed one raises, unless kept for a dry run)."""
+    return build_plan(spec, preflight=preflight_for(spec), keep_failed_preflight=keep_failed_preflight)
+
+
+def launch(
+    spec: JobSpec,
+    plan: Optional[LaunchPlan] = None,
+    *,
+    stdout: Optional[TextIO] = None,
+    stderr: Optional[TextIO] = None,
+    announce: bool = False,
+) -> JobResult:
+    """Run the job (``plan``: its first plan, already shown or checked) and return the last attempt's
+    result. ``announce``: one line per attempt saying what starts where (the CLI's)."""
+    spec = prepare(spec)
+    if spec.log_dir:  # refused before the job is announced, not after
+        prepare_log_dir(spec.log_dir)
+    streams: dict[str, Any] = {k: v for k, v in (("stdout", stdout), ("stderr", stderr)) if v is not None}
+
+    def start(p: LaunchPlan, **supervisor_options) -> JobResult:
+        if announce:
+            print(
+                f"gaudi-launch: job {p.job_id}: {p.world_size} rank(s) on {len(p.nodes)} host(s), backend "
+                f"{p.backend}, master {p.master_addr}:{p.master_port}",
+                file=stderr or sys.stderr,
+                flush=True,
+            )
+        supervisor_options.setdefault("start_timeout", start_timeout_for(p.job, p.backend))
+        return get_backend(p.backend).run(p, **streams, **supervisor_options)
+
+    return run_job(spec, plan if plan is not None else plan_job(spec), build=plan_job, start=start, err=stderr)
