@@ -4,8 +4,9 @@ A backend is a module of this package with three functions that read the plan on
 the JobSpec it was made from): ``detect(plan, environ)``, the backend's one look at this host while
 planning (it records what it found in the plan); a pure ``commands(plan, environ)`` (what it would
 start: the dry run shows it); and ``run(plan, environ=None, **supervisor_options)``, the I/O: starts
-the commands, supervises the job, tears it down and returns a JobResult. Modules are imported on
-first use, so a job pays only for its own backend.
+the commands under the supervisor (``process.supervise.supervise_job``, with the backend's ``Hooks``),
+tears the job down and returns a JobResult. Modules are imported on first use, so a job pays only
+for its own backend.
 """
 
 from __future__ import annotations

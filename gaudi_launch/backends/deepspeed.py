@@ -26,7 +26,7 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import node_sizes_env
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.process.relay import untag
-from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
+from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
 from gaudi_launch.process.worker import job_argv
 from gaudi_launch.remote import jobdir, sshmux
 from gaudi_launch.remote.fanout import per_host
@@ -310,9 +310,6 @@ def _supervise(
         cwd=directory,
         label="deepspeed",
         ranks=rank_hosts,
-        stop=stop,
-        demux=lambda: PdshDemux(hosts),
-        alarm=node_failed,
     )
     sweep = job_sweeper(
         hosts,
@@ -323,16 +320,14 @@ def _supervise(
         lost=lambda: watch.lost if watch else (),
         via=via,
     )  # also after a success: a rank's daemon
-    return Supervisor(
-        [proc],
-        grace=spec.grace,
-        log_dir=spec.log_dir,
-        console_ranks=spec.console_ranks,
-        mask=plan.mask,
+    hooks = Hooks(
+        demux=lambda: PdshDemux(hosts),
+        stop=stop,
+        alarm=node_failed,
         watch=watch.probe if watch else None,
         sweep=sweep,
-        **supervisor_options,
-    ).run()
+    )
+    return supervise_job(plan, [proc], hooks, **supervisor_options)
 
 
 _NODE_FAILED = re.compile(r"^pdsh@\S+: (\S+): ssh exited with exit code [1-9]")

@@ -9,7 +9,7 @@ from typing import Optional
 
 from gaudi_launch.plan.contract import node_visibility_env, rank_contract, worker_argv
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
-from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
+from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
 from gaudi_launch.remote.teardown import job_sweeper
 
 
@@ -47,16 +47,7 @@ def proc_specs(plan: LaunchPlan, environ: Mapping[str, str]) -> list[ProcSpec]:
 
 
 def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervisor_options) -> JobResult:
-    spec = plan.job
     environ = os.environ if environ is None else environ
     # A rank's daemon (setsid, double fork) leaves its process group but keeps the job id.
     sweep = job_sweeper(["localhost"], plan.job_id, ssh_args=[], python=sys.executable, is_local=lambda _: True)
-    return Supervisor(
-        proc_specs(plan, environ),
-        grace=spec.grace,
-        log_dir=spec.log_dir,
-        console_ranks=spec.console_ranks,
-        mask=plan.mask,
-        sweep=sweep,
-        **supervisor_options,
-    ).run()
+    return supervise_job(plan, proc_specs(plan, environ), Hooks(sweep=sweep), **supervisor_options)

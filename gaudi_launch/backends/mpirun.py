@@ -21,7 +21,7 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import worker_argv
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.process.failures import Culprit, signal_name
-from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
+from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
 from gaudi_launch.remote import jobdir, openmpi, sshmux
 from gaudi_launch.remote.hostchecks import host_watch
 from gaudi_launch.remote.teardown import job_sweeper
@@ -384,8 +384,6 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
         env=env,
         label="mpirun",
         ranks=hosts,
-        demux=functools.partial(OmpiDemux, plan.openmpi),
-        explain=lambda lines: explain(lines, hosts),
     )
     # mpirun's own teardown misses what left a rank's process group (a setsid daemon): sweep by job id.
     sweep = job_sweeper(
@@ -397,13 +395,10 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
         lost=lambda: watch.lost if watch else (),
         via=connections.agent_run if connections is not None else None,
     )
-    return Supervisor(
-        [proc],
-        grace=spec.grace,
-        log_dir=spec.log_dir,
-        console_ranks=spec.console_ranks,
-        mask=plan.mask,
+    hooks = Hooks(
+        demux=functools.partial(OmpiDemux, plan.openmpi),
+        explain=lambda lines: explain(lines, hosts),
         watch=watch.probe if watch else None,
         sweep=sweep,
-        **supervisor_options,
-    ).run()
+    )
+    return supervise_job(plan, [proc], hooks, **supervisor_options)

@@ -32,7 +32,7 @@ from gaudi_launch.plan import fabric
 from gaudi_launch.plan.contract import node_device_env, worker_argv
 from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
 from gaudi_launch.process.failures import Culprit
-from gaudi_launch.process.supervise import JobResult, ProcSpec, Supervisor
+from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
 from gaudi_launch.remote.teardown import kill_argv, parse_sweep
 from gaudi_launch.remote.watch import HostWatch
 
@@ -675,10 +675,6 @@ def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervi
         env=env,
         label="srun",
         ranks=ranks,
-        demux=srun_demux,
-        explain=explain,
-        stop=stopper(step_name(plan), env),
-        alarm=task_failed,
     )
     where = Where(plan, env, slurm.in_allocation(environ), ranks)
     watches: list = []  # the node watch, made once the nodes are known (None: Slurm cannot tell)
@@ -695,13 +691,12 @@ def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervi
         return message.replace("or sshd gone", "or its slurmd gone") if message else None
 
     sweep = sweeper(plan, spec, environ, where, lost=lambda: watches[0].lost if watches and watches[0] else ())
-    return Supervisor(
-        [proc],
-        grace=spec.grace,
-        log_dir=spec.log_dir,
-        console_ranks=spec.console_ranks,
-        mask=plan.mask,
-        sweep=sweep,
+    hooks = Hooks(
+        demux=srun_demux,
+        explain=explain,
+        stop=stopper(step_name(plan), env),
+        alarm=task_failed,
         watch=probe,
-        **supervisor_options,
-    ).run()
+        sweep=sweep,
+    )
+    return supervise_job(plan, [proc], hooks, **supervisor_options)

@@ -10,6 +10,7 @@ a record (``JobResult``) with one failure summary, root cause first (failures.py
 from __future__ import annotations
 
 import ctypes
+import enum
 import errno
 import os
 import queue
@@ -22,10 +23,11 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs.idranges import rank_words
+from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.process import placement
 from gaudi_launch.process.failures import (
     Culprit,
@@ -58,19 +60,9 @@ class ProcSpec:
     env: dict[str, str]
     cwd: Optional[str] = None
     label: Optional[str] = None
-    # For one process that starts many ranks (mpirun, deepspeed): rank -> host, a function that
-    # tells which rank a line of output came from, and one that reads the process's own report of
-    # which rank failed.
+    # For one process that starts many ranks (mpirun, deepspeed, srun): rank -> host. The backend's
+    # hooks (Hooks: demux, explain, stop, alarm) apply to such a process.
     ranks: Optional[dict[int, str]] = None
-    demux: Optional[Callable[[], Callable[[Optional[str]], list[tuple[Optional[int], str]]]]] = None
-    explain: Optional[Callable[[list[str]], Optional[Culprit]]] = None
-    # Stops the ranks this process started elsewhere (job-scoped, on every host). With it, the
-    # local process group gets only SIGKILL: its own SIGTERM handler may do harm (DeepSpeed's
-    # runner pkills by pattern on every host).
-    stop: Optional[Callable[[int], None]] = None
-    # A line of this process's own output that means one of its ranks failed (pdsh's "ssh exited
-    # with exit code 1"): the job is torn down then, not when the process gets round to exiting.
-    alarm: Optional[Callable[[str], bool]] = None
 
     @property
     def name(self) -> str:
@@ -79,6 +71,48 @@ class ProcSpec:
     @property
     def rank_hosts(self) -> dict[int, str]:
         return self.ranks or {self.rank: self.host}
+
+
+Demux = Callable[[Optional[str]], list[tuple[Optional[int], str]]]
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What a backend adds to the supervisor's own work, every part optional. The first four act on
+    a launcher process (one that starts many ranks: ProcSpec.ranks), the last two on the whole job."""
+
+    # Makes a function that tells which rank a line of the launcher's output came from (called with
+    # None at the end of the stream to flush what it holds).
+    demux: Optional[Callable[[], Demux]] = None
+    # Reads the launcher's own report of which rank failed, from its output lines.
+    explain: Optional[Callable[[list[str]], Optional[Culprit]]] = None
+    # Stops the ranks the launcher started elsewhere (job-scoped, on every host). With it, the
+    # launcher's process group gets only SIGKILL: its own SIGTERM handler may do harm (DeepSpeed's
+    # runner pkills by pattern on every host).
+    stop: Optional[Callable[[int], None]] = None
+    # A line of the launcher's output that means one of its ranks failed (pdsh's "ssh exited with
+    # exit code 1"): the job is torn down then, not when the launcher gets round to exiting.
+    alarm: Optional[Callable[[str], bool]] = None
+    # The host watch (watch.py): a message once a host of the job stops answering.
+    watch: Optional[Callable[[], Optional[str]]] = None
+    # The job-id sweep (teardown.job_sweeper): signals every process that carries the job's id on
+    # every host, which reaches what left its process group (a rank's setsid/double-fork daemon).
+    sweep: Optional[Callable[[int], dict]] = None
+
+
+NO_HOOKS = Hooks()
+
+
+class Event(enum.Enum):
+    """What the supervisor's loop hears from its threads (each with its value)."""
+
+    EXITED = "exited"  # a process ended (its index)
+    RANK_FAILED = "rank failed"  # a launcher's rank failed, said its record or alarm (the launcher's index)
+    HOST_LOST = "host lost"  # the watch's message
+    HUNG = "hung"  # --hang-timeout's message
+    MISPLACED = "misplaced"  # ranks not where the plan put them (placement.py's message)
+    NOT_STARTED = "not started"  # --start-timeout: (ranks waiting, ranks started)
+    SIGNAL = "signal"  # INT, TERM or HUP to the launcher (its number)
 
 
 @dataclass
@@ -111,9 +145,10 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 class _Proc:
-    def __init__(self, index: int, spec: ProcSpec):
+    def __init__(self, index: int, spec: ProcSpec, hooks: Hooks):
         self.index = index
         self.spec = spec
+        self.hooks = hooks if spec.ranks is not None else NO_HOOKS  # a launcher's hooks
         self.popen: Optional[subprocess.Popen] = None
         self.started = 0.0
         self.ended: Optional[float] = None
@@ -130,6 +165,7 @@ class Supervisor:
     def __init__(
         self,
         specs: list[ProcSpec],
+        hooks: Hooks = NO_HOOKS,
         *,
         grace: float = 10.0,
         log_dir: Optional[str] = None,
@@ -138,15 +174,13 @@ class Supervisor:
         color: Optional[bool] = None,
         mask: Callable[[str], str] = lambda s: s,
         handle_signals: bool = True,
-        watch: Optional[Callable[[], Optional[str]]] = None,
         watch_interval: float = 3.0,
-        sweep: Optional[Callable[[int], dict]] = None,
         console_ranks: Optional[Sequence[int]] = None,
         hang_check: Optional[Callable[[], Optional[str]]] = None,
         hang_interval: float = 2.0,
         start_timeout: Optional[float] = None,
     ):
-        self.procs = [_Proc(i, s) for i, s in enumerate(specs)]
+        self.procs = [_Proc(i, s, hooks) for i, s in enumerate(specs)]
         self.grace = grace
         self.log_dir = log_dir
         self.out = stdout or sys.stdout
@@ -156,11 +190,11 @@ class Supervisor:
         self.color = color
         self.mask = mask
         self.handle_signals = handle_signals and threading.current_thread() is threading.main_thread()
-        self._events: queue.Queue[tuple] = queue.Queue()
+        self._events: queue.Queue[tuple[Event, Any]] = queue.Queue()
         self._write_lock = threading.Lock()
         self._stop_signal = 0
         self._logs: dict[str, Optional[TextIO]] = {}  # None: could not be written (reported once)
-        self.watch = watch
+        self.watch = hooks.watch
         self.watch_interval = watch_interval
         self._done = threading.Event()
         self.lost: Optional[str] = None
@@ -177,9 +211,7 @@ class Supervisor:
         self._waiting: list[int] = []
         self._started_on: dict[int, str] = {}  # rank -> the host it said it started on (placement.py)
         self._placed = False  # whether the placement was checked (once every rank said its host)
-        # The job-id sweep (teardown.job_sweeper): signals every process that carries the job's id on
-        # every host, which reaches what left its process group (a rank's setsid/double-fork daemon).
-        self.sweep = sweep
+        self.sweep = hooks.sweep
         self._swept_kill = False
         self._spawn_failed = False  # a process failed to start, or already exited non-zero
         self._unseen_reported: set = set()
@@ -200,10 +232,10 @@ class Supervisor:
         # A demuxer turns physical lines of a multi-rank process into (rank, line) pairs; it is
         # called with None at the end of the stream to flush what it holds.
         own = spec.rank if spec.ranks is None else None  # a multi-rank process without a demuxer
-        if not spec.demux:
+        if not proc.hooks.demux:
             self._pump_live(proc, own, pipe, sink)
             return
-        demux = spec.demux()
+        demux = proc.hooks.demux()
         for raw in iter(lambda: pipe.readline(LINE_READ_MAX), b""):
             for rank, text in demux(raw.decode("utf-8", errors="replace").rstrip("\r\n")):
                 self._emit(proc, rank, text, sink)
@@ -307,7 +339,7 @@ class Supervisor:
                 self._placed = self._placed or check
             wrong = placement.misplaced(self._expected, self._started_on) if check else None
             if wrong:  # every rank said where it runs: not where the plan put it stops the job
-                self._events.put(("misplaced", wrong))
+                self._events.put((Event.MISPLACED, wrong))
             return
         if text.startswith(ERROR_MARKER):
             record = parse_record(text[len(ERROR_MARKER) :])
@@ -316,10 +348,10 @@ class Supervisor:
                     if len(proc.records) < RECORDS_KEEP:
                         proc.records.append(record)
                 if proc.spec.ranks is not None:
-                    self._events.put(("rank failed", proc.index))  # don't wait for the others
+                    self._events.put((Event.RANK_FAILED, proc.index))  # don't wait for the others
                 return
-        if proc.spec.alarm is not None and proc.spec.alarm(text):
-            self._events.put(("rank failed", proc.index))
+        if proc.hooks.alarm is not None and proc.hooks.alarm(text):
+            self._events.put((Event.RANK_FAILED, proc.index))
         line = self.mask(text)
         kept = _clip(line)
         with self._write_lock:
@@ -360,7 +392,7 @@ class Supervisor:
             proc.returncode = ExitCode.CANNOT_EXECUTE
             proc.ended = proc.started
             self._spawn_failed = True
-            self._events.put(("exit", proc.index))
+            self._events.put((Event.EXITED, proc.index))
             return
         proc.popen, proc.state = popen, ProcState.RUNNING
         for pipe, sink in ((popen.stdout, self.out), (popen.stderr, self.err)):
@@ -373,14 +405,14 @@ class Supervisor:
         proc.returncode = popen.wait()
         self._spawn_failed = self._spawn_failed or proc.returncode != 0
         proc.ended = time.monotonic()
-        self._events.put(("exit", proc.index))
+        self._events.put((Event.EXITED, proc.index))
 
     def _signal_groups(self, sig: int, only_running: bool = True) -> None:
         for proc in self.procs:
             if proc.popen is None or (only_running and proc.returncode is not None):
                 continue
-            if proc.spec.stop is not None:
-                proc.spec.stop(sig)
+            if proc.hooks.stop is not None:
+                proc.hooks.stop(sig)
                 if sig != signal.SIGKILL:
                     continue
             try:
@@ -388,7 +420,7 @@ class Supervisor:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def _poll(self, interval: float, check: Callable[[], Optional[str]], event: str) -> None:
+    def _poll(self, interval: float, check: Callable[[], Optional[str]], event: Event) -> None:
         """Ask ``check`` every ``interval`` seconds until the job ends; its first message is the event."""
         while not self._done.wait(interval):
             message = check()
@@ -442,7 +474,7 @@ class Supervisor:
             if not waiting:
                 return
             if time.monotonic() >= deadline:
-                self._events.put(("not started", (waiting, started)))
+                self._events.put((Event.NOT_STARTED, (waiting, started)))
                 return
 
     def _not_started_message(self, waiting: list[int], started: list[int]) -> str:
@@ -456,7 +488,7 @@ class Supervisor:
 
     def _on_signal(self, signum, _frame) -> None:
         self._stop_signal = signum
-        self._events.put(("signal", signum))
+        self._events.put((Event.SIGNAL, signum))
 
     def run(self) -> JobResult:
         if self.log_dir:
@@ -466,9 +498,13 @@ class Supervisor:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
         if self.watch is not None:
-            threading.Thread(target=self._poll, args=(self.watch_interval, self.watch, "lost"), daemon=True).start()
+            threading.Thread(
+                target=self._poll, args=(self.watch_interval, self.watch, Event.HOST_LOST), daemon=True
+            ).start()
         if self.hang_check is not None:
-            threading.Thread(target=self._poll, args=(self.hang_interval, self.hang_check, "hung"), daemon=True).start()
+            threading.Thread(
+                target=self._poll, args=(self.hang_interval, self.hang_check, Event.HUNG), daemon=True
+            ).start()
         if self.start_timeout:
             threading.Thread(
                 target=self._watch_start, args=(time.monotonic() + self.start_timeout,), daemon=True
@@ -516,7 +552,7 @@ class Supervisor:
                 kind, value = self._events.get(timeout=timeout)
             except queue.Empty:
                 continue
-            if kind == "rank failed":
+            if kind is Event.RANK_FAILED:
                 proc = self.procs[value]
                 if proc.state == ProcState.RUNNING:
                     proc.state = ProcState.FAILED
@@ -524,34 +560,34 @@ class Supervisor:
                         first = proc
                     teardown()
                 continue
-            if kind == "lost":
+            if kind is Event.HOST_LOST:
                 if first is None and interrupted is None and self.lost is None and self.hung is None:
                     self.lost = value
                 teardown()
                 continue
-            if kind == "hung":
+            if kind is Event.HUNG:
                 if first is None and interrupted is None and self.lost is None and deadline is None:
                     self.hung = value
                     teardown()
                 continue
-            if kind == "misplaced":  # reported as a launch failure, like ranks that did not start
+            if kind is Event.MISPLACED:  # reported as a launch failure, like ranks that did not start
                 if first is None and interrupted is None and self.lost is None and deadline is None:
                     self.not_started = value
                     teardown()
                 continue
-            if kind == "not started":
+            if kind is Event.NOT_STARTED:
                 if first is None and interrupted is None and self.lost is None and deadline is None:
                     self._waiting = value[0]
                     self.not_started = self._not_started_message(*value)
                     teardown()
                 continue
-            if kind == "signal":
+            if kind is Event.SIGNAL:
                 if deadline is not None:
                     self._kill_remaining()  # a signal during teardown: no more waiting
                 interrupted = interrupted or signal_name(value)
                 teardown()
                 continue
-            proc = self.procs[value]
+            proc = self.procs[value]  # Event.EXITED
             pending.discard(value)
             if proc.returncode == 0:
                 if proc.state == ProcState.RUNNING:
@@ -588,7 +624,7 @@ class Supervisor:
                 rank_tails={r: list(t) for r, t in p.rank_tails.items()},
                 records=list(p.records),
                 rank_hosts=p.spec.rank_hosts,
-                explain=p.spec.explain,
+                explain=p.hooks.explain,
                 launcher=p.spec.ranks is not None,
                 started=sorted(self._started & set(p.spec.rank_hosts)),
             )
@@ -651,5 +687,17 @@ def _isatty(stream) -> bool:
         return False
 
 
-def supervise(specs: list[ProcSpec], **kwargs) -> JobResult:
-    return Supervisor(specs, **kwargs).run()
+def supervise_job(plan: LaunchPlan, procs: list[ProcSpec], hooks: Hooks = NO_HOOKS, **options) -> JobResult:
+    """The one way a backend runs its processes: under the supervisor, with its hooks and the job's own
+    settings from the plan (--grace, --log-dir, --ranks, secrets masked). ``options``: the caller's
+    (streams, --hang-timeout's check, the start-up deadline)."""
+    spec = plan.job
+    return Supervisor(
+        procs,
+        hooks,
+        grace=spec.grace,
+        log_dir=spec.log_dir,
+        console_ranks=spec.console_ranks,
+        mask=plan.mask,
+        **options,
+    ).run()
