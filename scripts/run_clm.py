@@ -47,6 +47,7 @@ def build_model(margs: ModelArguments, vocab_size: int):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from gaudi_launch.runtime.data import ASSETS
+    from gaudi_launch.runtime.examples import note
 
     source = margs.model_name_or_path
     if source and os.path.isdir(source):
@@ -54,11 +55,10 @@ def build_model(margs: ModelArguments, vocab_size: int):
     config_dir = margs.config_name or (source if source and os.path.isdir(source) else None)
     if config_dir is None:
         if source:
-            print(
+            note(
                 f"run_clm: '{source}' is not a local directory and the hub is not reachable here: "
                 "training the shipped tiny GPT-2 from scratch instead (pass --config_name DIR or "
                 "--model_name_or_path DIR for another model)",
-                file=sys.stderr,
             )
         config_dir = os.path.join(ASSETS, "tiny-gpt2")
     config = AutoConfig.from_pretrained(config_dir)

@@ -48,15 +48,15 @@ def build_model(margs: ModelArguments, vocab_size: int):
     from transformers import AutoConfig, AutoModelForMaskedLM
 
     from gaudi_launch.runtime.data import ASSETS
+    from gaudi_launch.runtime.examples import note
 
     source = margs.model_name_or_path
     if source and os.path.isdir(source):
         return AutoModelForMaskedLM.from_pretrained(source)
     if source:
-        print(
+        note(
             f"run_mlm: '{source}' is not a local directory and the hub is not reachable here: training the "
             "shipped tiny BERT from scratch instead (pass --config_name DIR for another model)",
-            file=sys.stderr,
         )
     config = AutoConfig.from_pretrained(margs.config_name or os.path.join(ASSETS, "tiny-bert"))
     if margs.model_type and margs.model_type != config.model_type:

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any, Callable, Optional
+
+
+def note(text: str) -> None:
+    """A notice about the whole run (not one rank's): written once, by rank 0, to stderr."""
+    if os.environ.get("RANK", "0") in ("", "0"):
+        print(text, file=sys.stderr, flush=True)
 
 
 def saved_tokenizer(model_dir: Optional[str]) -> Optional[str]:

@@ -11,6 +11,7 @@ import contextlib
 import math
 import os
 import random
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -189,6 +190,25 @@ def multi_node_eval_warning(world: int, local_world: int) -> Optional[str]:
         "nodes, then evaluate the saved model on one node (run_clm.py: --model_name_or_path <output_dir> "
         "--do_eval, without --do_train)"
     )
+
+
+@contextlib.contextmanager
+def _deepspeed_unseen():
+    """transformers' save_pretrained unwraps the model with accelerate, which imports DeepSpeed whenever it
+    is installed (to test for its engine): seconds, and DeepSpeed's "Setting accelerator to CPU ... unable
+    to detect it" warning in a run that never used it. Only a run that imported DeepSpeed can have wrapped
+    a model in its engine: until then, accelerate is told it is absent."""
+    if "deepspeed" in sys.modules:
+        yield
+        return
+    import accelerate.utils.other as unwrapping
+
+    found = unwrapping.is_deepspeed_available
+    unwrapping.is_deepspeed_available = lambda: False
+    try:
+        yield
+    finally:
+        unwrapping.is_deepspeed_available = found
 
 
 class Trainer:
@@ -644,7 +664,8 @@ class Trainer:
             os.makedirs(out, exist_ok=True)
             state = ckpt.to_host(self.model.state_dict() if state is None else state)
             if hasattr(self.model, "save_pretrained"):
-                self.model.save_pretrained(out, state_dict=state)
+                with _deepspeed_unseen():
+                    self.model.save_pretrained(out, state_dict=state)
             else:
                 torch.save(state, os.path.join(out, "pytorch_model.bin"))
         if self.world > 1:
