@@ -14,6 +14,7 @@ import inspect
 import os
 import signal
 import sys
+from types import ModuleType
 from typing import Annotated, Any, Callable, Optional
 
 import typer
@@ -119,16 +120,20 @@ def _given(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None and k != "version"}
 
 
-def _launch(**values) -> int:
-    from gaudi_launch import launch  # the launch's modules: not for --help
+def _root() -> ModuleType:
+    """launch.py, the composition root, and with it the launch's modules: imported when a command runs,
+    never for --help (the one function-level import here)."""
+    from gaudi_launch import launch
 
-    return launch.run_command(_given(values))
+    return launch
+
+
+def _launch(**values) -> int:
+    return _root().run_command(_given(values))
 
 
 def _check(**values) -> int:
-    from gaudi_launch import launch
-
-    return launch.run_command({**_given(values), "check_only": True})
+    return _root().run_command({**_given(values), "check_only": True})
 
 
 def run_plan(
@@ -140,9 +145,7 @@ def run_plan(
 ) -> int:
     """Run the plan a dry run wrote (gaudi-launch --dry-run --json ... > plan.json), in its directory, with all
     its options; nothing starts if the job planned now differs from it."""
-    from gaudi_launch import launch
-
-    return launch.replay(plan, dry_run=dry_run, json_out=json_out)
+    return _root().replay(plan, dry_run=dry_run, json_out=json_out)
 
 
 def env(
@@ -160,9 +163,7 @@ def env(
     ] = None,
 ) -> int:
     """Versions, devices and network of this machine (or of every host of a hostfile), for bug reports."""
-    from gaudi_launch.reports import environment
-
-    return environment.report(
+    return _root().environment_report(
         json_out=json_out,
         hostfile=hostfile,
         ssh_config=ssh_config,
@@ -188,9 +189,7 @@ def report(
 ) -> int:
     """PNG plots of a run's metrics.jsonl (loss, throughput, memory over steps) or of a benchmark JSON from
     scripts/bench/ (bars with ratios against the peer)."""
-    from gaudi_launch.reports import plots  # matplotlib is imported there, when plotting
-
-    return plots.report(source, out)
+    return _root().plots_report(source, out)  # matplotlib is imported there, when plotting
 
 
 def completion_command(

@@ -4,7 +4,8 @@
 field's type (inputs/commandline.py) and builds the JobSpec; ``run_spec`` then shows, checks or runs it:
 check-only (the pre-flight, and ``check --collective``), the dry run (text or JSON), --sbatch (a batch
 script, nothing started) or the launch itself (backends/job.py). ``replay`` (``gaudi-launch run
-plan.json``) takes the same path with the plan's own options.
+plan.json``) takes the same path with the plan's own options. ``gaudi-launch env`` and ``report`` are
+``environment_report`` and ``plots_report`` (reports/).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import sys
 from typing import Any, Optional
 
+from gaudi_launch.backends import get_backend
 from gaudi_launch.backends.job import launch, plan_job, preflight_for, prepare
 from gaudi_launch.collective import apply_exclusions, check_before_job, check_hosts_of, run_check
 from gaudi_launch.errors import UserError
@@ -26,7 +28,10 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import sbatch
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.plan.replay import check_before_hosts, check_same, enter_cwd, plan_json, read_plan, spec_from_request
+from gaudi_launch.reports.environment import report as environment_report
+from gaudi_launch.reports.plots import report as plots_report
 
+__all__ = ["environment_report", "plots_report", "replay", "run_command", "run_spec"]
 # Not options of the launch command, but keys of a job file (and values run_command takes).
 _PROGRAM = {"script": Optional[str], "script_args": Optional[list[str]]}
 # With --from-plan these may be given; the plan brings every other option.
@@ -155,7 +160,7 @@ def replay(path: str, *, dry_run: bool = False, json_out: bool = False) -> int:
     saved = read_plan(path)
     enter_cwd(saved, path)
     spec = spec_from_request(saved["request"], os.environ, path)
-    check_before_hosts(saved, prepare(spec), path)
+    check_before_hosts(saved, prepare(spec), path, get_backend)
     return run_spec(spec, dry_run=dry_run, json_out=json_out, same_as=(saved, path))
 
 
@@ -171,7 +176,7 @@ def run_spec(
     made now is that one (a replay)."""
     spec = prepare(spec)
     if check_only:
-        plan = build_plan(spec, require_program=False)
+        plan = build_plan(spec, require_program=False, backends=get_backend)
         if plan.backend == "slurm":  # no hostfile, no ssh: the nodes are probed through srun
             raise UserError(
                 "the pre-flight checks a hostfile's hosts over ssh; a Slurm job has neither",
