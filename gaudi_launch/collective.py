@@ -10,6 +10,7 @@ which the check job is torn down like an interrupted job, its silent hosts named
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -20,6 +21,7 @@ import threading
 import time
 from typing import Optional
 
+from gaudi_launch.backends import get_backend
 from gaudi_launch.backends.job import launch, plan_job
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
@@ -27,9 +29,11 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.logfiles import prepare_log_dir
+from gaudi_launch.remote import sshmux
 from gaudi_launch.reports.collective import CollectiveReport, judge, parse
+from gaudi_launch.wire import COLLECTIVE_LIBRARY
 
-RANK_MODULE = "gaudi_launch.runtime.collective_check"
+RANK_MODULE = "gaudi_launch.runtime.link_check"  # the torch-free stage; it runs collective_check when needed
 SETTINGS_VAR = "GAUDI_LAUNCH_COLLECTIVE"  # runtime/collective_check.SETTINGS
 MESSAGE_BYTES = 4 << 20  # a few MB: past the latency-bound regime, still well under a second per round
 ROUNDS = 5  # after a warm-up; every rank runs the same count (a rank-local rule could deadlock)
@@ -62,6 +66,7 @@ def check_hosts_of(plan: LaunchPlan) -> list[str]:
 def check_spec(spec: JobSpec, hosts: list[str], hostfile: str) -> JobSpec:
     """The check job: the user's job with its program, one rank per host, no restarts and no log dir. Pure."""
     settings = f"{MESSAGE_BYTES},{ROUNDS},{STEP_TIMEOUT_S:g}"
+    library = {COLLECTIVE_LIBRARY: "1"} if os.environ.get(COLLECTIVE_LIBRARY) == "1" else {}  # gloo on a CPU too
     return dataclasses.replace(
         spec,
         program=[RANK_MODULE],
@@ -73,7 +78,7 @@ def check_spec(spec: JobSpec, hosts: list[str], hostfile: str) -> JobSpec:
         exclude=None,
         num_nodes=None,
         num_devices=1,
-        env={**spec.env, SETTINGS_VAR: settings},
+        env={**spec.env, SETTINGS_VAR: settings, **library},
         log_dir=None,
         grace=2.0,
         ssh_check=False,  # the job's pre-flight has just run
@@ -91,8 +96,12 @@ def check_spec(spec: JobSpec, hosts: list[str], hostfile: str) -> JobSpec:
     )
 
 
-def run_check(spec: JobSpec, hosts: list[str], *, deadline_s: Optional[float] = None) -> CollectiveReport:
-    """Run the check job on ``hosts`` (one rank each) and judge what the ranks said."""
+def run_check(
+    spec: JobSpec, hosts: list[str], *, deadline_s: Optional[float] = None, over_job: Optional[str] = None
+) -> CollectiveReport:
+    """Run the check job on ``hosts`` (one rank each) and judge what the ranks said. ``over_job``: the job
+    whose pre-flight has just run; the check starts its ranks and ends over that pre-flight's ssh sessions
+    (a fresh ssh per host for mpirun's daemons and the end-of-job sweep cost 4.5 s at 16 hosts here)."""
     if len(hosts) < 2:
         raise UserError(
             "the collective check needs two hosts or more: it measures the links between them",
@@ -106,7 +115,7 @@ def run_check(spec: JobSpec, hosts: list[str], *, deadline_s: Optional[float] = 
         with open(hostfile, "w") as f:
             f.write("".join(f"{h} slots=1\n" for h in hosts))
         job = check_spec(spec, hosts, hostfile)
-        plan = build_plan(job)
+        plan = build_plan(job, backends=get_backend)
         rank_hosts = {r: n.host for n in plan.nodes for r in n.ranks}
         out = io.StringIO()
         # The hard limit: past it, the check job is torn down as on Ctrl-C (its supervisor handles the
@@ -115,7 +124,8 @@ def run_check(spec: JobSpec, hosts: list[str], *, deadline_s: Optional[float] = 
         timer.daemon = True
         timer.start()
         try:
-            launch(job, plan, stdout=out, stderr=out)
+            with sshmux.lent(over_job, plan.job_id) if over_job else contextlib.nullcontext():
+                launch(job, plan, stdout=out, stderr=out)
         finally:
             timer.cancel()
     report = judge(
@@ -198,7 +208,7 @@ def check_before_job(spec: JobSpec, plan: LaunchPlan) -> tuple[JobSpec, LaunchPl
             hint="run `gaudi-launch check --collective --hostfile H` on the nodes first, or leave it out",
         )
     hosts = check_hosts_of(plan)
-    report = run_check(spec, hosts)
+    report = run_check(spec, hosts, over_job=plan.job_id)
     if spec.log_dir:
         prepare_log_dir(spec.log_dir)  # made (0700) or refused here, as the launch would
     written = write_finding(report, spec.log_dir or os.getcwd())

@@ -33,6 +33,7 @@ MAX_RESTARTS_VAR = "GAUDI_LAUNCH_MAX_RESTARTS"
 COLLECTIVE = "GAUDI_LAUNCH_COLLECTIVE"  # the collective check's settings (JSON), for its ranks
 # Variables a user sets for the launcher itself, not for ranks.
 COLLECTIVE_STEP_TIMEOUT = "GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT"
+COLLECTIVE_LIBRARY = "GAUDI_LAUNCH_COLLECTIVE_LIBRARY"  # "1": the check runs gloo's stage on a CPU too
 SSH_SHARE = "GAUDI_LAUNCH_SSH_SHARE"  # "0": no shared ssh connections
 DEBUG = "GAUDI_LAUNCH_DEBUG"  # tracebacks instead of one-line errors
 COMPLETE = "GAUDI_LAUNCH_COMPLETE"  # shell completion's request

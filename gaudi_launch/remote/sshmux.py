@@ -27,6 +27,7 @@ the agents' input all the same (its end of their pipes), so their masters end wi
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -473,3 +474,35 @@ def close_all() -> None:
         conns = list(_by_job.values())
     for conn in conns:
         conn.close()
+
+
+class _Lent:
+    """A job's connections lent to a job it runs before its own ranks (the collective check): that job
+    uses them as its own (its daemons and its sweep through the sessions), and its end gives them back
+    instead of closing them."""
+
+    def __init__(self, conn: Connections, job_id: str):
+        self._conn, self._job_id = conn, job_id
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    def close(self) -> None:
+        with _lock:
+            if _by_job.get(self._job_id) is self:
+                del _by_job[self._job_id]
+
+
+@contextlib.contextmanager
+def lent(job_id: str, to_job_id: str):
+    """While inside: the job ``to_job_id`` runs over ``job_id``'s connections, when it has any."""
+    conn = for_job(job_id)
+    loan = None if conn is None else _Lent(conn, to_job_id)
+    if loan is not None:
+        with _lock:
+            _by_job[to_job_id] = loan  # type: ignore[assignment]  # used as the job's Connections
+    try:
+        yield
+    finally:
+        if loan is not None:
+            loan.close()

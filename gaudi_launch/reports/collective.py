@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 MARKER = "GAUDI_LAUNCH_COLLECTIVE "  # runtime/collective_check.MARKER (not imported: that module needs torch)
-STEPS = ("start", "allreduce", "ring+1", "ring+2", "done")
+STEPS = ("start", "allreduce", "ring+1", "ring+2", "done")  # the library stage (runtime/collective_check.py)
+TCP_STEPS = ("start", "ring+1", "ring+2", "done")  # the torch-free stage (runtime/link_check.py)
+TCP = "tcp"  # the first stage's name, in its records ("stage") and as the report's library
 # Under a quarter of the median is slow. Half (the issue's first guess) named a healthy host in a CI run on
 # the namespace cluster: the launcher's own host, sharing 2 cores with DeepSpeed's runner, measured 0.37x
 # the median; a link really throttled (tc tbf) measures about 0.01x. --min-bandwidth sets a floor besides.
@@ -44,7 +46,7 @@ class CollectiveReport:
     allreduce_gbs: Optional[float]  # bus bandwidth, as nccl-tests define it: bytes * 2(n-1)/n / time
     allreduce_ms: Optional[float]
     message_bytes: int
-    library: str  # gloo, hccl or nccl: what the ranks used
+    library: str  # gloo, hccl or nccl: what the ranks used; "tcp": the torch-free stage alone (a CPU)
     elapsed_s: float = 0.0
     backend: str = ""  # what started the ranks: local, mpirun or deepspeed
 
@@ -91,6 +93,12 @@ class CollectiveReport:
                 f"{', started by ' + self.backend if self.backend else ''}): "
                 f"{self.allreduce_ms:.3g} ms, {self.allreduce_gbs:.3g} GB/s bus bandwidth"
             )
+        if self.library == TCP:
+            lines.append(
+                f"links measured over TCP between the check's ranks on {len(self.hosts)} hosts"
+                f"{' (started by ' + self.backend + ')' if self.backend else ''}: on a CPU these are gloo's "
+                "connections; the ranks imported no torch (GAUDI_LAUNCH_COLLECTIVE_LIBRARY=1 adds gloo's all-reduce)"
+            )
         lines.append(f"collective check took {self.elapsed_s:.1f} s")
         return "\n".join(lines)
 
@@ -132,12 +140,19 @@ def parse(lines) -> list[dict]:
     return out
 
 
-def _progress(records: list[dict]) -> tuple[int, Optional[dict]]:
+def stage_records(records: list[dict]) -> list[dict]:
+    """The records to judge: the library stage's when it ran (on hccl or nccl it is the verdict), else the
+    TCP stage's (on a CPU, gloo's transport; or the stage where a rank went missing)."""
+    library = [r for r in records if r.get("stage") != TCP]
+    return library or records
+
+
+def _progress(records: list[dict], steps: tuple) -> tuple[int, Optional[dict]]:
     """(steps done in order, the error record if the rank reported one)."""
     done = {r["step"] for r in records if "error" not in r}
     error = next((r for r in records if "error" in r), None)
     count = 0
-    for step in STEPS:
+    for step in steps:
         if step in done:
             count += 1
         elif step.startswith("ring+") and "done" in done:
@@ -159,14 +174,16 @@ def judge(
     elapsed_s: float = 0.0,
 ) -> CollectiveReport:
     """The per-host verdict of one collective check (one rank per host in ``rank_hosts``)."""
+    records = stage_records(records)
+    steps = TCP_STEPS if records and all(r.get("stage") == TCP for r in records) else STEPS
     by_rank: dict[int, list[dict]] = {r: [] for r in rank_hosts}
     for rec in records:
         if rec["rank"] in by_rank:
             by_rank[rec["rank"]].append(rec)
     # ---- who failed: a rank that did not finish by its own fault (silent, or its own error); when every
     # unfinished rank only blames a peer, those that got least far
-    state = {r: _progress(recs) for r, recs in by_rank.items()}
-    unfinished = {r: s for r, s in state.items() if s[0] < len(STEPS)}
+    state = {r: _progress(recs, steps) for r, recs in by_rank.items()}
+    unfinished = {r: s for r, s in state.items() if s[0] < len(steps)}
     culprits = {r for r, (_, err) in unfinished.items() if not _peer_error(err)}
     if unfinished and not culprits:
         least = min(s[0] for s in unfinished.values())
@@ -190,7 +207,7 @@ def judge(
         if r in culprits:
             res.status = "failed"
             _, err = state[r]
-            step = STEPS[min(state[r][0], len(STEPS) - 1)]
+            step = steps[min(state[r][0], len(steps) - 1)]
             res.reason = (
                 f"failed at {err['step']}: {err['error']}"
                 if err

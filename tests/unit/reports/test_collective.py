@@ -133,3 +133,32 @@ def test_the_options_are_checked_before_anything_runs():
     with pytest.raises(UserError, match="a positive number of GB/s") as err:
         JobSpec(program=["t.py"], hostfile="hf", min_bandwidth=-1.0).validate()
     assert err.value.where == "--min-bandwidth"
+
+
+def tcp_records(n: int, **kw) -> list[dict]:
+    """What the torch-free stage's ranks print (runtime/link_check.py): no all-reduce, stage "tcp"."""
+    out = [r for r in records(n, **kw) if r["step"] != "allreduce"]
+    for r in out:
+        r["stage"] = "tcp"
+        if r["step"] == "start":
+            r["backend"] = "tcp"
+    return out
+
+
+def test_the_tcp_stage_alone_is_judged_by_its_own_steps():
+    rep = judge(tcp_records(4, slow=(1,)), hosts(4))
+    assert [h.status for h in rep.hosts] == ["ok", "slow", "ok", "ok"]
+    assert rep.library == "tcp" and rep.allreduce_gbs is None
+    assert "links measured over TCP" in rep.render_table() and "all-reduce of" not in rep.render_table()
+    stop = {2: ("start", None), 0: ("start", "PeerTimeout: timed out at the rendezvous: no answer from rank(s) 2")}
+    stop[1] = stop[3] = stop[0]
+    rep = judge(tcp_records(4, stop=stop), hosts(4))
+    assert rep.to_json()["failed"] == ["h2"] and "did not answer at step start" in rep.hosts[2].reason
+
+
+def test_the_library_stage_is_the_verdict_when_it_ran():
+    # on hccl or nccl the library stage follows the rendezvous: its figures decide, not the TCP records
+    both = [{"step": "start", "rank": r, "host": f"h{r}", "backend": "tcp", "stage": "tcp"} for r in range(4)]
+    both += records(4, slow=(3,))
+    rep = judge(both, hosts(4))
+    assert rep.library == "gloo" and [h.host for h in rep.bad] == ["h3"] and rep.allreduce_gbs is not None
