@@ -68,6 +68,9 @@ class LaunchPlan:
     # --spare-hosts held back from this attempt (host: devices), pre-flighted with the job's hosts; not
     # shown (the notes name them).
     spares: dict[str, int] = field(default_factory=dict, repr=False)
+    # Hosts the collective check left out, "HOST (why)" each: both end-of-job summaries repeat them.
+    # Not shown (the notes name them).
+    left_out: list[str] = field(default_factory=list, repr=False)
     # The options the plan was made from (JobSpec.as_request): what `gaudi-launch run plan.json`
     # makes the plan again from (replay.py). Secrets masked in the JSON as everywhere.
     request: dict = field(default_factory=dict, repr=False)
@@ -95,7 +98,7 @@ class LaunchPlan:
         """The JSON form (secrets masked): stable keys that tests and tools may rely on."""
         secrets = self.secret_values()
         data = asdict(replace(self, spec=None))  # the spec is shown as request
-        del data["job_key"], data["exported_secrets"], data["spec"], data["spares"]
+        del data["job_key"], data["exported_secrets"], data["spec"], data["spares"], data["left_out"]
         if self.openmpi is None:
             del data["openmpi"]
         data["env"] = mask_env(self.env)

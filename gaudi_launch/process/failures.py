@@ -1,4 +1,5 @@
-"""A job's failures: which rank failed first, and the summary that says so, root cause first.
+"""A job's failures: which rank failed first, and the summary that says so, root cause first (and the
+short summary of a job that ended well, in the same frame).
 
 The supervisor (supervise.py) runs the processes and hands what it saw here: each process's result
 (ProcResult: exit status, output tail, the error records its ranks wrote, gaudi_launch/wire.py). The
@@ -22,6 +23,7 @@ from gaudi_launch.inputs.idranges import rank_words
 
 SUMMARY_LINES = 25  # lines shown when there is no traceback
 TRACEBACK_LINES = 60  # at most this much of a traceback
+LEFT_OUT = "left out by the collective check: "
 
 
 @dataclass
@@ -146,9 +148,11 @@ def format_summary(
     hung: Optional[str] = None,
     not_started: Optional[str] = None,
     waiting: Sequence[int] = (),
+    left_out: Sequence[str] = (),
 ) -> str:
     """One failure summary, root cause first. Pure: built from results only. ``not_started``: the
-    start-up deadline's message, ``waiting`` the ranks it names."""
+    start-up deadline's message, ``waiting`` the ranks it names; ``left_out``: the hosts the collective
+    check left out, "HOST (why)" each."""
     # Ctrl-C or a scheduler's SIGTERM with every rank still healthy: the job was stopped, not broken.
     title = (
         " gaudi-launch: job interrupted "
@@ -207,11 +211,56 @@ def format_summary(
         lines.append("torn down as a consequence: " + ", ".join(torn))
     if never:
         lines.append("never started: " + ", ".join(never))
+    lines.extend(LEFT_OUT + host for host in left_out)
     if log_dir:
         lines.append(f"per-rank logs: {log_dir}")
     lines.append(f"exit code: {exit_code}")
     lines.append("=" * 74)
     return "\n".join(lines) + "\n"
+
+
+def format_success(
+    ranks: int,
+    hosts: Optional[int],
+    wall_s: float,
+    log_dir: Optional[str],
+    results: Optional[str] = None,
+    left_out: Sequence[str] = (),
+) -> str:
+    """The summary of a job that ended well, in the failure summary's frame: how many ranks where, how
+    long, what the collective check left out, where the per-rank logs and the script's results are.
+    ``hosts``: None when not every rank's host is known (srun placed them). Pure."""
+    where = f" on {hosts} host(s)" if hosts else ""
+    lines = ["", " gaudi-launch: job done ".center(74, "=")]
+    lines.append(f"all {ranks} rank(s){where} ended well, wall time {duration(wall_s)}")
+    lines.extend(LEFT_OUT + host for host in left_out)
+    lines.append(f"per-rank logs: {log_dir}" if log_dir else "per-rank logs: not kept (--log-dir DIR keeps them)")
+    if results:
+        lines.append(f"results: {results} (the script's --output_dir)")
+    lines.append("exit code: 0")
+    lines.append("=" * 74)
+    return "\n".join(lines) + "\n"
+
+
+def duration(seconds: float) -> str:
+    """12.3 s, or 1:02:05 (3725 s) past a minute. Pure."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d} ({whole} s)"
+
+
+def output_dir(program: Sequence[str]) -> Optional[str]:
+    """Where the script writes its results when its arguments say: --output_dir (the Trainer's and
+    Hugging Face's examples' spelling) or --output-dir, the last one given, as argparse takes it. Pure."""
+    found = None
+    for i, arg in enumerate(program):
+        for flag in ("--output_dir", "--output-dir"):
+            if arg == flag and i + 1 < len(program):
+                found = program[i + 1]
+            elif arg.startswith(flag + "="):
+                found = arg[len(flag) + 1 :]
+    return found
 
 
 def job_exit_code(

@@ -4,7 +4,8 @@ Each process gets its own session (so its process group is ours to signal and a 
 reaches only the launcher), its output is streamed line by line with a ``[rank N]`` prefix, and the
 first non-zero exit tears the rest down: SIGTERM to every other process group, SIGKILL after the
 grace period. Signals to the launcher (INT, TERM, HUP) tear the job down the same way. The result is
-a record (``JobResult``) with one failure summary, root cause first (failures.py decides and writes it).
+a record (``JobResult``) with one failure summary, root cause first, or a short one of a job that ended
+well (failures.py decides and writes them).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from gaudi_launch.process.failures import (
     ProcResult,
     ProcState,
     find_culprit,
+    format_success,
     format_summary,
     job_exit_code,
+    output_dir,
     signal_name,
 )
 from gaudi_launch.process.logfiles import open_log, prepare_log_dir
@@ -179,6 +182,8 @@ class Supervisor:
         hang_check: Optional[Callable[[], Optional[str]]] = None,
         hang_interval: float = 2.0,
         start_timeout: Optional[float] = None,
+        left_out: Sequence[str] = (),
+        results: Optional[str] = None,
     ):
         self.procs = [_Proc(i, s, hooks) for i, s in enumerate(specs)]
         self.grace = grace
@@ -205,6 +210,10 @@ class Supervisor:
         # --start-timeout: every rank's bootstrap says it started (wire.STARTED); not all of them
         # within this many seconds is a launch failure (a launcher that never gets the ranks going).
         self.start_timeout = start_timeout
+        # For the summaries: hosts the collective check left out ("HOST (why)"), the script's results.
+        self.left_out = list(left_out)
+        self.results = results
+        self._began = time.monotonic()  # the wall time's start (run() sets it again)
         self._expected = {r: h for p in self.procs for r, h in p.spec.rank_hosts.items()}
         self._started: set[int] = set()
         self.not_started: Optional[str] = None
@@ -491,6 +500,7 @@ class Supervisor:
         self._events.put((Event.SIGNAL, signum))
 
     def run(self) -> JobResult:
+        self._began = time.monotonic()
         if self.log_dir:
             prepare_log_dir(self.log_dir)
         old_handlers = {}
@@ -640,27 +650,36 @@ class Supervisor:
             not_started=self.not_started,
             interrupted=interrupted,
         )
-        summary = ""
         if code != 0:
-            summary = self.mask(
-                format_summary(
-                    first_result,
-                    culprit,
-                    results,
-                    interrupted,
-                    code,
-                    self.log_dir,
-                    lost=self.lost,
-                    hung=self.hung,
-                    not_started=self.not_started,
-                    waiting=self._waiting,
-                )
+            summary = format_summary(
+                first_result,
+                culprit,
+                results,
+                interrupted,
+                code,
+                self.log_dir,
+                lost=self.lost,
+                hung=self.hung,
+                not_started=self.not_started,
+                waiting=self._waiting,
+                left_out=self.left_out,
             )
-            try:
-                self.err.write(summary)
-                self.err.flush()
-            except (OSError, ValueError):
-                pass
+        else:
+            hosts = set(self._expected.values())
+            summary = format_success(
+                len(self._expected),
+                None if "" in hosts else len(hosts),
+                now - self._began,
+                self.log_dir,
+                results=self.results,
+                left_out=self.left_out,
+            )
+        summary = self.mask(summary)
+        try:
+            self.err.write(summary)
+            self.err.flush()
+        except (OSError, ValueError):
+            pass
         return JobResult(
             exit_code=code,
             procs=results,
@@ -689,8 +708,8 @@ def _isatty(stream) -> bool:
 
 def supervise_job(plan: LaunchPlan, procs: list[ProcSpec], hooks: Hooks = NO_HOOKS, **options) -> JobResult:
     """The one way a backend runs its processes: under the supervisor, with its hooks and the job's own
-    settings from the plan (--grace, --log-dir, --ranks, secrets masked). ``options``: the caller's
-    (streams, --hang-timeout's check, the start-up deadline)."""
+    settings from the plan (--grace, --log-dir, --ranks, secrets masked, what the summaries repeat).
+    ``options``: the caller's (streams, --hang-timeout's check, the start-up deadline)."""
     spec = plan.job
     return Supervisor(
         procs,
@@ -699,5 +718,7 @@ def supervise_job(plan: LaunchPlan, procs: list[ProcSpec], hooks: Hooks = NO_HOO
         log_dir=spec.log_dir,
         console_ranks=spec.console_ranks,
         mask=plan.mask,
+        left_out=plan.left_out,
+        results=output_dir(plan.program),
         **options,
     ).run()

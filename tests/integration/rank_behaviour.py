@@ -14,6 +14,7 @@ p.add_argument("--fail-rank", type=int, default=-1)
 p.add_argument("--how", default="exit:3")  # exit:N, raise, kill9, ok
 p.add_argument("--ignore-term", action="store_true")
 p.add_argument("--sleep", type=float, default=900)
+p.add_argument("--output_dir")  # where a script says its results go (the end-of-job summary repeats it)
 p.add_argument("--hold-gil", action="store_true")  # wait as a hung collective can: in C, GIL held
 a = p.parse_args()
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

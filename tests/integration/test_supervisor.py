@@ -83,22 +83,35 @@ def test_ranks_that_ignore_sigterm_are_killed_after_the_grace_period(tmp_path):
     assert all_gone(read_pids(tmp_path))
 
 
-def test_success_exits_zero_and_writes_per_rank_logs(tmp_path):
+def test_success_exits_zero_writes_per_rank_logs_and_ends_with_a_summary(tmp_path):
     pid_dir, log_dir = tmp_path / "pids", tmp_path / "logs"
     pid_dir.mkdir()
+    began = time.monotonic()
     res = subprocess.run(
-        launch_cmd(pid_dir, "--how", "ok", num=2)[:3]
+        launch_cmd(pid_dir, "--how", "ok", "--output_dir", "out/run-1", num=2)[:3]
         + ["--log-dir", str(log_dir)]
-        + launch_cmd(pid_dir, "--how", "ok", num=2)[3:],
+        + launch_cmd(pid_dir, "--how", "ok", "--output_dir", "out/run-1", num=2)[3:],
         capture_output=True,
         text=True,
         timeout=60,
     )
+    took = time.monotonic() - began
     assert res.returncode == 0, res.stderr
     assert "job failed" not in res.stderr
     assert sorted(os.listdir(log_dir)) == ["rank-0.log", "rank-1.log"]
     assert (log_dir / "rank-1.log").read_text() == "rank 1 started\n"
     assert all_gone(read_pids(pid_dir))
+    # The job's last words, as a failure's are: how it ended, how long it took, where things are.
+    summary = res.stderr[res.stderr.index(" gaudi-launch: job done ") :].splitlines()
+    head, wall = summary[1].split(", wall time ")
+    assert head == "all 2 rank(s) on 1 host(s) ended well"
+    assert 0 < float(wall.removesuffix(" s")) < took
+    assert summary[2:] == [
+        f"per-rank logs: {log_dir}",
+        "results: out/run-1 (the script's --output_dir)",
+        "exit code: 0",
+        "=" * 74,
+    ]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from gaudi_launch.exitcodes import ExitCode
-from gaudi_launch.process.failures import Culprit, ProcResult, ProcState, find_culprit, job_exit_code
+from gaudi_launch.process.failures import (
+    Culprit,
+    ProcResult,
+    ProcState,
+    find_culprit,
+    format_success,
+    format_summary,
+    job_exit_code,
+    output_dir,
+)
 
 
 def launcher(returncode: int, records: list[dict]) -> ProcResult:
@@ -44,3 +53,34 @@ def test_a_signal_is_128_plus_its_number_and_what_stopped_a_healthy_job_decides_
     assert job_exit_code(None, None, not_started="not every rank started") == ExitCode.CANNOT_EXECUTE
     assert job_exit_code(None, None, interrupted="SIGTERM") == 143
     assert job_exit_code(None, None) == 0
+
+
+def test_both_summaries_repeat_the_hosts_the_collective_check_left_out():
+    left = ["n3 (slow: 0.01x the median)", "n5 (failed: no answer in 20 s)"]
+    done = format_success(8, 2, 3725.4, None, results="out", left_out=left).splitlines()
+    assert done[2:-1] == [
+        "all 8 rank(s) on 2 host(s) ended well, wall time 1:02:05 (3725 s)",
+        "left out by the collective check: n3 (slow: 0.01x the median)",
+        "left out by the collective check: n5 (failed: no answer in 20 s)",
+        "per-rank logs: not kept (--log-dir DIR keeps them)",
+        "results: out (the script's --output_dir)",
+        "exit code: 0",
+    ]
+    one = ProcResult(rank=0, host="h", name="rank 0", pid=5, returncode=1, state=ProcState.FAILED, runtime_s=1.0)
+    failed = format_summary(one, find_culprit(one), [one], None, 1, "logs", left_out=left[:1]).splitlines()
+    assert failed[-4:-1] == [
+        "left out by the collective check: n3 (slow: 0.01x the median)",
+        "per-rank logs: logs",
+        "exit code: 1",
+    ]
+
+
+def test_srun_placed_ranks_are_counted_without_hosts_and_short_runs_in_seconds():
+    assert format_success(4, None, 12.34, "logs").splitlines()[2] == "all 4 rank(s) ended well, wall time 12.3 s"
+
+
+def test_the_results_are_where_the_scripts_last_output_dir_says():
+    assert output_dir(["train.py", "--output_dir", "a", "--lr", "1", "--output-dir=b"]) == "b"
+    assert output_dir(["train.py", "--output_dir=./x y"]) == "./x y"
+    assert output_dir(["train.py", "--output_dir"]) is None  # no value: argparse fails the script itself
+    assert output_dir(["train.py", "--output_directory", "a"]) is None
