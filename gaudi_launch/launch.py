@@ -201,11 +201,13 @@ def run_spec(
         # as JSON with its secrets' keyed digests, so that `gaudi-launch run` can check their values
         shown = json.dumps(plan_json(plan, os.environ), indent=2) + "\n" if json_out else plan.render_text()
         sys.stdout.write(shown)
+        sys.stdout.flush()  # the plan first, also when both streams go to one pipe (2>&1 | tee)
         if plan.preflight is not None and not plan.preflight["ok"]:
-            print(
-                "gaudi-launch: pre-flight failed: a real run would start nothing (findings in the plan)",
-                file=sys.stderr,
-            )
+            if json_out:  # the text plan ends with the verdict itself; JSON has none to read at a glance
+                print(
+                    "gaudi-launch: pre-flight failed: a real run would start nothing (findings in the plan)",
+                    file=sys.stderr,
+                )
             return ExitCode.PREFLIGHT
         return 0
     if spec.sbatch:  # a batch script for the job, nothing started

@@ -878,3 +878,32 @@ def test_python_m_user_error_exit_status(tmp_path):
     assert proc.stdout == ""
     assert proc.stderr.startswith("gaudi-launch: error: --backend: unknown backend 'bogus'")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_dry_run_with_a_failed_preflight_says_it_once_after_the_plan(tmp_path, as_json):
+    # Issue 26: the verdict was printed twice (the plan's "pre-flight: FAILED" and a stderr line), and through
+    # one pipe (2>&1 | tee: stdout block-buffered) the stderr line came before the plan. Names under .invalid
+    # never resolve (RFC 6761): no network.
+    (tmp_path / "hf").write_text("nohost-0.invalid slots=2\nnohost-1.invalid slots=2\n")
+    env = {k: v for k, v in _subprocess_env(tmp_path).items() if k != "PYTHONUNBUFFERED"}
+    argv = ["--dry-run", *(["--json"] if as_json else []), "--ssh-timeout", "1", "--hostfile", "hf", "x.py"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", *argv],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 3, proc.stdout[-2000:]
+    assert proc.stdout.count("a real run would start nothing") == 1, proc.stdout[-3000:]
+    if as_json:  # the plan as JSON, then the verdict on a line of its own
+        plan, _, verdict = proc.stdout.rpartition("\ngaudi-launch: ")
+        assert json.loads(plan)["preflight"]["ok"] is False
+        assert verdict == "pre-flight failed: a real run would start nothing (findings in the plan)\n"
+    else:  # the plan says it, once, and ends with its findings
+        assert "\npre-flight: FAILED: a real run would start nothing (exit 3)\n" in proc.stdout
+        assert "gaudi-launch:" not in proc.stdout
+        assert proc.stdout.rstrip().endswith("or add it to /etc/hosts (or DNS) on this machine")
