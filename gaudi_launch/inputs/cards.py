@@ -59,7 +59,9 @@ def parse_query(text: str) -> list[Card]:
     return cards
 
 
-_PROCESS_ROW = re.compile(r"^\|\s*(\d+)\s+(\d+)\s+(\S+)\s+(.*?)\s+(\S+)\s*\|$")
+# A held card's row is wider than the table and has no closing bar (hl-smi's output in ray-project/ray,
+# doc/source/serve/tutorials/intel-gaudi-inference.md: "|   7       107684     C   ray::_RayTrainW   16770MiB").
+_PROCESS_ROW = re.compile(r"^\|\s*(\d+)\s+(\d+)\s+(\S+)\s+(.*?)\s+(\S+)\s*\|?$")
 
 
 def parse_processes(summary: str) -> dict[int, list[tuple[str, str]]]:

@@ -39,6 +39,22 @@ def test_processes_name_the_holder_of_a_card():
     assert cards.held_cards([3], host, {"4242": True}) == []
 
 
+def test_processes_read_the_real_row_of_a_held_card():
+    """hl-smi's row for a held card, as published (ray-project/ray's Intel Gaudi Serve tutorial): wider than the
+    table, no closing bar. An idle card's row (N/A) names nobody."""
+    summary = "\n".join(
+        [
+            "| Compute Processes:                                               AIP Memory |",
+            "|  AIP       PID   Type   Process name                             Usage      |",
+            "|=============================================================================|",
+            "|   6        N/A   N/A    N/A                                      N/A        |",
+            "|   7       107684     C   ray::_RayTrainW                         16770MiB    ",
+            "+=============================================================================+",
+        ]
+    )
+    assert cards.parse_processes(summary) == {7: [("107684", "ray::_RayTrainW")]}
+
+
 @pytest.mark.parametrize("modules", [[0, 1], [6, 7], [0, 1, 2, 3], [4, 5, 6, 7], [3], list(range(8))])
 def test_supported_partial_nodes(modules):
     assert cards.partial_node_problem(modules, 8) is None

@@ -99,8 +99,7 @@ def test_combine_warns_when_hosts_differ():
 
 
 def _probe(tmp_path, profile):
-    tools = gaudi_tools.install(str(tmp_path / profile), profile)
-    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}"}
+    env = {**os.environ, **gaudi_tools.settings(profile, os.environ["PATH"])}
     cmd = probe.command(sys.executable, None, "/", "127.0.0.1", 9, None)
     done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env, timeout=60)
     return probe.parse(done.stdout)
@@ -125,8 +124,7 @@ def test_probe_reads_the_stand_in_tools(tmp_path, profile, gen, code, up, down):
 
 
 def test_ports_partly_down_fail_the_preflight(tmp_path, monkeypatch):
-    tools = gaudi_tools.install(str(tmp_path / "t"), "gaudi2-portdown")
-    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    gaudi_tools.apply(monkeypatch, "gaudi2-portdown")
     report = _preflight(["gaudi-a"], tmp_path)
     f = report.facts["gaudi-a"]
     assert not f.ok and "Gaudi scale-out NIC port(s) down: 0000:19:00.0 port 9" in f.reason
@@ -159,8 +157,7 @@ def clean_env(monkeypatch, tmp_path):
 
 
 def _dry_run(tmp_path, monkeypatch, profile, **options):
-    tools = gaudi_tools.install(str(tmp_path / profile), profile)
-    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    gaudi_tools.apply(monkeypatch, profile)
     spec = JobSpec(program=["train.py"], hostfile="hostfile", backend="mpirun", master_addr="127.0.0.1", **options)
     return build_plan(
         spec, environ=dict(os.environ), preflight=lambda plan, spec: _preflight(["gaudi-a", "gaudi-b"], tmp_path)

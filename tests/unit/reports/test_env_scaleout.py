@@ -1,20 +1,19 @@
 """`gaudi-launch env` shows the Gaudi generation, driver, NIC port state, libfabric and the scale-out path
-(issue 24, item 8), read through the hl-smi / fi_info stand-ins (tests/standin/gaudi_tools.py)."""
+(issue 24, item 8), read through the hl-smi / fi_info stand-ins (tests/standin/bin, tests/standin/fabric)."""
 
 from __future__ import annotations
-
-import os
 
 from gaudi_launch.reports import environment
 from tests.standin import gaudi_tools
 
 
 def test_env_report_shows_the_scale_out_facts(tmp_path, monkeypatch):
-    tools = gaudi_tools.install(str(tmp_path / "dl1"), "dl1")
-    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    gaudi_tools.apply(monkeypatch, "dl1")
     so = environment._scaleout()
     assert so["generation"] == "Gaudi (first generation)" and so["device"] == "HL-205"
     assert so["driver"] == "1.21.3-2f7c1b9" and so["libfabric"] == "1.19.0amzn4.0"
+    # hl-smi --fw-versions, its first card's line first
+    assert so["firmware"].startswith("[0000:10:1d.0] Firmware [SPI] Version : Preboot version hl-gaudi-1.21.3-fw-")
     assert so["path"]["path"] == "P2" and so["path"]["env"] == {"HCCL_OVER_OFI": "1"}
     text = "\n".join(environment._scaleout_lines({"scaleout": so, "reportncheck": None}))
     assert "Gaudi                    Gaudi (first generation) (HL-205)" in text
