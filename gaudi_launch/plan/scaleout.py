@@ -207,7 +207,8 @@ def decide(f: HostFabric, efa: Optional[bool] = None) -> ScaleOutPath:
         if f.libfabric:
             return ScaleOutPath("P2", "host NIC through host memory", "first-generation Gaudi, libfabric, no EFA")
         return ScaleOutPath("P3", "none", "first-generation Gaudi without scale-out ports up, EFA or libfabric")
-    ports = f"Gaudi scale-out ports {'down' if f.ports_down else 'not seen'}"
+    # the generation first: it is why HCCL_OVER_OFI (first-generation Gaudi's recipe) is not set
+    ports = f"Gaudi {gen} ({f.device_name}), its scale-out ports {'down' if f.ports_down else 'not seen'}"
     kernel_note = f"kernel {f.kernel or 'unknown'}"
     if has_efa:
         lib_ok = _at_least(f.libfabric, EFA_MIN)

@@ -74,6 +74,8 @@ def test_path_for_each_generation_and_fabric(facts, efa, code, env):
     got = decide(facts, efa)
     assert (got.code, got.as_dict()["env"]) == (code, dict(env)), got.why
     assert got.why
+    if code in ("P1", "P2", "P3") and facts.generation in (2, 3):  # why no HCCL_OVER_OFI: the generation
+        assert got.why.startswith(f"Gaudi {facts.generation} ({facts.device_name}), its scale-out ports"), got.why
 
 
 def test_generation_and_versions():
