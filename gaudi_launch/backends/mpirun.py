@@ -78,21 +78,27 @@ HOSTFILE = "mpirun-hosts"
 
 
 def host_list(plan: LaunchPlan, k: int) -> str:
-    return ",".join(f"{_mpi_host(n.host)}:{k}" for n in plan.nodes)
+    return ",".join(f"{bare_host(n.host)}:{k}" for n in plan.nodes)
 
 
 def hostfile_path(plan: LaunchPlan) -> Optional[str]:
-    """Where mpirun reads its hosts from when the list is too long for argv, else None. Pure."""
-    total = sum(len(_mpi_host(n.host)) + 2 + len(str(len(n.ranks))) for n in plan.nodes)
-    if total <= HOST_ARG_MAX:
+    """Where mpirun reads its hosts from when the list is too long for argv, or when a host names its
+    login user (user@host: only OpenMPI's hostfile takes it apart, its --host keeps it in the node name and
+    OpenMPI 4's daemons refuse it), else None. Pure."""
+    total = sum(len(bare_host(n.host)) + 2 + len(str(len(n.ranks))) for n in plan.nodes)
+    if total <= HOST_ARG_MAX and not any("@" in n.host for n in plan.nodes):
         return None
 
     return os.path.join(jobdir.path_for(plan.job_id), HOSTFILE)
 
 
 def hostfile_text(plan: LaunchPlan) -> str:
-    """OpenMPI's hostfile for the plan: each host with the slots it runs. Pure."""
-    return "".join(f"{_mpi_host(n.host)} slots={len(n.ranks)}\n" for n in plan.nodes)
+    """OpenMPI's hostfile for the plan: each host with the slots it runs. Pure.
+
+    Each entry as the hostfile has it, user@host included: OpenMPI 4 and 5 hand that user to their ssh
+    (and rsh agent) as the destination, so mpirun's daemons log in as the pre-flight and every other ssh
+    of the job do (inputs/sshconfig.login_user), not as ssh_config's User or the local user."""
+    return "".join(f"{n.host} slots={len(n.ranks)}\n" for n in plan.nodes)
 
 
 def build_argv(
@@ -215,11 +221,6 @@ def uneven_error(plan: LaunchPlan, spec: JobSpec) -> UserError:
     )
 
 
-def _mpi_host(host: str) -> str:
-    # OpenMPI takes the user from the ssh config, not from --host: strip it (preflight checked it).
-    return bare_host(host)
-
-
 def exported_names(plan: LaunchPlan, extra: Sequence[str] = ()) -> list[str]:
     return sorted(set(plan.env) | set(CONTRACT) | set(extra))
 
@@ -255,7 +256,11 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
     if "--hostfile" in argv:
         plan.notes.append(
             f"{len(plan.nodes)} hosts: mpirun reads them from {argv[argv.index('--hostfile') + 1]} "
-            "(written when the job starts; the list is too long for one argument)"
+            + (
+                "(written when the job starts; its user@host lines give mpirun's ssh each host's user)"
+                if any("@" in n.host for n in plan.nodes)
+                else "(written when the job starts; the list is too long for one argument)"
+            )
         )
     env = {
         "MASTER_ADDR": plan.master_addr,

@@ -17,6 +17,7 @@ from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs.envfile import secrets_in
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.inputs.sshconfig import SshConfig, SshConfigError, host_key_policy
 from gaudi_launch.plan import fabric, scaleout
 from gaudi_launch.plan.launchplan import LaunchPlan
 
@@ -68,70 +69,13 @@ def ssh_args(spec: JobSpec, configured_host_keys: Optional[str] = None) -> list[
 
 
 def configured_host_keys(hosts: list[str], config_path: Optional[str]) -> Optional[str]:
-    """StrictHostKeyChecking as the ssh config files that ssh reads set it for any of ``hosts``."""
-    if config_path:
-        paths = [os.path.expanduser(config_path)]  # ssh -F reads that file only
-    else:
-        paths = [os.path.expanduser("~/.ssh/config"), "/etc/ssh/ssh_config"]
-    for path in paths:
-        value = _config_value(path, hosts, "stricthostkeychecking")
-        if value:
-            return value
-    return None
-
-
-def _config_value(path: str, hosts: list[str], key: str, depth: int = 0) -> Optional[str]:
-    """``key`` from one ssh config file for any of ``hosts``, following its Include lines (which
-    paramiko leaves to the caller; distributions keep settings in /etc/ssh/ssh_config.d)."""
-    import glob
-
-    if not _mentions(path, key):
-        return None  # the usual case: no need for paramiko (a third of a second) or a lookup per host
-    import paramiko  # multi-host plans only
-
+    """StrictHostKeyChecking as the ssh config files that ssh reads set it for any of ``hosts`` (the one
+    reader, inputs/sshconfig.py: Include followed, user config then system config); "unknown" when only
+    ssh can evaluate it (then no -o overrides it)."""
     try:
-        config = paramiko.SSHConfig.from_path(path)
-    except Exception:  # missing or unreadable: ssh itself reports a bad -F file
-        return None
-    for host in hosts:
-        try:
-            found = config.lookup(host.rsplit("@", 1)[-1].strip("[]"))
-        except Exception:  # Match exec and other lookups paramiko cannot evaluate
-            continue
-        if found.get(key):
-            return str(found[key])
-        for pattern in str(found.get("include", "")).split() if depth < 8 else ():
-            base = os.path.dirname(path) if path.startswith("/etc/") else os.path.expanduser("~/.ssh")
-            for included in sorted(glob.glob(os.path.join(base, os.path.expanduser(pattern)))):
-                value = _config_value(included, [host], key, depth + 1)
-                if value:
-                    return value
-    return None
-
-
-def _mentions(path: str, key: str, depth: int = 0) -> bool:
-    """Whether ``key`` is set on any line (not a comment) of an ssh config file or a file it
-    includes. A plain read: when it says no, nothing needs parsing."""
-    import glob
-
-    try:
-        with open(path, errors="replace") as f:
-            lines = [line.strip() for line in f]
-    except OSError:
-        return False
-    base = os.path.dirname(path) if path.startswith("/etc/") else os.path.expanduser("~/.ssh")
-    for line in lines:
-        words = line.replace("=", " ", 1).split()
-        if not words or words[0].startswith("#"):
-            continue
-        if words[0].lower() == key:
-            return True
-        if words[0].lower() == "include" and depth < 8:
-            for pattern in words[1:]:
-                for included in sorted(glob.glob(os.path.join(base, os.path.expanduser(pattern)))):
-                    if _mentions(included, key, depth + 1):
-                        return True
-    return False
+        return host_key_policy(SshConfig(config_path), hosts)
+    except SshConfigError:
+        return "unknown"  # ssh itself will refuse the file; the pre-flight says why
 
 
 def master_host(plan: LaunchPlan) -> str:

@@ -12,12 +12,12 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs.hostnames import is_local_host
+from gaudi_launch.remote.fanout import per_host
 from gaudi_launch.remote.watch import Endpoint, ssh_endpoints
 
 REPORT_EVERY = 5.0  # seconds between "still waiting" lines
@@ -64,34 +64,34 @@ def wait_for(
     why: dict[str, str] = {}
     last_report = None
     log(f"waiting up to {seconds:g} s for {len(pending)} host(s) to answer on their SSH port")
-    with ThreadPoolExecutor(max_workers=min(64, max(1, len(pending)))) as pool:
-        while pending:
-            answers = list(pool.map(lambda e: probe(e[1], e[2]), pending))
-            still = []
-            for (host, addr, port), answer in zip(pending, answers):
-                if answer is None:
-                    log(f"  {host}:{port} answers (after {clock() - start:.0f} s)")
-                else:
-                    why[host] = answer
-                    still.append((host, addr, port))
-            pending = still
-            if not pending:
-                return
-            now = clock()
-            if now >= deadline:
-                for host, _, port in pending:
-                    log(f"  {host}:{port} did not answer within {seconds:g} s ({why[host]})")
-                raise HostsUnreachable(
-                    f"unreachable host(s) after waiting {seconds:g} s: " + ", ".join(h for h, _, _ in pending),
-                    where="--wait-hosts",
-                    hint="is sshd running there (container started, the right --ssh-port) and does the "
-                    "network allow it? Wait longer with a larger --wait-hosts",
-                )
-            if last_report is None or now - last_report >= REPORT_EVERY:
-                last_report = now
-                for host, _, port in pending:
-                    log(f"  waiting for {host}:{port}: {why[host]} ({deadline - now:.0f} s left)")
-            sleep(min(1.0, max(0.0, deadline - now)))
+    while pending:
+        where = {host: (addr, port) for host, addr, port in pending}
+        answers = per_host(list(where), lambda h: probe(*where[h]), name="wait-hosts")
+        still = []
+        for host, addr, port in pending:
+            if answers[host] is None:
+                log(f"  {host}:{port} answers (after {clock() - start:.0f} s)")
+            else:
+                why[host] = answers[host]
+                still.append((host, addr, port))
+        pending = still
+        if not pending:
+            return
+        now = clock()
+        if now >= deadline:
+            for host, _, port in pending:
+                log(f"  {host}:{port} did not answer within {seconds:g} s ({why[host]})")
+            raise HostsUnreachable(
+                f"unreachable host(s) after waiting {seconds:g} s: " + ", ".join(h for h, _, _ in pending),
+                where="--wait-hosts",
+                hint="is sshd running there (container started, the right --ssh-port) and does the "
+                "network allow it? Wait longer with a larger --wait-hosts",
+            )
+        if last_report is None or now - last_report >= REPORT_EVERY:
+            last_report = now
+            for host, _, port in pending:
+                log(f"  waiting for {host}:{port}: {why[host]} ({deadline - now:.0f} s left)")
+        sleep(min(1.0, max(0.0, deadline - now)))
 
 
 def before(preflight: Callable, seconds: float) -> Callable:

@@ -16,12 +16,12 @@ import dataclasses
 import os
 import socket
 import subprocess
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from gaudi_launch.inputs import cards
+from gaudi_launch.inputs.sshconfig import SshConfig, SshConfigError
 from gaudi_launch.plan import scaleout
 from gaudi_launch.remote import probe
 from gaudi_launch.remote.fanout import per_host
@@ -30,13 +30,14 @@ from gaudi_launch.remote.sshclient import (
     SshOptions,
     Target,
     keys_description,
-    load_config,
     quiet_paramiko,
     run_command,
     target_of,
+    unresolved,
 )
 from gaudi_launch.remote.sshfailures import classify_ssh_error
 from gaudi_launch.remote.sshmux import SESSION_AGENT, read_until
+from gaudi_launch.remote.sshresolve import resolve
 
 PROBE_TIMEOUT = 60.0  # seconds for the probe command itself, once logged in
 
@@ -361,19 +362,18 @@ def check_hosts(
     connection stays open for the rest of the job; when that ssh fails before the probe ran,
     paramiko connects again to tell why (a failure costs a second attempt, a success nothing)."""
     quiet_paramiko()
-    loaded: dict = {}
-    load_lock = threading.Lock()
-
-    def config_of():
-        """The ssh config as paramiko reads it (and its error): only when paramiko connects, or to
-        name a remote master's port (importing paramiko alone costs a tenth of a second or more)."""
-        with load_lock:
-            if "config" not in loaded:
-                loaded["config"] = load_config(ssh)
-        return loaded["config"]
+    reader = SshConfig(ssh.config)  # each config file read once for every host
+    targets: dict[str, Target] = {}
 
     def target(host: str) -> Target:
-        return target_of(host, ssh, config_of()[0])
+        """How ssh reaches ``host`` (inputs/sshconfig.py): only when paramiko connects, or to name a
+        remote master's port."""
+        if host not in targets:
+            try:
+                targets[host] = target_of(host, ssh, resolve([host], ssh, reader)[host])
+            except (SshConfigError, RuntimeError) as exc:
+                targets[host] = unresolved(host, ssh, f"cannot read the ssh config: {exc}")
+        return targets[host]
 
     master_local = bool(local(master_host))
 
@@ -414,10 +414,9 @@ def check_hosts(
                             ssh,
                         )
                     if out is None:  # no connection, or ssh failed before the probe: paramiko says why
-                        config_error = config_of()[1]
                         t = target(host)
-                        if config_error or t.config_error:
-                            facts.reason = config_error or t.config_error
+                        if t.config_error:
+                            facts.reason = t.config_error
                             facts.fix = "fix the ssh config (--ssh-config)"
                             return facts
                         if t.proxy_jump and not t.proxy_command:

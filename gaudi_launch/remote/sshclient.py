@@ -1,5 +1,6 @@
-"""The pre-flight's own SSH client (paramiko): the ssh config read as OpenSSH reads it, host keys kept
-as OpenSSH keeps them (accept-new, or strict), and one command run on a host.
+"""The pre-flight's own SSH client (paramiko): a host reached as OpenSSH would reach it (the settings
+from inputs/sshconfig.py, through sshresolve.py), host keys kept as OpenSSH keeps them (accept-new, or
+strict), and one command run on a host.
 
 Used where there is no OpenSSH master connection to run the probe through, and to say why a login
 failed (sshfailures.py classifies what it raises). Imports paramiko only when a host is checked.
@@ -7,7 +8,6 @@ failed (sshfailures.py classifies what it raises). Imports paramiko only when a 
 
 from __future__ import annotations
 
-import getpass
 import logging
 import os
 import socket
@@ -15,25 +15,13 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
+from gaudi_launch.inputs.sshconfig import HostConfig, split_user
+from gaudi_launch.remote.sshresolve import SshOptions
+
+__all__ = ["SshOptions", "Target", "split_user", "target_of"]
+
 DEFAULT_KEYS = ("id_ed25519", "id_rsa", "id_ecdsa")
 AGENT = "ssh-agent keys"  # how keys_description names the agent's keys
-
-
-@dataclass
-class SshOptions:
-    port: Optional[int] = None  # --ssh-port; None: from the ssh config for that host, else 22
-    identity: Optional[str] = None  # --ssh-identity; None: ssh config / default keys / agent
-    config: Optional[str] = None  # --ssh-config; None: ~/.ssh/config if it exists
-    timeout: float = 10.0  # --ssh-timeout: connect timeout (also banner and auth)
-    strict: bool = False  # --strict-host-keys: refuse unknown host keys (else accept-new)
-    known_hosts: Optional[str] = None  # None: UserKnownHostsFile of the ssh config, else ~/.ssh/known_hosts
-
-
-def split_user(host: str) -> tuple[Optional[str], str]:
-    if "@" in host:
-        user, name = host.rsplit("@", 1)
-        return (user or None), name
-    return None, host
 
 
 def strip_brackets(name: str) -> str:
@@ -72,75 +60,40 @@ def _expand(path: str) -> str:
     return os.path.expanduser(os.path.expandvars(path))
 
 
-def _config_path(opts: SshOptions) -> Optional[str]:
-    if opts.config:
-        return _expand(opts.config)
-    default = os.path.expanduser("~/.ssh/config")
-    return default if os.path.isfile(default) else None
-
-
-def load_config(opts: SshOptions):
-    """paramiko.SSHConfig or None, and an error text."""
-    import paramiko
-
-    path = _config_path(opts)
-    if path is None:
-        return None, None
-    try:
-        return paramiko.SSHConfig.from_path(path), None
-    except Exception as e:  # unreadable, bad syntax
-        return None, f"cannot read ssh config {path}: {e}"
-
-
-def target_of(entry: str, opts: SshOptions, config) -> Target:
-    user, name = split_user(entry)
-    name = strip_brackets(name)
-    conf: dict = {}
-    error = None
-    if config is not None:
-        try:
-            conf = dict(config.lookup(name))
-        except Exception as e:  # Match exec without `invoke`, bad tokens...
-            error = f"ssh config lookup for {name} failed: {e}"
-    hostname = conf.get("hostname") or name
-    port = opts.port
-    if port is None:
-        try:
-            port = int(conf.get("port", 22))
-        except ValueError:
-            port = 22
-    user = user or conf.get("user") or getpass.getuser()
+def target_of(entry: str, opts: SshOptions, conf: HostConfig, config_error: Optional[str] = None) -> Target:
+    """What paramiko needs to log in to hostfile ``entry`` as ssh would (``conf``: sshresolve.resolve's)."""
     if opts.identity:
         key_files = [_expand(opts.identity)]
         look = False
     else:
-        key_files = [_expand(k) for k in conf.get("identityfile", []) or []]
-        key_files = [k for k in key_files if os.path.isfile(k)]
-        look = not conf.get("identityfile")
-    identities_only = str(conf.get("identitiesonly", "no")).lower() == "yes"
-    known = opts.known_hosts
-    if not known:
-        files = str(conf.get("userknownhostsfile", "")).split()
-        known = files[0] if files else "~/.ssh/known_hosts"
-    globals_ = str(conf.get("globalknownhostsfile", "/etc/ssh/ssh_known_hosts")).split()
+        key_files = [k for k in (_expand(k) for k in conf.identity_files) if os.path.isfile(k)]
+        look = not conf.identity_files
+    known = opts.known_hosts or (conf.known_hosts[0] if conf.known_hosts else "~/.ssh/known_hosts")
     # "ask" under BatchMode (the job's ssh always has it) refuses an unknown key, as "yes" does.
-    strict = opts.strict or str(conf.get("stricthostkeychecking", "")).lower() in ("yes", "ask")
+    strict = opts.strict or conf.strict_host_keys in ("yes", "ask")
     return Target(
         entry=entry,
-        name=name,
-        hostname=hostname,
-        user=user,
-        port=port,
+        name=conf.name,
+        hostname=conf.hostname,
+        user=conf.user,
+        port=conf.port,
         key_files=key_files,
         look_for_keys=look,
-        allow_agent=not identities_only,
+        allow_agent=not conf.identities_only,
         known_hosts=_expand(known),
-        global_known_hosts=[_expand(g) for g in globals_],
+        global_known_hosts=[_expand(g) for g in conf.global_known_hosts],
         strict=strict,
-        proxy_command=conf.get("proxycommand") if str(conf.get("proxycommand", "")).lower() != "none" else None,
-        proxy_jump=conf.get("proxyjump"),
-        config_error=error,
+        proxy_command=conf.proxy_command,
+        proxy_jump=conf.proxy_jump,
+        config_error=config_error,
     )
+
+
+def unresolved(entry: str, opts: SshOptions, error: str) -> Target:
+    """A Target for a host whose ssh settings could not be read (``error`` says why)."""
+    _, name = split_user(entry)
+    conf = HostConfig(name, name, "?", "?", opts.port or 22, (), False, None, ("~/.ssh/known_hosts",), ())
+    return target_of(entry, opts, conf, config_error=error)
 
 
 def keys_description(t: Target) -> str:

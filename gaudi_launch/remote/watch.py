@@ -7,41 +7,25 @@ A host that misses several probes in a row is reported once, and the supervisor 
 
 from __future__ import annotations
 
-import os
 import socket
-import threading
 from collections.abc import Sequence
 from typing import Callable, Optional, Union
+
+from gaudi_launch.inputs.sshconfig import SshConfigError, split_user
+from gaudi_launch.remote.fanout import per_host
+from gaudi_launch.remote.sshresolve import SshOptions, resolve
 
 Endpoint = tuple[str, str, int]  # (name as in the hostfile, address to probe, port)
 
 
 def ssh_endpoints(hosts: Sequence[str], port: Optional[int], config_path: Optional[str]) -> list[Endpoint]:
-    """Where each host's sshd listens, as ssh itself would connect (HostName/Port from ssh_config)."""
-    path = os.path.expanduser(config_path or "~/.ssh/config")
-    config = None
-    if os.path.isfile(path):
-        import paramiko  # only for multi-host runs
-
-        try:
-            config = paramiko.SSHConfig.from_path(path)
-        except Exception:
-            config = None
-    out = []
-    for host in hosts:
-        name = host.rsplit("@", 1)[-1].strip("[]")
-        conf = {}
-        if config is not None:
-            try:
-                conf = config.lookup(name)
-            except Exception:
-                conf = {}
-        try:
-            p = port or int(conf.get("port", 22))
-        except ValueError:
-            p = 22
-        out.append((host, conf.get("hostname", name), p))
-    return out
+    """Where each host's sshd listens, as ssh itself would connect (HostName/Port from the ssh config,
+    inputs/sshconfig.py). A config that cannot be read (the pre-flight says why) leaves the names as given."""
+    try:
+        found = resolve(hosts, SshOptions(port=port, config=config_path))
+    except (SshConfigError, RuntimeError):
+        found = {}
+    return [(h, found[h].hostname, found[h].port) if h in found else (h, split_user(h)[1], port or 22) for h in hosts]
 
 
 def reachable(addr: str, port: int, timeout: float) -> bool:
@@ -61,8 +45,8 @@ class HostWatch:
         timeout: float = 2.0,
         misses: int = 3,
     ):
-        # A callable is resolved at the first probe (reading the ssh config takes paramiko, a tenth
-        # of a second or more: a job that ends before the first probe never pays it).
+        # A callable is resolved at the first probe (a host whose config only ssh -G can evaluate costs
+        # a process: a job that ends before the first probe never pays it).
         self._resolve = endpoints if callable(endpoints) else None
         self.endpoints: list[Endpoint] = [] if callable(endpoints) else list(endpoints)
         self.timeout = timeout
@@ -75,16 +59,14 @@ class HostWatch:
         if self._resolve is not None:
             self.endpoints, self._resolve = list(self._resolve()), None
             self.missed = {h: 0 for h, _, _ in self.endpoints}
-        results: dict[str, bool] = {}
-
-        def one(host: str, addr: str, port: int) -> None:
-            results[host] = reachable(addr, port, self.timeout)
-
-        threads = [threading.Thread(target=one, args=e, daemon=True) for e in self.endpoints if e[0] not in self.lost]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(self.timeout + 2)
+        where = {h: (addr, port) for h, addr, port in self.endpoints if h not in self.lost}
+        results = per_host(
+            list(where),
+            lambda h: reachable(*where[h], self.timeout),
+            timeout=self.timeout + 2,
+            default=lambda _: False,
+            name="watch",
+        )
         for host, addr, port in self.endpoints:
             if host in self.lost:
                 continue
