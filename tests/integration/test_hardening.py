@@ -399,7 +399,7 @@ def unprivileged_python(workdir):
         try:
             ok = (
                 subprocess.run(
-                    [python, "-c", "import gaudi_launch.cli, yaml, click, paramiko"],
+                    [python, "-c", "import gaudi_launch.cli, yaml, typer, paramiko"],
                     user=65534,
                     group=65534,
                     extra_groups=[],

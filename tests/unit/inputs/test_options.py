@@ -60,7 +60,7 @@ def test_help_shows_every_option_in_its_panel_in_order(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")  # rich cuts long spellings at the terminal's width
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "Usage: gaudi-launch [OPTIONS] [SCRIPT] [SCRIPT_ARGS]..." in out
+    assert "Usage: gaudi-launch [OPTIONS] [SCRIPT] [SCRIPT_ARGS]" in out  # typer 0.29 adds "...", 0.28 not
     starts = [out.index(f"─ {panel} ─") for panel in PANELS]
     assert starts == sorted(starts)
     for o in launch_options() + [o for o in COMMAND_LINE_OPTIONS]:
