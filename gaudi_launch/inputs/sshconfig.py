@@ -6,13 +6,15 @@ endpoint (HostName), user, port, identity files and host key policy (StrictHostK
 UserKnownHostsFile) of a host, and the one rule for its login user (``login_user``).
 
 Why a reader of our own and not ``ssh -G HOST`` (OpenSSH evaluating its own files exactly): ``ssh -G``
-is a process per host, 7 ms each here (0.35 s for 50 hosts on 2 cores), so a 1,000-host dry run would
-spend seconds where it now spends milliseconds, and paramiko's SSHConfig neither follows Include
-nor reads /etc/ssh/ssh_config. So this module follows readconf.c for what the launcher needs, and
-says so (``NeedsOpenSSH``) where only OpenSSH can decide: ``Match exec`` (runs a command),
-``canonical``/``final`` with hostname canonicalisation (DNS), ``localnetwork``, ``tagged`` and the
-like. The launcher then asks ``ssh -G`` for just those hosts when it is about to connect
-(remote/sshresolve.py); a plan (a dry run) never spawns one and keeps ssh's own defaults instead.
+is a process per host, 7 ms each here (50 in a row: 0.35 s), so a 1,000-host dry run would spend
+seconds on it; this reader takes about 25 us a host with a 260-line config and its Include'd files
+(2 cores, measured), and paramiko's SSHConfig neither follows Include nor reads /etc/ssh/ssh_config.
+It follows readconf.c for what the launcher needs (tests/unit/inputs/test_sshconfig.py compares it
+with ``ssh -G``), and says so (``NeedsOpenSSH``) where only OpenSSH can decide: ``Match exec`` (runs a
+command), ``canonical``/``final`` with hostname canonicalisation (DNS), ``localnetwork``, ``tagged``
+and the like. The launcher then asks ``ssh -G`` for just those hosts when it is about to connect
+(remote/sshresolve.py); a plan (a dry run) never spawns one: where only ssh can tell the host key
+policy, the job's ssh options leave it to ssh.
 
 OpenSSH's order, as readconf.c has it: command-line values first (``-p``, ``-l``, ``-i``, and a
 ``user@`` in the destination when no ``-l``), then the ``-F`` file alone, or else ~/.ssh/config then
@@ -27,6 +29,7 @@ Pure but for reading the config files (each file read once per ``SshConfig``).
 
 from __future__ import annotations
 
+import functools
 import getpass
 import glob
 import os
@@ -168,8 +171,14 @@ def parse(text: str, path: str = "<config>") -> list[Line]:
 
 def match_pattern(s: str, pattern: str) -> bool:
     """match.c's match_pattern: '*' any run, '?' any one character, the rest literal (case counts)."""
-    rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.fullmatch(rx, s, re.DOTALL) is not None
+    if "*" not in pattern and "?" not in pattern:
+        return s == pattern
+    return _compiled(pattern).fullmatch(s) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(pattern: str) -> re.Pattern:
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern), re.DOTALL)
 
 
 def match_pattern_list(s: str, patterns: str, lower: bool = False) -> int:
@@ -209,6 +218,9 @@ class SshConfig:
         else:
             self.files = [(os.path.join(self.home, ".ssh", "config"), True), (system, False)]
         self._parsed: dict[str, list[Line]] = {}
+        self._globbed: dict[tuple, list[str]] = {}
+        self._plain: dict[int, object] = {}
+        self._only: dict[str, Optional[frozenset]] = {}
 
     def _tilde(self, path: str) -> str:
         if path == "~" or path.startswith("~/"):
@@ -305,10 +317,13 @@ class SshConfig:
         apply (readconf.c reads it with SSHCONF_NEVERMATCH), so it is not read at all."""
         if depth > MAX_DEPTH:
             raise SshConfigError(f"{path}: too many nested Include lines (more than {MAX_DEPTH})")
+        only = self._only_for(path)
+        if only is not None and name not in only:
+            return  # plain Host blocks, none naming this host: nothing here applies (a 1,000-host file)
         for line in self.lines_of(path):
             kw = line.keyword
             if kw == "host":
-                active[0] = self._host_matches(name, line.args)
+                active[0] = self._host_matches(name, line)
             elif kw == "match":
                 active[0] = self._match(line, name, found)
             elif kw == "include":
@@ -326,10 +341,35 @@ class SshConfig:
             elif kw not in found:
                 found[kw] = line.args
 
-    @staticmethod
-    def _host_matches(name: str, patterns) -> bool:
+    def _only_for(self, path: str) -> Optional[frozenset]:
+        """The names a file's options can apply to, when it is only Host blocks of plain names (no
+        pattern, negation, Match or Include, nothing before its first Host line); else None."""
+        if path not in self._only:
+            lines = self.lines_of(path)
+            plain = bool(lines) and lines[0].keyword == "host"
+            names: set = set()
+            for line in lines:
+                if line.keyword in ("match", "include"):
+                    plain = False
+                elif line.keyword == "host":
+                    plain = plain and all(p[:1] != "!" and "*" not in p and "?" not in p for p in line.args)
+                    names.update(line.args)
+                if not plain:
+                    break
+            self._only[path] = frozenset(names) if plain else None
+        return self._only[path]
+
+    def _host_matches(self, name: str, line: Line) -> bool:
+        """A Host line: one of its patterns matches and no negated one does. A line of plain names (the
+        usual host-by-host config) is one set lookup, built once."""
+        plain = self._plain.get(id(line))  # lines live as long as this reader: ids stay theirs
+        if plain is None:
+            literal = all(not p.startswith("!") and "*" not in p and "?" not in p for p in line.args)
+            plain = self._plain[id(line)] = frozenset(line.args) if literal else False
+        if plain is not False:
+            return name in plain
         hit = False
-        for pattern in patterns:
+        for pattern in line.args:
             negated = pattern.startswith("!")
             if match_pattern(name, pattern[1:] if negated else pattern):
                 if negated:
@@ -372,7 +412,13 @@ class SshConfig:
         return result
 
     def _included(self, line: Line, user_file: bool) -> list[str]:
-        """The files one Include line names, in glob order (sorted, as glob(3) sorts)."""
+        """The files one Include line names, in glob order (sorted, as glob(3) sorts); globbed once."""
+        key = (line.path, line.number, user_file)
+        if key not in self._globbed:
+            self._globbed[key] = self._glob(line, user_file)
+        return self._globbed[key]
+
+    def _glob(self, line: Line, user_file: bool) -> list[str]:
         out = []
         for arg in line.args:
             if "%" in arg:

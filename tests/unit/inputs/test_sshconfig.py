@@ -169,6 +169,7 @@ CASES = [
     "Include {inc}\nHost *\n  Port 2600\n",
     "Host other\n  Include {inc}\nHost gpu-1 web1\n  Include {inc}\n  Port 2700\n",
     "Match user deploy\n  Port 2800\nMatch localuser {me}\n  Port 2801\n",
+    "Include {plain}\nHost *\n  Port 2950\n",
 ]
 
 
@@ -181,7 +182,8 @@ def test_agrees_with_ssh_G(tmp_path, case):
     import getpass
 
     me = getpass.getuser()
-    path = write(tmp_path / "config", CASES[case].format(inc=inc, me=me))
+    plain = write(tmp_path / "plain.conf", "Host gpu-1 web1\n  Port 2900\nHost db\n  User dbuser\n  Port 2901\n")
+    path = write(tmp_path / "config", CASES[case].format(inc=inc, me=me, plain=plain))
     cfg = SshConfig(path, local_user=me)
     for entry in ("web1", "gpu-1", "gpu-bad", "deploy@gpu-2", "db"):
         ours = cfg.lookup(entry)
