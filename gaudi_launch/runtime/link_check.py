@@ -34,6 +34,7 @@ from gaudi_launch.wire import COLLECTIVE, COLLECTIVE_LIBRARY, COLLECTIVE_MARKER
 
 LIBRARY_MODULE = "gaudi_launch.runtime.collective_check"
 LATENCY_ROUNDS = 10
+CHUNK = 64 << 10  # one recv at most: the first piece's arrival starts a large message's clock
 STAGE = "tcp"
 
 
@@ -230,7 +231,9 @@ class Rank:
         return out[0], inc
 
     def exchange(self, to: socket.socket, frm: socket.socket, send: bytes, recv: memoryview) -> float:
-        """Seconds until ``recv`` is full from r-s while ``send`` goes to r+s, both after a barrier."""
+        """Seconds for ``recv`` to fill from r-s while ``send`` goes to r+s, both after a barrier. A large
+        message is timed from its first bytes on: how late the sender's process ran after the barrier
+        (16 ranks on 2 cores) is then no part of its link's figure."""
         self.barrier()
         errors: list = []
 
@@ -243,26 +246,33 @@ class Rank:
         t0 = time.perf_counter()
         t = threading.Thread(target=push, daemon=True)
         t.start()
-        _recv_exactly(frm, recv, len(send))
-        took = time.perf_counter() - t0
+        first_at, first = _recv_exactly(frm, recv, len(send))
+        end = time.perf_counter()
         t.join(self.timeout)
         if errors:
             raise PeerTimeout(f"connection reset sending: {errors[0]}")
-        return took
+        n = len(send)
+        if n >= 16 * CHUNK and first <= n // 2:
+            return (end - first_at) * n / (n - first)
+        return end - t0
 
 
-def _recv_exactly(sock: socket.socket, buf: memoryview, n: int) -> None:
-    got = 0
+def _recv_exactly(sock: socket.socket, buf: memoryview, n: int) -> tuple[float, int]:
+    """Fill ``buf[:n]`` from ``sock``: (when the first bytes came, how many), in pieces of at most CHUNK."""
+    got, first_at, first = 0, 0.0, 0
     while got < n:
         try:
-            k = sock.recv_into(buf[got:n])
+            k = sock.recv_into(buf[got : min(n, got + CHUNK)])
         except socket.timeout:
             raise PeerTimeout(f"timed out receiving ({got} of {n} bytes)") from None
         except OSError as exc:
             raise PeerTimeout(f"connection reset receiving: {exc}") from None
         if not k:
             raise PeerTimeout(f"connection closed receiving ({got} of {n} bytes)")
+        if not got:
+            first_at, first = time.perf_counter(), k
         got += k
+    return first_at, first
 
 
 def measure(me: Rank, peers: list, size: int, rounds: int, host: str, at: list) -> None:
