@@ -28,6 +28,7 @@ from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.process.failures import LEFT_OUT
 from gaudi_launch.process.logfiles import prepare_log_dir
 from gaudi_launch.remote import sshmux
 from gaudi_launch.reports.collective import CollectiveReport, judge, parse
@@ -178,15 +179,15 @@ def apply_exclusions(spec: JobSpec) -> JobSpec:
 
 
 def replace_bad_hosts(spec: JobSpec, plan: LaunchPlan, report: CollectiveReport) -> tuple[JobSpec, list[str]]:
-    """The spec whose plan leaves the slow and failed hosts out, spares taking their places, and a note
-    per host; raises CollectiveCheckFailed when the spares cannot cover the job's hosts. Pure."""
+    """The spec whose plan leaves the slow and failed hosts out, spares taking their places, and per host
+    "HOST (why)"; raises CollectiveCheckFailed when the spares cannot cover the job's hosts. Pure."""
     bad = {h.host: h for h in report.bad}
     if not bad:
         return spec, []
     job_hosts = [n.host for n in plan.nodes]
     good_spares = [h for h in plan.spares if h not in bad]
     bad_job = [h for h in job_hosts if h in bad]
-    notes = [f"left out by the collective check: {h} ({bad[h].status}: {bad[h].reason})" for h in bad]
+    left_out = [f"{h} ({bad[h].status}: {bad[h].reason})" for h in bad]
     if len(bad_job) > len(good_spares):
         extra = (
             f"\n{len(bad_job)} of the job's hosts must be left out and {len(good_spares)} good spare(s) can "
@@ -195,7 +196,7 @@ def replace_bad_hosts(spec: JobSpec, plan: LaunchPlan, report: CollectiveReport)
         raise CollectiveCheckFailed(report, extra=extra)
     return dataclasses.replace(
         spec, lost_hosts=list(spec.lost_hosts) + [h for h in bad if h not in spec.lost_hosts]
-    ), notes
+    ), left_out
 
 
 def check_before_job(spec: JobSpec, plan: LaunchPlan) -> tuple[JobSpec, LaunchPlan]:
@@ -215,13 +216,15 @@ def check_before_job(spec: JobSpec, plan: LaunchPlan) -> tuple[JobSpec, LaunchPl
     print(report.render_table(), flush=True)
     if not report.bad and not report.ok:  # hosts not measured, none named: nothing to swap
         raise CollectiveCheckFailed(report, written)
-    new_spec, notes = replace_bad_hosts(spec, plan, report)
-    if not notes:
+    new_spec, left_out = replace_bad_hosts(spec, plan, report)
+    if not left_out:
         return spec, plan
     new_plan = plan_job(new_spec)
     # the restart loop's wording ("lost in an earlier attempt") gives way to the check's reasons
     kept = ["; ".join(p for p in n.split("; ") if not p.startswith("left out (lost")) for n in new_plan.notes]
+    notes = [LEFT_OUT + text for text in left_out]
     new_plan.notes = [n for n in kept if n] + notes
+    new_plan.left_out = left_out  # the end-of-job summaries repeat them (process/failures.py)
     for n in notes:
         print(f"gaudi-launch: {n}", flush=True)
     return new_spec, new_plan

@@ -221,7 +221,7 @@ def _attempts(
             lost += [h for h in lost_hosts_in(result.lost, [n.host for n in plan.nodes]) if h not in lost]
         current = attempt_spec(spec, restart, lost)
         try:
-            plan = build(current)
+            plan = dataclasses.replace(build(current), left_out=plan.left_out)  # the job's, not an attempt's
         except UserError as exc:  # e.g. the pre-flight of a host that is gone for good
             _say(err, format_attempts(attempts, spec.max_restarts, exc.exit_code).rstrip("\n"))
             raise

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.restartopts import Cause, parse_restart_on
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import elastic_env
+from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.plan.restarthosts import HostsExhausted, hosts_for_attempt
 from gaudi_launch.process.failures import Culprit, ProcResult
 from gaudi_launch.process.restarts import (
@@ -17,6 +20,7 @@ from gaudi_launch.process.restarts import (
     failure_cause,
     format_attempts,
     lost_hosts_in,
+    run_job,
     should_restart,
 )
 from gaudi_launch.process.supervise import JobResult
@@ -137,3 +141,24 @@ def test_dry_run_holds_the_spares_back(capsys, tmp_path):
     assert "--spare-hosts: a lost host is replaced on a restart: add --max-restarts N" in err
     err = user_error(capsys, "--num_devices", "2", "--max-restarts", "1", "--min-nodes", "1", "--dry-run", "t.py")
     assert "--min-nodes: spare hosts and smaller restarts are for several hosts" in err
+
+
+def test_every_attempt_keeps_the_hosts_the_collective_check_left_out(tmp_path):
+    # the first plan says which host the check left out; a restart's plan is built anew and must say it too,
+    # or the last attempt's summary forgets it
+    spec = JobSpec(program=["t.py"], max_restarts=1)
+
+    def plan(spec):  # a plan made anew, as the planner makes each attempt's
+        nodes = [NodePlan(host=h, node_rank=i, devices=[0], ranks=[i]) for i, h in enumerate(["n0", "n1"])]
+        return LaunchPlan("mpirun", 2, "n0", 1, nodes, {}, [], ["t.py"], spec=spec)
+
+    first = plan(spec)
+    first.left_out = ["n3 (slow: 0.02 GB/s with its best partner, under 0.5 GB/s)"]
+    seen = []
+
+    def start(plan, **_):
+        seen.append(list(plan.left_out))
+        return result(1 if len(seen) == 1 else 0, rank_failed=len(seen) == 1)
+
+    run_job(spec, first, build=plan, start=start, err=open(os.devnull, "w"), wait=lambda s, say: None)
+    assert seen == [first.left_out, first.left_out]

@@ -113,8 +113,8 @@ def _plan(job, spares):
 def test_slow_hosts_go_to_the_spares_and_without_one_nothing_starts(tmp_path):
     spec = JobSpec(program=["t.py"], hostfile="hf", max_restarts=1, spare_hosts=1)
     rep = judge(records(4, slow={1}), hosts(4))
-    new, notes = replace_bad_hosts(spec, _plan(["h0", "h1", "h2"], ["h3"]), rep)
-    assert new.lost_hosts == ["h1"] and notes[0].startswith("left out by the collective check: h1 (slow: ")
+    new, left_out = replace_bad_hosts(spec, _plan(["h0", "h1", "h2"], ["h3"]), rep)
+    assert new.lost_hosts == ["h1"] and left_out[0].startswith("h1 (slow: 0.02 GB/s with its best partner")
     with pytest.raises(CollectiveCheckFailed) as err:
         replace_bad_hosts(spec, _plan(["h0", "h1", "h2", "h3"], []), rep)
     assert err.value.exit_code == ExitCode.PREFLIGHT and "0 good spare(s)" in str(err.value)
