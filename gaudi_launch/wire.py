@@ -48,8 +48,8 @@ def node_var(name: str) -> str:
 # - An error record: ERROR_MARKER + one JSON object (rank, host, exit code, exception, traceback) on one
 #   line, written by the rank bootstrap when the script fails (read by process/supervise.py).
 # - TORN_DOWN: the rank was stopped by the job's teardown, not failing on its own (process/relay.py).
-# - STARTED + the rank and its host: the rank bootstrap runs (the start-up deadline, --start-timeout,
-#   counts these; process/placement.py checks the hosts).
+# - STARTED + the rank and its machine (hostname@address it reaches the master from): the rank bootstrap
+#   runs (the start-up deadline, --start-timeout, counts these; process/placement.py checks the machines).
 # - COLLECTIVE_MARKER + JSON: a collective check rank's findings on its stdout (runtime/collective_check.py).
 # And what the launcher tells the rank bootstrap on its command line: NO_PYTHON_FLAG first means the
 # program is an executable (--no_python), run as the bootstrap's child; the job file's path and digest.

@@ -40,7 +40,7 @@ from gaudi_launch.inputs.idranges import id_ranges
 from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
 from gaudi_launch.plan import gaudi
 from gaudi_launch.plan.contract import elastic_env, node_layout, node_visibility, read_error_file
-from gaudi_launch.process import relay
+from gaudi_launch.process import placement, relay
 from gaudi_launch.process.heartbeats import install_stack_dump
 from gaudi_launch.remote.jobdir import clean_stale, read_job
 from gaudi_launch.remote.teardown import sweep_here
@@ -452,6 +452,20 @@ def _remove_job_dir(job: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def route_source(master_addr: str) -> str:
+    """The address this machine reaches ``master_addr`` from (a UDP socket's connect picks the route and sends
+    nothing); '' when there is no route or the name does not resolve."""
+    if not master_addr:
+        return ""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(master_addr, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return str(s.getsockname()[0])
+    except (OSError, IndexError):
+        return ""
+
+
 def run_program(argv: list[str], environ: Mapping[str, str]) -> int:
     """A --no_python rank: the executable runs as our child, in our process group. Its exit status is
     the rank's; killed by a signal, the rank ends by the same signal once its group is ended."""
@@ -537,7 +551,8 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
         return 2
     environ.update(normalize_env(environ, os.cpu_count()))
     if environ.get(JOB_ID):  # to the launcher: this rank started (its start-up deadline)
-        sys.stderr.write(f"{STARTED}{environ.get('RANK', '')} {socket.gethostname()}\n")  # and where
+        where = placement.machine(socket.gethostname(), route_source(environ.get("MASTER_ADDR", "")))
+        sys.stderr.write(f"{STARTED}{environ.get('RANK', '')} {where}\n")  # and where (process/placement.py)
         sys.stderr.flush()
     if environ.get(JOB_ID) and environ.get("LOCAL_RANK") == "0":
         _clean_dead_jobs()

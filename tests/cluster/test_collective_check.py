@@ -94,6 +94,9 @@ def test_with_a_spare_the_job_runs_on_the_other_three(cluster4, tmp_path):
     ran = {line.split()[-1] for line in res.stdout.splitlines() if "JOBHOST" in line}
     assert ran == {"glf-n0", "glf-n2", "glf-n3"}, res.stdout
     assert "left out by the collective check: glf-n1 (slow" in res.stdout
+    # and the end-of-job summary repeats it (the plan's left_out)
+    summary = res.stderr[res.stderr.index(" gaudi-launch: job done ") :]
+    assert "left out by the collective check: glf-n1 (slow: " in summary, res.stderr[-3000:]
     finding = json.loads((tmp_path / "logs" / "collective-check.json").read_text())
     assert finding["slow"] == ["glf-n1"]
     # the finding read back later: that host is left out without measuring again
@@ -150,8 +153,21 @@ def test_ranks_sent_to_one_machine_by_an_ssh_alias_stop_the_job_with_both_lists(
     assert res.returncode == 127, res.stdout[-3000:] + res.stderr[-3000:]
     assert (
         "the ranks do not run where the plan put them: planned rank 0 on glf-n1; rank 1 on glf-n9; "
-        "they reported ranks 0-1 on glf-n1"
+        f"they reported ranks 0-1 on glf-n1 ({cluster4.hosts[1].addr})"
     ) in res.stderr
+    # two machines that share a hostname (cloned images) are two machines: glf-n2 calls itself glf-n1
+    (tmp_path / "hostfile2").write_text("glf-n1 slots=1\nglf-n2 slots=1\n")
+    (tmp_path / "job2.py").write_text("import socket\nprint('JOBHOST', socket.gethostname())\n")
+    rename = ["nsenter", "-t", str(cluster4._anchor_pid(cluster4.hosts[2])), "-u", "hostname"]
+    subprocess.run([*rename, "glf-n1"], check=True)
+    try:
+        res = gaudi_launch(
+            cluster4, tmp_path, "--hostfile", "hostfile2", "--ssh-config", cluster4.ssh_config, "job2.py"
+        )
+    finally:
+        subprocess.run([*rename, "glf-n2"], check=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert [line.split()[-1] for line in res.stdout.splitlines() if "JOBHOST" in line] == ["glf-n1", "glf-n1"]
 
 
 def _rank_pids_on(c: NetCluster, i: int) -> list[int]:
