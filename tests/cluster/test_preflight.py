@@ -19,6 +19,7 @@ import pytest
 
 from gaudi_launch.plan.fabric import parse_ip_addr
 from gaudi_launch.remote.preflight import CheckReport, SshOptions, check_hosts
+from tests.standin import gaudi_tools
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = "tests/cluster/netcluster.py"  # exists on every host (they share this filesystem)
@@ -239,11 +240,8 @@ def test_strict_with_empty_known_hosts(cluster, tmp_path):
 def test_login_node_in_the_cluster(cluster, tmp_path):
     """Run on host 0 as the login node: it is probed locally (no SSH) and, as the master, holds a
     listener on the master port that the other hosts must reach."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "hl-smi").write_text("#!/bin/sh\nprintf '0\\n1\\n2\\n3\\n'\n")
-    (fake / "hl-smi").chmod(0o755)
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    # this host has 4 Gaudi 2 cards (the hl-smi stand-in, tests/standin/bin/hl-smi); the others none
+    env = {**os.environ, **gaudi_tools.settings("gaudi2", os.environ["PATH"], GAUDI_STANDIN_CARD_COUNT="4")}
     ssh = dataclasses.asdict(opts(cluster, tmp_path))
     got = check_in_host0(
         cluster, env=env, hosts=cluster.names, ssh=ssh, master_port=29578, devices_needed={cluster.names[0]: 4}

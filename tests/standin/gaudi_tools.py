@@ -18,6 +18,8 @@ BIN = os.path.join(HERE, "bin")  # hl-smi
 FABRIC = os.path.join(HERE, "fabric")  # fi_info: on PATH only where the host has libfabric
 
 PROFILES: dict[str, dict[str, str]] = {
+    # a Gaudi 2 server: cards and Gaudi NICs, no libfabric
+    "gaudi2": {"GAUDI_STANDIN_CARDS": "gaudi2"},
     # Gaudi 3 server with host NICs (EFA) and its Gaudi scale-out ports not cabled
     "gaudi3-hostnic": {
         "GAUDI_STANDIN_CARDS": "gaudi3",
@@ -48,6 +50,7 @@ VARIABLES = (
     "GAUDI_STANDIN_HL_SMI_BUSY",
     "GAUDI_STANDIN_PORTS_DOWN",
     "GAUDI_STANDIN_DRIVER",
+    "GAUDI_STANDIN_CARD_COUNT",
     "GAUDI_STANDIN_LIBFABRIC",
     "GAUDI_STANDIN_EFA",
 )

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from gaudi_launch.remote import probe
+from tests.standin import gaudi_tools
 
 
 def run_probe(cmd: str) -> probe.ProbeResult:
@@ -70,19 +71,20 @@ def test_probe_master_address_is_argv_not_code():
 def test_probe_ip_block_and_devices(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    smi = bin_dir / "hl-smi"
-    smi.write_text("#!/bin/sh\n[ \"$*\" = '-Q module_id -f csv,noheader' ] || exit 3\nprintf '0\\n1\\n2\\n3\\n'\n")
-    smi.chmod(0o755)
     ip = bin_dir / "ip"
     ip.write_text("#!/bin/sh\necho '2: eth0    inet 10.9.0.5/24 brd 10.9.0.255 scope global eth0'\n")
     ip.chmod(0o755)
     cmd = probe.command(sys.executable, None, "/", "127.0.0.1", 9, None)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    # a host with 4 Gaudi 2 cards (the hl-smi stand-in, tests/standin/bin/hl-smi)
+    env = {
+        **os.environ,
+        **gaudi_tools.settings("gaudi2", f"{bin_dir}:{os.environ['PATH']}", GAUDI_STANDIN_CARD_COUNT="4"),
+    }
     done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env, timeout=60)
     got = probe.parse(done.stdout)
     assert got.devices == 4
     assert got.ip_addr == "2: eth0    inet 10.9.0.5/24 brd 10.9.0.255 scope global eth0\n"
-    smi.write_text("#!/bin/sh\nexit 1\n")
+    env["GAUDI_STANDIN_CARDS"] = "none"  # its driver not loaded: hl-smi fails
     got = probe.parse(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env).stdout)
     assert got.devices == 0 and "hl-smi failed" in got.devices_error
 
