@@ -23,7 +23,7 @@ from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import gaudi, scaleout
 from gaudi_launch.plan.fabric import efa_present
-from gaudi_launch.plan.multinode import ssh_args
+from gaudi_launch.plan.multinode import configured_host_keys, ssh_args
 from gaudi_launch.remote import probe
 from gaudi_launch.remote.fanout import per_host
 
@@ -323,7 +323,9 @@ def report(
         ssh_identity=ssh_identity,
     )
     try:
-        per_host, failed = collect_hosts(hostfile, ssh_args(spec), python)
+        names = [h.name for h in read_hostfile(hostfile)]
+        options = ssh_args(spec, configured_host_keys(names, ssh_config))  # what a job's ssh gets
+        per_host, failed = collect_hosts(hostfile, options, python)
     except UserError as exc:
         print(f"gaudi-launch env: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -13,6 +13,7 @@ from gaudi_launch.plan import multinode
 from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.remote.sshclient import SshOptions, target_of
 from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
+from gaudi_launch.reports import environment
 
 
 def included(tmp_path, main: str, part: str) -> str:
@@ -94,3 +95,15 @@ def test_mpirun_gets_each_hosts_user_through_its_hostfile():
     argv = mpirun.build_argv(users, spec, version=5, root=True, exported=[], hostfile=path)
     assert "--host" not in argv and argv[argv.index("--hostfile") + 1] == path
     assert mpirun.hostfile_text(users) == "n0 slots=2\ndeploy@n1 slots=2\n"
+
+
+def test_env_report_gives_its_ssh_the_jobs_host_key_rule(tmp_path, monkeypatch):
+    """`gaudi-launch env --hostfile` added StrictHostKeyChecking=accept-new even where the ssh config
+    says yes (its ssh_args call skipped the config's policy); it now builds them as a job does."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n1 slots=1\n")
+    cfg = included(tmp_path, "Include {inc}/*.conf\n", "Host n1\n  StrictHostKeyChecking yes\n")
+    seen = {}
+    monkeypatch.setattr(environment, "collect_hosts", lambda h, options, py: seen.setdefault("o", options) and ({}, {}))
+    environment.report(hostfile=str(hostfile), ssh_config=cfg)
+    assert "-F" in seen["o"] and not any("StrictHostKeyChecking" in o for o in seen["o"])
