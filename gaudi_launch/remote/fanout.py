@@ -1,5 +1,6 @@
 """One per-host fan-out for everything the launcher does on every host at once (pre-flight, the
-job file for DeepSpeed, the end-of-job sweep, `gaudi-launch env --hostfile`).
+job file for DeepSpeed, the end-of-job sweep, `gaudi-launch env --hostfile`, the host watch's probes,
+`--wait-hosts`, `ssh -G` for the hosts that need it).
 
 Each call is an ssh client (or a local process) that mostly waits, so the pool is as wide as the host
 list, bounded by what this process may open: every ssh child holds a few descriptors (its three
