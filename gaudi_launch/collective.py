@@ -31,7 +31,7 @@ from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.failures import LEFT_OUT
 from gaudi_launch.process.logfiles import prepare_log_dir
 from gaudi_launch.remote import sshmux
-from gaudi_launch.reports.collective import CollectiveReport, judge, parse
+from gaudi_launch.reports.collective import MARKER, CollectiveReport, judge, parse
 from gaudi_launch.wire import COLLECTIVE_LIBRARY
 
 RANK_MODULE = "gaudi_launch.runtime.link_check"  # the torch-free stage; it runs collective_check when needed
@@ -43,6 +43,7 @@ ROUNDS = 5  # after a warm-up; every rank runs the same count (a rank-local rule
 STEP_TIMEOUT_S = float(os.environ.get("GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT", "30"))
 START_TIMEOUT_S = 60.0  # every rank started (torch imported) on a busy machine
 RESULT_FILE = "collective-check.json"
+JOB_OUTPUT_LINES = 20  # of the check job's own output, shown when a rank said nothing
 
 
 class CollectiveCheckFailed(UserError):
@@ -136,6 +137,9 @@ def run_check(
         elapsed_s=time.monotonic() - t0,
     )
     report.backend = plan.backend
+    if any(h.status == "failed" and "did not answer" in h.reason for h in report.hosts):
+        # a rank that said nothing at all: what its launcher said is the only clue (e.g. mpirun's daemon failed)
+        report.job_output = [line for line in out.getvalue().splitlines() if MARKER not in line][-JOB_OUTPUT_LINES:]
     return report
 
 

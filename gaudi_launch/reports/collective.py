@@ -49,6 +49,7 @@ class CollectiveReport:
     library: str  # gloo, hccl or nccl: what the ranks used; "tcp": the torch-free stage alone (a CPU)
     elapsed_s: float = 0.0
     backend: str = ""  # what started the ranks: local, mpirun or deepspeed
+    job_output: list[str] = field(default_factory=list)  # the check job's last lines when a rank said nothing
 
     @property
     def bad(self) -> list[HostResult]:
@@ -100,6 +101,9 @@ class CollectiveReport:
                 "connections; the ranks imported no torch (GAUDI_LAUNCH_COLLECTIVE_LIBRARY=1 adds gloo's all-reduce)"
             )
         lines.append(f"collective check took {self.elapsed_s:.1f} s")
+        if self.job_output:
+            lines.append("the check job's last output (a host that said nothing):")
+            lines.extend("  " + line for line in self.job_output)
         return "\n".join(lines)
 
     def verdict(self) -> str:
