@@ -67,6 +67,15 @@ def rank_binding(environ: Mapping[str, str], host: cards.HostCards) -> Optional[
     return cards.rank_cores(modules, host)[int(local)]
 
 
+def omp_threads(cores: Sequence[int], siblings: Mapping[int, Sequence[int]]) -> int:
+    """OMP_NUM_THREADS for a rank bound to ``cores`` (when the user set none): one thread per physical core
+    among them, a core's hyperthread siblings counting once, as PyTorch's CPU launcher sets it to the physical
+    cores an instance is bound to (torch.backends.xeon.run_cpu: "OMP_NUM_THREADS | value of
+    ncores_per_instance", physical cores unless --use_logical_core). ``siblings``: a CPU's thread siblings
+    (sysfs topology/thread_siblings_list); a CPU without them is a core of its own. Pure."""
+    return max(1, len({min(siblings.get(c) or [c]) for c in cores}))
+
+
 def binding_lines(host: str, modules: Sequence[int], facts: cards.HostCards) -> list[str]:
     """How each local rank on ``host`` is bound, one line per rank, for the plan. Pure."""
     node_of = {c.module_id: facts.numa_of_bus.get(c.bus_id, -1) for c in facts.cards}
@@ -166,7 +175,8 @@ def plan_notes(
         notes = [
             "CPU binding: each rank binds itself to its share of its Gaudi card's NUMA node (hl-smi's bus id, "
             "/sys/bus/pci/devices/<bus>/numa_node, /sys/devices/system/node/nodeN/cpulist; Habana's "
-            "--map-by socket:PE=<cores per card> rule); --cpu-bind none turns it off"
+            "--map-by socket:PE=<cores per card> rule), with OMP_NUM_THREADS one per physical core bound unless "
+            "you set it; --cpu-bind none turns it off"
         ]
         notes += [f"  {line}" for line in local_binding]
     value, why = recipe

@@ -179,19 +179,33 @@ def _hpu_env(script_args: list[str], environ: MutableMapping[str, str]) -> dict[
         return {}
 
 
-def _bind_cpus(environ: Mapping[str, str]) -> None:
+def _bind_cpus(environ: MutableMapping[str, str], threads_set: bool) -> None:
     """Bind this rank to its card's share of the card's NUMA node (plan/gaudi.py), unless --cpu-bind none.
     Done here, in every backend's rank, rather than with mpirun's or srun's own flags: only this host knows
-    which card the rank takes and where that card sits. A host without hl-smi is left alone."""
+    which card the rank takes and where that card sits. A host without hl-smi is left alone. Once bound, and
+    unless the user set OMP_NUM_THREADS (``threads_set``), one OpenMP thread per physical core bound."""
     if environ.get(gaudi.CPU_BIND_VAR) == "none" or not shutil.which("hl-smi"):
         return
-    cores = gaudi.rank_binding(environ, cards.read_host(sysfs=environ.get(SYSFS) or "/sys"))
+    sysfs = environ.get(SYSFS) or "/sys"
+    cores = gaudi.rank_binding(environ, cards.read_host(sysfs=sysfs))
     if not cores:
         return
     try:
         os.sched_setaffinity(0, cores)
     except OSError as exc:  # e.g. a cpuset (container, srun) without those cores: run unbound
         print(f"gaudi-launch worker: could not bind to cores {id_ranges(cores)} ({exc})", file=sys.stderr)
+        return
+    if not threads_set:
+        siblings = {}
+        for cpu in cores:
+            try:
+                with open(
+                    os.path.join(sysfs, "devices", "system", "cpu", f"cpu{cpu}", "topology", "thread_siblings_list")
+                ) as f:
+                    siblings[cpu] = cards.parse_cpulist(f.read())
+            except OSError:
+                pass  # not known: a core of its own
+        environ["OMP_NUM_THREADS"] = str(gaudi.omp_threads(cores, siblings))
 
 
 def _recipe_cache(environ: MutableMapping[str, str]) -> None:
@@ -549,6 +563,7 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
     if not argv or argv in (["-m"], [NO_PYTHON_FLAG]):
         print("usage: python -m gaudi_launch.process.worker [-m] SCRIPT [ARGS...]", file=sys.stderr)
         return 2
+    threads_set = bool(environ.get("OMP_NUM_THREADS"))  # the user's, before normalize_env sets one
     environ.update(normalize_env(environ, os.cpu_count()))
     if environ.get(JOB_ID):  # to the launcher: this rank started (its start-up deadline)
         where = placement.machine(socket.gethostname(), route_source(environ.get("MASTER_ADDR", "")))
@@ -572,7 +587,7 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
     as_module = argv[0] in ("-m", NO_PYTHON_FLAG)
     target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
     if environ.get(JOB_ID):
-        _bind_cpus(environ)
+        _bind_cpus(environ, threads_set)
     if uses_hpu(environ):
         environ.update(_hpu_env(args, environ))
         _recipe_cache(environ)
