@@ -2,8 +2,10 @@
 
 On a namespace cluster this script builds (tests/cluster/netcluster.py, prefix "glq", subnet 10.226.0.0/24,
 never the tests' clusters), per host count: a launch of `/bin/true` (one rank per host, --no_python), the
-same launch's pre-flight with the collective check (`gaudi-launch check --collective`), and the check with
-one host's link throttled both ways (tc tbf, 200 mbit), which must name that host and only it slow.
+same launch's pre-flight with the collective check (`gaudi-launch check --collective`: on this CPU its
+torch-free TCP stage is the verdict), the check with one host's link throttled both ways (tc tbf, 200 mbit),
+which must name that host and only it slow, and the healthy check with gloo's stage as well
+(GAUDI_LAUNCH_COLLECTIVE_LIBRARY=1: what hccl and nccl always run, each rank importing torch).
 Every command runs "on" host 0 with the cluster's ssh wrapper first on PATH. Printed: seconds per run
 (median of --repeats), and the check's table with the throttled host at the largest count.
 
@@ -33,9 +35,10 @@ PREFIX, OCTET = "glq", 226
 RATE = "200mbit"
 
 
-def run_on_0(cluster, argv: list[str], workdir: str) -> tuple[float, subprocess.CompletedProcess]:
+def run_on_0(cluster, argv: list[str], workdir: str, env=None) -> tuple[float, subprocess.CompletedProcess]:
     t0 = time.monotonic()
-    res = cluster.run_on(0, argv, env=cluster.env(), cwd=workdir, capture_output=True, text=True, timeout=600)
+    env = cluster.env(env)
+    res = cluster.run_on(0, argv, env=env, cwd=workdir, capture_output=True, text=True, timeout=600)
     return time.monotonic() - t0, res
 
 
@@ -65,7 +68,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             for n in counts:
                 hf = cluster.hostfile(slots=1, hosts=list(range(n)))
                 common = ["--hostfile", hf, "--ssh-config", cluster.ssh_config]
-                times: dict[str, list[float]] = {"launch": [], "check": [], "check+slow": []}
+                times: dict[str, list[float]] = {"launch": [], "check": [], "check+slow": [], "check+gloo": []}
                 slow_host = cluster.names[n - 1]
                 for _ in range(args.repeats):
                     took, res = run_on_0(cluster, gl + common + ["--no_python", "/bin/true"], workdir)
@@ -95,6 +98,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                     if res.returncode != 3 or named != expected:
                         failures += 1
                         print(f"{n} hosts: throttled {slow_host}, named {named}", file=sys.stderr)
+                    gloo = dict(os.environ, GAUDI_LAUNCH_COLLECTIVE_LIBRARY="1")
+                    took, res = run_on_0(cluster, gl + ["check", *common, "--collective", "--json"], workdir, gloo)
+                    times["check+gloo"].append(took)
+                    if res.returncode != 0 or json.loads(res.stdout or "{}").get("library") != "gloo":
+                        failures += 1
+                        print(res.stdout[-2000:], res.stderr[-2000:], file=sys.stderr)
                     if n == counts[-1]:
                         throttle(cluster, n - 1, True)
                         try:
@@ -103,9 +112,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                             throttle(cluster, n - 1, False)
                         last_table = shown.stdout
                 rows.append((n, *(statistics.median(v) for v in times.values())))
-    print(f"{'hosts':>5}  {'launch /bin/true':>16}  {'check --collective':>18}  {'same, 1 host slow':>17}")
-    for n, launch_s, check_s, slow_s in rows:
-        print(f"{n:>5}  {launch_s:>14.2f} s  {check_s:>16.2f} s  {slow_s:>15.2f} s")
+    head = ("launch /bin/true", "check --collective", "same, 1 host slow", "same + gloo stage")
+    print(f"{'hosts':>5}  " + "  ".join(f"{h:>18}" for h in head))
+    for n, *secs in rows:
+        print(f"{n:>5}  " + "  ".join(f"{s:>16.2f} s" for s in secs))
     print(f"\n{counts[-1]} hosts, {cluster.names[counts[-1] - 1]} throttled to {RATE} both ways:\n{last_table}")
     return 1 if failures else 0
 
