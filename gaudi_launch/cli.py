@@ -68,14 +68,14 @@ def _markup(text: str) -> str:
     return text.replace("[", "\\[")
 
 
-def _parameters() -> list[inspect.Parameter]:
+def _parameters(helps: Optional[dict[str, str]] = None) -> list[inspect.Parameter]:
     """The launch command's signature: one keyword per option field, then SCRIPT and SCRIPT_ARGS.
     Every option is text (or a flag): launch.py checks it against its field's type, as for the job file."""
     params = []
     for o in launch_options():
         kind, many = kind_of(o.hint)
-        shown = o.option.help
-        if o.default is not None and kind is not bool:
+        shown = (helps or {}).get(o.name, o.option.help)
+        if o.default is not None and kind is not bool and "default" not in shown.lower():
             shown += f" [default: {o.default}]"
         info = typer.Option(
             *o.option.flags,
@@ -137,7 +137,9 @@ def _check(**values) -> int:
 
 
 def run_plan(
-    plan: Annotated[str, typer.Argument(metavar="PLAN", help="A plan --dry-run --json wrote.", show_default=False)],
+    plan: Annotated[
+        Optional[str], typer.Argument(metavar="PLAN", help="A plan --dry-run --json wrote.", show_default=False)
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", "--dry_run", help="Show the plan made now; start nothing.")
     ] = False,
@@ -145,6 +147,11 @@ def run_plan(
 ) -> int:
     """Run the plan a dry run wrote (gaudi-launch --dry-run --json ... > plan.json), in its directory, with all
     its options; nothing starts if the job planned now differs from it."""
+    if plan is None:
+        raise UserError(
+            "run takes one plan: gaudi-launch run [--dry-run [--json]] plan.json",
+            hint="make one with: gaudi-launch --dry-run --json [OPTIONS] SCRIPT > plan.json",
+        )
     return _root().replay(plan, dry_run=dry_run, json_out=json_out)
 
 
@@ -202,12 +209,19 @@ def completion_command(
     return completion.install(_app_command(), shell) if install else completion.show(_app_command(), shell)
 
 
+def _checked() -> set[str]:
+    """What ``check`` takes: what the pre-flight (and its collective test) reads."""
+    wanted = [o.name for o in launch_options() if o.option.panel in ("Hosts", "Devices", "SSH")]
+    return {*wanted, "python", "config", "json_out", "version", *_ARGS} - {"check_only", "no_ssh_check"}
+
+
 def app() -> typer.Typer:
     """The app: the launch command (also the default one, see main), check, run, env, report, completion."""
     commands = typer.Typer(name=PROG, add_completion=False, context_settings=SETTINGS, rich_markup_mode="rich")
     script_first = {**SETTINGS, "allow_interspersed_args": False}  # after SCRIPT, every word is the script's
     commands.command("launch", context_settings=script_first, help=HELP)(_with_signature(_launch, _parameters()))
-    check_params = [p for p in _parameters() if p.name != "check_only"]
+    json_help = {"json_out": "With --collective: its results as one JSON object."}
+    check_params = [p for p in _parameters(json_help) if p.name in _checked()]
     commands.command("check", context_settings=script_first, help=CHECK_HELP)(_with_signature(_check, check_params))
     commands.command("run")(run_plan)
     commands.command("env")(env)

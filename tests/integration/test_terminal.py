@@ -146,7 +146,7 @@ def test_env_reports_versions_devices_and_tools_without_torch(tmp_path):
 
 def test_check_has_its_own_help(tmp_path):
     res = gl("check", "--help", cwd=tmp_path)
-    assert res.returncode == 0 and res.stdout.startswith("Usage: gaudi-launch check [OPTIONS] [SCRIPT]")
+    assert res.returncode == 0 and res.stdout.strip().startswith("Usage: gaudi-launch check [OPTIONS] [SCRIPT]")
     assert "--hostfile" in res.stdout and "--dry-run" not in res.stdout and "--log-dir" not in res.stdout
 
 
