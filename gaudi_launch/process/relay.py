@@ -5,9 +5,11 @@ so nothing tells which rank printed a line, and launch.py reports a rank killed 
 ``sys.exit(-9)`` (exit 247) of the node, blaming no rank. So a rank started from a job file forks:
 the child runs the script (it is the rank, see worker.py); the parent, the process DeepSpeed
 started, relays the child's stdout and stderr line by line with a ``RANK_TAG`` the supervisor
-takes off (``untag``), waits for it, and when the child ended non-zero without saying why (killed
-by a signal, ``os._exit``), writes the error record the worker would have written. Then it ends
-as the child did, so launch.py sees the same status. A rank that was told to stop (teardown) is
+takes off (``untag``), and a progress bar's ``\r`` states as lines marked ``PROGRESS``, the first
+at once, then one every few seconds (progress.ProgressPace; the supervisor rewrites its line with
+them on a terminal, prints them as lines elsewhere), waits for it, and when the child ended non-zero
+without saying why (killed by a signal, ``os._exit``), writes the error record the worker would
+have written. Then it ends as the child did, so launch.py sees the same status. A rank that was told to stop (teardown) is
 not a failure: the child says so with ``TORN_DOWN`` before it ends, and the parent knows when it
 was signalled itself.
 
@@ -23,11 +25,13 @@ import select
 import signal
 import socket
 import time
-from typing import Optional
+from typing import Callable, Optional
 
+from gaudi_launch.process.progress import LineSplitter, Piece, ProgressPace
 from gaudi_launch.wire import ERROR_MARKER, TORN_DOWN, record_line
 
 RANK_TAG = "@@gaudi-launch-rank@@"
+PROGRESS = "@@gaudi-launch-progress@@"  # begins a relayed progress state (a \r update), not a finished line
 LINE_MAX = 1 << 20  # a longer line is passed on in pieces of this size (the supervisor's read size)
 _STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -43,28 +47,6 @@ def untag(line: str) -> tuple[Optional[int], str]:
         if sep and number.isdigit():
             return int(number), rest
     return None, line
-
-
-def lines(buffer: bytes, final: bool = False) -> tuple[list[bytes], bytes]:
-    """Whole lines (with their newline) out of ``buffer``, and what is left; at the end (``final``)
-    the rest too, given a newline. A line longer than LINE_MAX comes out in pieces. Pure."""
-    out: list[bytes] = []
-    start = 0
-    while True:
-        cut = buffer.find(b"\n", start, start + LINE_MAX)
-        if cut >= 0:
-            out.append(buffer[start : cut + 1])
-            start = cut + 1
-        elif len(buffer) - start >= LINE_MAX:
-            out.append(buffer[start : start + LINE_MAX] + b"\n")
-            start += LINE_MAX
-        else:
-            break
-    rest = buffer[start:]
-    if final and rest:
-        out.append(rest + b"\n")
-        rest = b""
-    return out, rest
 
 
 def unexplained_failure(
@@ -90,20 +72,39 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class _Stream:
-    def __init__(self, source: int, sink: int, rank: str):
+    def __init__(self, source: int, sink: int, rank: str, clock: Callable[[], float] = time.monotonic):
         self.source, self.sink, self.rank = source, sink, rank
-        self.buffer = b""
-        self.open = True
+        self.splitter = LineSplitter(LINE_MAX)
+        self.pace = ProgressPace()
+        self.clock = clock
         self.explained = False  # the rank wrote its error record, or said it was told to stop
 
-    def feed(self, data: bytes, final: bool = False) -> None:
-        whole, self.buffer = lines(self.buffer + data, final)
-        for line in whole:
-            if line.startswith((ERROR_MARKER.encode(), TORN_DOWN.encode())):
+    def feed(self, data: bytes) -> None:
+        self._pass(self.splitter.feed(data))
+
+    def close(self) -> None:
+        """The rank's output ended: what is left of its last line."""
+        self._pass(self.splitter.close())
+
+    def due(self) -> None:
+        """A stalled bar's newest state, when its time has come."""
+        self._state(self.pace.due(self.clock()))
+
+    def _pass(self, pieces: list[Piece]) -> None:
+        for text, final in pieces:
+            if not final:
+                self._state(self.pace.offer(text, self.clock()))
+                continue
+            self.pace.done()
+            if text.startswith((ERROR_MARKER, TORN_DOWN)):
                 self.explained = True
-                if line.startswith(TORN_DOWN.encode()):
+                if text.startswith(TORN_DOWN):
                     continue  # for the relay only
-            _write_all(self.sink, tag(self.rank, line))
+            _write_all(self.sink, tag(self.rank, text.encode() + b"\n"))
+
+    def _state(self, text: Optional[str]) -> None:
+        if text is not None:
+            _write_all(self.sink, tag(self.rank, (PROGRESS + text).encode() + b"\n"))
 
 
 def start(rank: str) -> None:
@@ -152,8 +153,13 @@ def _relay(pid: int, rank: str, streams: list[_Stream]) -> int:
         poller.register(child_fd, select.POLLIN)
     status: Optional[int] = None
     while status is None:
+        timeout = None if child_fd is not None else 100.0  # ms
+        for s in streams:  # wake up for a stalled progress bar's state
+            wait = s.pace.wait(s.clock())
+            if wait is not None:
+                timeout = wait * 1000 + 1 if timeout is None else min(timeout, wait * 1000 + 1)
         try:
-            events = poller.poll(None if child_fd is not None else 100)
+            events = poller.poll(timeout)
         except InterruptedError:
             continue
         for fd, ev in events:
@@ -166,6 +172,8 @@ def _relay(pid: int, rank: str, streams: list[_Stream]) -> int:
                     poller.unregister(fd)
             elif fd != child_fd and ev & (select.POLLERR | select.POLLHUP):
                 os._exit(1)  # our reader is gone: the rank's watchdog sees its pipe lose us next
+        for s in streams:
+            s.due()
         waited, raw = os.waitpid(pid, os.WNOHANG)
         if waited:
             status = os.waitstatus_to_exitcode(raw)
@@ -179,7 +187,7 @@ def _relay(pid: int, rank: str, streams: list[_Stream]) -> int:
             if not data:
                 break
             s.feed(data)
-        s.feed(b"", final=True)
+        s.close()
     err = streams[1]
     record = unexplained_failure(
         status,

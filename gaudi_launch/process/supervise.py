@@ -43,6 +43,7 @@ from gaudi_launch.process.failures import (
 )
 from gaudi_launch.process.logfiles import open_log, prepare_log_dir
 from gaudi_launch.process.progress import LineSplitter, ProgressPace
+from gaudi_launch.process.relay import PROGRESS
 from gaudi_launch.remote.teardown import describe_unseen
 from gaudi_launch.wire import ERROR_MARKER, STARTED, parse_record
 
@@ -247,10 +248,17 @@ class Supervisor:
         demux = proc.hooks.demux()
         for raw in iter(lambda: pipe.readline(LINE_READ_MAX), b""):
             for rank, text in demux(raw.decode("utf-8", errors="replace").rstrip("\r\n")):
-                self._emit(proc, rank, text, sink)
+                self._route(proc, rank, text, sink)
         for rank, text in demux(None):
-            self._emit(proc, rank, text, sink)
+            self._route(proc, rank, text, sink)
         pipe.close()
+
+    def _route(self, proc: _Proc, rank: Optional[int], text: str, sink: TextIO) -> None:
+        """A demuxed line: a progress state its rank's relay paced (relay.PROGRESS), or a finished line."""
+        if text.startswith(PROGRESS):
+            self._progress(proc, rank, text[len(PROGRESS) :], sink)
+        else:
+            self._emit(proc, rank, text, sink)
 
     def _pump_live(self, proc: _Proc, rank: Optional[int], pipe, sink: TextIO) -> None:
         """One rank's own pipe: lines as they end, and progress states (\r) as they come."""

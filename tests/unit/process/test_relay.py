@@ -3,17 +3,37 @@
 
 from __future__ import annotations
 
+import os
+
 from gaudi_launch.process import relay
+from gaudi_launch.process.progress import ProgressPace
 from gaudi_launch.process.worker import take_local_rank
 
 
-def test_lines_are_whole_and_the_rest_waits_for_its_newline():
-    assert relay.lines(b"a\nb\r\nc") == ([b"a\n", b"b\r\n"], b"c")
-    assert relay.lines(b"c", final=True) == ([b"c\n"], b"")
-    assert relay.lines(b"") == ([], b"")
-    long = b"x" * (relay.LINE_MAX + 5)
-    out, rest = relay.lines(long)
-    assert out == [b"x" * relay.LINE_MAX + b"\n"] and rest == b"xxxxx"
+def test_the_relay_passes_lines_whole_and_progress_states_paced(tmp_path):
+    w = os.open(tmp_path / "relayed", os.O_WRONLY | os.O_CREAT)
+    now = [0.0]
+    stream = relay._Stream(-1, w, "2", clock=lambda: now[0])
+    stream.feed(b"\rstep 1/9")  # a bar's first state: at once
+    now[0] = 1.0
+    stream.feed(b"\rstep 2/9\rstep 3/9")
+    stream.due()  # held back: too soon
+    now[0] = 1.0 + ProgressPace().every
+    stream.due()  # the bar stalled: its newest state when due
+    stream.feed(b"\rstep 9/9\nplain\r\n" + b"x" * (relay.LINE_MAX + 5))  # a line without end goes on in pieces
+    stream.feed(b"partial")
+    stream.close()
+    os.close(w)
+    out = [relay.untag(line) for line in (tmp_path / "relayed").read_text().split("\n")[:-1]]
+    P = relay.PROGRESS
+    assert out == [
+        (2, P + "step 1/9"),
+        (2, P + "step 3/9"),
+        (2, "step 9/9"),  # the finished line is the bar's last state
+        (2, "plain"),
+        (2, "x" * (relay.LINE_MAX + 5)),
+        (2, "partial"),
+    ]
 
 
 def test_tag_and_untag_round_trip_any_text():
