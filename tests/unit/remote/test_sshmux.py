@@ -37,6 +37,22 @@ def test_connections_own_a_private_directory_and_close_removes_it(tmp_path):
     conn.close()  # idempotent
 
 
+def test_a_job_run_first_borrows_the_connections_and_gives_them_back(tmp_path):
+    # the collective check runs over the job's pre-flight connections; its end must not close them
+    conn = sshmux.Connections("cafe0001", ["-F", "/cfg"], tmp=str(tmp_path))
+    try:
+        with sshmux.lent("cafe0001", "cafe0002"):
+            borrowed = sshmux.for_job("cafe0002")
+            assert borrowed is not None and borrowed.client_args() == conn.client_args()
+            borrowed.close()  # what the check job's backend does at its end
+            assert sshmux.for_job("cafe0002") is None
+        assert sshmux.for_job("cafe0001") is conn and not conn.closed and os.path.isdir(conn.dir)
+        with sshmux.lent("no-such-job", "cafe0003"):  # no pre-flight connections: the check makes its own ssh
+            assert sshmux.for_job("cafe0003") is None
+    finally:
+        conn.close()
+
+
 def test_mpirun_daemons_go_over_the_connections_without_tree_spawn():
     argv = ["mpirun", "-n", "2", "--host", "a:1,b:1", "--mca", "plm_rsh_args", "-o BatchMode=yes -F /c", "/bin/true"]
     out = mpirun.over_connections(argv, ["-o", "ControlPath=/tmp/d/%C", "-o", "ControlMaster=no"])
