@@ -268,7 +268,7 @@ class Supervisor:
         while True:
             wait = pace.wait(time.monotonic()) if pace else None
             try:
-                if wait is not None and not select.select([fd], [], [], wait)[0]:
+                if pace and wait is not None and not select.select([fd], [], [], wait)[0]:
                     self._progress(proc, rank, pace.due(time.monotonic()), sink)  # a stalled bar's state
                     continue
                 data = os.read(fd, 65536)  # whatever has arrived: no waiting for a newline
@@ -277,11 +277,12 @@ class Supervisor:
             if not data:
                 break
             for text, final in splitter.feed(data):
-                if pace and final:
-                    pace.done()
-                elif pace:
-                    text = pace.offer(text, time.monotonic())
-                (self._emit if final else self._progress)(proc, rank, text, sink)
+                if final:
+                    if pace:
+                        pace.done()
+                    self._emit(proc, rank, text, sink)
+                else:
+                    self._progress(proc, rank, pace.offer(text, time.monotonic()) if pace else text, sink)
         for text, _ in splitter.close():
             self._emit(proc, rank, text, sink)
         pipe.close()
