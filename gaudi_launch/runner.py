@@ -109,7 +109,7 @@ class DistributedRunner:
         self.results = []
         for command in self.command_list:
             spec, plan = prepare(self.spec_for(command)), None
-            if spec.exclude_from or spec.collective_check:  # as on the command line (cli.run_spec)
+            if spec.exclude_from or spec.collective_check:  # as on the command line (launch.run_spec)
                 spec = apply_exclusions(spec)
                 plan = plan_job(spec)
                 if spec.collective_check:
