@@ -219,7 +219,7 @@ class SshConfig:
             self.files = [(os.path.join(self.home, ".ssh", "config"), True), (system, False)]
         self._parsed: dict[str, list[Line]] = {}
         self._globbed: dict[tuple, list[str]] = {}
-        self._plain: dict[int, object] = {}
+        self._plain: dict[int, Optional[frozenset]] = {}  # None: not plain names
         self._only: dict[str, Optional[frozenset]] = {}
 
     def _tilde(self, path: str) -> str:
@@ -362,11 +362,12 @@ class SshConfig:
     def _host_matches(self, name: str, line: Line) -> bool:
         """A Host line: one of its patterns matches and no negated one does. A line of plain names (the
         usual host-by-host config) is one set lookup, built once."""
-        plain = self._plain.get(id(line))  # lines live as long as this reader: ids stay theirs
-        if plain is None:
+        key = id(line)  # lines live as long as this reader: ids stay theirs
+        if key not in self._plain:
             literal = all(not p.startswith("!") and "*" not in p and "?" not in p for p in line.args)
-            plain = self._plain[id(line)] = frozenset(line.args) if literal else False
-        if plain is not False:
+            self._plain[key] = frozenset(line.args) if literal else None
+        plain = self._plain[key]
+        if plain is not None:
             return name in plain
         hit = False
         for pattern in line.args:
