@@ -156,7 +156,12 @@ class JobSpec:
     )
     ssh_config: Optional[str] = field(
         default=None,
-        metadata=opt("--ssh-config", "--ssh_config", help="ssh_config file. Default: ~/.ssh/config.", panel="SSH"),
+        metadata=opt(
+            "--ssh-config",
+            "--ssh_config",
+            help="ssh_config file, read alone (as ssh -F). Default: ~/.ssh/config, then /etc/ssh/ssh_config.",
+            panel="SSH",
+        ),
     )
     ssh_timeout: float = field(
         default=10.0,
