@@ -4,8 +4,8 @@
     .venv/bin/python scripts/gen_options_doc.py --check   # exit 1 when docs/options.md is not what it writes
 
 Sources: each JobSpec field's opt(...) (gaudi_launch/inputs/spec.py), the backends' option classes
-(gaudi_launch/inputs/backend_options.py, once there) and the flags only the command line has (its own
-declarations when gaudi_launch/inputs/commandline.py exposes them, else COMMAND_LINE below).
+(gaudi_launch/inputs/backend_options.py, once there) and the flags only the command line has
+(gaudi_launch/inputs/commandline.py, COMMAND_LINE_OPTIONS: other launchers' spellings, modes, Typer's own).
 tests/unit/test_options_doc.py checks that the file is current and that its flags are `gaudi-launch --help`'s.
 """
 
@@ -20,68 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gaudi_launch.inputs.commandline import COMMAND_LINE_OPTIONS  # noqa: E402
 from gaudi_launch.inputs.options import PANELS, Option, option_fields  # noqa: E402
 from gaudi_launch.inputs.spec import JobSpec  # noqa: E402
 
 DOC = ROOT / "docs" / "options.md"
-
-# The command line's own flags (spellings of other launchers, how the command runs), each in its --help
-# panel; used until gaudi_launch.inputs.commandline declares them as data (COMMAND_LINE_OPTIONS).
-COMMAND_LINE = [
-    Option(("--world_size", "--world-size"), "gaudi_spawn.py's name for --num_devices.", panel="Devices"),
-    Option(
-        ("--nproc-per-node", "--nproc_per_node"),
-        "torchrun's name for --num_devices; also auto or gpu (the devices found) and cpu (this machine's CPUs).",
-        panel="Devices",
-    ),
-    Option(("--nnodes",), "torchrun's name for --num_nodes.", panel="Hosts"),
-    Option(("--standalone",), "torchrun's: accepted (one host needs no rendezvous service).", panel="Hosts"),
-    Option(
-        ("--local-ranks-filter", "--local_ranks_filter", "--ranks"),
-        "Show only these ranks on the console, e.g. 0 or 0,3 (every rank still goes to --log-dir and to the "
-        "failure summary).",
-        panel="Output and modes",
-    ),
-    Option(("--use_mpi", "--use-mpi"), "gaudi_spawn.py: same as --backend mpirun.", panel="Hosts"),
-    Option(("--use_deepspeed", "--use-deepspeed"), "gaudi_spawn.py: same as --backend deepspeed.", panel="Hosts"),
-    Option(
-        ("--no_local_rank", "--no-local-rank"),
-        "Accepted for DeepSpeed compatibility: this is already the default.",
-        panel="Script",
-    ),
-    Option(("--no-ssh-check", "--no_ssh_check"), "Skip the SSH pre-flight of every host.", panel="SSH"),
-    Option(
-        ("--check-only", "--check_only"),
-        "Run the pre-flight only and print its table (exit 3 when a check fails).",
-        panel="SSH",
-    ),
-    Option(
-        ("--device",), "hpu, cuda or cpu for the ranks' training runtime (default: what the host has).", panel="Devices"
-    ),
-    Option(("--dry-run", "--dry_run"), "Print the plan; start nothing.", panel="Output and modes"),
-    Option(("--json",), "With --dry-run: print the plan as one JSON object.", panel="Output and modes"),
-    Option(
-        ("--config",), "YAML job file holding any of these options; the command line wins.", panel="Output and modes"
-    ),
-    Option(
-        ("--from-plan", "--from_plan"),
-        "Run the plan a dry run wrote (--dry-run --json > plan.json), in its directory, with all its options; "
-        "nothing starts if the job planned now differs from it. Same as: gaudi-launch run plan.json.",
-        panel="Output and modes",
-    ),
-    Option(("--version", "-V"), "Print the version and exit.", panel="Output and modes"),
-    Option(
-        ("--install-completion",),
-        "Install completion for the current shell (or bash, zsh, fish).",
-        panel="Output and modes",
-    ),
-    Option(
-        ("--show-completion",),
-        "Show completion for the current shell, to copy it or customize the installation.",
-        panel="Output and modes",
-    ),
-    Option(("--help", "-h"), "Show the help and exit.", panel="Output and modes"),
-]
 
 HEADER = """\
 # Options reference
@@ -110,14 +53,6 @@ def _backend_options() -> list[tuple[dataclasses.Field, Option]]:
     return [(f, option) for _backend, f, option in module.backend_option_fields()]
 
 
-def _command_line() -> list[Option]:
-    if importlib.util.find_spec("gaudi_launch.inputs.commandline") is not None:
-        declared = getattr(importlib.import_module("gaudi_launch.inputs.commandline"), "COMMAND_LINE_OPTIONS", None)
-        if declared is not None:
-            return list(declared)
-    return COMMAND_LINE
-
-
 def _default(f: dataclasses.Field) -> str:
     if f.default is dataclasses.MISSING or f.default in (None, False, "", ()):
         return ""
@@ -132,7 +67,7 @@ def rows() -> list[tuple[str, str, str, str, str]]:
             out.append(
                 (option.panel, ", ".join(f"`{x}`" for x in flag_list(option)), f"`{f.name}`", _default(f), option.help)
             )
-    for option in _command_line():
+    for option in COMMAND_LINE_OPTIONS:
         out.append((option.panel, ", ".join(f"`{x}`" for x in flag_list(option)), "", "", option.help))
     return out
 
