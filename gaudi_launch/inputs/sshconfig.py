@@ -72,11 +72,6 @@ class HostConfig:
     proxy_command: Optional[str] = None
     proxy_jump: Optional[str] = None
 
-    @property
-    def destination(self) -> str:
-        """``user@name``: the ssh destination that pins this user whatever the config says."""
-        return f"{self.user}@{self.name}"
-
 
 def split_user(entry: str) -> tuple[Optional[str], str]:
     """'user@host' -> ('user', 'host'); 'host' -> (None, 'host'); IPv6 brackets dropped. Pure."""

@@ -53,7 +53,7 @@ def test_command_line_port_and_user_beat_the_config_and_hostfile_user_beats_user
     cfg = reader(tmp_path, "Host n1\n  Port 2222\n  User deploy\n  IdentityFile ~/.ssh/k1\n")
     assert cfg.lookup("n1", port=2300).port == 2300  # -p
     hc = cfg.lookup("ops@n1")  # the hostfile's user@host, as ssh's destination
-    assert (hc.user, hc.user_from, hc.destination) == ("ops", "hostfile", "ops@n1")
+    assert (hc.user, hc.user_from, hc.name) == ("ops", "hostfile", "n1")
     assert cfg.lookup("ops@n1", user="root").user == "root"  # -l beats user@host, as in ssh.c
     hc = cfg.lookup("n1", identity="/keys/cli")
     assert hc.identity_files == ("/keys/cli", str(tmp_path / "home" / ".ssh" / "k1"))  # -i first, both tried
