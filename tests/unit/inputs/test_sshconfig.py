@@ -193,3 +193,12 @@ def test_agrees_with_ssh_G(tmp_path, case):
         got = (ours.hostname, ours.port, ours.user, ours.known_hosts[:1], ours.strict_host_keys or "ask")
         want = (theirs.hostname, theirs.port, theirs.user, theirs.known_hosts[:1], theirs.strict_host_keys)
         assert got == want, (entry, CASES[case])
+
+
+@pytest.mark.skipif(SSH is None and os.environ.get("CI") != "true", reason="OpenSSH's ssh is not installed")
+def test_resolve_asks_real_ssh_G_for_a_match_exec_host(tmp_path):
+    """Match exec runs a command: the reader says so and resolve() gets that host from `ssh -G` itself."""
+    path = write(tmp_path / "config", 'Host n1\n  HostName 10.1.2.3\nMatch exec "test %h = 10.1.2.3"\n  Port 2345\n')
+    got = resolve(["ops@n1", "n2"], SshOptions(config=path))
+    assert (got["ops@n1"].hostname, got["ops@n1"].port, got["ops@n1"].user) == ("10.1.2.3", 2345, "ops")
+    assert got["ops@n1"].user_from == "hostfile" and got["n2"].port == 22
