@@ -66,7 +66,7 @@ class HostConfig:
     port: int
     identity_files: tuple[str, ...]  # -i, then IdentityFile lines, expanded (may not exist)
     identities_only: bool
-    strict_host_keys: Optional[str]  # StrictHostKeyChecking as set (yes/no/ask/accept-new/off), None: not set
+    strict_host_keys: Optional[str]  # StrictHostKeyChecking (strict_value's yes/no/ask/accept-new), None: not set
     known_hosts: tuple[str, ...]  # UserKnownHostsFile (expanded), else ssh's defaults
     global_known_hosts: tuple[str, ...]
     proxy_command: Optional[str] = None
@@ -106,8 +106,7 @@ class Line:
     path: str
     number: int
     keyword: str  # lower case
-    args: tuple[str, ...]
-    raw: str  # the text after the keyword (ProxyCommand and friends keep it whole)
+    args: tuple[str, ...]  # ProxyCommand and friends: the rest of the line, whole
 
 
 _KEYWORD = re.compile(r"[ \t]*([^ \t=]+)(?:[ \t]*=[ \t]*|[ \t]+)?(.*)")
@@ -160,7 +159,7 @@ def parse(text: str, path: str = "<config>") -> list[Line]:
             raise SshConfigError(f"{path} line {number}: {exc}") from None
         if not args or not rest.strip():
             raise SshConfigError(f'{path} line {number}: no argument after keyword "{m.group(1)}"')
-        lines.append(Line(path, number, keyword, args, rest))
+        lines.append(Line(path, number, keyword, args))
     return lines
 
 
