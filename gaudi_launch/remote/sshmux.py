@@ -230,8 +230,9 @@ class Connections:
             return data[: data.index(marker)].decode("utf-8", "replace"), True
 
     def agent_for(self, name: str) -> Optional[str]:
-        """The host (as the pre-flight named it) whose session serves ``name``, a host name as mpirun
-        gives it to its rsh agent (no user part); None when there is none or it is ambiguous."""
+        """The host (as the pre-flight named it) whose session serves ``name``, a host as mpirun gives it
+        to its rsh agent (user@host when the hostfile names the user, mpirun's hostfile carrying it; else
+        the bare name); None when there is none or it is ambiguous."""
         if name in self.agents:
             return name
         found = [h for h in self.agents if bare_host(h) == name]
