@@ -128,12 +128,21 @@ def _root() -> ModuleType:
     return launch
 
 
+def _interruptible(call: Callable[[], int]) -> int:
+    """A command's work; Ctrl-C is said as such (Typer would turn it into a silent exit 130)."""
+    try:
+        return call()
+    except KeyboardInterrupt:
+        print("gaudi-launch: interrupted", file=sys.stderr)
+        return for_signal(signal.SIGINT)
+
+
 def _launch(**values) -> int:
-    return _root().run_command(_given(values))
+    return _interruptible(lambda: _root().run_command(_given(values)))
 
 
 def _check(**values) -> int:
-    return _root().run_command({**_given(values), "check_only": True})
+    return _interruptible(lambda: _root().run_command({**_given(values), "check_only": True}))
 
 
 def run_plan(
@@ -152,7 +161,7 @@ def run_plan(
             "run takes one plan: gaudi-launch run [--dry-run [--json]] plan.json",
             hint="make one with: gaudi-launch --dry-run --json [OPTIONS] SCRIPT > plan.json",
         )
-    return _root().replay(plan, dry_run=dry_run, json_out=json_out)
+    return _interruptible(lambda: _root().replay(plan, dry_run=dry_run, json_out=json_out))
 
 
 def env(

@@ -56,6 +56,15 @@ def test_the_command_line_takes_every_spelling_for_its_own_field(monkeypatch):
     assert seen.pop() == {"num_devices": "2", "check_only": True, "script": "t.py", "script_args": ["-x"]}
 
 
+def test_ctrl_c_while_a_command_runs_is_said_and_exits_130(monkeypatch, capsys):
+    def interrupted(given):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "run_command", interrupted)
+    assert cli.main(["--dry-run", "t.py"]) == 130
+    assert capsys.readouterr().err == "gaudi-launch: interrupted\n"
+
+
 def test_help_shows_every_option_in_its_panel_in_order(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")  # rich cuts long spellings at the terminal's width
     assert cli.main(["--help"]) == 0
