@@ -37,6 +37,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from gaudi_launch.inputs.hostnames import split_user
+
 SYSTEM_CONFIG = "/etc/ssh/ssh_config"
 MAX_DEPTH = 16  # readconf.c's READCONF_MAX_DEPTH
 DEFAULT_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
@@ -71,14 +73,6 @@ class HostConfig:
     global_known_hosts: tuple[str, ...]
     proxy_command: Optional[str] = None
     proxy_jump: Optional[str] = None
-
-
-def split_user(entry: str) -> tuple[Optional[str], str]:
-    """'user@host' -> ('user', 'host'); 'host' -> (None, 'host'); IPv6 brackets dropped. Pure."""
-    user, sep, host = entry.rpartition("@")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return (user or None) if sep else None, host
 
 
 def login_user(

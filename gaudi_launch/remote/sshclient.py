@@ -15,7 +15,8 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-from gaudi_launch.inputs.sshconfig import HostConfig, split_user
+from gaudi_launch.inputs.hostnames import split_user
+from gaudi_launch.inputs.sshconfig import HostConfig
 from gaudi_launch.remote.sshresolve import SshOptions
 
 __all__ = ["SshOptions", "Target", "split_user", "target_of"]

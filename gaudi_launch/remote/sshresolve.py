@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
+from gaudi_launch.inputs.hostnames import split_user
 from gaudi_launch.inputs.sshconfig import (
     DEFAULT_GLOBAL_KNOWN_HOSTS,
     DEFAULT_KNOWN_HOSTS,
@@ -19,7 +20,6 @@ from gaudi_launch.inputs.sshconfig import (
     NeedsOpenSSH,
     SshConfig,
     login_user,
-    split_user,
     strict_value,
 )
 from gaudi_launch.remote.fanout import per_host

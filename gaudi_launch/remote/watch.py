@@ -11,7 +11,8 @@ import socket
 from collections.abc import Sequence
 from typing import Callable, Optional, Union
 
-from gaudi_launch.inputs.sshconfig import SshConfigError, split_user
+from gaudi_launch.inputs.hostnames import split_user
+from gaudi_launch.inputs.sshconfig import SshConfigError
 from gaudi_launch.remote.fanout import per_host
 from gaudi_launch.remote.sshresolve import SshOptions, resolve
 
