@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional, Union
 
+from gaudi_launch.backends import get_backend
 from gaudi_launch.backends.job import launch, plan_job, prepare
 from gaudi_launch.collective import apply_exclusions, check_before_job
 from gaudi_launch.errors import UserError
@@ -101,7 +102,7 @@ class DistributedRunner:
     def plans(self) -> list[LaunchPlan]:
         """The plan of every command, without running anything (a dry run)."""
 
-        return [build_plan(prepare(self.spec_for(c))) for c in self.command_list]
+        return [build_plan(prepare(self.spec_for(c)), backends=get_backend) for c in self.command_list]
 
     def run(self) -> int:
         """Run each command as a job, in order; stop at the first failure and return its exit code.

@@ -45,7 +45,9 @@ def preflight_for(spec: JobSpec) -> Callable:
 
 def plan_job(spec: JobSpec, *, keep_failed_preflight: bool = False) -> LaunchPlan:
     """The plan of a prepared spec, pre-flight included (a failed one raises, unless kept for a dry run)."""
-    return build_plan(spec, preflight=preflight_for(spec), keep_failed_preflight=keep_failed_preflight)
+    return build_plan(
+        spec, preflight=preflight_for(spec), keep_failed_preflight=keep_failed_preflight, backends=get_backend
+    )
 
 
 def launch(

@@ -1,10 +1,7 @@
 """Backend ``slurm``: one ``srun`` starts every rank through gaudi_launch.process.worker.
 
-Inside an allocation (salloc, sbatch: SLURM_JOB_ID set) the allocation is the hostfile: its nodes
-come from ``scontrol show hostnames $SLURM_JOB_NODELIST`` and --include/--exclude/--num_nodes select
-among them as among a hostfile's hosts. From a login node srun allocates the nodes itself
-(--num_nodes, --partition, --time, --account, --slurm-args), so the ranks find the master (the
-step's first node) and the port (derived from the job id) themselves, in the worker.
+The plan (which nodes, srun's command line) is plan/slurm.py's; here are the node probe the planner
+asks for (``detect``) and the run.
 
 Values never reach a command line or a shell: srun gets ``--export=ALL`` and carries its own
 environment, which holds the job's values, to the ranks. Teardown: srun's SIGTERM kills the step
@@ -16,125 +13,28 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import signal
 import subprocess
 from collections.abc import Collection, Mapping
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs import slurm
-from gaudi_launch.inputs.envfile import load_env_files, secrets_in
-from gaudi_launch.inputs.hostfile import Host
-from gaudi_launch.inputs.hostselect import select
 from gaudi_launch.inputs.spec import JobSpec
-from gaudi_launch.plan import fabric
-from gaudi_launch.plan.contract import node_device_env, worker_argv
-from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.plan.slurm import (  # noqa: F401  (commands: this backend's, planned in plan/)
+    CONTRACT,
+    LATER,
+    NodeFacts,
+    apply_node_facts,
+    check_nodes,
+    commands,
+    step_name,
+)
 from gaudi_launch.process.failures import Culprit
 from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
 from gaudi_launch.remote.teardown import kill_argv, parse_sweep
 from gaudi_launch.remote.watch import HostWatch
-
-LATER = "(allocated by srun)"  # a node's name in a plan made before srun allocated the nodes
-FIRST_NODE = "(first node of the step)"  # the master, when srun picks the nodes
-# Names the ranks get from srun (the worker maps them) or from us: the launcher's own values of
-# these must not leak into the ranks (e.g. a stale MASTER_ADDR in the login node's shell).
-CONTRACT = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "LOCAL_SIZE",
-    "NODE_RANK",
-    "GROUP_RANK",
-    "CROSS_RANK",
-    "CROSS_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
-
-
-def wanted(spec: JobSpec, environ: Mapping[str, str]) -> bool:
-    """--backend slurm, or auto inside an allocation without a hostfile. Pure."""
-    return spec.backend == "slurm" or (
-        spec.backend == "auto" and spec.hostfile is None and slurm.in_allocation(environ)
-    )
-
-
-def step_name(plan: LaunchPlan) -> str:
-    return f"gaudi-launch-{plan.job_id}"
-
-
-# ---------------------------------------------------------------- planning (pure, given the facts)
-
-
-def select_nodes(
-    spec: JobSpec, environ: Mapping[str, str], hostnames: Callable[[str, Mapping[str, str]], list[str]]
-) -> tuple[list[tuple[str, list[int]]], list[str], bool]:
-    """(selected (node, device ids), notes, inside an allocation)."""
-    notes: list[str] = []
-    if slurm.in_allocation(environ):
-        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
-        nodes = hostnames(nodelist, environ)
-        if not nodes:
-            raise UserError("the allocation has no nodes", where="SLURM_JOB_NODELIST")
-        alloc = slurm.allocation_tasks(environ, len(nodes))
-        if spec.num_devices:
-            counts = [spec.num_devices] * len(nodes)
-        elif alloc:
-            counts = alloc
-            notes.append(
-                f"ranks per node from the allocation (job {environ['SLURM_JOB_ID']}): " + ",".join(map(str, alloc))
-            )
-        else:
-            counts = [1] * len(nodes)
-            notes.append("the allocation gives no tasks per node: 1 rank per node (give --num_devices N)")
-        hosts = [Host(name=n, slots=c, line=0) for n, c in zip(nodes, counts)]
-        selected = select(hosts, include=spec.include or None, exclude=spec.exclude or None)
-        if spec.num_nodes is not None and spec.num_nodes > len(selected):
-            raise UserError(
-                f"asked for {spec.num_nodes} nodes but the allocation (job {environ['SLURM_JOB_ID']}) "
-                f"has only {len(selected)} selected",
-                where="--num_nodes",
-                hint=f"pass --num_nodes {len(selected)} or fewer, or allocate more nodes (salloc/sbatch -N)",
-            )
-        selected = selected[: spec.num_nodes]
-        notes.append(f"Slurm job {environ['SLURM_JOB_ID']}: nodes {', '.join(nodes)}")
-        return selected, notes, True
-    # From a login node: srun allocates; --include/--exclude name nodes for --nodelist/--exclude.
-    named = _node_names(spec.include, "--include")
-    _node_names(spec.exclude, "--exclude")
-    count = spec.num_nodes or (len(named) if named else 1)
-    if named and count != len(named):
-        raise UserError(
-            f"--include names {len(named)} node(s) but --num_nodes is {count}",
-            where="--num_nodes",
-            hint="leave --num_nodes out, or name as many nodes",
-        )
-    k = spec.num_devices or 1
-    if not spec.num_devices:
-        notes.append("1 rank per node: give --num_devices N for N ranks (devices) per node")
-    notes.append(
-        "srun allocates the nodes; each rank sets MASTER_ADDR to the step's first node and "
-        "MASTER_PORT from the Slurm job id"
-    )
-    return [(named[i] if named else LATER, list(range(k))) for i in range(count)], notes, False
-
-
-def _node_names(selector: Optional[str], option: str) -> list[str]:
-    """Node names of a selector; device slots cannot be chosen before srun allocates. Pure."""
-    if not selector:
-        return []
-    names = [part.strip() for part in selector.split("@") if part.strip()]
-    if any(":" in n for n in names):
-        raise UserError(
-            f"{option} picks devices, which is possible only inside an allocation",
-            where=option,
-            hint="name whole nodes ('node1@node2'), or run gaudi-launch inside salloc/sbatch",
-        )
-    return names
-
 
 # Run once per node through srun (no ssh on Slurm clusters): the node's addresses, and the master's
 # address as the node resolves it (a login node may not know the compute nodes' names).
@@ -171,10 +71,6 @@ print(json.dumps({"ip_addr": ip, "master_ip": master, "script": os.path.isfile(s
 """
 
 
-class NodeCheckFailed(UserError):
-    exit_code = 3  # as the pre-flight: nothing was started
-
-
 def probe_argv(nodes: list[str], job: str, master: str, python: str, script: str = "", port: int = 0) -> list[str]:
     """One task per node beside any running step (--overlap). Pure."""
     return [
@@ -194,10 +90,6 @@ def probe_argv(nodes: list[str], job: str, master: str, python: str, script: str
         script,
         str(port),
     ]
-
-
-# {node: what the probe saw there (a JSON object)}, or {"error": srun's words} when it could not probe.
-NodeFacts = dict[str, Any]
 
 
 def probe_nodes(
@@ -235,201 +127,22 @@ def probe_nodes(
     return {"error": "; ".join(words)} if words else None
 
 
-def check_nodes(facts: Optional[NodeFacts], script: str, python: str, port: int = 0, needed: int = 0) -> None:
-    """What would make every rank on a node fail at once: a script the node does not have, or an
-    interpreter srun could not start there. Pure."""
-    if not facts:
-        return
-    if "error" in facts and ("No such file" in facts["error"] or "execve" in facts["error"]):
-        raise NodeCheckFailed(
-            f"srun could not start the ranks' interpreter {python} on the nodes: {facts['error']}",
-            where="--python",
-            hint="install gaudi-launch's Python at the same path on every node, or give --python; nothing was started",
-        )
-    missing = [node for node, f in facts.items() if node != "error" and f.get("script") is False]
-    if missing:
-        raise NodeCheckFailed(
-            f"{script} does not exist on {', '.join(missing)} (the ranks start in "
-            f"{facts[missing[0]].get('cwd')} there)",
-            where=missing[0],
-            hint="put the script on a filesystem every node mounts at the same path; nothing was started",
-        )
-    busy = [node for node, f in facts.items() if node != "error" and f.get("port_free") is False]
-    if busy:
-        raise NodeCheckFailed(
-            f"the master port {port} is in use on {busy[0]} (another job on the node?)",
-            where=busy[0],
-            hint="give another --master_port; nothing was started",
-        )
-    short = [
-        (node, f["devices"])
-        for node, f in facts.items()
-        if node != "error" and isinstance(f.get("devices"), int) and f["devices"] < needed
-    ]
-    if short:
-        raise NodeCheckFailed(
-            f"hl-smi sees {short[0][1]} Gaudi device(s) on {short[0][0]}, {needed} needed",
-            where=short[0][0],
-            hint="lower --num_devices (or --include fewer), or check the devices with hl-smi; nothing was started",
-        )
-
-
-def apply_node_facts(plan: LaunchPlan, facts: Optional[NodeFacts], environ: Mapping[str, str]) -> None:
-    """The interface for HCCL/GLOO/NCCL_SOCKET_IFNAME, as for mpirun: the one carrying the master's
-    subnet on every node. Pure."""
-    if facts and "error" in facts:
-        plan.notes.append(f"nodes not probed: srun said {facts['error']}")
-        facts = None
-    if {**environ, **plan.env}.get("HCCL_SOCKET_IFNAME"):
-        plan.ifname = {**environ, **plan.env}["HCCL_SOCKET_IFNAME"]
-        plan.notes.append(f"interface {plan.ifname}: HCCL_SOCKET_IFNAME as you set it")
-        return
-    if not facts:
-        plan.notes.append("interface: not probed (srun could not run on the nodes): left to defaults")
-        return
-    master_ip = facts.get(plan.nodes[0].host, {}).get("master_ip")
-    interfaces = {h: fabric.parse_ip_addr(f.get("ip_addr") or "") for h, f in facts.items()}
-    if not master_ip:
-        plan.notes.append(f"interface: {plan.master_addr} does not resolve on {plan.nodes[0].host}: left to defaults")
-        return
-    plan.ifname, how = fabric.choose_interface(master_ip, interfaces)
-    plan.notes.append(
-        f"interface {plan.ifname}: "
-        + (
-            f"carries the master's subnet ({master_ip}) on every node"
-            if how == "subnet"
-            else "no node has an address on the master's subnet: first common interface (fallback)"
-        )
-    )
-
-
-def build_plan(
-    spec: JobSpec,
-    environ: Mapping[str, str],
-    hostnames: Callable[[str, Mapping[str, str]], list[str]] = slurm.scontrol_hostnames,
-    probe: Callable[..., Optional[NodeFacts]] = probe_nodes,
-) -> LaunchPlan:
-    """The plan of a Slurm job. Pure except ``hostnames``, ``probe`` (inside an allocation, unless
-    --no-ssh-check) and reading the env files (as every plan)."""
-    if spec.hostfile is not None:
-        raise UserError(
-            "--backend slurm takes its nodes from Slurm, not from a hostfile",
-            where="--hostfile",
-            hint="leave --hostfile out (inside salloc/sbatch the allocation is the hostfile)",
-        )
-    if spec.no_python and spec.module:
-        raise UserError("--module and --no_python cannot be used together", where="--module")
-    selected, notes, inside = select_nodes(spec, environ, hostnames)
-    if spec.sbatch and inside:
-        raise UserError(
-            "--sbatch writes a batch script to submit from a login node; this is an allocation already",
-            where="--sbatch",
-            hint="leave --sbatch out to run the job here",
-        )
-    nodes = layout(selected)
-    if len({len(n.ranks) for n in nodes}) != 1:
-        counts = ", ".join(f"{n.host}: {len(n.ranks)}" for n in nodes)
-        raise UserError(
-            f"srun starts the same number of ranks on every node, but this selection is uneven ({counts})",
-            where="--include" if spec.include else "--exclude",
-            hint=f"add --num_devices {min(len(n.ranks) for n in nodes)}",
-        )
-    job_id = environ.get("SLURM_JOB_ID", "")
-    master_addr = spec.master_addr or (nodes[0].host if inside else FIRST_NODE)
-    master_port = spec.master_port or (slurm.port_for_job(job_id) if inside else 0)
-    env, sources = load_env_files(explicit=spec.env_file, environ=environ)
-    env.update(spec.env)
-    if sources:
-        notes.append("environment files read: " + ", ".join(sources))
-    import secrets
-
-    plan = LaunchPlan(
-        backend="slurm",
-        world_size=sum(len(n.ranks) for n in nodes),
-        master_addr=master_addr,
-        master_port=master_port,
-        nodes=nodes,
-        env=env,
-        commands=[],
-        program=list(spec.program),
-        notes=notes,
-        job_id=secrets.token_hex(4),
-    )
-    # srun --export=ALL: the ranks get the launcher's whole environment, so every secret-looking
-    # variable of it is masked in output, named by the exported prefixes or not.
-    plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
-    plan.exported_secrets = secrets_in(environ)
-    if inside and spec.ssh_check:
-        script = spec.program[0] if spec.program and not spec.module and not spec.no_python else ""
-        facts = probe([n.host for n in nodes], master_addr, spec.python, environ, script=script, port=master_port)
-        check_nodes(facts, script, spec.python, master_port, needed=max(len(n.devices) for n in nodes))
-        apply_node_facts(plan, facts, environ)
-    efa = spec.efa if spec.efa is not None else fabric.efa_present()
-    plan.env.update(
-        fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname, wrapper_dir=spec.hccl_ofi_wrapper)
-    )
-    if any(n.devices != list(range(len(n.devices))) for n in nodes):
-        plan.env.update(node_device_env([n.devices for n in nodes], [dict(environ)] * len(nodes)))
-    plan.spec = spec
-    plan.commands = commands(plan, environ)
-    plan.request = spec.as_request(os.getcwd())
-    return plan
-
-
-def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool, cpus_per_task: str = "") -> list[str]:
-    """srun's whole command line. Pure."""
-    if spec.append_local_rank:  # one argv for every rank: it cannot carry each one's number
-        raise UserError(
-            "--append-local-rank is not available with srun: ranks read LOCAL_RANK", where="--append-local-rank"
-        )
-    k = len(plan.nodes[0].ranks)
-    argv = [
-        "srun",
-        f"--job-name={step_name(plan)}",
-        f"--nodes={len(plan.nodes)}",
-        f"--ntasks={plan.world_size}",
-        f"--ntasks-per-node={k}",
-    ]
-    named = [n.host for n in plan.nodes if n.host != LATER]
-    if named:
-        argv.append("--nodelist=" + ",".join(named))
-    if cpus_per_task.isdigit():
-        # sbatch/salloc --cpus-per-task: srun no longer inherits it (Slurm 22.05), and each rank would
-        # get one CPU: its data loaders and host threads need the share the allocation asked for.
-        argv.append(f"--cpus-per-task={cpus_per_task}")
-    if not inside and spec.exclude:
-        argv.append("--exclude=" + ",".join(_node_names(spec.exclude, "--exclude")))
-    # A failing rank ends the step at once; --label tags each line with its rank; the values
-    # travel in srun's own environment (never on argv). Only the job id (random, no secret) is
-    # given on argv, so that srun itself does not carry it: the job-id sweep must not hit srun.
-    argv += ["--kill-on-bad-exit=1", "--label", f"--export=ALL,GAUDI_LAUNCH_JOB_ID={plan.job_id}"]
-    if not inside:
-        for option, value in (("--partition", spec.partition), ("--time", spec.time), ("--account", spec.account)):
-            if value:
-                argv.append(f"{option}={value}")
-    if spec.slurm_args:
-        try:
-            argv += shlex.split(spec.slurm_args)  # the user's own srun options, as a list: no shell
-        except ValueError as exc:
-            raise UserError(f"cannot split --slurm-args: {exc}", where="--slurm-args") from None
-    return argv + worker_argv(spec)
-
-
 def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
-    """Nothing more to look at: build_plan reads the allocation and probes its nodes."""
+    """The planner's one look through this backend: the allocation's nodes, probed through srun."""
+    probe_allocation(plan, environ, probe_nodes)
 
 
-def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
+def probe_allocation(plan: LaunchPlan, environ: Mapping[str, str], probe: Callable[..., Optional[NodeFacts]]) -> None:
+    """Inside an allocation (unless --no-ssh-check): the nodes probed (``probe``: probe_nodes), what would fail
+    every rank on a node refused, and the interface from what the nodes saw (plan/slurm.py decides)."""
     spec = plan.job
-    inside = slurm.in_allocation(environ)
-    env = {slurm.RANKS_FROM: "slurm", "GAUDI_LAUNCH_GRACE": str(spec.grace)}
-    if plan.master_addr != FIRST_NODE:
-        env["MASTER_ADDR"] = plan.master_addr
-    if plan.master_port:
-        env["MASTER_PORT"] = str(plan.master_port)
-    host = plan.nodes[0].host if inside else "localhost"
-    cpus = environ.get("SLURM_CPUS_PER_TASK", "") if inside else ""
-    return [Command(host=host, argv=build_argv(plan, spec, inside=inside, cpus_per_task=cpus), env=env)]
+    if not (slurm.in_allocation(environ) and spec.ssh_check):
+        return
+    script = spec.program[0] if spec.program and not spec.module and not spec.no_python else ""
+    nodes = [n.host for n in plan.nodes]
+    facts = probe(nodes, plan.master_addr, spec.python, environ, script=script, port=plan.master_port)
+    check_nodes(facts, script, spec.python, plan.master_port, needed=max(len(n.devices) for n in plan.nodes))
+    apply_node_facts(plan, facts, environ)
 
 
 def srun_env(plan: LaunchPlan, environ: Mapping[str, str]) -> dict[str, str]:

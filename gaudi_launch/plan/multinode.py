@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
-from gaudi_launch.inputs.envfile import secrets_in
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.inputs.sshconfig import SshConfig, SshConfigError, host_key_policy
@@ -130,37 +129,22 @@ def apply_facts(plan: LaunchPlan, facts: Mapping[str, Any], environ: Mapping[str
         plan.tcp_cidr = fabric.subnet_cidr(master_ip, mine, plan.ifname)
 
 
-def finish_plan(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, report=None) -> None:
-    """Everything multi-node and fabric-related that goes into the plan, from the pre-flight's report
-    (the one other look at the world: whether this host has EFA devices, unless --efa/--no-efa)."""
-    plan.exported_secrets = secrets_in(environ)  # what the ranks may print, exported or inherited
-    if plan.backend != "local":
-        plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
-        plan.ssh_args = ssh_args(spec, configured_host_keys([n.host for n in plan.nodes], spec.ssh_config))
-        if report is not None:
-            apply_facts(plan, report.facts, environ)
-        else:
-            plan.notes.append("no pre-flight (--no-ssh-check): interface and CPU binding are left to defaults")
-            if "StrictHostKeyChecking=accept-new" in plan.ssh_args:
-                plan.notes.append(
-                    "host keys: ssh accepts and remembers the key of a host it has not seen "
-                    "(accept-new); --strict-host-keys, or StrictHostKeyChecking yes in your ssh "
-                    "config, refuses it"
-                )
-    paths = scaleout_paths(report, spec.efa) if report is not None and plan.backend != "local" else {}
-    if paths:  # decided per host from what the pre-flight found (plan/scaleout.py)
-        apply_scaleout(plan, paths, environ, spec.hccl_ofi_wrapper)
-        efa = False  # the recipe, where a host needs it, is set by apply_scaleout
+def host_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, report=None) -> None:
+    """What several hosts add to a plan: the ssh options, and the interface and CPU budget from the
+    pre-flight's report (or notes saying what is left to defaults without one). Nothing for a local job."""
+    if plan.backend == "local":
+        return
+    plan.ssh_args = ssh_args(spec, configured_host_keys([n.host for n in plan.nodes], spec.ssh_config))
+    if report is not None:
+        apply_facts(plan, report.facts, environ)
     else:
-        efa = spec.efa if spec.efa is not None else fabric.efa_present()
-    if efa:
-        plan.notes.append(
-            "EFA: HCCL_OVER_OFI=1 and the EFA libraries on LD_LIBRARY_PATH"
-            + ("" if spec.efa else " (EFA devices found on this host)")
-        )
-    plan.env.update(
-        fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname, wrapper_dir=spec.hccl_ofi_wrapper)
-    )
+        plan.notes.append("no pre-flight (--no-ssh-check): interface and CPU binding are left to defaults")
+        if "StrictHostKeyChecking=accept-new" in plan.ssh_args:
+            plan.notes.append(
+                "host keys: ssh accepts and remembers the key of a host it has not seen "
+                "(accept-new); --strict-host-keys, or StrictHostKeyChecking yes in your ssh "
+                "config, refuses it"
+            )
 
 
 def scaleout_paths(report, efa: Optional[bool]) -> dict[str, scaleout.ScaleOutPath]:

@@ -5,24 +5,32 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
-from gaudi_launch.backends import get_backend, slurm
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs import cards
 from gaudi_launch.inputs.devices import DeviceCount, detect_local_devices
-from gaudi_launch.inputs.envfile import load_env_files
 from gaudi_launch.inputs.hostfile import Host, read_hostfile
 from gaudi_launch.inputs.hostnames import bare_host, is_local_host
 from gaudi_launch.inputs.hostselect import select
 from gaudi_launch.inputs.ports import check_port, pick_free_port
 from gaudi_launch.inputs.spec import JobSpec
-from gaudi_launch.plan import gaudi
-from gaudi_launch.plan.contract import node_device_env, node_visibility_env
-from gaudi_launch.plan.launchplan import LaunchPlan, layout
-from gaudi_launch.plan.multinode import PreflightFailed, findings, finish_plan, pick_remote_port
+from gaudi_launch.plan import gaudi, slurm
+from gaudi_launch.plan.contract import node_visibility_env
+from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
+from gaudi_launch.plan.multinode import PreflightFailed, findings, host_settings, pick_remote_port
 from gaudi_launch.plan.restarthosts import hosts_for_attempt
+from gaudi_launch.plan.shared import device_settings, export_settings, fabric_settings, job_env
 from gaudi_launch.wire import path_for as jobdir_path
+
+
+class BackendPlanning(Protocol):
+    """A backend's planning half, as the planner uses it (backends/__init__.py's Backend has it): handed in
+    by the composition root, so that planning imports no backend."""
+
+    def detect(self, plan: LaunchPlan, environ: Mapping[str, str]) -> None: ...
+
+    def commands(self, plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]: ...
 
 
 def resolve_hosts(
@@ -82,8 +90,11 @@ def build_plan(
     preflight: Optional[Callable] = None,
     require_program: bool = True,
     keep_failed_preflight: bool = False,
+    *,
+    backends: Callable[[str], BackendPlanning],
 ) -> LaunchPlan:
-    """``preflight(plan, spec) -> CheckReport`` runs for multi-host backends unless --no-ssh-check.
+    """``preflight(plan, spec) -> CheckReport`` runs for multi-host backends unless --no-ssh-check;
+    ``backends(name)`` is the backend's planning half (``gaudi_launch.backends.get_backend``).
 
     A failed pre-flight raises PreflightFailed, unless ``keep_failed_preflight`` (a dry run): the
     plan is then completed with what the hosts that answered told, and carries the findings.
@@ -91,7 +102,9 @@ def build_plan(
     environ = os.environ if environ is None else environ
     spec.validate(require_program)
     if slurm.wanted(spec, environ):  # the allocation (or srun's) is the hostfile: no ssh, no pre-flight
-        return gaudi_settings(slurm.build_plan(spec, environ), spec, environ)
+        plan = slurm.draft(spec, environ)
+        # srun --export=ALL: every rank inherits the launcher's whole environment
+        return assemble(plan, spec, environ, backends("slurm"), parents=[dict(environ)] * len(plan.nodes))
     selected, hosts, notes, spares = resolve_hosts(spec, detect)
     backend = choose_backend(spec, selected, hosts)
     if spec.master_addr:
@@ -109,10 +122,7 @@ def build_plan(
         master_port = pick_free_port()
     else:
         master_port = pick_remote_port()
-    env, sources = load_env_files(explicit=spec.env_file, environ=environ)
-    env.update(spec.env)
-    if sources:
-        notes.append("environment files read: " + ", ".join(sources))
+    env = job_env(spec, environ, notes)
     nodes = layout(selected)
     plan = LaunchPlan(
         backend=backend,
@@ -134,21 +144,32 @@ def build_plan(
             raise PreflightFailed(report)
         plan.preflight = findings(report)
         plan.notes.extend(report.warnings)
-    finish_plan(plan, spec, environ, report=report)
-    parents = [inherited_env(plan, n.host, environ) for n in nodes]
-    subset = any(n.devices != list(range(len(n.devices))) for n in nodes)
-    # DeepSpeed's launch.py sets CUDA_VISIBLE_DEVICES to slot numbers even for whole hosts.
-    rewritten = backend == "deepspeed" and any(p.get("CUDA_VISIBLE_DEVICES", "").strip() for p in parents)
-    if backend != "local" and (subset or rewritten):
-        # One command starts every node: each node's device subset travels in job variables,
-        # mapped onto the visibility its ranks inherit (a selected index is the same device
-        # whatever the backend).
-        plan.env.update(node_device_env([n.devices for n in nodes], parents))
-    gaudi_settings(plan, spec, environ, report)
+    host_settings(plan, spec, environ, report=report)
+    return assemble(plan, spec, environ, backends(backend), report=report)
+
+
+def assemble(
+    plan: LaunchPlan,
+    spec: JobSpec,
+    environ: Mapping[str, str],
+    backend: BackendPlanning,
+    *,
+    report=None,
+    parents: Optional[list[dict]] = None,
+) -> LaunchPlan:
+    """The parts every backend's plan shares, once its hosts are known (plan/shared.py): the exported names
+    and secrets, the backend's one look while planning (slurm probes its nodes there), the fabric, each
+    node's device subset, the Gaudi settings, then the backend's commands and the request it was made from.
+    ``parents``: what the ranks on each node inherit (default: inherited_env)."""
+    export_settings(plan, spec, environ)
     plan.spec = spec
-    chosen = get_backend(backend)
-    chosen.detect(plan, environ)
-    plan.commands = chosen.commands(plan, environ)
+    backend.detect(plan, environ)
+    fabric_settings(plan, spec, environ, report=report)
+    device_settings(
+        plan, parents if parents is not None else [inherited_env(plan, n.host, environ) for n in plan.nodes]
+    )
+    gaudi_settings(plan, spec, environ, report)
+    plan.commands = backend.commands(plan, environ)
     plan.request = spec.as_request(os.getcwd())
     return plan
 

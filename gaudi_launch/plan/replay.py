@@ -25,7 +25,7 @@ import os
 import re
 import secrets
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 
 from gaudi_launch.errors import UserError
@@ -33,7 +33,7 @@ from gaudi_launch.inputs.envfile import MASK, parse_assignments
 from gaudi_launch.inputs.options import option_fields
 from gaudi_launch.inputs.spec import JOB_OWN_VARS, JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
-from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.plan.planner import BackendPlanning, build_plan
 from gaudi_launch.wire import HEARTBEAT_DIR, JOB_DIGEST_FLAG, JobDirError, check_private_dir, write_private
 
 # Per run, not compared: the job id, the notes and the pre-flight's findings (the port too, unless
@@ -374,11 +374,12 @@ def _short(value) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def check_before_hosts(saved: dict, spec: JobSpec, path: str) -> None:
+def check_before_hosts(saved: dict, spec: JobSpec, path: str, backends: Callable[[str], BackendPlanning]) -> None:
     """Before the pre-flight runs ssh (with the request's ssh options) and the interpreter on every
     host: the plan made now without asking any host must agree with the saved one on the hosts,
-    the program, the ssh options, and run the interpreter that the saved commands show."""
-    static = build_plan(replace(spec, ssh_check=False, wait_hosts=None)).to_dict()
+    the program, the ssh options, and run the interpreter that the saved commands show (``backends``: as
+    build_plan takes them)."""
+    static = build_plan(replace(spec, ssh_check=False, wait_hosts=None), backends=backends).to_dict()
     diff = [d for d in differences({k: saved.get(k) for k in STATIC}, {k: static[k] for k in STATIC}, False)]
     commands = saved.get("commands")
     if not isinstance(commands, list) or not all(

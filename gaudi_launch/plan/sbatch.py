@@ -17,10 +17,10 @@ import re
 import shlex
 from collections.abc import Mapping
 
-from gaudi_launch.backends.slurm import LATER, _node_names
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.plan.slurm import LATER, node_names
 from gaudi_launch.wire import write_private
 
 
@@ -78,7 +78,7 @@ def sbatch_lines(plan: LaunchPlan, spec: JobSpec, cwd: str) -> list[str]:
     if named:
         lines.append("--nodelist=" + ",".join(named))
     if spec.exclude:
-        lines.append("--exclude=" + ",".join(_node_names(spec.exclude, "--exclude")))
+        lines.append("--exclude=" + ",".join(node_names(spec.exclude, "--exclude")))
     for option, value in (("--partition", spec.partition), ("--time", spec.time), ("--account", spec.account)):
         if value:
             lines.append(f"{option}={value}")

@@ -481,7 +481,7 @@ def test_sixteen_thousand_local_ranks_are_planned_with_their_contract(tmp_path):
 
 
 def test_local_planning_computes_device_visibility_once_per_node(monkeypatch, tmp_path):
-    from gaudi_launch.backends import local
+    from gaudi_launch.backends import get_backend, local
     from gaudi_launch.inputs.spec import JobSpec
     from gaudi_launch.plan.planner import build_plan
 
@@ -496,6 +496,7 @@ def test_local_planning_computes_device_visibility_once_per_node(monkeypatch, tm
             include="localhost:1-3999".replace("1-3999", ",".join(map(str, range(1, 4000)))),
         ),
         environ={},
+        backends=get_backend,
     )
     assert len(plan.commands) == 3999 and calls == ["localhost"]
     assert plan.commands[-1].env["CUDA_VISIBLE_DEVICES"].split(",")[-1] == "3999"

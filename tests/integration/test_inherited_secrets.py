@@ -7,10 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import types
 
+from gaudi_launch.backends import get_backend
 from gaudi_launch.backends import slurm as slurm_backend
-from gaudi_launch.inputs import slurm
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.planner import build_plan
 
 SECRETS = {
     "WANDB_API_KEY": "wandb-0123456789abcdef",
@@ -55,11 +57,13 @@ def test_a_slurm_plan_masks_every_secret_srun_exports_to_the_ranks():
         "PATH": "/usr/bin",
         **SECRETS,
     }
-    plan = slurm_backend.build_plan(
+    plan = build_plan(
         JobSpec(program=["train.py"], backend="slurm", efa=False, env={"RUN_NOTE": "x"}),
-        environ,
-        hostnames=lambda text, env: slurm.expand_hostlist(text),
-        probe=lambda *a, **k: None,
+        environ=environ,
+        backends=lambda name: types.SimpleNamespace(
+            detect=lambda plan, env: slurm_backend.probe_allocation(plan, env, lambda *a, **k: None),
+            commands=slurm_backend.commands,
+        ),
     )
     for name, value in SECRETS.items():
         for form in (value, repr(value), json.dumps(value)):
@@ -78,7 +82,9 @@ def test_a_url_with_a_password_is_masked_in_a_plan_and_taken_back_from_the_shell
 
     url = SECRETS["DATABASE_URL"]
     spec = JobSpec(program=["train.py"], num_devices=1, env={"DATABASE_URL": url, "GITHUB_PAT": "ghp_x12345"})
-    saved = json.loads(build_plan(spec, environ={"PATH": "/bin"}, require_program=False).to_json())
+    saved = json.loads(
+        build_plan(spec, environ={"PATH": "/bin"}, require_program=False, backends=get_backend).to_json()
+    )
     assert saved["request"]["env"] == {"DATABASE_URL": "***", "GITHUB_PAT": "***"}
     assert saved["env"]["DATABASE_URL"] == "***" and "db-pw-55443" not in json.dumps(saved)
     again = spec_from_request(saved["request"], {"DATABASE_URL": url, "GITHUB_PAT": "ghp_x12345"}, "plan.json")

@@ -8,14 +8,17 @@ import json
 import os
 import sys
 import tempfile
+import types
 
 import pytest
 
+from gaudi_launch.backends import get_backend
 from gaudi_launch.backends import slurm as backend
 from gaudi_launch.cli import main
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs import slurm
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan import slurm as plan_slurm
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.worker import normalize_env
 
@@ -28,12 +31,19 @@ ALLOC = {
 }
 
 
+def probing(facts):
+    """The slurm backend's planning half, its node probe (srun) seeing ``facts``."""
+    return types.SimpleNamespace(
+        detect=lambda plan, environ: backend.probe_allocation(plan, environ, lambda *a, **k: facts),
+        commands=backend.commands,
+    )
+
+
 def plan_for(environ=None, facts=None, **spec):
-    return backend.build_plan(
+    return build_plan(
         JobSpec(program=["train.py", "--bf16"], backend="slurm", efa=False, **spec),
-        dict(ALLOC if environ is None else environ),
-        hostnames=lambda text, env: slurm.expand_hostlist(text),
-        probe=lambda nodes, master, python, env, script="", port=0: facts,
+        environ=dict(ALLOC if environ is None else environ),
+        backends=lambda name: probing(facts),
     )
 
 
@@ -58,10 +68,10 @@ def test_tasks_per_node_and_port():
 
 def test_auto_is_slurm_inside_an_allocation_only():
     spec = JobSpec(program=["t.py"], num_devices=1)
-    assert backend.wanted(spec, ALLOC)
-    assert not backend.wanted(spec, {**ALLOC, "SLURM_STEP_ID": "0"})  # gaudi-launch run by srun itself
-    assert not backend.wanted(spec, {})
-    assert not backend.wanted(JobSpec(program=["t.py"], hostfile="h"), ALLOC)
+    assert plan_slurm.wanted(spec, ALLOC)
+    assert not plan_slurm.wanted(spec, {**ALLOC, "SLURM_STEP_ID": "0"})  # gaudi-launch run by srun itself
+    assert not plan_slurm.wanted(spec, {})
+    assert not plan_slurm.wanted(JobSpec(program=["t.py"], hostfile="h"), ALLOC)
 
 
 def test_plan_inside_allocation_from_slurm_facts():
@@ -288,7 +298,9 @@ def test_dry_run_json_matches_golden(name, args, environ, monkeypatch, tmp_path)
 
 
 def test_planner_hands_slurm_plans_over(monkeypatch):
-    plan = build_plan(JobSpec(program=["t.py"], efa=False), environ={**ALLOC, "SLURM_JOB_NODELIST": "x[1-2]"})
+    plan = build_plan(
+        JobSpec(program=["t.py"], efa=False), environ={**ALLOC, "SLURM_JOB_NODELIST": "x[1-2]"}, backends=get_backend
+    )
     assert plan.backend == "slurm" and [n.host for n in plan.nodes] == ["x1", "x2"]
 
 
@@ -342,14 +354,14 @@ def test_interface_from_what_srun_found_on_the_nodes():
 
 def test_a_node_without_the_script_or_interpreter_stops_the_job_before_it_starts():
     ok = {"ip_addr": "", "master_ip": None, "script": True, "cwd": "/w"}
-    with pytest.raises(backend.NodeCheckFailed, match="train.py does not exist on gn02") as exc:
+    with pytest.raises(plan_slurm.NodeCheckFailed, match="train.py does not exist on gn02") as exc:
         plan_for(facts={"gn01": ok, "gn02": {**ok, "script": False}, "gn03": ok})
     assert exc.value.exit_code == 3 and exc.value.where == "gn02"
-    with pytest.raises(backend.NodeCheckFailed, match="port 24242 is in use on gn01"):
+    with pytest.raises(plan_slurm.NodeCheckFailed, match="port 24242 is in use on gn01"):
         plan_for(facts={"gn01": {**ok, "port_free": False}, "gn02": ok, "gn03": ok})
-    with pytest.raises(backend.NodeCheckFailed, match="hl-smi sees 1 Gaudi device.s. on gn03, 2 needed"):
+    with pytest.raises(plan_slurm.NodeCheckFailed, match="hl-smi sees 1 Gaudi device.s. on gn03, 2 needed"):
         plan_for(facts={"gn01": {**ok, "devices": 8}, "gn02": ok, "gn03": {**ok, "devices": 1}})
-    with pytest.raises(backend.NodeCheckFailed, match="interpreter"):
+    with pytest.raises(plan_slurm.NodeCheckFailed, match="interpreter"):
         plan_for(facts={"error": "0: slurmstepd: error: execve(): /nope/python: No such file or directory"})
 
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from gaudi_launch.backends import get_backend
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import gaudi
@@ -108,11 +109,13 @@ def gaudi_host(monkeypatch):
 
 def test_include_of_an_unsupported_pair_is_refused_by_module_id(gaudi_host):
     with pytest.raises(UserError) as err:
-        build_plan(JobSpec(program=["x.py"], include="localhost:0,3", num_devices=8))
+        build_plan(JobSpec(program=["x.py"], include="localhost:0,3", num_devices=8), backends=get_backend)
     assert "module ids 0,3" in str(err.value) and err.value.where == "--include"
-    build_plan(JobSpec(program=["x.py"], include="localhost:2,3", num_devices=8))  # a supported pair
+    build_plan(
+        JobSpec(program=["x.py"], include="localhost:2,3", num_devices=8), backends=get_backend
+    )  # a supported pair
     with pytest.raises(UserError, match="module ids 0,1,2"):
-        build_plan(JobSpec(program=["x.py"], num_devices=3))
+        build_plan(JobSpec(program=["x.py"], num_devices=3), backends=get_backend)
 
 
 def test_dry_run_shows_binding_recipe_cache_and_mode(gaudi_host, monkeypatch, tmp_path):
@@ -121,14 +124,14 @@ def test_dry_run_shows_binding_recipe_cache_and_mode(gaudi_host, monkeypatch, tm
     root = sysfs(tmp_path, lambda i: 0 if i < 4 else 1, {0: "0-3,8-11", 1: "4-7,12-15"})
     real = cards.read_host
     monkeypatch.setattr(cards, "read_host", lambda sysfs="/sys", processes=False: real(root, processes))
-    plan = build_plan(JobSpec(program=["x.py", "--torch_compile"], num_devices=2))
+    plan = build_plan(JobSpec(program=["x.py", "--torch_compile"], num_devices=2), backends=get_backend)
     notes = "\n".join(plan.notes)
     # local ranks 0 and 1 take modules 0 and 1: indices 6 and 7 on this server, NUMA node 1, half of it each
     assert "localhost local rank 0 (card module 0, NUMA node 1): cores 4-5,12-13" in notes
     assert "localhost local rank 1 (card module 1, NUMA node 1): cores 6-7,14-15" in notes
     assert f"gaudi-launch-{plan.job_id}/recipe-cache,false,1024" in notes
     assert "execution mode: eager (--torch_compile on the script's command line)" in notes
-    plan = build_plan(JobSpec(program=["x.py"], num_devices=2, cpu_bind="none"))
+    plan = build_plan(JobSpec(program=["x.py"], num_devices=2, cpu_bind="none"), backends=get_backend)
     assert plan.env["GAUDI_LAUNCH_CPU_BIND"] == "none" and "CPU binding: none (--cpu-bind none)" in plan.notes
 
 
@@ -176,7 +179,9 @@ def test_mpirun_leaves_binding_to_the_ranks(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "hostfile").write_text("gaudi-a slots=8\ngaudi-b slots=8\n")
-    plan = build_plan(JobSpec(program=["x.py"], hostfile="hostfile", backend="mpirun", ssh_check=False))
+    plan = build_plan(
+        JobSpec(program=["x.py"], hostfile="hostfile", backend="mpirun", ssh_check=False), backends=get_backend
+    )
     plan.cores_per_host = 224  # what a pre-flight finds on a 2-socket Gaudi 2 server
     argv = mpirun.commands(plan, {})[0].argv
     assert argv[argv.index("--map-by") + 1] == "ppr:8:node" and argv[argv.index("--bind-to") + 1] == "none"

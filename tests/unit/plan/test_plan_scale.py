@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from gaudi_launch.backends import mpirun
+from gaudi_launch.backends import get_backend, mpirun
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.remote import jobdir
@@ -25,7 +25,7 @@ def big_plan(tmp_path, hosts: int, per_host: int = 8):
     spec = JobSpec(
         program=["/bin/true"], no_python=True, hostfile=str(hostfile), backend="mpirun", ssh_check=False, efa=False
     )
-    return build_plan(spec, environ={"PATH": os.environ.get("PATH", "")})
+    return build_plan(spec, environ={"PATH": os.environ.get("PATH", "")}, backends=get_backend)
 
 
 def harmless(argv):

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from gaudi_launch.backends import get_backend
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import scaleout
 from gaudi_launch.plan.planner import build_plan
@@ -162,7 +163,10 @@ def _dry_run(tmp_path, monkeypatch, profile, **options):
     gaudi_tools.apply(monkeypatch, profile)
     spec = JobSpec(program=["train.py"], hostfile="hostfile", backend="mpirun", master_addr="127.0.0.1", **options)
     return build_plan(
-        spec, environ=dict(os.environ), preflight=lambda plan, spec: _preflight(["gaudi-a", "gaudi-b"], tmp_path)
+        spec,
+        environ=dict(os.environ),
+        preflight=lambda plan, spec: _preflight(["gaudi-a", "gaudi-b"], tmp_path),
+        backends=get_backend,
     )
 
 

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from gaudi_launch.backends import get_backend
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.idranges import rank_words
 from gaudi_launch.inputs.spec import JobSpec
@@ -144,9 +145,11 @@ def test_hang_detection_needs_a_rank_on_this_host(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("worker-1 slots=2\n")
     with pytest.raises(UserError) as exc:
-        check_watchable(build_plan(JobSpec(program=["t.py"], hostfile=str(hosts), ssh_check=False)))
+        check_watchable(
+            build_plan(JobSpec(program=["t.py"], hostfile=str(hosts), ssh_check=False), backends=get_backend)
+        )
     assert exc.value.where == "--hang-timeout"
-    check_watchable(build_plan(JobSpec(program=["t.py"], num_devices=2)))  # this host: fine
+    check_watchable(build_plan(JobSpec(program=["t.py"], num_devices=2), backends=get_backend))  # this host: fine
 
 
 def test_only_the_ranks_own_live_processes_are_asked_for_stacks(tmp_path):

@@ -173,11 +173,11 @@ def test_runner_environment_is_scrubbed():
 
 
 def test_exported_secrets_are_masked_and_never_shown(monkeypatch):
-    from gaudi_launch.plan.multinode import finish_plan
+    from gaudi_launch.plan.shared import export_settings
 
     plan = plan_of()
     environ = {"MYAPP_API_TOKEN": "tok-1234567", "MYAPP_MODE": "fast", "PATH": "/bin"}
-    finish_plan(plan, JobSpec(program=["t.py"], export_prefixes=["MYAPP_"], efa=False), environ)
+    export_settings(plan, JobSpec(program=["t.py"], export_prefixes=["MYAPP_"], efa=False), environ)
     assert "MYAPP_API_TOKEN" in plan.exported
     assert plan.mask("got tok-1234567") == "got ***"
     shown = plan.to_json() + plan.render_text()

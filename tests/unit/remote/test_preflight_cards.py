@@ -4,6 +4,7 @@ finds a partial node Habana does not support and a card another process holds, b
 import os
 import sys
 
+from gaudi_launch.backends import get_backend
 from gaudi_launch.remote.preflight import SshOptions, check_hosts
 
 STANDIN_BIN = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "standin", "bin"))
@@ -55,7 +56,9 @@ def test_the_probe_reads_numa_facts_and_the_plan_shows_each_hosts_binding(monkey
     # a plan for two other hosts, each as this probe found it
     monkeypatch.chdir(tmp_path)
     (tmp_path / "hostfile").write_text("gaudi-a slots=8\ngaudi-b slots=8\n")
-    plan = build_plan(JobSpec(program=["x.py"], hostfile="hostfile", backend="mpirun", ssh_check=False))
+    plan = build_plan(
+        JobSpec(program=["x.py"], hostfile="hostfile", backend="mpirun", ssh_check=False), backends=get_backend
+    )
     plan.notes.clear()
 
     class Report:

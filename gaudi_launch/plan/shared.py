@@ -1,0 +1,61 @@
+"""What every backend's plan shares, whatever started the ranks: the job's variables (env files, then -x),
+the names exported to other hosts and the secrets to mask, the fabric's variables, and each node's device
+subset. The planner puts them together (planner.assemble); each backend adds only its own half."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gaudi_launch.inputs.envfile import load_env_files, secrets_in
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan import fabric
+from gaudi_launch.plan.contract import node_device_env
+from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.plan.multinode import apply_scaleout, scaleout_paths
+
+
+def job_env(spec: JobSpec, environ: Mapping[str, str], notes: list[str]) -> dict[str, str]:
+    """The job's variables: the env files' (.deepspeed_env, --env-file), then -x's; a note names the files read."""
+    env, sources = load_env_files(explicit=spec.env_file, environ=environ)
+    env.update(spec.env)
+    if sources:
+        notes.append("environment files read: " + ", ".join(sources))
+    return env
+
+
+def export_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> None:
+    """The launcher's variables the ranks on other hosts get (--export prefixes; srun takes them all),
+    and every secret-looking one, masked in all output whether exported or inherited."""
+    plan.exported_secrets = secrets_in(environ)
+    if plan.backend != "local":
+        plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
+
+
+def fabric_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, report=None) -> None:
+    """The fabric's variables: each host's scale-out path from the pre-flight's report when there is one,
+    else EFA as --efa/--no-efa say or as this host's devices show."""
+    paths = scaleout_paths(report, spec.efa) if report is not None and plan.backend != "local" else {}
+    if paths:  # decided per host from what the pre-flight found (plan/scaleout.py)
+        apply_scaleout(plan, paths, environ, spec.hccl_ofi_wrapper)
+        efa = False  # the recipe, where a host needs it, is set by apply_scaleout
+    else:
+        efa = spec.efa if spec.efa is not None else fabric.efa_present()
+    if efa:
+        plan.notes.append(
+            "EFA: HCCL_OVER_OFI=1 and the EFA libraries on LD_LIBRARY_PATH"
+            + ("" if spec.efa else " (EFA devices found on this host)")
+        )
+    plan.env.update(
+        fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname, wrapper_dir=spec.hccl_ofi_wrapper)
+    )
+
+
+def device_settings(plan: LaunchPlan, parents: Sequence[Mapping[str, str]]) -> None:
+    """Each node's device subset in job variables, when one command starts every node (not the local
+    backend), mapped onto the visibility its ranks inherit (``parents``, one per node): a selected index is
+    the same device whatever the backend."""
+    subset = any(n.devices != list(range(len(n.devices))) for n in plan.nodes)
+    # DeepSpeed's launch.py sets CUDA_VISIBLE_DEVICES to slot numbers even for whole hosts.
+    rewritten = plan.backend == "deepspeed" and any(p.get("CUDA_VISIBLE_DEVICES", "").strip() for p in parents)
+    if plan.backend != "local" and (subset or rewritten):
+        plan.env.update(node_device_env([n.devices for n in plan.nodes], list(parents)))
