@@ -1,5 +1,16 @@
-"""The launcher's modules import each other without cycles, counting imports inside functions too
-(a function-level import hides a cycle until the day it runs first in a new order)."""
+"""The launcher's layers, enforced on its import graph (issue 26): data flows one way, from what the user gives
+to the command line that runs it.
+
+    inputs < plan < remote < process < backends < reports < collective < launch, runner < completion < cli
+
+A package (or root module) imports only from the layers below its own; imports under ``if TYPE_CHECKING:``
+count too (a type-only import still ties a layer to the one it names). The root helpers (errors.py,
+exitcodes.py, wire.py) import no other module of ours and every layer may import them. runtime/ runs inside
+the ranks: of the launcher it imports only the wire module (and errors.py, which imports nothing: its
+DataError is a UserError); the launcher may import runtime/'s torch-free modules, never one that imports
+torch. No module cycles. And imports of our modules inside functions are counted, not whitelisted: each one
+hides an edge until the day it runs first in a new order.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +18,30 @@ import ast
 import os
 
 PKG = os.path.join(os.path.dirname(__file__), "..", "..", "gaudi_launch")
+
+# Lowest first. Where the root modules sit: reports/ reads plans and hosts (env, report, the collective
+# table) beside the launch; collective.py runs a job of its own through backends/; launch.py (the command
+# line's composition root) and runner.py (DistributedRunner's, for Python callers) put everything together;
+# cli.py only parses (completion.py: its shell completion); on top `python -m gaudi_launch` and "", the package
+# itself, whose lazy attributes are the public API.
+LAYERS = (
+    ("inputs",),
+    ("plan",),
+    ("remote",),
+    ("process",),
+    ("backends",),
+    ("reports",),
+    ("collective",),
+    ("launch", "runner"),
+    ("completion",),
+    ("cli",),
+    ("__main__", ""),
+)
+ROOT_HELPERS = ("errors", "exitcodes", "wire")
+RANK_SIDE = "runtime"
+RANK_SIDE_MAY_IMPORT = ("wire", "errors")
+HEAVY = ("torch", "transformers", "deepspeed", "habana_frameworks")
+MAX_FUNCTION_LEVEL_IMPORTS = 5
 
 
 def modules() -> dict[str, str]:
@@ -20,17 +55,21 @@ def modules() -> dict[str, str]:
     return out
 
 
-def imported(tree: ast.Module, me: str, known: dict[str, str]) -> set[str]:
-    """gaudi_launch modules this module imports anywhere, except under `if TYPE_CHECKING:`."""
-    typing_only = {
+def _type_only_nodes(tree: ast.Module) -> set[int]:
+    return {
         id(n)
         for b in tree.body
         if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test)
         for n in ast.walk(b)
     }
+
+
+def imported(tree: ast.Module, me: str, known: dict[str, str], type_only: bool = False) -> set[str]:
+    """gaudi_launch modules this module imports anywhere; under `if TYPE_CHECKING:` too when ``type_only``."""
+    skip = set() if type_only else _type_only_nodes(tree)
     out = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
+        if id(node) in skip:
             continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -52,9 +91,9 @@ def imported(tree: ast.Module, me: str, known: dict[str, str]) -> set[str]:
     return out
 
 
-def graph() -> dict[str, set[str]]:
+def graph(type_only: bool = False) -> dict[str, set[str]]:
     known = modules()
-    return {m: imported(ast.parse(open(p).read()), m, known) for m, p in known.items()}
+    return {m: imported(ast.parse(open(p).read()), m, known, type_only) for m, p in known.items()}
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -92,30 +131,141 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def part(module: str) -> str:
+    """The package or root module a module belongs to: 'gaudi_launch.plan.slurm' -> 'plan', the package -> ''."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def layer_breaches(g: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    """Every import that goes up or sideways between layers, or breaks the root helpers' and the rank side's
+    rules, as 'importer -> imported (why)'. Pure."""
+    rank = {name: i for i, names in enumerate(layers) for name in names}
+    out = []
+    for src in sorted(g):
+        a = part(src)
+        for dst in sorted(g[src]):
+            b = part(dst)
+            if a == b or b == "":  # inside one package; the package itself (imported with any of its modules)
+                continue
+            if a in ROOT_HELPERS:
+                out.append(f"{src} -> {dst} (a root helper imports no module of ours)")
+            elif a == RANK_SIDE:
+                if b not in RANK_SIDE_MAY_IMPORT:
+                    out.append(f"{src} -> {dst} (runtime/ imports only {', '.join(RANK_SIDE_MAY_IMPORT)})")
+            elif b in ROOT_HELPERS or b == RANK_SIDE:
+                continue  # importable by all; what the launcher may take from runtime/ is checked apart
+            elif a not in rank or b not in rank:
+                out.append(f"{src} -> {dst} (not in a layer: place {a if a not in rank else b} in LAYERS)")
+            elif rank[b] >= rank[a]:
+                out.append(
+                    f"{src} -> {dst} ({a} may not import {b}: {'same layer' if rank[a] == rank[b] else 'above'})"
+                )
+    return out
+
+
+def function_level_imports(tree: ast.Module) -> list[int]:
+    """Line numbers of imports of our modules inside functions. Pure."""
+    lines = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("gaudi_launch")):
+                    lines.append(node.lineno)
+                elif isinstance(node, ast.Import) and any(a.name.startswith("gaudi_launch") for a in node.names):
+                    lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def heavy_at_import(tree: ast.Module) -> list[str]:
+    """What a module imports at its top level (not in functions) of torch and its kind. Pure."""
+    found = []
+    for node in tree.body:
+        for sub in (
+            ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else ()
+        ):
+            if isinstance(sub, ast.Import):
+                found += [a.name for a in sub.names if a.name.split(".")[0] in HEAVY]
+            elif isinstance(sub, ast.ImportFrom) and (sub.module or "").split(".")[0] in HEAVY and not sub.level:
+                found.append(sub.module or "")
+    return found
+
+
+# ---------------------------------------------------------------- the checkers can fail
+
+
 def test_the_finder_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_the_layer_check_names_an_upward_a_sideways_and_a_rank_side_import():
+    g = {
+        "gaudi_launch.plan.planner": {"gaudi_launch.backends.slurm", "gaudi_launch.inputs.spec", "gaudi_launch.wire"},
+        "gaudi_launch.launch": {"gaudi_launch.runner", "gaudi_launch.backends.job"},
+        "gaudi_launch.runtime.trainer": {"gaudi_launch.process.heartbeats", "gaudi_launch.wire"},
+        "gaudi_launch.wire": {"gaudi_launch.errors"},
+        "gaudi_launch.cli": {"gaudi_launch", "gaudi_launch.launch"},
+    }
+    assert layer_breaches(g) == [
+        "gaudi_launch.launch -> gaudi_launch.runner (launch may not import runner: same layer)",
+        "gaudi_launch.plan.planner -> gaudi_launch.backends.slurm (plan may not import backends: above)",
+        "gaudi_launch.runtime.trainer -> gaudi_launch.process.heartbeats (runtime/ imports only wire, errors)",
+        "gaudi_launch.wire -> gaudi_launch.errors (a root helper imports no module of ours)",
+    ]
+    assert layer_breaches({"gaudi_launch.newpkg.x": {"gaudi_launch.plan.y"}}) == [
+        "gaudi_launch.newpkg.x -> gaudi_launch.plan.y (not in a layer: place newpkg in LAYERS)"
+    ]
+
+
+def test_imports_inside_functions_and_torch_at_import_are_seen():
+    tree = ast.parse(
+        "import torch.nn\nfrom gaudi_launch import wire\n"
+        "def f():\n    from gaudi_launch.plan import planner\n    import gaudi_launch.runner\n    import json\n"
+        "class C:\n    def g(self):\n        from . import x\n"
+        "def h():\n    import deepspeed\n"
+    )
+    assert function_level_imports(tree) == [4, 5, 9]
+    assert heavy_at_import(tree) == ["torch.nn"]
+
+
+# ---------------------------------------------------------------- the package
+
+
 def test_no_import_cycle_between_gaudi_launch_modules():
     g = graph()
-    assert "gaudi_launch.plan.planner" in g and "gaudi_launch.plan.slurm" in g["gaudi_launch.plan.planner"]
+    assert "gaudi_launch.plan.slurm" in g["gaudi_launch.plan.planner"]  # the graph is read at all
     assert cycles(g) == []
 
 
-# Where an import inside a function is the point: the command line imports what a run needs only when
-# it runs (--help and --dry-run stay fast), and `import gaudi_launch` stays cheap for every rank.
-LAZY_ALLOWED = {"gaudi_launch.cli", "gaudi_launch"}
+def test_every_import_goes_down_the_layers_type_only_imports_included():
+    g = graph(type_only=True)
+    assert "gaudi_launch.inputs.spec" in g["gaudi_launch.process.restarts"]  # a TYPE_CHECKING import, seen
+    assert {part(m) for m in g} - {name for names in LAYERS for name in names} == {*ROOT_HELPERS, RANK_SIDE}
+    assert layer_breaches(g) == []
 
 
-def test_our_modules_import_each_other_at_the_top():
-    known = modules()
-    inside = []
-    for module, path in sorted(known.items()):
-        tree = ast.parse(open(path).read())
-        for fn in ast.walk(tree):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            for node in ast.walk(fn):
-                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("gaudi_launch")):
-                    inside.append((module, node.lineno))
-    assert inside and all(m in LAZY_ALLOWED for m, _ in inside), [x for x in inside if x[0] not in LAZY_ALLOWED]
+def test_what_the_launcher_takes_from_runtime_imports_no_torch():
+    """The launcher (outside runtime/) never imports torch: the runtime modules it reaches, and the runtime
+    modules those import, import none of torch, transformers, deepspeed or habana_frameworks at import time."""
+    known, g = modules(), graph()
+    todo = [d for m, ds in g.items() if part(m) != RANK_SIDE for d in ds if part(d) == RANK_SIDE]
+    seen: set[str] = set()
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += [d for d in g[m] if part(d) == RANK_SIDE]
+    assert seen, "the launcher takes nothing from runtime/: drop this test's allowance"
+    heavy = {m: heavy_at_import(ast.parse(open(known[m]).read())) for m in sorted(seen)}
+    assert {m: h for m, h in heavy.items() if h} == {}
+
+
+def test_imports_of_our_modules_inside_functions_are_few():
+    """Each one is an edge the module-level graph does not show at import time (the package's lazy public
+    API, the command line's version): at most MAX_FUNCTION_LEVEL_IMPORTS in the whole package."""
+    found = [
+        f"{m}:{line}"
+        for m, p in sorted(modules().items())
+        for line in function_level_imports(ast.parse(open(p).read()))
+    ]
+    assert found, "none left: lower MAX_FUNCTION_LEVEL_IMPORTS to 0"
+    assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, found
