@@ -24,6 +24,7 @@ from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
 from gaudi_launch.inputs.commandline import kind_of, launch_options
 from gaudi_launch.inputs.habits import torchrun_option_error
+from gaudi_launch.wire import DEBUG
 
 PROG = "gaudi-launch"
 HELP = """Launch SCRIPT on every selected device of every host, one process per device.
@@ -280,7 +281,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except SystemExit as exc:  # typer's completion answers exit
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except Exception as exc:  # a bug of ours: say so briefly; the traceback on request
-        if os.environ.get("GAUDI_LAUNCH_DEBUG"):
+        if os.environ.get(DEBUG):
             raise
         print(
             f"gaudi-launch: internal error: {type(exc).__name__}: {exc}\n"

@@ -32,15 +32,15 @@ from gaudi_launch.process.failures import LEFT_OUT
 from gaudi_launch.process.logfiles import prepare_log_dir
 from gaudi_launch.remote import sshmux
 from gaudi_launch.reports.collective import MARKER, CollectiveReport, judge, parse
-from gaudi_launch.wire import COLLECTIVE_LIBRARY
+from gaudi_launch.wire import COLLECTIVE, COLLECTIVE_LIBRARY, COLLECTIVE_STEP_TIMEOUT
 
 RANK_MODULE = "gaudi_launch.runtime.link_check"  # the torch-free stage; it runs collective_check when needed
-SETTINGS_VAR = "GAUDI_LAUNCH_COLLECTIVE"  # runtime/collective_check.SETTINGS
+SETTINGS_VAR = COLLECTIVE  # runtime/collective_check.SETTINGS
 MESSAGE_BYTES = 4 << 20  # a few MB: past the latency-bound regime, still well under a second per round
 ROUNDS = 5  # after a warm-up; every rank runs the same count (a rank-local rule could deadlock)
 # Per collective step (the process group's timeout, also the ranks' rendezvous); the variable is for a
 # fabric known to be slow, and for the tests.
-STEP_TIMEOUT_S = float(os.environ.get("GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT", "30"))
+STEP_TIMEOUT_S = float(os.environ.get(COLLECTIVE_STEP_TIMEOUT, "30"))
 START_TIMEOUT_S = 60.0  # every rank started (torch imported) on a busy machine
 RESULT_FILE = "collective-check.json"
 JOB_OUTPUT_LINES = 20  # of the check job's own output, shown when a rank said nothing

@@ -32,6 +32,7 @@ from gaudi_launch.remote import jobdir, sshmux
 from gaudi_launch.remote.fanout import per_host
 from gaudi_launch.remote.hostchecks import host_watch
 from gaudi_launch.remote.teardown import job_sweeper, signal_job
+from gaudi_launch.wire import GRACE, JOB_ID
 
 # The runner's whole environment comes from these names (plus what commands() sets): none starts
 # with a prefix DeepSpeed re-exports to the remote shell line (PYTHON, MLFLOW, MV2, UCX, NCCL).
@@ -79,9 +80,9 @@ def rank_env(plan: LaunchPlan, environ: Mapping[str, str], grace: Optional[float
     env = {name: environ[name] for name in plan.exported if name in environ}
     env.update(plan.env)
     env.update(node_sizes_env([len(n.ranks) for n in plan.nodes]))
-    env["GAUDI_LAUNCH_JOB_ID"] = plan.job_id
+    env[JOB_ID] = plan.job_id
     if grace is not None:
-        env["GAUDI_LAUNCH_GRACE"] = str(grace)  # for the ranks' watchdog (worker.watch_launcher)
+        env[GRACE] = str(grace)  # for the ranks' watchdog (worker.watch_launcher)
     return env
 
 
@@ -156,7 +157,7 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
         # No remote shell exports it here: the runner carries the id itself, so launch.py and the
         # ranks inherit it and job-scoped teardown finds them. (Multi-node, the runner must not
         # carry it: teardown would find the runner and pdsh, whose group is ours to SIGKILL.)
-        env["GAUDI_LAUNCH_JOB_ID"] = plan.job_id
+        env[JOB_ID] = plan.job_id
     if spec.launcher == "openmpi" and os.geteuid() == 0:
         # As the mpirun backend passes --allow-run-as-root only as root.
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -183,7 +184,7 @@ def write_job_dir(plan: LaunchPlan, directory: str, job: bytes) -> None:
         ) from None
     os.mkdir(os.path.join(directory, "bin"), 0o700)
     jobdir.write_private(os.path.join(directory, "hostfile"), hostfile_text(plan).encode())
-    jobdir.write_private(os.path.join(directory, "job.env"), f"GAUDI_LAUNCH_JOB_ID={plan.job_id}\n".encode())
+    jobdir.write_private(os.path.join(directory, "job.env"), f"{JOB_ID}={plan.job_id}\n".encode())
     jobdir.write_private(os.path.join(directory, jobdir.JOB_FILE), job)
     if plan.ssh_args:
         real = shutil.which("ssh") or "/usr/bin/ssh"

@@ -25,8 +25,9 @@ from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise
 from gaudi_launch.remote import jobdir, openmpi, sshmux
 from gaudi_launch.remote.hostchecks import host_watch
 from gaudi_launch.remote.teardown import job_sweeper
+from gaudi_launch.wire import JOB_ID
 
-CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", "GAUDI_LAUNCH_JOB_ID")
+CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", JOB_ID)
 # The tag before each piece of a rank's output: OpenMPI 4 (ORTE) writes "[1,0]<stdout>:text";
 # OpenMPI 5 (PMIx's iof) writes "[1,0]<stdout>: text" (one space, part of the tag), and its job
 # part is a namespace's suffix, a number unless the namespace has no '@'.
@@ -266,7 +267,7 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
         "MASTER_ADDR": plan.master_addr,
         "MASTER_PORT": str(plan.master_port),
         "CROSS_SIZE": str(len(plan.nodes)),
-        "GAUDI_LAUNCH_JOB_ID": plan.job_id,
+        JOB_ID: plan.job_id,
     }
     return [Command(host=plan.nodes[0].host, argv=argv, env=env)]
 

@@ -35,6 +35,7 @@ from gaudi_launch.process.failures import Culprit
 from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
 from gaudi_launch.remote.teardown import kill_argv, parse_sweep
 from gaudi_launch.remote.watch import HostWatch
+from gaudi_launch.wire import JOB_ID
 
 # Run once per node through srun (no ssh on Slurm clusters): the node's addresses, and the master's
 # address as the node resolves it (a login node may not know the compute nodes' names).
@@ -102,7 +103,7 @@ def probe_nodes(
 
     if shutil.which("srun", path=environ.get("PATH")) is None or not slurm.has_config(environ):
         return None
-    env = {k: v for k, v in environ.items() if k not in CONTRACT and k != "GAUDI_LAUNCH_JOB_ID"}
+    env = {k: v for k, v in environ.items() if k not in CONTRACT and k != JOB_ID}
     try:
         out = subprocess.run(
             probe_argv(nodes, environ.get("SLURM_JOB_ID", ""), master, python, script, port),
@@ -147,7 +148,7 @@ def probe_allocation(plan: LaunchPlan, environ: Mapping[str, str], probe: Callab
 
 def srun_env(plan: LaunchPlan, environ: Mapping[str, str]) -> dict[str, str]:
     """srun's whole environment: the launcher's without its own rank layout, the job's, ours. Pure."""
-    base = {k: v for k, v in environ.items() if k not in CONTRACT and k != "GAUDI_LAUNCH_JOB_ID"}
+    base = {k: v for k, v in environ.items() if k not in CONTRACT and k != JOB_ID}
     return {**base, **plan.env, **plan.commands[0].env}
 
 

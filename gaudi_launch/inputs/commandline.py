@@ -20,6 +20,7 @@ from gaudi_launch.inputs import habits
 from gaudi_launch.inputs.envfile import parse_assignments
 from gaudi_launch.inputs.options import PANELS, Option, opt, option_fields
 from gaudi_launch.inputs.spec import JobSpec, resolve_compat
+from gaudi_launch.wire import DEVICE
 
 
 @dataclass
@@ -284,4 +285,4 @@ def _device_env(device: Optional[str]) -> dict:
         return {}
     if device not in ("hpu", "cuda", "cpu"):
         raise UserError(f"unknown device {device!r}", where="--device", hint="hpu, cuda or cpu")
-    return {"GAUDI_LAUNCH_DEVICE": device}
+    return {DEVICE: device}

@@ -24,7 +24,7 @@ from typing import Optional
 
 # The naming and the private-file rules are the wire module's (the rank side shares them); path_for and
 # JobDirError stay reachable here for the backends.
-from gaudi_launch.wire import PREFIX, JobDirError, check_private_dir, path_for, write_private  # noqa: F401
+from gaudi_launch.wire import JOB_ID, PREFIX, JobDirError, check_private_dir, path_for, write_private  # noqa: F401
 
 JOB_FILE = "job.json"
 OWNER_FILE = "owner"
@@ -106,7 +106,7 @@ def _start_time(pid: int) -> Optional[int]:
 def live_job_ids() -> set[str]:
     """The job ids that processes of this user on this host still carry."""
     ids: set[str] = set()
-    needle = b"GAUDI_LAUNCH_JOB_ID="
+    needle = JOB_ID.encode() + b"="
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:

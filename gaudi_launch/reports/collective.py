@@ -14,7 +14,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-MARKER = "GAUDI_LAUNCH_COLLECTIVE "  # runtime/collective_check.MARKER (not imported: that module needs torch)
+from gaudi_launch.wire import COLLECTIVE_MARKER
+
+MARKER = COLLECTIVE_MARKER  # what a check rank prints before its findings (runtime/link_check.py)
 STEPS = ("start", "allreduce", "ring+1", "ring+2", "done")  # the library stage (runtime/collective_check.py)
 TCP_STEPS = ("start", "ring+1", "ring+2", "done")  # the torch-free stage (runtime/link_check.py)
 TCP = "tcp"  # the first stage's name, in its records ("stage") and as the report's library

@@ -23,9 +23,10 @@ import torch
 import torch.distributed as dist
 
 from gaudi_launch.runtime.device import init_distributed, select_device, synchronize
+from gaudi_launch.wire import COLLECTIVE, COLLECTIVE_MARKER
 
-MARKER = "GAUDI_LAUNCH_COLLECTIVE "
-SETTINGS = "GAUDI_LAUNCH_COLLECTIVE"
+MARKER = COLLECTIVE_MARKER
+SETTINGS = COLLECTIVE
 LATENCY_ROUNDS = 10
 
 

@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 import torch
 
+from gaudi_launch.wire import DEVICE
+
 from .hpu_env import LAZY_VAR, prepare_hpu_env  # noqa: F401  (prepare_hpu_env: part of this module's API)
 
 _BACKENDS = {"hpu": "hccl", "cuda": "nccl", "cpu": "gloo"}
@@ -63,7 +65,7 @@ def select_device(args: Any = None, force: Optional[str] = None) -> DeviceInfo:
     kind = (
         force
         or (getattr(args, "device", None) if args is not None else None)
-        or os.environ.get("GAUDI_LAUNCH_DEVICE")
+        or os.environ.get(DEVICE)
         or ("hpu" if getattr(args, "use_habana", False) else None)
         or _auto_kind()
     )

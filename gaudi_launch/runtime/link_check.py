@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Optional
 
-from gaudi_launch.wire import COLLECTIVE, COLLECTIVE_LIBRARY, COLLECTIVE_MARKER
+from gaudi_launch.wire import COLLECTIVE, COLLECTIVE_LIBRARY, COLLECTIVE_MARKER, DEVICE
 
 LIBRARY_MODULE = "gaudi_launch.runtime.collective_check"
 LATENCY_ROUNDS = 10
@@ -54,7 +54,7 @@ def shifts(world: int) -> list[int]:
 def device_kind(environ, find_spec=importlib.util.find_spec, exists=os.path.exists) -> str:
     """The device runtime/device.select_device will pick, told without importing torch: --device, else a
     Gaudi bridge, else a GPU when torch is a CUDA or ROCm build and the driver is there, else the CPU."""
-    forced = environ.get("GAUDI_LAUNCH_DEVICE")
+    forced = environ.get(DEVICE)
     if forced:
         return forced
     if find_spec("habana_frameworks") is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 PKG = os.path.join(os.path.dirname(__file__), "..", "..", "gaudi_launch")
 
@@ -42,6 +43,8 @@ RANK_SIDE = "runtime"
 RANK_SIDE_MAY_IMPORT = ("wire", "errors")
 HEAVY = ("torch", "transformers", "deepspeed", "habana_frameworks")
 MAX_FUNCTION_LEVEL_IMPORTS = 5
+# A GAUDI_LAUNCH_* variable as code spells it: the name, or the name and "=" (an env line, a grep needle).
+VARIABLE = re.compile(r"GAUDI_LAUNCH_[A-Z0-9_]+=?\s?")
 
 
 def modules() -> dict[str, str]:
@@ -190,6 +193,17 @@ def heavy_at_import(tree: ast.Module) -> list[str]:
     return found
 
 
+def variables_spelled(tree: ast.Module) -> list[str]:
+    """GAUDI_LAUNCH_* names written as string (or bytes) constants, f-strings' parts included; not prose. Pure."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+            text = node.value.decode("latin-1") if isinstance(node.value, bytes) else node.value
+            if VARIABLE.fullmatch(text):
+                found.append(text.strip())
+    return found
+
+
 # ---------------------------------------------------------------- the checkers can fail
 
 
@@ -225,6 +239,14 @@ def test_imports_inside_functions_and_torch_at_import_are_seen():
     )
     assert function_level_imports(tree) == [4, 5, 9]
     assert heavy_at_import(tree) == ["torch.nn"]
+
+
+def test_a_variable_spelled_out_is_seen_and_prose_is_not():
+    tree = ast.parse(
+        'A = "GAUDI_LAUNCH_JOB_ID"\nB = b"GAUDI_LAUNCH_JOB_ID="\nC = f"GAUDI_LAUNCH_GRACE={x}"\n'
+        'D = "set GAUDI_LAUNCH_DEBUG=1 for tracebacks"\n'
+    )
+    assert variables_spelled(tree) == ["GAUDI_LAUNCH_JOB_ID", "GAUDI_LAUNCH_JOB_ID=", "GAUDI_LAUNCH_GRACE="]
 
 
 # ---------------------------------------------------------------- the package
@@ -269,3 +291,14 @@ def test_imports_of_our_modules_inside_functions_are_few():
     ]
     assert found, "none left: lower MAX_FUNCTION_LEVEL_IMPORTS to 0"
     assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, found
+
+
+def test_every_gaudi_launch_variable_is_named_in_the_wire_module_only():
+    """Both sides of the rank boundary take the names from wire.py, so they cannot drift apart."""
+    spelled = {
+        m: names
+        for m, p in sorted(modules().items())
+        if m != "gaudi_launch.wire" and (names := variables_spelled(ast.parse(open(p).read())))
+    }
+    assert spelled == {}
+    assert variables_spelled(ast.parse(open(modules()["gaudi_launch.wire"]).read()))  # and there they are
