@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from gaudi_launch.backends.job import start_timeout_for
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.spec import JobSpec
-from gaudi_launch.backends.job import start_timeout_for
 from tests.helpers import alive, all_gone, read_pids
 
 # An interpreter that stalls before the rank bootstrap runs, for rank 1 only (as a launcher that
