@@ -317,6 +317,20 @@ def explain(lines: list[str], rank_hosts: Mapping[int, str]) -> Optional[Culprit
     return None
 
 
+def daemons_not_started(hosts: Sequence[str]) -> Optional[str]:
+    """At the start-up deadline: the hosts whose daemon's start (through the job's session there) has
+    not returned, and what to do; None when there are none. Pure. OpenMPI 4 starts no rank before every
+    daemon has called back, so these hosts keep every rank from starting, the other hosts' too."""
+    if not hosts:
+        return None
+    listed = ", ".join(hosts[:8]) + (" ..." if len(hosts) > 8 else "")
+    return (
+        f"mpirun's daemon (orted) never started on {listed}: its start there has not returned. "
+        f"Run `ssh {hosts[0]} orted --version` to see what hangs or fails on that host (a login script "
+        "waiting for input, orted not on PATH or its libraries not on LD_LIBRARY_PATH in a non-interactive shell)"
+    )
+
+
 def rank_hosts(plan: LaunchPlan) -> dict[int, str]:
     return {r: n.host for n in plan.nodes for r in n.ranks}
 
@@ -406,5 +420,6 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
         explain=lambda lines: explain(lines, hosts),
         watch=watch.probe if watch else None,
         sweep=sweep,
+        starting=(lambda: daemons_not_started(connections.starting())) if connections is not None else None,
     )
     return supervise_job(plan, [proc], hooks, **supervisor_options)

@@ -102,6 +102,9 @@ class Hooks:
     # The job-id sweep (teardown.job_sweeper): signals every process that carries the job's id on
     # every host, which reaches what left its process group (a rank's setsid/double-fork daemon).
     sweep: Optional[Callable[[int], dict]] = None
+    # At the start-up deadline: what the backend knows of why ranks have not started, with what to do
+    # (mpirun: the hosts whose daemon's start never returned), added to the launch failure's message.
+    starting: Optional[Callable[[], Optional[str]]] = None
 
 
 NO_HOOKS = Hooks()
@@ -222,6 +225,7 @@ class Supervisor:
         self._started_on: dict[int, str] = {}  # rank -> the host it said it started on (placement.py)
         self._placed = False  # whether the placement was checked (once every rank said its host)
         self.sweep = hooks.sweep
+        self.starting = hooks.starting
         self._swept_kill = False
         self._spawn_failed = False  # a process failed to start, or already exited non-zero
         self._unseen_reported: set = set()
@@ -502,6 +506,7 @@ class Supervisor:
             f"not every rank started within {self.start_timeout:g} s (--start-timeout): {len(started)} of "
             f"{len(self._expected)} did{did}; not started: {rank_words(waiting)}"
             + (f" on {', '.join(hosts[:8])}{' ...' if len(hosts) > 8 else ''}" if hosts else "")
+            + (f"; {why}" if self.starting is not None and (why := self.starting()) else "")
         )
 
     def _on_signal(self, signum, _frame) -> None:

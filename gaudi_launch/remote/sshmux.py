@@ -52,6 +52,7 @@ SOCKET = "%C"  # ssh's hash of local host, remote host, port and user: 40 charac
 # sun_path holds 108 bytes with its NUL; ssh binds "PATH.XXXXXXXXXXXXXXXX" first, then renames it.
 _MAX_DIR = 107 - 17 - 1 - 40
 
+BUSY_WAIT_S = 2.0  # how long a bounded request waits for a session busy with another one
 RSH_SOCKET = "rsh"  # in the job's directory: where rshagent.py asks for a daemon's start
 RSH_AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rshagent.py")
 # What stops a value from travelling in mpirun's plm_rsh_agent, which mpirun splits on spaces.
@@ -65,12 +66,14 @@ _UNSPLITTABLE = re.compile(r"[\s'\"\\]")
 # the outermost shell of an ssh session, and the environment it set up is already here), and answers one JSON line {"rc", "out", "err"} (bytes as latin-1; rc 255 when the
 # shell died of a signal, as ssh reports it). Its output goes to files, not pipes: mpirun's daemon
 # (orted --daemonize) leaves a child behind that must not keep the answer waiting. Every answer ends
-# with the line AGENT_DONE. The agent exits at end of input (the launcher closed it, or died).
+# with the line AGENT_DONE. The agent exits at end of input (the launcher closed it, or died), even
+# while a command runs (a daemon's start that hangs), killing that command's process group: the
+# command runs in a session of its own, as sshd runs it, so a daemon that daemonized is not in it.
 SESSION_AGENT = (
     "import contextlib, io, json, os, sys\n"
     f"code = compile({KILL_CODE!r}, 'sweep', 'exec')\n"
     "def run(command):\n"
-    "    import subprocess, tempfile\n"
+    "    import select, signal, subprocess, tempfile\n"
     "    home = os.environ.get('HOME') or '/'\n"
     "    env = dict(os.environ)\n"
     "    try:\n"
@@ -79,8 +82,19 @@ SESSION_AGENT = (
     "        env['SHLVL'] = '1'\n"
     "    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:\n"
     "        try:\n"
-    "            rc = subprocess.call([os.environ.get('SHELL') or '/bin/sh', '-c', command], stdin=subprocess.DEVNULL,\n"
-    "                                 stdout=out, stderr=err, cwd=home if os.path.isdir(home) else '/', env=env)\n"
+    "            proc = subprocess.Popen([os.environ.get('SHELL') or '/bin/sh', '-c', command], stdin=subprocess.DEVNULL,\n"
+    "                                    stdout=out, stderr=err, cwd=home if os.path.isdir(home) else '/', env=env,\n"
+    "                                    start_new_session=True)\n"
+    "            while True:\n"
+    "                try:\n"
+    "                    rc = proc.wait(0.5)\n"
+    "                    break\n"
+    "                except subprocess.TimeoutExpired:\n"
+    "                    pass\n"
+    "                if select.select([0], [], [], 0)[0] and not os.read(0, 1):\n"
+    "                    with contextlib.suppress(OSError):\n"
+    "                        os.killpg(proc.pid, signal.SIGKILL)\n"
+    "                    os._exit(0)\n"
     "        except OSError as e:\n"
     "            err.write(('%s\\n' % e).encode())\n"
     "            rc = 127\n"
@@ -147,6 +161,7 @@ class Connections:
         self._agent_locks: dict[str, threading.Lock] = {}
         self._rsh: Optional[socket.socket] = None  # serve_rsh's listening socket
         self.daemons_started: dict[str, int] = {}  # per host, commands run through its session (run_command)
+        self.daemons_pending: dict[str, int] = {}  # per host, those whose answer has not come yet
         self.closed = False
         _register(self)
 
@@ -196,7 +211,15 @@ class Connections:
         "err"}; None when there is no session to ask (the caller may use ssh instead). A session that
         took the command and gave no answer (it died, or ``timeout``) answers rc 255, as ssh would: the
         command may have run, so it is never run a second time."""
-        answer, sent = self._ask(host, {"run": command}, timeout)
+        with _lock:
+            self.daemons_pending[host] = self.daemons_pending.get(host, 0) + 1
+        try:
+            answer, sent = self._ask(host, {"run": command}, timeout)
+        finally:
+            with _lock:
+                self.daemons_pending[host] -= 1
+                if not self.daemons_pending[host]:
+                    del self.daemons_pending[host]
         if answer is None:
             if not sent:
                 return None
@@ -209,13 +232,22 @@ class Connections:
         except (ValueError, KeyError, TypeError):
             return {"rc": 255, "out": "", "err": f"gaudi-launch: unreadable answer from the job's session to {host}\n"}
 
+    def starting(self) -> list[str]:
+        """The hosts with a command run through their session (mpirun's daemon start) not answered yet."""
+        with _lock:
+            return sorted(self.daemons_pending)
+
     def _ask(self, host: str, request, timeout: Optional[float]):
         """(the answer before AGENT_DONE or None, whether the request was written)."""
         proc, lock = self.agents.get(host), self._agent_locks.get(host)
         if proc is None or lock is None or proc.poll() is not None:
             return None, False
         assert proc.stdin is not None and proc.stdout is not None  # adopted with pipes
-        with lock:
+        # A bounded request (the sweep) never queues behind a session that is busy: a daemon's start
+        # that never returns (an orted that hangs) holds it for good, and teardown must not wait on it.
+        if not lock.acquire(timeout=-1 if timeout is None else min(timeout, BUSY_WAIT_S)):
+            return None, False
+        try:
             try:
                 proc.stdin.write((json.dumps(request) + "\n").encode())
                 proc.stdin.flush()
@@ -228,6 +260,8 @@ class Connections:
                 proc.wait()
                 return None, True
             return data[: data.index(marker)].decode("utf-8", "replace"), True
+        finally:
+            lock.release()
 
     def agent_for(self, name: str) -> Optional[str]:
         """The host (as the pre-flight named it) whose session serves ``name``, a host as mpirun gives it

@@ -269,3 +269,39 @@ def test_rsh_agent_arguments_and_answers():
     assert rshagent.parse_answer(b"0 0 0\n") == (0, b"", b"")
     for cut in (b"", b"3 2 1\nab", b"3 2\nab", b"nonsense\n"):
         assert rshagent.parse_answer(cut) is None
+
+
+def test_a_daemon_start_that_hangs_neither_blocks_the_sweep_nor_outlives_the_job(tmp_path):
+    """mpirun's daemon start through a host's session that never returns (an orted that hangs): the
+    sweep does not queue behind it (it falls back to a new ssh at once), starting() names the host
+    for the start-up deadline's message, and closing the job's connections ends the hung command."""
+    import threading
+    import time
+
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SHELL": "/bin/sh"}
+    conn = sshmux.Connections("deadbeef", [], tmp=str(tmp_path))
+    pid_file = tmp_path / "hung.pid"
+    try:
+        conn.adopt("u@h1", _session_agent(env))
+        start = threading.Thread(target=conn.run_command, args=("u@h1", f"echo $$ > {pid_file}; exec sleep 300"))
+        start.start()
+        deadline = time.monotonic() + 10
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        hung = int(pid_file.read_text())
+        assert conn.starting() == ["u@h1"]
+        t0 = time.monotonic()
+        assert conn.agent_run("u@h1", ["x", "0"], timeout=15) is None
+        assert time.monotonic() - t0 < sshmux.BUSY_WAIT_S + 1
+        assert mpirun.daemons_not_started(conn.starting()).startswith(
+            "mpirun's daemon (orted) never started on u@h1: its start there has not returned. "
+            "Run `ssh u@h1 orted --version`"
+        )
+    finally:
+        conn.close()
+    start.join(10)
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{hung}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{hung}")
+    assert conn.starting() == [] and mpirun.daemons_not_started([]) is None
