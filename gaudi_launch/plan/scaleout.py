@@ -197,6 +197,16 @@ def decide(f: HostFabric, efa: Optional[bool] = None) -> ScaleOutPath:
     kernel_ok = _at_least(f.kernel, KERNEL_MIN)
     if f.ports_up and not f.ports_down:
         return ScaleOutPath("P0", "Gaudi NICs", f"{f.ports_up} Gaudi scale-out port(s) up")
+    if f.ports_up:
+        # Some up, some down. The page's P0 condition ("Gaudi scale-out NICs are connected") says nothing
+        # of partly-down ports; assumed, as the pre-flight does (port_finding): HCCL still takes the Gaudi
+        # NICs, and its collectives over the down ports fail.
+        return ScaleOutPath(
+            "P0",
+            "Gaudi NICs",
+            f"{f.ports_up} Gaudi scale-out port(s) up but {_shown(f.ports_down)} down: HCCL still takes the "
+            "Gaudi NICs and the down port(s) break its collectives (a pre-flight failure until they are up)",
+        )
     if gen is None:
         if has_efa:  # no hl-smi answer: the generation is not known; keep the recipe this launcher always used
             return _dl1_recipe("EFA, device generation unknown (no hl-smi answer): the first-generation (DL1) recipe")
@@ -280,10 +290,14 @@ def port_finding(f: HostFabric) -> Optional[tuple[str, str, bool]]:
     it falls back to a host NIC path, slower but working. Pure."""
     if not f.ports_down:
         return None
-    shown = ", ".join(f.ports_down[:6]) + (f" and {len(f.ports_down) - 6} more" if len(f.ports_down) > 6 else "")
     return (
-        f"Gaudi scale-out NIC port(s) down: {shown}",
+        f"Gaudi scale-out NIC port(s) down: {_shown(f.ports_down)}",
         "check each port with hl-smi -n link -i BUS and its cable and switch port; ports switched off with "
         f"hl-fw-loader stay off until the next power cycle ({NIC_PAGE})",
         bool(f.ports_up),
     )
+
+
+def _shown(ports: tuple[str, ...]) -> str:
+    """Down ports for a message: the first six, then how many more. Pure."""
+    return ", ".join(ports[:6]) + (f" and {len(ports) - 6} more" if len(ports) > 6 else "")

@@ -79,6 +79,33 @@ def test_path_for_each_generation_and_fabric(facts, efa, code, env):
         assert got.why.startswith(f"Gaudi {facts.generation} ({facts.device_name}), its scale-out ports"), got.why
 
 
+def test_some_ports_down_the_plan_agrees_with_the_preflight():
+    """Some scale-out ports up, some down: the pre-flight fails the host because HCCL would take its Gaudi
+    NICs (port_finding, fatal); the plan's path says the same (P0 and why), not a host NIC path with its
+    "scale-out ports down", even where EFA and Gaudi Direct would be there."""
+    down = ("0000:1b:00.0 port 22", "0000:1c:00.0 port 22")
+    facts = HostFabric(
+        G3,
+        kernel=NEW,
+        libfabric="1.22.0",
+        rdma_devices=("efa_0",),
+        external_ports=(8, 22),
+        ports_up=22,
+        ports_down=down,
+    )
+    got = decide(facts)
+    assert (got.code, got.name, got.as_dict()["env"]) == ("P0", "Gaudi NICs", {})
+    assert got.why == (
+        "22 Gaudi scale-out port(s) up but 0000:1b:00.0 port 22, 0000:1c:00.0 port 22 down: HCCL still takes "
+        "the Gaudi NICs and the down port(s) break its collectives (a pre-flight failure until they are up)"
+    )
+    assert scaleout.port_finding(facts)[2]  # fatal in the pre-flight, for the same reason
+    # every port down: both say host NIC (a pre-flight warning, not a failure)
+    all_down = HostFabric(G3, kernel=NEW, libfabric="1.22.0", rdma_devices=("efa_0",), ports_up=0, ports_down=down)
+    assert decide(all_down).code == "P1" and not scaleout.port_finding(all_down)[2]
+    assert "its scale-out ports down" in decide(all_down).why
+
+
 def test_generation_and_versions():
     assert [scaleout.generation_of(n) for n in ("HL-205", "HL-225", "HL-288", "HL-325L", "HL-338", "", None)] == [
         1,
