@@ -83,7 +83,7 @@ Demux = Callable[[Optional[str]], list[tuple[Optional[int], str]]]
 @dataclass(frozen=True)
 class Hooks:
     """What a backend adds to the supervisor's own work, every part optional. The first four act on
-    a launcher process (one that starts many ranks: ProcSpec.ranks), the last two on the whole job."""
+    a launcher process (one that starts many ranks: ProcSpec.ranks), the others on the whole job."""
 
     # Makes a function that tells which rank a line of the launcher's output came from (called with
     # None at the end of the stream to flush what it holds).
