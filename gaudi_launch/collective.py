@@ -25,6 +25,7 @@ from gaudi_launch.backends import get_backend
 from gaudi_launch.backends.job import launch, plan_job
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
+from gaudi_launch.inputs.backend_options import SlurmOptions
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
@@ -94,7 +95,8 @@ def check_spec(spec: JobSpec, hosts: list[str], hostfile: str) -> JobSpec:
         start_timeout=START_TIMEOUT_S,
         collective_check=False,
         exclude_from=None,
-        sbatch=None,
+        # DeepSpeed's runner as the job's; no --sbatch (the check needs a hostfile: never Slurm's)
+        backend_options=None if isinstance(spec.backend_options, SlurmOptions) else spec.backend_options,
     )
 
 

@@ -21,6 +21,7 @@ from gaudi_launch.collective import apply_exclusions, check_before_job, check_ho
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs import habits
+from gaudi_launch.inputs.backend_options import SlurmOptions
 from gaudi_launch.inputs.commandline import EXTRA_OPTIONS, NOT_IN_CONFIG, convert, launch_options, spec_from_values
 from gaudi_launch.inputs.config import load_config, normalize_key
 from gaudi_launch.inputs.envfile import parse_assignments
@@ -193,7 +194,7 @@ def run_spec(
     if spec.exclude_from:  # the hosts a collective check named, left out like --exclude
         spec = apply_exclusions(spec)
     plan = plan_job(spec, keep_failed_preflight=dry_run)
-    if spec.collective_check and not dry_run and not spec.sbatch:
+    if spec.collective_check and not dry_run and not spec.options(SlurmOptions).sbatch:
         spec, plan = check_before_job(spec, plan)
     if same_as is not None:
         check_same(same_as[0], plan_json(plan, os.environ), same_as[1])
@@ -210,7 +211,7 @@ def run_spec(
                 )
             return ExitCode.PREFLIGHT
         return 0
-    if spec.sbatch:  # a batch script for the job, nothing started
+    if spec.options(SlurmOptions).sbatch:  # a batch script for the job, nothing started
         if plan.backend != "slurm":
             raise UserError("--sbatch writes a Slurm batch script", where="--sbatch", hint="add --backend slurm")
         written = sbatch.write(plan, spec, os.environ)

@@ -19,8 +19,8 @@ from gaudi_launch.backends import get_backend
 from gaudi_launch.backends.job import launch, plan_job, prepare
 from gaudi_launch.collective import apply_exclusions, check_before_job
 from gaudi_launch.errors import UserError
-from gaudi_launch.inputs.options import default_of, option_fields
-from gaudi_launch.inputs.spec import JobSpec, resolve_compat
+from gaudi_launch.inputs.options import default_of
+from gaudi_launch.inputs.spec import JobSpec, job_option_fields, resolve_compat
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.supervise import JobResult
@@ -28,8 +28,8 @@ from gaudi_launch.process.supervise import JobResult
 Command = Union[str, Sequence[str]]
 # Every JobSpec option is a keyword, with the command line's default; hostfile and master_port are
 # upstream's positional parameters (upstream's master_port default, 29500, stays).
-_KEYWORDS = {f.name: default_of(f) for f, _ in option_fields(JobSpec) if f.name not in ("hostfile", "master_port")}
-_TYPES = {f.name: f.type for f, _ in option_fields(JobSpec)}
+_KEYWORDS = {f.name: default_of(f) for f, _ in job_option_fields() if f.name not in ("hostfile", "master_port")}
+_TYPES = {f.name: f.type for f, _ in job_option_fields()}
 _PYTHON = re.compile(r"python[0-9.]*$")
 
 
@@ -97,7 +97,7 @@ class DistributedRunner:
 
     def spec_for(self, command: Command) -> JobSpec:
         interpreter, program = command_to_program(command)
-        return JobSpec(program=program, python=interpreter or self.python, **self._template).validate()
+        return JobSpec.build(program=program, python=interpreter or self.python, **self._template).validate()
 
     def plans(self) -> list[LaunchPlan]:
         """The plan of every command, without running anything (a dry run)."""

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Optional
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.backend_options import DeepSpeedOptions
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import node_sizes_env
@@ -112,8 +113,9 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
     """Pure: DeepSpeed's command line for this plan (run by ds_runner in the ranks' interpreter)."""
     if spec.no_python:
         raise UserError("the deepspeed backend runs Python programs only", where="--no_python")
+    ds = spec.options(DeepSpeedOptions)
     full = all(n.devices == list(range(len(n.devices))) for n in plan.nodes)
-    if spec.launcher == "openmpi" and not full:
+    if ds.launcher == "openmpi" and not full:
         raise UserError(
             "DeepSpeed's openmpi runner cannot select devices",
             where="--include",
@@ -131,9 +133,9 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
         # --force_multi: with one selected host DeepSpeed would take its local path and run the
         # ranks here, whatever host the hostfile names.
         argv += ["--hostfile", os.path.join(directory, "hostfile"), "--force_multi"]
-    argv += ["--master_addr", plan.master_addr, "--master_port", str(plan.master_port), "--launcher", spec.launcher]
-    if spec.launcher_args:
-        argv.append(f"--launcher_args={spec.launcher_args}")  # '=' form: a value may start with '-'
+    argv += ["--master_addr", plan.master_addr, "--master_port", str(plan.master_port), "--launcher", ds.launcher]
+    if ds.launcher_args:
+        argv.append(f"--launcher_args={ds.launcher_args}")  # '=' form: a value may start with '-'
     if spec.ssh_port:
         argv += ["--ssh_port", str(spec.ssh_port)]
     if not spec.append_local_rank:
@@ -158,7 +160,7 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
         # ranks inherit it and job-scoped teardown finds them. (Multi-node, the runner must not
         # carry it: teardown would find the runner and pdsh, whose group is ours to SIGKILL.)
         env[JOB_ID] = plan.job_id
-    if spec.launcher == "openmpi" and os.geteuid() == 0:
+    if spec.options(DeepSpeedOptions).launcher == "openmpi" and os.geteuid() == 0:
         # As the mpirun backend passes --allow-run-as-root only as root.
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return [Command(host=plan.nodes[0].host, argv=build_argv(plan, spec, environ, directory), env=env)]
@@ -246,7 +248,7 @@ def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervi
             where="--backend deepspeed",
             hint="pip install deepspeed (DS_BUILD_OPS=0 on machines without CUDA), or use --backend mpirun",
         )
-    if spec.launcher == "pdsh" and not shutil.which("pdsh"):
+    if spec.options(DeepSpeedOptions).launcher == "pdsh" and not shutil.which("pdsh"):
         raise UserError(
             "pdsh is not installed on this host",
             where="--launcher pdsh",

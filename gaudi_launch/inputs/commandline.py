@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs import habits
+from gaudi_launch.inputs.backend_options import REGISTRY, backend_option_fields
 from gaudi_launch.inputs.envfile import parse_assignments
 from gaudi_launch.inputs.options import PANELS, Option, opt, option_fields
 from gaudi_launch.inputs.spec import JobSpec, resolve_compat
@@ -170,7 +171,7 @@ def _of(cls) -> list[LaunchOption]:
 
 def launch_options() -> list[LaunchOption]:
     """Every option of the launch command with a flag, in --help order (by panel, then declaration)."""
-    found = _of(JobSpec) + _of(CommandLine)
+    found = _of(JobSpec) + [o for cls in REGISTRY.values() for o in _of(cls)] + _of(CommandLine)
     return sorted(found, key=lambda o: PANELS.index(o.option.panel))
 
 
@@ -256,6 +257,7 @@ def spec_from_values(v: dict[str, Any], environ: Mapping[str, str]) -> JobSpec:
     )
     # Every JobSpec option from its own flag; the rest from the command-line-only spellings above.
     given = {f.name: v[f.name] for f, option in option_fields(JobSpec) if option.flags}
+    given.update({f.name: v[f.name] for _, f, _ in backend_option_fields()})  # JobSpec.build sorts them out
     if not given["python"]:
         del given["python"]  # this interpreter
     given.update(
@@ -268,7 +270,7 @@ def spec_from_values(v: dict[str, Any], environ: Mapping[str, str]) -> JobSpec:
         ssh_check=not v["no_ssh_check"],
         console_ranks=_ranks(v["ranks_filter"]),
     )
-    return JobSpec(**given)
+    return JobSpec.build(**given)
 
 
 def _ranks(text: Optional[str]) -> Optional[list[int]]:

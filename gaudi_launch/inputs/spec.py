@@ -5,11 +5,22 @@ from __future__ import annotations
 import copy
 import math
 import sys
-from dataclasses import dataclass, field, fields
-from typing import Optional
+import typing
+from dataclasses import Field, asdict, dataclass, field, fields
+from typing import Any, Optional, TypeVar
 
 from gaudi_launch.errors import UserError
-from gaudi_launch.inputs.options import opt, via
+from gaudi_launch.inputs.backend_options import (
+    OWNER,
+    REGISTRY,
+    BackendOptions,
+    SlurmOptions,
+    backend_option_fields,
+    check_backend,
+    options_from,
+    options_of,
+)
+from gaudi_launch.inputs.options import Option, opt, option_fields, via
 from gaudi_launch.inputs.restartopts import MAX_RESTARTS, parse_restart_on
 from gaudi_launch.wire import HEARTBEAT_DIR, MAX_RESTARTS_VAR, RESTART_COUNT
 
@@ -17,6 +28,7 @@ BACKENDS = ("auto", "local", "mpirun", "deepspeed", "slurm")
 # Variables a job sets for its own ranks (prepare/attempt_spec), not options the user gave.
 JOB_OWN_VARS = (HEARTBEAT_DIR, RESTART_COUNT, MAX_RESTARTS_VAR)
 MAX_DEVICES = 65536  # per node: far above any real host, low enough that a plan fits in memory
+T = TypeVar("T", bound=BackendOptions)
 
 
 @dataclass
@@ -135,7 +147,7 @@ class JobSpec:
             "--grace", help="Seconds between SIGTERM and SIGKILL when tearing the job down.", panel="Long runs"
         ),
     )
-    # Multi-node: SSH, pre-flight, exported environment, fabric, DeepSpeed's own launcher.
+    # Multi-node: SSH, pre-flight, exported environment, fabric.
     ssh_port: Optional[int] = field(
         default=None,
         metadata=opt(
@@ -222,54 +234,9 @@ class JobSpec:
             panel="Devices",
         ),
     )
-    launcher: str = field(
-        default="pdsh",
-        metadata=opt(
-            "--launcher", help="With --backend deepspeed: its multi-node runner, pdsh or openmpi.", panel="DeepSpeed"
-        ),
-    )
-    launcher_args: Optional[str] = field(
-        default=None,
-        metadata=opt(
-            "--launcher-args",
-            "--launcher_args",
-            help="With --backend deepspeed: extra arguments for its runner (one string).",
-            panel="DeepSpeed",
-        ),
-    )
-    # Slurm (--backend slurm from a login node): srun's allocation options, and the user's own.
-    partition: Optional[str] = field(
-        default=None,
-        metadata=opt("--partition", help="With --backend slurm from a login node: srun's partition.", panel="Slurm"),
-    )
-    time: Optional[str] = field(
-        default=None,
-        metadata=opt(
-            "--time", help="With --backend slurm from a login node: srun's time limit (e.g. 1:00:00).", panel="Slurm"
-        ),
-    )
-    account: Optional[str] = field(
-        default=None,
-        metadata=opt("--account", help="With --backend slurm from a login node: srun's account.", panel="Slurm"),
-    )
-    sbatch: Optional[str] = field(
-        default=None,
-        metadata=opt(
-            "--sbatch",
-            help="With --backend slurm: write a batch script (and a private env file beside it) for this "
-            "job instead of running it; submit it with sbatch.",
-            panel="Slurm",
-        ),
-    )
-    slurm_args: Optional[str] = field(
-        default=None,
-        metadata=opt(
-            "--slurm-args",
-            "--slurm_args",
-            help="With --backend slurm: more srun options, one string (split like a shell would, never run by one).",
-            panel="Slurm",
-        ),
-    )
+    # DeepSpeed's and Slurm's options (backend_options.py), of the one backend they were given for:
+    # None is every backend's defaults. Read them with spec.options(SlurmOptions); JobSpec.build takes them flat.
+    backend_options: Optional[BackendOptions] = None
     # show only these ranks on the console (logs keep all)
     console_ranks: Optional[list[int]] = field(default=None, metadata=via("--ranks"))
     # Long runs (restarts.py): start a failed job again, up to max_restarts times.
@@ -386,10 +353,29 @@ class JobSpec:
     )
     lost_hosts: list[str] = field(default_factory=list)  # set by the restart loop, not an option
 
+    @classmethod
+    def build(cls, **values: Any) -> JobSpec:
+        """A JobSpec from flat option values (the command line's, a job file's, DistributedRunner's keywords, a
+        saved plan's request): the backends' options go into the one object of their backend. Options of a
+        backend given with another --backend raise a UserError naming both."""
+        flat = {name: values.pop(name) for name in list(values) if name in OWNER}
+        values["backend_options"] = options_from(values.get("backend") or "auto", flat)
+        return cls(**values)
+
+    def options(self, cls: type[T]) -> T:
+        """The options of one backend (backend_options.py): those given for it, else its defaults."""
+        return options_of(self.backend_options, cls)
+
     def as_request(self, cwd: str) -> dict:
         """What the user asked for, as plain JSON values: the options, without what a job adds to
         its own environment (restart count, heartbeat directory), and where (``cwd``). Pure."""
-        request = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
+        request: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "backend_options":  # flat, as the user gave them (JobSpec.build reads them so)
+                for cls in REGISTRY.values():
+                    request.update(asdict(self.options(cls)))
+            else:
+                request[f.name] = copy.deepcopy(getattr(self, f.name))
         request["env"] = {k: v for k, v in self.env.items() if k not in JOB_OWN_VARS}
         request["cwd"] = cwd
         return request
@@ -433,8 +419,10 @@ class JobSpec:
             raise UserError(f"must be positive, got {self.ssh_timeout}", where="--ssh-timeout")
         if self.cpu_bind not in ("numa", "none"):
             raise UserError(f"unknown CPU binding {self.cpu_bind!r}", where="--cpu-bind", hint="numa or none")
-        if self.launcher not in ("pdsh", "openmpi"):
-            raise UserError(f"unknown DeepSpeed launcher {self.launcher!r}", where="--launcher", hint="pdsh or openmpi")
+        if self.backend_options is not None:
+            self.backend_options.validate()
+            if self.backend != "auto":  # auto: once it has chosen (the planner)
+                check_backend(self.backend_options, self.backend)
         if self.grace < 0:
             raise UserError(f"must not be negative, got {self.grace}", where="--grace")
         bw = self.min_bandwidth
@@ -457,7 +445,7 @@ class JobSpec:
                 f"a whole number from 0 to {MAX_RESTARTS}, got {self.max_restarts!r}", where="--max-restarts"
             )
         parse_restart_on(self.restart_on)
-        if self.max_restarts and self.sbatch:
+        if self.max_restarts and self.options(SlurmOptions).sbatch:
             raise UserError(
                 "the batch script --sbatch writes runs the job once",
                 where="--max-restarts",
@@ -494,6 +482,19 @@ class JobSpec:
                 "a lost host is replaced on a restart: add --max-restarts N",
                 where="--spare-hosts" if self.spare_hosts else "--min-nodes",
             )
+
+
+def job_option_fields() -> list[tuple[Field, Option]]:
+    """Every option a JobSpec takes, flat: its own, then its backends' (backend_options.py)."""
+    return option_fields(JobSpec) + [(f, o) for _, f, o in backend_option_fields()]
+
+
+def option_types() -> dict[str, Any]:
+    """The type of every option a JobSpec takes (flat, as job_option_fields gives them), resolved."""
+    hints = typing.get_type_hints(JobSpec)
+    for cls in REGISTRY.values():
+        hints.update(typing.get_type_hints(cls))
+    return hints
 
 
 def resolve_compat(

@@ -9,6 +9,7 @@ from typing import Callable, Optional, Protocol
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs import cards
+from gaudi_launch.inputs.backend_options import check_backend
 from gaudi_launch.inputs.devices import DeviceCount, detect_local_devices
 from gaudi_launch.inputs.hostfile import Host, read_hostfile
 from gaudi_launch.inputs.hostnames import bare_host, is_local_host
@@ -102,11 +103,13 @@ def build_plan(
     environ = os.environ if environ is None else environ
     spec.validate(require_program)
     if slurm.wanted(spec, environ):  # the allocation (or srun's) is the hostfile: no ssh, no pre-flight
+        check_backend(spec.backend_options, "slurm", auto=spec.backend == "auto")
         plan = slurm.draft(spec, environ)
         # srun --export=ALL: every rank inherits the launcher's whole environment
         return assemble(plan, spec, environ, backends("slurm"), parents=[dict(environ)] * len(plan.nodes))
     selected, hosts, notes, spares = resolve_hosts(spec, detect)
     backend = choose_backend(spec, selected, hosts)
+    check_backend(spec.backend_options, backend, auto=spec.backend == "auto")  # (--backend NAME: validate's)
     if spec.master_addr:
         master_addr = spec.master_addr
     elif backend == "local":

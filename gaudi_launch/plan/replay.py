@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.backend_options import OWNER
 from gaudi_launch.inputs.envfile import MASK, parse_assignments
-from gaudi_launch.inputs.options import option_fields
-from gaudi_launch.inputs.spec import JOB_OWN_VARS, JobSpec
+from gaudi_launch.inputs.spec import JOB_OWN_VARS, JobSpec, job_option_fields, option_types
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import BackendPlanning, build_plan
 from gaudi_launch.wire import HEARTBEAT_DIR, JOB_DIGEST_FLAG, JobDirError, check_private_dir, write_private
@@ -111,7 +111,7 @@ def enter_cwd(saved: dict, path: str) -> None:
 def check_request(request: dict, path: str) -> None:
     """Each option of a saved request has the type its command-line option gives, and its strings
     could have come from a command line (no NUL, no lone surrogate): a plan is edited text. Pure."""
-    hints = typing.get_type_hints(JobSpec)
+    hints = option_types()
     for name, value in request.items():
         if name == "cwd":
             continue
@@ -135,9 +135,10 @@ def check_request(request: dict, path: str) -> None:
 
 
 # The request field of each command-line flag, to name the field in the plan an error is about.
-_FIELD_OF_FLAG = {
-    flag: f.name for f, option in option_fields(JobSpec) for flag in (*option.flags, option.via) if flag
-} | {"request.env": "env", "SCRIPT": "program"}
+_FIELD_OF_FLAG = {flag: f.name for f, option in job_option_fields() for flag in (*option.flags, option.via) if flag} | {
+    "request.env": "env",
+    "SCRIPT": "program",
+}
 
 
 def _wanted(hint, value) -> str:
@@ -189,7 +190,7 @@ def _brief(value) -> str:
 def spec_from_request(request: dict, environ: Mapping[str, str], path: str) -> JobSpec:
     """The JobSpec a saved plan was made from, masked secrets taken from ``environ``. Pure."""
     request = {k: v for k, v in request.items() if k != "cwd"}
-    known = {f.name for f in fields(JobSpec)}
+    known = {f.name for f in fields(JobSpec) if f.name != "backend_options"} | set(OWNER)  # the request is flat
     unknown = sorted(set(request) - known)
     if unknown:
         raise UserError(
@@ -217,7 +218,7 @@ def spec_from_request(request: dict, environ: Mapping[str, str], path: str) -> J
         )
     try:  # as strictly as the command line: names of variables, then the options' values
         parse_assignments([f"{k}={v}" for k, v in env.items()], "request.env")
-        return JobSpec(**{**request, "env": env}).validate()
+        return JobSpec.build(**{**request, "env": env}).validate()
     except UserError as exc:
         where = exc.where or ""
         field = "request." + _FIELD_OF_FLAG[where] if where in _FIELD_OF_FLAG else where or "request"

@@ -18,6 +18,7 @@ import shlex
 from collections.abc import Mapping
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.backend_options import SlurmOptions
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.slurm import LATER, node_names
@@ -79,11 +80,12 @@ def sbatch_lines(plan: LaunchPlan, spec: JobSpec, cwd: str) -> list[str]:
         lines.append("--nodelist=" + ",".join(named))
     if spec.exclude:
         lines.append("--exclude=" + ",".join(node_names(spec.exclude, "--exclude")))
-    for option, value in (("--partition", spec.partition), ("--time", spec.time), ("--account", spec.account)):
+    slurm = spec.options(SlurmOptions)
+    for option, value in (("--partition", slurm.partition), ("--time", slurm.time), ("--account", slurm.account)):
         if value:
             lines.append(f"{option}={value}")
-    if spec.slurm_args:
-        lines += shlex.split(spec.slurm_args)
+    if slurm.slurm_args:
+        lines += shlex.split(slurm.slurm_args)
     for line in lines:
         _refuse_control(line, "the #SBATCH option")
         if "packjob" in line.lower():  # _get_argument blanks this word anywhere on the line, quoted or not
@@ -127,7 +129,8 @@ def script_text(plan: LaunchPlan, spec: JobSpec, env_file: str, cwd: str) -> str
     _refuse_control(env_file, "the script path")  # it is written into comment lines
     lines = [
         "#!/bin/bash",
-        "# Written by gaudi-launch --sbatch; submit it with: sbatch " + shlex.quote(spec.sbatch or ""),
+        "# Written by gaudi-launch --sbatch; submit it with: sbatch "
+        + shlex.quote(spec.options(SlurmOptions).sbatch or ""),
         "# Inside the allocation gaudi-launch runs one srun for the whole job; the job's environment",
         f"# is in {env_file} (private to you).",
     ]
@@ -138,9 +141,10 @@ def script_text(plan: LaunchPlan, spec: JobSpec, env_file: str, cwd: str) -> str
 
 def write(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> dict[str, str]:
     """The script (0700) and its env file (0600), both new: an existing file is never overwritten."""
-    if not spec.sbatch:
+    script = spec.options(SlurmOptions).sbatch
+    if not script:
         raise ValueError("no --sbatch path to write the script to")
-    path = os.path.abspath(spec.sbatch)
+    path = os.path.abspath(script)
     _refuse_control(path, "the script path")
     env_file = path + ".env"
     for p in (path, env_file):

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs import slurm
+from gaudi_launch.inputs.backend_options import SlurmOptions
 from gaudi_launch.inputs.hostfile import Host
 from gaudi_launch.inputs.hostselect import select
 from gaudi_launch.inputs.spec import JobSpec
@@ -220,7 +221,7 @@ def draft(
     if spec.no_python and spec.module:
         raise UserError("--module and --no_python cannot be used together", where="--module")
     selected, notes, inside = select_nodes(spec, environ, hostnames)
-    if spec.sbatch and inside:
+    if spec.options(SlurmOptions).sbatch and inside:
         raise UserError(
             "--sbatch writes a batch script to submit from a login node; this is an allocation already",
             where="--sbatch",
@@ -279,13 +280,15 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool, cpus_per_task: 
     # travel in srun's own environment (never on argv). Only the job id (random, no secret) is
     # given on argv, so that srun itself does not carry it: the job-id sweep must not hit srun.
     argv += ["--kill-on-bad-exit=1", "--label", f"--export=ALL,{JOB_ID}={plan.job_id}"]
+    slurm_options = spec.options(SlurmOptions)
     if not inside:
-        for option, value in (("--partition", spec.partition), ("--time", spec.time), ("--account", spec.account)):
+        options = (("--partition", slurm_options.partition), ("--time", slurm_options.time))
+        for option, value in (*options, ("--account", slurm_options.account)):
             if value:
                 argv.append(f"{option}={value}")
-    if spec.slurm_args:
+    if slurm_options.slurm_args:
         try:
-            argv += shlex.split(spec.slurm_args)  # the user's own srun options, as a list: no shell
+            argv += shlex.split(slurm_options.slurm_args)  # the user's own srun options, as a list: no shell
         except ValueError as exc:
             raise UserError(f"cannot split --slurm-args: {exc}", where="--slurm-args") from None
     return argv + worker_argv(spec)

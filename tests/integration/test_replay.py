@@ -172,13 +172,13 @@ def test_what_is_not_a_plan_is_named_with_its_line(tmp_path):
 
 
 def test_every_option_survives_the_round_trip():
-    spec = JobSpec(
+    spec = JobSpec.build(
         program=["t.py", "--x"],
         hostfile="h",
         include="a:0@b",
         num_nodes=2,
         num_devices=4,
-        backend="mpirun",
+        backend="deepspeed",  # and its own options below
         master_addr="10.0.0.1",
         master_port=29511,
         env={"A": "1"},

@@ -11,14 +11,13 @@ import os
 import tempfile
 import time
 import typing
-from dataclasses import fields
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gaudi_launch.cli import main
-from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.inputs.spec import JobSpec, option_types
 
 # FUZZ_EXAMPLES=3000 for a deeper search by hand (CI runs the default).
 SETTINGS = settings(
@@ -26,7 +25,7 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-FIELDS = [f.name for f in fields(JobSpec)]
+FIELDS = [k for k in JobSpec(program=[]).as_request("/") if k != "cwd"]  # a plan's request keys
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 
@@ -93,7 +92,7 @@ def fits(hint, value) -> bool:
     raise AssertionError(hint)
 
 
-HINTS = typing.get_type_hints(JobSpec)
+HINTS = option_types()
 scalars = st.one_of(
     st.none(),
     st.booleans(),

@@ -178,7 +178,7 @@ def test_deepspeed_argv_names_a_job_file_and_a_hostfile_of_the_selection(tmp_pat
     plan = two_node_plan(exported=["HCCL_X"])
     plan.nodes[1].host = "root@gl-n1"
     plan.nodes[1].devices = [1, 3]
-    spec = JobSpec(program=["t.py", "a b", "$(x)"], python="/nowhere/py", launcher_args="-l root", grace=3)
+    spec = JobSpec.build(program=["t.py", "a b", "$(x)"], python="/nowhere/py", launcher_args="-l root", grace=3)
     environ = {"HCCL_X": "v w", "OTHER": "no"}
     argv = deepspeed.build_argv(plan, spec, environ, str(tmp_path))
     assert argv[:6] == [

@@ -41,7 +41,7 @@ def probing(facts):
 
 def plan_for(environ=None, facts=None, **spec):
     return build_plan(
-        JobSpec(program=["train.py", "--bf16"], backend="slurm", efa=False, **spec),
+        JobSpec.build(program=["train.py", "--bf16"], backend="slurm", efa=False, **spec),
         environ=dict(ALLOC if environ is None else environ),
         backends=lambda name: probing(facts),
     )
@@ -413,7 +413,7 @@ def test_sbatch_script_for_the_job(tmp_path, monkeypatch):
         sbatch="job.sh",
         grace=5.0,
     )
-    spec = JobSpec(
+    spec = JobSpec.build(
         program=["train.py", "--bf16", "a b"],
         backend="slurm",
         num_nodes=2,

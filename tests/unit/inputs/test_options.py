@@ -14,14 +14,15 @@ import pytest
 
 from gaudi_launch import cli, launch
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.backend_options import OWNER, REGISTRY, SlurmOptions
 from gaudi_launch.inputs.commandline import COMMAND_LINE_OPTIONS, convert, kind_of, launch_options
-from gaudi_launch.inputs.options import PANELS, default_of, option_fields
-from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.inputs.options import PANELS, default_of
+from gaudi_launch.inputs.spec import JobSpec, job_option_fields
 from gaudi_launch.runner import DistributedRunner
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 
-FIELDS = option_fields(JobSpec)
+FIELDS = job_option_fields()  # JobSpec's own and its backends'
 UPSTREAM = {"master_port": 29500}  # optimum-habana's positional default, kept
 
 
@@ -39,7 +40,7 @@ def test_every_option_is_a_cli_option_and_a_runner_keyword_with_one_default():
         assert f.name in keywords, f.name
         assert keywords[f.name].default == UPSTREAM.get(f.name, default_of(f)), f.name
     not_options = {f.name for f in JobSpec.__dataclass_fields__.values()} - {f.name for f, _ in FIELDS}
-    assert not_options == {"program", "lost_hosts"}
+    assert not_options == {"program", "lost_hosts", "backend_options"}
 
 
 def test_the_command_line_takes_every_spelling_for_its_own_field(monkeypatch):
@@ -127,10 +128,6 @@ VALUES = dict(
     hccl_ofi_wrapper="/opt/w",
     launcher="openmpi",
     launcher_args="-x A",
-    partition="p",
-    time="1:00",
-    account="acct",
-    slurm_args="--exclusive",
     console_ranks=[0, 1],
     module=True,
     restart_on="hang",
@@ -156,14 +153,6 @@ FLAGS = [
     "openmpi",
     "--launcher-args",
     "-x A",
-    "--partition",
-    "p",
-    "--time",
-    "1:00",
-    "--account",
-    "acct",
-    "--slurm-args",
-    "--exclusive",
     "--ranks",
     "1,0",
     "-m",
@@ -191,14 +180,30 @@ def test_the_cli_and_the_runner_build_the_same_spec(monkeypatch):
     from_cli = spec_from_cli(monkeypatch, [*FLAGS, "pkg.train", "--lr", "1"])
     assert from_cli == from_runner
     for name, value in values.items():
-        assert getattr(from_runner, name) == value, name
+        assert value_of(from_runner, name) == value, name
+
+
+def test_the_cli_and_the_runner_build_the_same_spec_with_a_backends_options(monkeypatch):
+    values = dict(backend="slurm", partition="p", time="1:00", account="acct", slurm_args="--exclusive")
+    flags = ["--backend", "slurm", "--partition", "p", "--time", "1:00", "--account", "acct"]
+    flags += ["--slurm-args", "--exclusive", "--num_devices", "1", "--master_port", "29500"]  # runner's defaults
+    from_runner = DistributedRunner(["t.py"], **values).spec_for("t.py")
+    assert spec_from_cli(monkeypatch, [*flags, "t.py"]) == from_runner
+    assert from_runner.backend_options == SlurmOptions(
+        partition="p", time="1:00", account="acct", slurm_args="--exclusive"
+    )
+
+
+def value_of(spec: JobSpec, name: str):
+    """An option's value in the spec: its own field, or its backend's options."""
+    return getattr(spec.options(REGISTRY[OWNER[name]]), name) if name in OWNER else getattr(spec, name)
 
 
 def test_every_runner_keyword_reaches_the_spec():
     for f, _ in FIELDS:
         if f.name in VALUES and f.name not in ("hostfile", "include", "wait_hosts"):
             spec = DistributedRunner(["t.py"], **{f.name: VALUES[f.name]}).spec_for("t.py")
-            assert getattr(spec, f.name) == VALUES[f.name], f.name
+            assert value_of(spec, f.name) == VALUES[f.name], f.name
 
 
 def test_runner_refuses_unknown_keywords_and_two_device_counts():

@@ -82,7 +82,7 @@ def plan() -> LaunchPlan:
     ],
 )
 def test_allocation_options_stay_one_option_each(field, value):
-    spec = JobSpec(program=["train.py"], backend="slurm", sbatch="job.sh", **{field: value})
+    spec = JobSpec.build(program=["train.py"], backend="slurm", sbatch="job.sh", **{field: value})
     text = sbatch.script_text(plan(), spec, "/w/job.sh.env", "/w")
     got = options(text)
     assert f"--{field}={value}" in got
@@ -90,7 +90,7 @@ def test_allocation_options_stay_one_option_each(field, value):
 
 
 def test_slurm_args_keep_their_words():
-    spec = JobSpec(
+    spec = JobSpec.build(
         program=["train.py"], backend="slurm", sbatch="job.sh", slurm_args="--comment='a b --hold' --exclusive"
     )
     got = options(sbatch.script_text(plan(), spec, "/w/job.sh.env", "/w dir"))
@@ -106,8 +106,8 @@ def test_slurm_args_keep_their_words():
 
 def test_a_control_character_in_an_option_is_refused():
     for spec in (
-        JobSpec(program=["train.py"], backend="slurm", sbatch="job.sh", account="ml\t--hold"),
-        JobSpec(program=["train.py"], backend="slurm", sbatch="job.sh", slurm_args="'--comment=a\nb'"),
+        JobSpec.build(program=["train.py"], backend="slurm", sbatch="job.sh", account="ml\t--hold"),
+        JobSpec.build(program=["train.py"], backend="slurm", sbatch="job.sh", slurm_args="'--comment=a\nb'"),
     ):
         with pytest.raises(UserError, match="control character"):
             sbatch.script_text(plan(), spec, "/w/job.sh.env", "/w")
@@ -116,7 +116,7 @@ def test_a_control_character_in_an_option_is_refused():
 @pytest.mark.parametrize("path", ["job\ntouch PWNED\n.sh", "job\r.sh", "job\x1b[2J.sh"])
 def test_a_control_character_in_the_script_path_is_refused(tmp_path, monkeypatch, path):
     monkeypatch.chdir(tmp_path)
-    spec = JobSpec(program=["train.py"], backend="slurm", sbatch=path)
+    spec = JobSpec.build(program=["train.py"], backend="slurm", sbatch=path)
     with pytest.raises(UserError, match="--sbatch") as err:
         sbatch.write(plan(), spec, {})
     assert "control character" in str(err.value)
@@ -125,7 +125,7 @@ def test_a_control_character_in_the_script_path_is_refused(tmp_path, monkeypatch
 
 def test_the_script_runs_no_command_from_its_path_or_values(tmp_path):
     """bash itself reads the script (with `exec` replaced): only the one gaudi-launch command runs."""
-    spec = JobSpec(
+    spec = JobSpec.build(
         program=["train.py"],
         backend="slurm",
         sbatch=str(tmp_path / "a b $(touch x).sh"),
