@@ -27,7 +27,8 @@ from gaudi_launch.inputs.habits import torchrun_option_error
 from gaudi_launch.wire import DEBUG
 
 PROG = "gaudi-launch"
-HELP = """Launch SCRIPT on every selected device of every host, one process per device.
+HELP = """Launch SCRIPT on every selected device of every host, one process per device. SCRIPT is a Python
+file (a module with -m, an executable with --no_python); every word after it is passed to it untouched.
 
 Examples:
 
@@ -43,7 +44,7 @@ Commands (gaudi-launch COMMAND --help):
 
   run plan.json                   run what --dry-run --json wrote, as it was
 
-  env \\[--json]                  versions, devices, network: paste it into bug reports
+  env \\[--json]                    versions, devices, network: paste it into bug reports
 
   report RUN_DIR                  plots of a run's metrics.jsonl or a bench JSON
 
@@ -82,7 +83,7 @@ def _parameters(helps: Optional[dict[str, str]] = None) -> list[inspect.Paramete
             *o.option.flags,
             help=_markup(shown),
             rich_help_panel=o.option.panel,
-            metavar=None if kind is bool else _METAVAR.get(kind, "TEXT"),
+            metavar="" if kind is bool else _METAVAR.get(kind, "TEXT"),  # a flag takes no value: none shown
             show_default=False,
         )
         annotation = Optional[bool] if kind is bool else Optional[list[str]] if many else Optional[str]
@@ -91,11 +92,14 @@ def _parameters(helps: Optional[dict[str, str]] = None) -> list[inspect.Paramete
         _keyword(
             "version",
             Optional[bool],
-            typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."),
+            typer.Option(
+                "--version", "-V", callback=_version, is_eager=True, metavar="", help="Print the version and exit."
+            ),
         )
     )
-    script = typer.Argument(metavar="SCRIPT", help="Training script (or module with -m).", show_default=False)
-    rest = typer.Argument(metavar="SCRIPT_ARGS", help="Passed to the script untouched.", show_default=False)
+    # Described in HELP, not in a panel of their own (which would show Typer's '<str>' type for them).
+    script = typer.Argument(metavar="SCRIPT", hidden=True, show_default=False)
+    rest = typer.Argument(metavar="SCRIPT_ARGS", hidden=True, show_default=False)
     return params + [_keyword("script", Optional[str], script), _keyword("script_args", Optional[list[str]], rest)]
 
 
@@ -147,16 +151,14 @@ def _check(**values) -> int:
 
 
 def run_plan(
-    plan: Annotated[
-        Optional[str], typer.Argument(metavar="PLAN", help="A plan --dry-run --json wrote.", show_default=False)
-    ] = None,
+    plan: Annotated[Optional[str], typer.Argument(metavar="PLAN", hidden=True, show_default=False)] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", "--dry_run", help="Show the plan made now; start nothing.")
+        bool, typer.Option("--dry-run", "--dry_run", metavar="", help="Show the plan made now; start nothing.")
     ] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: as one JSON object.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", metavar="", help="With --dry-run: as one JSON object.")] = False,
 ) -> int:
-    """Run the plan a dry run wrote (gaudi-launch --dry-run --json ... > plan.json), in its directory, with all
-    its options; nothing starts if the job planned now differs from it."""
+    """Run PLAN, the plan a dry run wrote (gaudi-launch --dry-run --json ... > plan.json), in its directory, with
+    all its options; nothing starts if the job planned now differs from it."""
     if plan is None:
         raise UserError(
             "run takes one plan: gaudi-launch run [--dry-run [--json]] plan.json",
@@ -166,17 +168,23 @@ def run_plan(
 
 
 def env(
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object instead of text.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", metavar="", help="One JSON object instead of text.")] = False,
     hostfile: Annotated[
-        Optional[str], typer.Option("--hostfile", help="Report every host of this hostfile, differences marked.")
+        Optional[str],
+        typer.Option("--hostfile", metavar="TEXT", help="Report every host of this hostfile, differences marked."),
     ] = None,
-    ssh_config: Annotated[Optional[str], typer.Option("--ssh-config", "--ssh_config", help="ssh_config file.")] = None,
-    ssh_port: Annotated[Optional[int], typer.Option("--ssh-port", "--ssh_port", help="SSH port of every host.")] = None,
+    ssh_config: Annotated[
+        Optional[str], typer.Option("--ssh-config", "--ssh_config", metavar="TEXT", help="ssh_config file.")
+    ] = None,
+    ssh_port: Annotated[
+        Optional[int], typer.Option("--ssh-port", "--ssh_port", metavar="INTEGER", help="SSH port of every host.")
+    ] = None,
     ssh_identity: Annotated[
-        Optional[str], typer.Option("--ssh-identity", "--ssh_identity", help="Private key for SSH.")
+        Optional[str], typer.Option("--ssh-identity", "--ssh_identity", metavar="TEXT", help="Private key for SSH.")
     ] = None,
     python: Annotated[
-        Optional[str], typer.Option("--python", help="gaudi-launch's interpreter on the hosts. Default: this one.")
+        Optional[str],
+        typer.Option("--python", metavar="TEXT", help="gaudi-launch's interpreter on the hosts. Default: this one."),
     ] = None,
 ) -> int:
     """Versions, devices and network of this machine (or of every host of a hostfile), for bug reports."""
@@ -191,31 +199,29 @@ def env(
 
 
 def report(
-    source: Annotated[
-        str,
-        typer.Argument(
-            metavar="RUN_DIR",
-            help="A run's output directory or its metrics.jsonl, or a benchmark JSON file.",
-            show_default=False,
-        ),
-    ],
+    source: Annotated[Optional[str], typer.Argument(metavar="RUN_DIR", hidden=True, show_default=False)] = None,
     out: Annotated[
         Optional[str],
-        typer.Option("--out", help="Directory for the PNGs (default: RUN_DIR/plots, or plots/ beside a JSON file)."),
+        typer.Option(
+            "--out",
+            metavar="DIR",
+            help="Directory for the PNGs (default: RUN_DIR/plots, or plots/ beside a JSON file).",
+        ),
     ] = None,
 ) -> int:
-    """PNG plots of a run's metrics.jsonl (loss, throughput, memory over steps) or of a benchmark JSON from
-    scripts/bench/ (bars with ratios against the peer)."""
+    """PNG plots of RUN_DIR: a run's output directory or its metrics.jsonl (loss, throughput, memory over steps),
+    or a benchmark JSON from scripts/bench/ (bars with ratios against the peer)."""
+    if source is None:
+        raise UserError("report takes a run's directory: gaudi-launch report RUN_DIR [--out DIR]", where="RUN_DIR")
     return _root().plots_report(source, out)  # matplotlib is imported there, when plotting
 
 
 def completion_command(
-    shell: Annotated[
-        Optional[str], typer.Argument(metavar="SHELL", help="bash, zsh or fish. Default: $SHELL's.", show_default=False)
-    ] = None,
-    install: Annotated[bool, typer.Option("--install", help="Write it where the shell reads it.")] = False,
+    shell: Annotated[Optional[str], typer.Argument(metavar="SHELL", hidden=True, show_default=False)] = None,
+    install: Annotated[bool, typer.Option("--install", metavar="", help="Write it where the shell reads it.")] = False,
 ) -> int:
-    """Print the shell completion script for gaudi-launch, or install it (--install)."""
+    """Print the shell completion script for gaudi-launch for SHELL (bash, zsh or fish; default: $SHELL's), or
+    install it (--install)."""
     return completion.install(_app_command(), shell) if install else completion.show(_app_command(), shell)
 
 
