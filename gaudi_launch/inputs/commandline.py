@@ -232,6 +232,8 @@ def _text(raw: Any, label: str) -> str:
         return str(raw)  # script_args: [--lr, 3] -> "3"
     if isinstance(raw, (list, dict)):
         raise UserError("takes text, not a nested list or mapping", where=label)
+    if raw is None:  # a job file's list item left empty (env: [null])
+        raise UserError("has no value", where=label, hint=f"give {label} a value, or leave it out")
     raise UserError(f"takes text, got {raw!r}", where=label)
 
 

@@ -52,8 +52,8 @@ def assert_refused(res, tmp_path, *expected):
         ("grace: null\n", "job.yaml:1: --grace has no value"),
         ("num_devices: 1\nssh_timeout: null\n", "job.yaml:2: --ssh-timeout has no value"),
         ("env: [null]\n", "job.yaml:1: --env has no value"),
-        ("num_devices: 1\nenv:\n  - A=1\n  - 1BAD=x\n", "job.yaml:2: invalid variable name '1BAD'"),
-        ("env: [[1, 2]]\n", "job.yaml:1: env items are NAME=VALUE text"),
+        ("num_devices: 1\nenv:\n  - A=1\n  - 1BAD=x\n", "job.yaml:2: --env invalid variable name '1BAD'"),
+        ("env: [[1, 2]]\n", "job.yaml:1: --env takes text, not a nested list or mapping"),
     ],
 )
 def test_bad_job_file_values_are_exit_2_naming_the_line(tmp_path, yaml_text, expected):
