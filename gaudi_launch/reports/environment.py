@@ -11,6 +11,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from importlib import metadata
@@ -131,22 +132,48 @@ def _firmware() -> Optional[str]:
 
 
 REPORTNCHECK = ("reportNcheck.py", "reportNcheck")
+# Its -c pings every Gaudi/host NIC port: minutes on a full server, never the whole report's life.
+REPORTNCHECK_TIMEOUT_S = 300
 
 
 def _reportncheck() -> Optional[dict[str, Any]]:
     """Habana's ReportNCheck (page "Intel Gaudi ReportNCheck Tool", installed with the RDMA PerfTest tool), when
-    on PATH: its report run with -c (connectivity check); the verdict is its exit status and last line.
-    None when it is not installed. Untested against the real tool (none here)."""
+    on PATH: its connectivity check, run as the page runs it (`python3 reportNcheck.py -c`: the python3 on PATH,
+    where its pandas prerequisite was installed, not gaudi-launch's own interpreter). The verdict is its exit
+    status and last line (stdout's, else stderr's); the page shows no output or exit status, so that reading is
+    untested against the real tool. A check that outlives REPORTNCHECK_TIMEOUT_S is killed with everything it
+    started and reported as timed out. None when it is not installed."""
     tool = next((shutil.which(name) for name in REPORTNCHECK if shutil.which(name)), None)
     if tool is None:
         return None
-    argv = [sys.executable, tool, "-c"] if tool.endswith(".py") else [tool, "-c"]
+    python = shutil.which("python3") or sys.executable
+    argv = [python, tool, "-c"] if tool.endswith(".py") else [tool, "-c"]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError) as exc:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,  # its own group: a timeout kills the perftest runs it started too
+        )
+    except OSError as exc:
         return {"tool": tool, "ok": False, "verdict": f"did not run: {exc}"}
-    lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-    return {"tool": tool, "ok": done.returncode == 0, "verdict": lines[-1] if lines else f"exit {done.returncode}"}
+    try:
+        out, err = proc.communicate(timeout=REPORTNCHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it ended just now
+            pass
+        proc.communicate()
+        return {"tool": tool, "ok": False, "verdict": f"timed out after {REPORTNCHECK_TIMEOUT_S} s (no verdict)"}
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    lines = lines or [line.strip() for line in err.splitlines() if line.strip()]
+    verdict = lines[-1] if lines else "no output"
+    if proc.returncode != 0:
+        verdict += f" (exit {proc.returncode})"
+    return {"tool": tool, "ok": proc.returncode == 0, "verdict": verdict}
 
 
 def collect() -> dict[str, Any]:

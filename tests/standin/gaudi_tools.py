@@ -2,7 +2,8 @@
 
 The tools themselves are shell scripts with their sources cited in them: ``bin/hl-smi`` (the only hl-smi
 stand-in: cards, module ids, bus ids, NIC ports, processes holding cards, versions) and ``fabric/fi_info``
-(libfabric, EFA). Both read ``GAUDI_STANDIN_*`` variables; a profile here names a whole server as those
+(libfabric, EFA), and the Python ``perftest/reportNcheck.py`` (Habana's ReportNCheck: passes, fails or
+hangs). They read ``GAUDI_STANDIN_*`` variables; a profile here names a whole server as those
 variables plus PATH. ``settings(profile)`` is for a local test (monkeypatch.setenv each), ``shell_lines`` for a
 cluster host's login (its BASH_ENV file), where per-host differences go.
 """
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.join(HERE, "bin")  # hl-smi
 FABRIC = os.path.join(HERE, "fabric")  # fi_info: on PATH only where the host has libfabric
+PERFTEST = os.path.join(HERE, "perftest")  # reportNcheck.py: on PATH only when GAUDI_STANDIN_REPORTNCHECK is set
 
 PROFILES: dict[str, dict[str, str]] = {
     # a Gaudi 2 server: cards and Gaudi NICs, no libfabric
@@ -53,17 +55,19 @@ VARIABLES = (
     "GAUDI_STANDIN_CARD_COUNT",
     "GAUDI_STANDIN_LIBFABRIC",
     "GAUDI_STANDIN_EFA",
+    "GAUDI_STANDIN_REPORTNCHECK",
 )
 
 
 def settings(profile: str, path: str = "", **overrides: str) -> dict[str, str]:
     """Every stand-in variable for ``profile`` ("" for those it leaves unset) and PATH with the stand-ins first
-    (fi_info only when the profile has libfabric). ``overrides``: variables by name, e.g.
-    GAUDI_STANDIN_PORTS_DOWN="22"."""
+    (fi_info only when the profile has libfabric, reportNcheck.py only when GAUDI_STANDIN_REPORTNCHECK is set).
+    ``overrides``: variables by name, e.g. GAUDI_STANDIN_PORTS_DOWN="22"."""
     values = {name: "" for name in VARIABLES}
     values.update(PROFILES[profile])
     values.update(overrides)
     tools = [BIN] + ([FABRIC] if values["GAUDI_STANDIN_LIBFABRIC"] else [])
+    tools += [PERFTEST] if values["GAUDI_STANDIN_REPORTNCHECK"] else []
     values["PATH"] = os.pathsep.join(tools + ([path] if path else []))
     return values
 
