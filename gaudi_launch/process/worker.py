@@ -391,12 +391,17 @@ def watch_launcher(grace: float, job: str = "", relayed: bool = False) -> bool:
         return False
     rank_gone, rank_alive = os.pipe()  # not inherited by exec'd children: HUP when the rank ends
     group = os.getpgrp()
-    if os.fork() == 0:
+    middle = os.fork()
+    if middle == 0:
+        # Forked twice, the watch is no descendant of the rank: whatever kills the rank's process tree
+        # when the launcher is gone (ds_runner SIGKILLs all its descendants) leaves the watch to clean up.
         try:
-            os.close(rank_alive)
-            _watch(fds, rank_gone, grace, group, job, relayed)
+            if os.fork() == 0:
+                os.close(rank_alive)
+                _watch(fds, rank_gone, grace, group, job, relayed)
         finally:
             os._exit(0)
+    os.waitpid(middle, 0)
     os.close(rank_gone)
     for fd in fds:
         os.close(fd)

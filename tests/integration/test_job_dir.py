@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from gaudi_launch.backends.ds_runner import descendants
 from tests.helpers import alive, all_gone, read_pids, wait_for
 
 # Records its pid and a child's, then sleeps; ignores SIGTERM when told to.
@@ -51,6 +52,31 @@ def test_a_rank_whose_output_reader_is_gone_ends_its_group_even_ignoring_sigterm
         assert proc.wait(timeout=10) == -signal.SIGKILL  # SIGTERM was ignored: SIGKILL after the grace
     finally:
         proc.kill()
+
+
+def test_the_ranks_watch_is_no_descendant_of_the_rank(tmp_path):
+    """ds_runner SIGKILLs every descendant when the launcher is gone; a watch below the rank died with it
+    (about one run in two) and left the job's directory behind."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    read_end, write_end = os.pipe()
+    env = {**os.environ, "GAUDI_LAUNCH_JOB_ID": "feedface", "RANK": "0", "WORLD_SIZE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gaudi_launch.process.worker", str(script), str(tmp_path)],
+        stdout=write_end,
+        stderr=write_end,
+        env=env,
+        start_new_session=True,
+    )
+    os.close(write_end)
+    try:
+        assert wait_for(lambda: os.path.exists(tmp_path / "r.pid"), timeout=60)
+        rank, child = read_pids(str(tmp_path))
+        assert rank == proc.pid
+        assert descendants(rank) == [child]  # the script's own child only: the watch runs outside the tree
+    finally:
+        os.close(read_end)  # the reader is gone: the watch ends the rank
+        assert proc.wait(timeout=30) != 0
 
 
 def test_job_dir_is_private_removed_by_the_ranks_watch_after_a_sigkill_or_else_at_the_next_start(tmp_path):
