@@ -25,8 +25,10 @@ from gaudi_launch.backends import get_backend
 from gaudi_launch.backends.job import launch, plan_job
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
+from gaudi_launch.inputs import slurm as slurm_inputs
 from gaudi_launch.inputs.backend_options import SlurmOptions
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan import slurm as slurm_plan
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.failures import LEFT_OUT
@@ -62,22 +64,60 @@ class CollectiveCheckFailed(UserError):
 
 def check_hosts_of(plan: LaunchPlan) -> list[str]:
     """The hosts to measure: the job's, then its spares (a spare must be fit to take a place)."""
+    if plan.backend == "slurm":
+        return slurm_nodes(plan.job)
     hosts = [n.host for n in plan.nodes]
     return hosts + [h for h in plan.spares if h not in hosts]
 
 
-def check_spec(spec: JobSpec, hosts: list[str], hostfile: str) -> JobSpec:
-    """The check job: the user's job with its program, one rank per host, no restarts and no log dir. Pure."""
+def slurm_nodes(spec: JobSpec) -> list[str]:
+    """Under Slurm, every node of the allocation that --include/--exclude select, --num_nodes aside: the
+    nodes past --num_nodes are the job's spares (Slurm's count of them), fit to take a slow node's place."""
+    selected, _, inside = slurm_plan.select_nodes(
+        dataclasses.replace(spec, num_nodes=None, num_devices=1), os.environ, slurm_inputs.scontrol_hostnames
+    )
+    if not inside:
+        raise UserError(
+            "under Slurm the collective check measures an allocation's nodes; from a login node srun has "
+            "not picked them yet",
+            where="--collective-check",
+            hint="run gaudi-launch inside salloc or sbatch (srun's nodes are then known), or leave it out",
+        )
+    return [h for h, _ in selected]
+
+
+def slurm_check_port(spec: JobSpec) -> int:
+    """The check's rendezvous port under Slurm: the job's (from the job id) moved half the span on, so that
+    the job after it never meets the check's sockets on its own port. Pure."""
+    job_port = spec.master_port or slurm_inputs.port_for_job(os.environ.get("SLURM_JOB_ID", ""))
+    base, span = slurm_inputs.PORT_BASE, slurm_inputs.PORT_SPAN
+    return base + (job_port - base + span // 2) % span
+
+
+def check_spec(spec: JobSpec, hosts: list[str], hostfile: Optional[str]) -> JobSpec:
+    """The check job: the user's job with its program, one rank per host, no restarts and no log dir. Pure
+    but for Slurm's job id. ``hostfile`` None: a Slurm allocation's nodes, one srun task on each of ``hosts``."""
     settings = f"{MESSAGE_BYTES},{ROUNDS},{STEP_TIMEOUT_S:g}"
     library = {COLLECTIVE_LIBRARY: "1"} if os.environ.get(COLLECTIVE_LIBRARY) == "1" else {}  # gloo on a CPU too
-    return dataclasses.replace(
+    # DeepSpeed's runner as the job's; Slurm's options only for srun's step (one task per node named), no --sbatch
+    options = spec.backend_options
+    if hostfile is None:
+        options = dataclasses.replace(spec.options(SlurmOptions), sbatch=None)
+    elif isinstance(options, SlurmOptions):
+        options = None
+    job = dataclasses.replace(
         spec,
+        include="@".join(hosts) if hostfile is None else None,
+        master_port=slurm_check_port(spec) if hostfile is None else spec.master_port,
+        backend_options=options,
+    )
+    return dataclasses.replace(
+        job,
         program=[RANK_MODULE],
         module=True,
         no_python=False,
         append_local_rank=False,
         hostfile=hostfile,
-        include=None,
         exclude=None,
         num_nodes=None,
         num_devices=1,
@@ -95,8 +135,6 @@ def check_spec(spec: JobSpec, hosts: list[str], hostfile: str) -> JobSpec:
         start_timeout=START_TIMEOUT_S,
         collective_check=False,
         exclude_from=None,
-        # DeepSpeed's runner as the job's; no --sbatch (the check needs a hostfile: never Slurm's)
-        backend_options=None if isinstance(spec.backend_options, SlurmOptions) else spec.backend_options,
     )
 
 
@@ -110,14 +148,17 @@ def run_check(
         raise UserError(
             "the collective check needs two hosts or more: it measures the links between them",
             where="--collective-check",
+            hint="give a --hostfile of two hosts or more, or run inside a Slurm allocation of two nodes or more",
         )
     if deadline_s is None:
         deadline_s = START_TIMEOUT_S + STEP_TIMEOUT_S * 4
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gaudi-launch-collective-") as tmp:
-        hostfile = os.path.join(tmp, "hostfile")
-        with open(hostfile, "w") as f:
-            f.write("".join(f"{h} slots=1\n" for h in hosts))
+        hostfile: Optional[str] = None  # under Slurm the allocation is the hostfile
+        if not slurm_plan.wanted(spec, os.environ):
+            hostfile = os.path.join(tmp, "hostfile")
+            with open(hostfile, "w") as f:
+                f.write("".join(f"{h} slots=1\n" for h in hosts))
         job = check_spec(spec, hosts, hostfile)
         plan = build_plan(job, backends=get_backend)
         rank_hosts = {r: n.host for n in plan.nodes for r in n.ranks}
@@ -128,7 +169,8 @@ def run_check(
         timer.daemon = True
         timer.start()
         try:
-            with sshmux.lent(over_job, plan.job_id) if over_job else contextlib.nullcontext():
+            # (srun's step needs no ssh session)
+            with sshmux.lent(over_job, plan.job_id) if over_job and hostfile else contextlib.nullcontext():
                 launch(job, plan, stdout=out, stderr=out)
         finally:
             timer.cancel()
@@ -205,15 +247,33 @@ def replace_bad_hosts(spec: JobSpec, plan: LaunchPlan, report: CollectiveReport)
     ), left_out
 
 
+def leave_out_slurm_nodes(
+    spec: JobSpec, plan: LaunchPlan, checked: list[str], report: CollectiveReport
+) -> tuple[JobSpec, list[str]]:
+    """As replace_bad_hosts, for an allocation: the slow and failed nodes join --exclude, so that srun's
+    --nodelist leaves them out and the checked nodes past --num_nodes (the spares) take their places;
+    raises CollectiveCheckFailed when too few good ones are left. Pure."""
+    bad = {h.host: h for h in report.bad}
+    if not bad:
+        return spec, []
+    job_nodes = [n.host for n in plan.nodes]
+    good_spares = [h for h in checked if h not in job_nodes and h not in bad]
+    bad_job = [h for h in job_nodes if h in bad]
+    left_out = [f"{h} ({bad[h].status}: {bad[h].reason})" for h in bad]
+    if len(bad_job) > len(good_spares):
+        extra = (
+            f"\n{len(bad_job)} of the job's nodes must be left out and {len(good_spares)} good spare node(s) can "
+            "take their places: nothing was started (under Slurm the spares are the allocation's nodes past "
+            f"--num_nodes: --spare-hosts needs a hostfile; allocate more nodes than --num_nodes, or give "
+            f"--exclude {'@'.join(bad_job)} to run on fewer)"
+        )
+        raise CollectiveCheckFailed(report, extra=extra)
+    return dataclasses.replace(spec, exclude="@".join(([spec.exclude] if spec.exclude else []) + list(bad))), left_out
+
+
 def check_before_job(spec: JobSpec, plan: LaunchPlan) -> tuple[JobSpec, LaunchPlan]:
     """--collective-check on a launch: measure the job's hosts and spares, write the finding, and give
     the spec and plan to run (slow or failed hosts replaced by spares), or raise (exit 3)."""
-    if plan.backend == "slurm":
-        raise UserError(
-            "--collective-check runs from a hostfile over ssh; under Slurm the allocation decides the nodes",
-            where="--collective-check",
-            hint="run `gaudi-launch check --collective --hostfile H` on the nodes first, or leave it out",
-        )
     hosts = check_hosts_of(plan)
     report = run_check(spec, hosts, over_job=plan.job_id)
     if spec.log_dir:
@@ -222,7 +282,10 @@ def check_before_job(spec: JobSpec, plan: LaunchPlan) -> tuple[JobSpec, LaunchPl
     print(report.render_table(), flush=True)
     if not report.bad and not report.ok:  # hosts not measured, none named: nothing to swap
         raise CollectiveCheckFailed(report, written)
-    new_spec, left_out = replace_bad_hosts(spec, plan, report)
+    if plan.backend == "slurm":
+        new_spec, left_out = leave_out_slurm_nodes(spec, plan, hosts, report)
+    else:
+        new_spec, left_out = replace_bad_hosts(spec, plan, report)
     if not left_out:
         return spec, plan
     new_plan = plan_job(new_spec)

@@ -178,6 +178,8 @@ def run_spec(
     spec = prepare(spec)
     if check_only:
         plan = build_plan(spec, require_program=False, backends=get_backend)
+        if plan.backend == "slurm" and spec.collective_check:  # srun probed the nodes: the check itself is next
+            return collective_only(spec, plan, json_out)
         if plan.backend == "slurm":  # no hostfile, no ssh: the nodes are probed through srun
             raise UserError(
                 "the pre-flight checks a hostfile's hosts over ssh; a Slurm job has neither",

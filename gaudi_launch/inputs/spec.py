@@ -428,7 +428,8 @@ class JobSpec:
         bw = self.min_bandwidth
         if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float)) or not 0 < bw < math.inf):
             raise UserError(f"a positive number of GB/s, got {bw!r}", where="--min-bandwidth")
-        if self.collective_check and not self.hostfile:
+        # (under Slurm, and auto inside an allocation, the allocation's nodes are the hosts)
+        if self.collective_check and not self.hostfile and self.backend not in ("auto", "slurm"):
             raise UserError(
                 "the collective check measures the links between hosts: give a --hostfile", where="--collective-check"
             )

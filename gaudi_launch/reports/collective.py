@@ -50,7 +50,7 @@ class CollectiveReport:
     message_bytes: int
     library: str  # gloo, hccl or nccl: what the ranks used; "tcp": the torch-free stage alone (a CPU)
     elapsed_s: float = 0.0
-    backend: str = ""  # what started the ranks: local, mpirun or deepspeed
+    backend: str = ""  # what started the ranks: local, mpirun, deepspeed or slurm
     job_output: list[str] = field(default_factory=list)  # the check job's last lines when a rank said nothing
 
     @property
@@ -122,11 +122,13 @@ class CollectiveReport:
         if not parts:
             parts.append("not every host was measured")
         bad = slow + failed
+        # under Slurm the spares are the allocation's nodes past --num_nodes (--spare-hosts needs a hostfile)
+        spare = "--num_nodes below the allocation's node count" if self.backend == "slurm" else "--spare-hosts N"
         return (
             f"collective check failed ({'; '.join(parts)})\n"
             "  hint: check that host's link and card (ip -s link, tc qdisc show, hl-smi / the switch port), or "
             f"leave it out: --exclude {','.join(bad) or 'HOST'}, or let a spare take its place: "
-            "--collective-check --spare-hosts N --max-restarts M"
+            f"--collective-check {spare}" + ("" if self.backend == "slurm" else " --max-restarts M")
         )
 
 

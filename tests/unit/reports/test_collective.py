@@ -7,9 +7,16 @@ import json
 
 import pytest
 
-from gaudi_launch.collective import CollectiveCheckFailed, read_exclusions, replace_bad_hosts
+from gaudi_launch.collective import (
+    CollectiveCheckFailed,
+    leave_out_slurm_nodes,
+    read_exclusions,
+    replace_bad_hosts,
+    slurm_check_port,
+)
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
+from gaudi_launch.inputs import slurm
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.reports.collective import MARKER, judge, parse
@@ -126,9 +133,27 @@ def test_slow_hosts_go_to_the_spares_and_without_one_nothing_starts(tmp_path):
         read_exclusions(str(path))
 
 
+def test_slow_slurm_nodes_join_exclude_and_the_nodes_past_num_nodes_take_their_places(monkeypatch):
+    spec = JobSpec(program=["t.py"], num_nodes=3, exclude="h9")
+    rep = judge(records(4, slow={1}), hosts(4))
+    rep.backend = "slurm"
+    plan = _plan(["h0", "h1", "h2"], [])
+    plan.backend = "slurm"
+    new, left_out = leave_out_slurm_nodes(spec, plan, ["h0", "h1", "h2", "h3"], rep)
+    assert new.exclude == "h9@h1" and left_out[0].startswith("h1 (slow: ")
+    with pytest.raises(CollectiveCheckFailed) as err:  # no node past --num_nodes: no spare
+        leave_out_slurm_nodes(spec, plan, ["h0", "h1", "h2"], rep)
+    assert err.value.exit_code == ExitCode.PREFLIGHT and "--spare-hosts needs a hostfile" in str(err.value)
+    assert "--exclude h1 to run on fewer" in str(err.value) and "--max-restarts" not in (err.value.hint or "")
+    # the check's port: never the job's (both derived from the job id), always in Slurm's range
+    monkeypatch.setenv("SLURM_JOB_ID", "39999")
+    port = slurm_check_port(JobSpec(program=["t.py"]))
+    assert port != slurm.port_for_job("39999") and slurm.PORT_BASE <= port < slurm.PORT_BASE + slurm.PORT_SPAN
+
+
 def test_the_options_are_checked_before_anything_runs():
-    with pytest.raises(UserError, match="give a --hostfile") as err:
-        JobSpec(program=["t.py"], collective_check=True).validate()
+    with pytest.raises(UserError, match="give a --hostfile") as err:  # auto may be Slurm's allocation: planned
+        JobSpec(program=["t.py"], backend="local", collective_check=True).validate()
     assert err.value.where == "--collective-check"
     with pytest.raises(UserError, match="a positive number of GB/s") as err:
         JobSpec(program=["t.py"], hostfile="hf", min_bandwidth=-1.0).validate()
