@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Mapping
 from typing import Callable, Optional, Protocol
 
@@ -21,7 +20,7 @@ from gaudi_launch.plan.contract import node_visibility_env
 from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
 from gaudi_launch.plan.multinode import PreflightFailed, findings, host_settings, pick_remote_port
 from gaudi_launch.plan.restarthosts import hosts_for_attempt
-from gaudi_launch.plan.shared import device_settings, export_settings, fabric_settings, job_env
+from gaudi_launch.plan.shared import device_settings, export_settings, fabric_settings, new_plan
 from gaudi_launch.wire import path_for as jobdir_path
 
 
@@ -125,21 +124,7 @@ def build_plan(
         master_port = pick_free_port()
     else:
         master_port = pick_remote_port()
-    env = job_env(spec, environ, notes)
-    nodes = layout(selected)
-    plan = LaunchPlan(
-        backend=backend,
-        world_size=sum(len(n.ranks) for n in nodes),
-        master_addr=master_addr,
-        master_port=master_port,
-        nodes=nodes,
-        env=env,
-        commands=[],
-        program=list(spec.program),
-        notes=notes,
-        job_id=secrets.token_hex(4),
-        spares=spares,
-    )
+    plan = new_plan(backend, layout(selected), master_addr, master_port, spec, environ, notes, spares)
     report = None
     if backend != "local" and spec.ssh_check and preflight is not None:
         report = preflight(plan, spec)

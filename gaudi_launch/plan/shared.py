@@ -4,13 +4,15 @@ subset. The planner puts them together (planner.assemble); each backend adds onl
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
+from typing import Optional
 
 from gaudi_launch.inputs.envfile import load_env_files, secrets_in
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fabric
 from gaudi_launch.plan.contract import node_device_env
-from gaudi_launch.plan.launchplan import LaunchPlan
+from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.plan.multinode import apply_scaleout, scaleout_paths
 
 
@@ -21,6 +23,33 @@ def job_env(spec: JobSpec, environ: Mapping[str, str], notes: list[str]) -> dict
     if sources:
         notes.append("environment files read: " + ", ".join(sources))
     return env
+
+
+def new_plan(
+    backend: str,
+    nodes: list[NodePlan],
+    master_addr: str,
+    master_port: int,
+    spec: JobSpec,
+    environ: Mapping[str, str],
+    notes: list[str],
+    spares: Optional[dict[str, int]] = None,
+) -> LaunchPlan:
+    """A plan's first draft, once its nodes and master are known (every backend's, before planner.assemble):
+    the job's variables and a fresh job id."""
+    return LaunchPlan(
+        backend=backend,
+        world_size=sum(len(n.ranks) for n in nodes),
+        master_addr=master_addr,
+        master_port=master_port,
+        nodes=nodes,
+        env=job_env(spec, environ, notes),
+        commands=[],
+        program=list(spec.program),
+        notes=notes,
+        job_id=secrets.token_hex(4),
+        spares=spares if spares is not None else {},
+    )
 
 
 def export_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str]) -> None:

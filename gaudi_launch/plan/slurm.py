@@ -10,7 +10,6 @@ scontrol's name expansion and the env files; the nodes are probed by the backend
 
 from __future__ import annotations
 
-import secrets
 import shlex
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
@@ -25,7 +24,7 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fabric
 from gaudi_launch.plan.contract import worker_argv
 from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
-from gaudi_launch.plan.shared import job_env
+from gaudi_launch.plan.shared import new_plan
 from gaudi_launch.wire import GRACE, JOB_ID
 
 LATER = "(allocated by srun)"  # a node's name in a plan made before srun allocated the nodes
@@ -238,19 +237,7 @@ def draft(
     job_id = environ.get("SLURM_JOB_ID", "")
     master_addr = spec.master_addr or (nodes[0].host if inside else FIRST_NODE)
     master_port = spec.master_port or (slurm.port_for_job(job_id) if inside else 0)
-    env = job_env(spec, environ, notes)
-    return LaunchPlan(
-        backend="slurm",
-        world_size=sum(len(n.ranks) for n in nodes),
-        master_addr=master_addr,
-        master_port=master_port,
-        nodes=nodes,
-        env=env,
-        commands=[],
-        program=list(spec.program),
-        notes=notes,
-        job_id=secrets.token_hex(4),
-    )
+    return new_plan("slurm", nodes, master_addr, master_port, spec, environ, notes)
 
 
 def build_argv(plan: LaunchPlan, spec: JobSpec, *, inside: bool, cpus_per_task: str = "") -> list[str]:
