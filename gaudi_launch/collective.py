@@ -229,13 +229,9 @@ def apply_exclusions(spec: JobSpec) -> JobSpec:
 def replace_bad_hosts(spec: JobSpec, plan: LaunchPlan, report: CollectiveReport) -> tuple[JobSpec, list[str]]:
     """The spec whose plan leaves the slow and failed hosts out, spares taking their places, and per host
     "HOST (why)"; raises CollectiveCheckFailed when the spares cannot cover the job's hosts. Pure."""
-    bad = {h.host: h for h in report.bad}
+    bad, bad_job, good_spares = _triage(report, plan, list(plan.spares))
     if not bad:
         return spec, []
-    job_hosts = [n.host for n in plan.nodes]
-    good_spares = [h for h in plan.spares if h not in bad]
-    bad_job = [h for h in job_hosts if h in bad]
-    left_out = [f"{h} ({bad[h].status}: {bad[h].reason})" for h in bad]
     if len(bad_job) > len(good_spares):
         extra = (
             f"\n{len(bad_job)} of the job's hosts must be left out and {len(good_spares)} good spare(s) can "
@@ -244,7 +240,19 @@ def replace_bad_hosts(spec: JobSpec, plan: LaunchPlan, report: CollectiveReport)
         raise CollectiveCheckFailed(report, extra=extra)
     return dataclasses.replace(
         spec, lost_hosts=list(spec.lost_hosts) + [h for h in bad if h not in spec.lost_hosts]
-    ), left_out
+    ), _left_out(report)
+
+
+def _triage(report: CollectiveReport, plan: LaunchPlan, spares: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(the slow and failed hosts, those of them the job runs on, the spares fit to take their places). Pure."""
+    bad = [h.host for h in report.bad]
+    bad_job = [n.host for n in plan.nodes if n.host in bad]
+    return bad, bad_job, [h for h in spares if h not in bad]
+
+
+def _left_out(report: CollectiveReport) -> list[str]:
+    """Each slow or failed host as "HOST (why)", the way the plan and the summaries show it. Pure."""
+    return [f"{h.host} ({h.status}: {h.reason})" for h in report.bad]
 
 
 def leave_out_slurm_nodes(
@@ -253,13 +261,10 @@ def leave_out_slurm_nodes(
     """As replace_bad_hosts, for an allocation: the slow and failed nodes join --exclude, so that srun's
     --nodelist leaves them out and the checked nodes past --num_nodes (the spares) take their places;
     raises CollectiveCheckFailed when too few good ones are left. Pure."""
-    bad = {h.host: h for h in report.bad}
+    job_nodes = [n.host for n in plan.nodes]
+    bad, bad_job, good_spares = _triage(report, plan, [h for h in checked if h not in job_nodes])
     if not bad:
         return spec, []
-    job_nodes = [n.host for n in plan.nodes]
-    good_spares = [h for h in checked if h not in job_nodes and h not in bad]
-    bad_job = [h for h in job_nodes if h in bad]
-    left_out = [f"{h} ({bad[h].status}: {bad[h].reason})" for h in bad]
     if len(bad_job) > len(good_spares):
         extra = (
             f"\n{len(bad_job)} of the job's nodes must be left out and {len(good_spares)} good spare node(s) can "
@@ -268,7 +273,8 @@ def leave_out_slurm_nodes(
             f"--exclude {'@'.join(bad_job)} to run on fewer)"
         )
         raise CollectiveCheckFailed(report, extra=extra)
-    return dataclasses.replace(spec, exclude="@".join(([spec.exclude] if spec.exclude else []) + list(bad))), left_out
+    exclude = "@".join(([spec.exclude] if spec.exclude else []) + bad)
+    return dataclasses.replace(spec, exclude=exclude), _left_out(report)
 
 
 def check_before_job(spec: JobSpec, plan: LaunchPlan) -> tuple[JobSpec, LaunchPlan]:
