@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
+# pytest's progress reaches a log as it happens, not in 8 KB blocks lost if the run is stopped.
+export PYTHONUNBUFFERED=1
 exec .venv/bin/python -m pytest "$@"

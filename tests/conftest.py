@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
+import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -54,6 +57,41 @@ def _relative(path: Path) -> str:
         return Path(path).resolve().relative_to(TESTS).as_posix()
     except ValueError:
         return ""
+
+
+def pytest_configure(config):
+    # A run that hangs must say where before CI's 90 minutes stop it silently: past
+    # TEST_SESSION_DEADLINE_S (set by .ci/run) every thread's stack goes to stderr and the run exits.
+    # pytest-timeout (pyproject) bounds each test; this bounds what it cannot see, such as collection.
+    deadline = float(os.environ.get("TEST_SESSION_DEADLINE_S", "0") or 0)
+    if deadline > 0:
+        capture = config.pluginmanager.getplugin("capturemanager")
+        if capture is None:  # -p no:capture
+            stderr = os.dup(2)
+        else:
+            with capture.global_and_fixture_disabled():  # the real stderr, not the capture's file
+                stderr = os.dup(2)
+        faulthandler.dump_traceback_later(deadline, exit=True, file=stderr)
+
+
+def torch_extension_locks() -> list[Path]:
+    """torch's JIT build locks (torch.utils.cpp_extension's FileBaton), under TORCH_EXTENSIONS_DIR or its default."""
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    return [*root.glob("*/lock"), *root.glob("*/*/lock")]
+
+
+@pytest.fixture(autouse=True)
+def _no_orphaned_torch_build_lock():
+    """After each test, when all its processes are gone, a torch build lock left is an orphan.
+
+    DeepSpeed's CPU ranks JIT-load its shm_comm op through torch's FileBaton in every process; a rank
+    killed in that second (tests kill ranks at start-up on purpose) leaves the lock, and every later
+    DeepSpeed rank on this machine waits for it for ever. Removed here, with a warning that says so.
+    """
+    yield
+    for lock in torch_extension_locks():
+        lock.unlink(missing_ok=True)
+        warnings.warn(f"removed {lock}, left by a process killed while it held torch's build lock", stacklevel=1)
 
 
 def pytest_addoption(parser):

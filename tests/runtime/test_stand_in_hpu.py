@@ -467,3 +467,25 @@ def test_stand_in_hpu_graphs_for_inference_only_outside_training(hpu_stand_in, t
     # Two evaluations of 8 equal-shaped batches: a capture then 7 replays each (a fresh wrap each time).
     assert names(hpu_stand_in).count("wrap_in_hpu_graph.capture") == 2
     assert names(hpu_stand_in).count("wrap_in_hpu_graph.replay") == 2 * 7
+
+
+def test_stand_in_device_loads_beside_a_build_lock_left_by_a_killed_process(tmp_path):
+    # torch's load_inline waits for ever on its build directory's lock file, which a process killed
+    # mid-start (the launcher's tests kill ranks on purpose) leaves behind: every later rank hung, and
+    # a CI run with them. The stand-in must import its finished guard module without that lock.
+    import hpu_stand_in_device  # registered by tests/conftest.py at collection, so built
+
+    home, built = hpu_stand_in_device.guard_extension_paths()
+    extensions = tmp_path / "torch_extensions"
+    own_home = extensions / Path(home).name
+    own_home.mkdir(parents=True)
+    (own_home / Path(built).name).write_bytes(Path(built).read_bytes())
+    # torch puts its build directory straight under TORCH_EXTENSIONS_DIR when that is set
+    for left in (extensions / "gaudi_launch_hpu_stand_in", own_home / "build-99999"):
+        left.mkdir(parents=True)
+        (left / "lock").touch()
+    code = "import hpu_stand_in_device as d; d.register_device(); print(d._ext.hpu_stand_in_registered())"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "PYTHONPATH": STAND_IN_DIR}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"

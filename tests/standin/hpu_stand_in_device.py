@@ -329,6 +329,57 @@ def _copy_from(self, dst, non_blocking=False):
     return dst
 
 
+_EXT_NAME = "gaudi_launch_hpu_stand_in"
+
+
+def guard_extension_paths() -> tuple[str, str]:
+    """Where the guard is built and its finished module: one per source, torch and Python version."""
+    import hashlib
+
+    key = hashlib.sha256(f"{_GUARD_SOURCE}|{torch.__version__}|{sys.version_info[:2]}|-O0".encode()).hexdigest()[:16]
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")
+    home = os.path.join(root, f"{_EXT_NAME}-{key}")
+    return home, os.path.join(home, f"{_EXT_NAME}.so")
+
+
+def _guard_extension() -> Any:
+    """The C++ guard: built once per source, torch and Python, then imported with no build lock.
+
+    torch's load_inline takes a lock file in its build directory in every process, even when nothing
+    is to be built, and a process that finds the lock waits for it to go, for ever (FileBaton has no
+    timeout and records no owner). The launcher's tests kill ranks while they start, so one rank
+    killed inside that window hung every later rank and the test session itself (a CI run stopped at
+    90 min in collection). Here a build happens in a directory of its own process and its result is
+    renamed into place, so nobody waits on anybody, and a finished build is simply imported.
+    """
+    import importlib.util
+    import shutil
+
+    from torch.utils.cpp_extension import load_inline
+
+    home, built = guard_extension_paths()
+    if os.path.exists(built):
+        spec = importlib.util.spec_from_file_location(_EXT_NAME, built)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    workdir = os.path.join(home, f"build-{os.getpid()}")
+    os.makedirs(workdir, exist_ok=True)
+    module = load_inline(
+        _EXT_NAME,
+        cpp_sources=[_GUARD_SOURCE],
+        functions=["hpu_stand_in_registered", "set_hpu_active"],
+        extra_cflags=["-O0"],
+        build_directory=workdir,
+        verbose=False,
+    )
+    staged = f"{built}.{os.getpid()}"
+    shutil.copyfile(os.path.join(workdir, f"{_EXT_NAME}.so"), staged)
+    os.replace(staged, built)  # atomic: a reader sees no .so or a whole one
+    shutil.rmtree(workdir, ignore_errors=True)
+    return module
+
+
 def register_device() -> None:
     """Register the stand-in HPU device with torch, once per process (inactive until load()).
 
@@ -340,15 +391,7 @@ def register_device() -> None:
     global _ext
     if _ext is not None:
         return
-    from torch.utils.cpp_extension import load_inline
-
-    _ext = load_inline(
-        "gaudi_launch_hpu_stand_in",
-        cpp_sources=[_GUARD_SOURCE],
-        functions=["hpu_stand_in_registered", "set_hpu_active"],
-        extra_cflags=["-O0"],
-        verbose=False,
-    )
+    _ext = _guard_extension()
     aten = torch.library.Library("aten", "IMPL")
     aten.impl("empty.memory_format", _factory(torch.empty), "HPU")
     aten.impl("empty_strided", _factory(torch.empty_strided), "HPU")
