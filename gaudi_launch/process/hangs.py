@@ -131,6 +131,23 @@ def where_waiting(frames: Sequence[Frame], source: Callable[[str, int], str] = l
     return Place(call.group(1) if call else frame.func, "", func, _at(frame), text)
 
 
+_BUILD_LOCK = os.path.join("torch", "utils", "file_baton.py")
+
+
+def known_cause(frames: Sequence[Frame]) -> Optional[str]:
+    """What a wait is known to mean, with what to do; None for an ordinary one. Pure."""
+    if any(f.func == "wait" and f.file.endswith(_BUILD_LOCK) for f in frames):
+        # torch's JIT builds (load_inline, DeepSpeed's ops on CPU such as shm_comm) take this lock in
+        # every process and wait for it without a time limit or an owner to check.
+        return (
+            "waiting for torch's build lock of a JIT extension: a process killed while building it (DeepSpeed's "
+            "CPU shm_comm op, a load_inline) left the file 'lock' in the extension's build directory under "
+            "$TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions/py*_*/NAME/); when no build runs on this "
+            "host, remove that file and relaunch"
+        )
+    return None
+
+
 def _at(frame: Frame) -> str:
     return f"{os.path.basename(frame.file)}:{frame.line}"
 
@@ -267,16 +284,20 @@ class HangWatch:
                 break
             texts = now
             time.sleep(0.3)
-        places = {}
+        places, causes = {}, []
         for rank, text in texts.items():
             thread = main_thread(parse_stacks(text))
             if thread is not None:
                 places[rank] = where_waiting(thread.frames)
+                cause = known_cause(thread.frames)
+                if cause and cause not in causes:
+                    causes.append(cause)
         summary = summarize(places, self.world_size, stalled)
         lines = [summary]
         for rank, place in sorted(places.items()):
             if place.code:
                 lines.append(f"  rank {rank} at {place.where}: {place.code}")
+        lines += [f"  why: {cause}" for cause in causes]
         self.stacks_file, where = self._write_stacks(summary, texts)
         lines.append(where)
         return "\n".join(lines)

@@ -18,6 +18,7 @@ from gaudi_launch.process.hangs import (
     HangWatch,
     Place,
     check_watchable,
+    known_cause,
     main_thread,
     parse_stacks,
     summarize,
@@ -175,3 +176,24 @@ def test_only_the_ranks_own_live_processes_are_asked_for_stacks(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+BATON_DUMP = """\
+Current thread 0x00007f1401068b80 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/utils/file_baton.py", line 50 in wait
+  File "/venv/lib/python3.11/site-packages/torch/utils/cpp_extension.py", line 2400 in _jit_compile
+  File "/venv/lib/python3.11/site-packages/deepspeed/ops/op_builder/builder.py", line 600 in jit_load
+  File "/venv/lib/python3.11/site-packages/deepspeed/comm/torch.py", line 51 in build_shm_op
+  File "/home/u/train.py", line 12 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+"""
+
+
+def test_a_rank_waiting_on_torchs_orphaned_build_lock_is_told_which_file_to_remove():
+    # A DeepSpeed rank on CPU killed while it JIT-loaded shm_comm leaves torch's lock file: every later
+    # job on that host waits in FileBaton.wait for ever. The hang report says so; an all_reduce does not.
+    baton = main_thread(parse_stacks(BATON_DUMP)).frames
+    cause = known_cause(baton)
+    assert cause is not None and "torch_extensions" in cause and "'lock'" in cause and "remove" in cause
+    assert where_waiting(baton, source).describe() == "wait (file_baton.py:50) at train.py:12"
+    assert known_cause(main_thread(parse_stacks(DUMP)).frames) is None
