@@ -472,7 +472,7 @@ def test_stand_in_hpu_graphs_for_inference_only_outside_training(hpu_stand_in, t
 def test_stand_in_device_loads_beside_a_build_lock_left_by_a_killed_process(tmp_path):
     # torch's load_inline waits for ever on its build directory's lock file, which a process killed
     # mid-start (the launcher's tests kill ranks on purpose) leaves behind: every later rank hung, and
-    # a CI run with them. The stand-in must import its finished guard module without that lock.
+    # a test session with them. The stand-in must import its finished guard module without that lock.
     import hpu_stand_in_device  # registered by tests/conftest.py at collection, so built
 
     home, built = hpu_stand_in_device.guard_extension_paths()

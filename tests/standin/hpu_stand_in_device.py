@@ -348,9 +348,9 @@ def _guard_extension() -> Any:
     torch's load_inline takes a lock file in its build directory in every process, even when nothing
     is to be built, and a process that finds the lock waits for it to go, for ever (FileBaton has no
     timeout and records no owner). The launcher's tests kill ranks while they start, so one rank
-    killed inside that window hung every later rank and the test session itself (a CI run stopped at
-    90 min in collection). Here a build happens in a directory of its own process and its result is
-    renamed into place, so nobody waits on anybody, and a finished build is simply imported.
+    killed inside that window hung every later rank, and a test session here stuck in collection.
+    Here a build happens in a directory of its own process and its result is renamed into place, so
+    nobody waits on anybody, and a finished build is simply imported.
     """
     import importlib.util
     import shutil
@@ -373,9 +373,8 @@ def _guard_extension() -> Any:
         build_directory=workdir,
         verbose=False,
     )
-    staged = f"{built}.{os.getpid()}"
-    shutil.copyfile(os.path.join(workdir, f"{_EXT_NAME}.so"), staged)
-    os.replace(staged, built)  # atomic: a reader sees no .so or a whole one
+    # atomic: a reader sees no .so or a whole one; this process keeps its mapping of the moved file
+    os.replace(os.path.join(workdir, f"{_EXT_NAME}.so"), built)
     shutil.rmtree(workdir, ignore_errors=True)
     return module
 
