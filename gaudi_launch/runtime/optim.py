@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -17,23 +18,27 @@ from .args import warmup_steps
 from .device import DeviceInfo
 
 
-def _is_norm(module: torch.nn.Module) -> bool:
-    # Class-name test too: HF models define their own (LlamaRMSNorm, T5LayerNorm, ...).
-    norm_types = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.modules.batchnorm._NormBase)
-    if hasattr(torch.nn, "RMSNorm"):
-        norm_types += (torch.nn.RMSNorm,)
-    return isinstance(module, norm_types) or "norm" in type(module).__name__.lower()
+# transformers' Trainer.get_decay_parameter_names: a parameter is not decayed when its full name, lower-cased,
+# contains one of these, or when it belongs to a torch LayerNorm. So T5's relative_attention_bias and a norm
+# layer named "norm"/"*_norm"/"*layernorm*"/"*rmsnorm*" are exempt, a BatchNorm named "bn" is decayed.
+_NO_DECAY_NAMES = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
+
+
+def decays(name: str, owner: torch.nn.Module) -> bool:
+    """Whether the parameter ``name`` (its full name in the model), held by module ``owner``, is weight-decayed,
+    by transformers' rule (Trainer.get_decay_parameter_names over trainer_pt_utils.get_parameter_names). Pure."""
+    return not (_NO_DECAY_NAMES.search(name.lower()) or isinstance(owner, torch.nn.LayerNorm))
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: decayed weights, and biases + normalisation weights without decay (as HF)."""
-    decay, no_decay, seen = [], [], set()
-    for module in model.modules():
-        for name, p in module.named_parameters(recurse=False):
-            if not p.requires_grad or id(p) in seen:  # tied weights appear under several modules
-                continue
-            seen.add(id(p))
-            (no_decay if name.endswith("bias") or _is_norm(module) else decay).append(p)
+    """Two groups, decayed and not, as transformers' Trainer.create_optimizer makes them (named_parameters:
+    a tied weight counts once, under its first name)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        owner = model.get_submodule(name.rpartition(".")[0])
+        (decay if decays(name, owner) else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
