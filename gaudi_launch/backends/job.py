@@ -15,6 +15,7 @@ from gaudi_launch.backends import get_backend
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.plan.shared import ENV_FILES_NOTE
 from gaudi_launch.process.hangs import with_heartbeats
 from gaudi_launch.process.logfiles import prepare_log_dir
 from gaudi_launch.process.restarts import attempt_spec, run_job
@@ -73,6 +74,9 @@ def launch(
                 file=stderr or sys.stderr,
                 flush=True,
             )
+            for note in p.notes:  # every run says which env files set the job's variables, not only a dry run
+                if note.startswith(ENV_FILES_NOTE):
+                    print(f"gaudi-launch: {note}", file=stderr or sys.stderr, flush=True)
         supervisor_options.setdefault("start_timeout", start_timeout_for(p.job, p.backend))
         return get_backend(p.backend).run(p, **streams, **supervisor_options)
 

@@ -20,12 +20,15 @@ import functools
 import json
 import os
 import re
+import pwd
 import shlex
+import stat
 from collections.abc import Iterable, Mapping
 from typing import Optional
 from urllib.parse import unquote
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.readfile import read_regular
 
 __all__ = [
     "DEFAULT_NAME",
@@ -143,10 +146,49 @@ def parse_env_text(text: str, source: str) -> dict[str, str]:
     return env
 
 
-def _read_env_file(path: str) -> dict[str, str]:
+MAX_ENV_FILE_BYTES = 1 << 20
+# Variables that choose what code a rank's process loads or runs before the script: from a file that was
+# only found (./.deepspeed_env in a shared working directory, $DS_ENV_FILE), they would run its writer's code
+# as this user on every host. Such a file may set them only when named with --env-file.
+LOADER_VARIABLES = frozenset(
+    {
+        "LD_PRELOAD",
+        "LD_AUDIT",
+        "LD_LIBRARY_PATH",
+        "PYTHONPATH",
+        "PYTHONSTARTUP",
+        "PYTHONHOME",
+        "PYTHONUSERBASE",
+        "PYTHONEXECUTABLE",
+        "PYTHONINSPECT",
+        "BASH_ENV",
+        "ENV",
+    }
+)
+
+
+def owner_problem(st: os.stat_result, uid: int) -> Optional[str]:
+    """Why an env file that was found, not named, with status ``st`` may not be used by user ``uid``, or
+    None: ssh's StrictModes rule, owned by the user (or root) and writable by nobody else. Pure."""
+    if st.st_uid not in (uid, 0):
+        return f"belongs to {_user_name(st.st_uid)}"
+    if st.st_mode & 0o022:
+        return f"is writable by {'others' if st.st_mode & 0o002 else 'its group'} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _user_name(uid: int) -> str:
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+
+
+def _read_env_file(path: str, found: bool = False) -> dict[str, str]:
+    """Read and parse an env file. ``found``: the file was looked up (not named with --env-file): it must
+    be this user's (or root's) and writable by nobody else, and may not set :data:`LOADER_VARIABLES`."""
+    try:
+        data, st = read_regular(path, MAX_ENV_FILE_BYTES)
     except IsADirectoryError:
         raise UserError(
             "is a directory, not an env file", where=path, hint="point at a file of NAME=VALUE lines"
@@ -163,6 +205,19 @@ def _read_env_file(path: str) -> dict[str, str]:
             where=path,
             hint="check that the path is a readable file",
         ) from None
+    if len(data) > MAX_ENV_FILE_BYTES:
+        raise UserError(
+            f"the env file is larger than {MAX_ENV_FILE_BYTES >> 20} MiB", where=path, hint="an env file holds NAME=VALUE lines"
+        )
+    problem = owner_problem(st, os.geteuid()) if found else None
+    if problem:
+        raise UserError(
+            f"the env file {problem}: another user could set the job's variables (PYTHONPATH runs their code "
+            "as you on every rank), so it is not read",
+            where=path,
+            hint=f"if the file is yours to trust: chown $USER {path}; chmod go-w {path}, or name it with "
+            "--env-file; otherwise remove it",
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -170,7 +225,26 @@ def _read_env_file(path: str) -> dict[str, str]:
         raise UserError(
             "the env file is not valid UTF-8", where=f"{path}:{line}", hint="save the file as UTF-8"
         ) from None
-    return parse_env_text(text, path)
+    env = parse_env_text(text, path)
+    loaders = [name for name in env if name in LOADER_VARIABLES] if found else []
+    if loaders:
+        line = _line_of(text, loaders[0])
+        raise UserError(
+            f"{loaders[0]} in an env file that was found, not named: it decides what code every rank loads",
+            where=f"{path}:{line}",
+            hint=f"name the file with --env-file {path} to use it, or export {loaders[0]} and pass -x {loaders[0]}",
+        )
+    return env
+
+
+def _line_of(text: str, name: str) -> int:
+    """The line of ``text`` that sets ``name`` last (the one that took effect). Pure."""
+    found = 1
+    pattern = re.compile(rf"[{_WS}]*(?:export[ \t]+)?{re.escape(name)}[{_WS}]*=")
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if pattern.match(line.lstrip("\ufeff")):
+            found = lineno
+    return found
 
 
 def _expand_home(path: str, home: str) -> str:
@@ -212,7 +286,9 @@ def load_env_files(
     ``explicit`` (``--env-file PATH``) is the only file read when given, and it must exist.
     Otherwise the file name is ``name``, else ``$DS_ENV_FILE``, else :data:`DEFAULT_NAME`; a
     relative name is looked up in ``home`` and then ``cwd`` (the latter wins key by key), an
-    absolute one is read on its own and must exist.
+    absolute one is read on its own and must exist. A file found so (not named with --env-file) is
+    used only if it is this user's or root's and nobody else can write it, and it may not set
+    :data:`LOADER_VARIABLES` (exit 2 naming the file and its owner, or the line).
     """
     if environ is None:
         environ = os.environ
@@ -238,7 +314,7 @@ def load_env_files(
 
     if os.path.isabs(fname):
         _require_file(fname, where or fname, "env file")
-        return _read_env_file(fname), [fname]
+        return _read_env_file(fname, found=True), [fname]
 
     merged: dict[str, str] = {}
     read: list[str] = []
@@ -249,7 +325,7 @@ def load_env_files(
         _require_file(path, path, "env file")
         if any(_same_file(path, earlier) for earlier in read):
             continue
-        merged.update(_read_env_file(path))
+        merged.update(_read_env_file(path, found=True))
         read.append(path)
     return merged, read
 

@@ -16,12 +16,16 @@ from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.plan.multinode import apply_scaleout, scaleout_paths
 
 
+# The note naming the env files read: a dry run shows it with the others, a real run prints it (backends/job.py).
+ENV_FILES_NOTE = "environment files read: "
+
+
 def job_env(spec: JobSpec, environ: Mapping[str, str], notes: list[str]) -> dict[str, str]:
     """The job's variables: the env files' (.deepspeed_env, --env-file), then -x's; a note names the files read."""
     env, sources = load_env_files(explicit=spec.env_file, environ=environ)
     env.update(spec.env)
     if sources:
-        notes.append("environment files read: " + ", ".join(sources))
+        notes.append(ENV_FILES_NOTE + ", ".join(sources))
     return env
 
 

@@ -433,7 +433,7 @@ def test_unreadable_file_simulated(dirs, monkeypatch):
     def deny(*args, **kwargs):
         raise PermissionError(13, "Permission denied", p)
 
-    monkeypatch.setattr(envfile, "open", deny, raising=False)
+    monkeypatch.setattr(envfile, "read_regular", deny)
     with pytest.raises(UserError) as info:
         load(home, cwd)
     assert info.value.where == p
@@ -718,3 +718,29 @@ def test_switch_values_and_tokenizer_settings_are_not_masked_in_output():
     assert not is_secret("TOKENIZERS_PARALLELISM") and is_secret("TOKENIZER_API_TOKEN")
     env = {"PRIVATE_MODE": "true", "USE_KEY": "Off", "HF_TOKEN": "hf_tok123456"}
     assert mask_text("flag true, Off, hf_tok123456", env) == "flag true, Off, ***"
+
+
+# ---------------------------------------------------------------- issue 36 item 1: found files, owner and loaders
+
+
+def test_owner_problem_follows_sshs_strict_modes():
+    from gaudi_launch.inputs.envfile import owner_problem
+
+    def st(uid, mode):
+        return os.stat_result((0o100000 | mode, 0, 0, 1, uid, uid, 0, 0, 0, 0))
+
+    assert owner_problem(st(1000, 0o644), 1000) is None
+    assert owner_problem(st(0, 0o600), 1000) is None  # root's
+    assert owner_problem(st(1001, 0o600), 1000).startswith("belongs to ")
+    assert owner_problem(st(1000, 0o664), 1000) == "is writable by its group (mode 664)"
+    assert owner_problem(st(0, 0o646), 1000) == "is writable by others (mode 646)"
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "LD_LIBRARY_PATH"])
+def test_a_found_file_may_not_set_a_loader_variable(dirs, name):
+    home, cwd = dirs
+    p = write(cwd / DEFAULT_NAME, f"A=1\n\n{name}=/x\n")
+    with pytest.raises(UserError) as info:
+        load(home, cwd)
+    assert info.value.where == f"{p}:3" and name in info.value.message
+    assert load(home, cwd, explicit=p)[0] == {"A": "1", name: "/x"}  # named with --env-file: as asked

@@ -1,0 +1,104 @@
+"""Issue 36: what another user of a shared working directory, log or output directory, or /tmp can still
+do, on the CLI as a process. "Another user" is a second local account (tests/other_user.py) owning the
+files they plant, as the review did."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.other_user import NAME as OTHER_NAME
+from tests.other_user import other_uid
+
+
+def gaudi_launch(*args, cwd=None, env=None, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "gaudi_launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+    )
+
+
+@pytest.fixture
+def shared(tmp_path):
+    """A working directory a team shares (1777, as /tmp), a HOME of our own, and a script that says it ran."""
+    work, home = tmp_path / "team", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    os.chmod(work, 0o1777)
+    (work / "train.py").write_text(
+        "import os\nprint('ran', os.environ.get('FROM_FILE'), os.environ.get('PYTHONPATH', ''), flush=True)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("DS_ENV_FILE", "PYTHONPATH")}
+    env.update(HOME=str(home), HABANA_VISIBLE_MODULES="0")
+    return work, home, env
+
+
+def plant(path, text: str, uid: int, mode: int = 0o644) -> None:
+    path.write_text(text)
+    os.chown(path, uid, uid)
+    os.chmod(path, mode)
+
+
+# ---- item 1: an env file someone else can write is not read ----------------------------------------
+
+
+def test_a_deepspeed_env_of_another_user_in_the_working_directory_is_refused(shared):
+    work, _, env = shared
+    evil = work / "evil"
+    evil.mkdir()
+    (evil / "sitecustomize.py").write_text("open('PWNED', 'w').close()\n")
+    plant(work / ".deepspeed_env", f"PYTHONPATH={evil}\nFROM_FILE=x\n", other_uid())
+    res = gaudi_launch("--num_devices", "1", "train.py", cwd=work, env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"{work / '.deepspeed_env'}: the env file belongs to user {OTHER_NAME}" in res.stderr
+    assert "ran" not in res.stdout and not (work / "PWNED").exists()
+
+
+def test_ds_env_file_of_another_user_is_refused(shared, tmp_path):
+    work, _, env = shared
+    other = tmp_path / "other.env"
+    plant(other, "FROM_FILE=x\n", other_uid())
+    res = gaudi_launch("--num_devices", "1", "train.py", cwd=work, env={**env, "DS_ENV_FILE": str(other)})
+    assert res.returncode == 2 and f"{other}: the env file belongs to user {OTHER_NAME}" in res.stderr, res.stderr
+
+
+def test_a_group_writable_deepspeed_env_of_ours_is_refused(shared):
+    work, _, env = shared
+    plant(work / ".deepspeed_env", "FROM_FILE=x\n", os.geteuid(), mode=0o664)
+    res = gaudi_launch("--num_devices", "1", "train.py", cwd=work, env=env)
+    assert res.returncode == 2 and "the env file is writable by its group (mode 664)" in res.stderr, res.stderr
+
+
+def test_a_loader_variable_in_a_found_file_is_refused_but_a_named_file_may_set_it(shared):
+    work, home, env = shared
+    plant(home / ".deepspeed_env", "FROM_FILE=x\nexport PYTHONPATH=/opt/mine\n", os.geteuid())
+    res = gaudi_launch("--num_devices", "1", "train.py", cwd=work, env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"{home / '.deepspeed_env'}:2: PYTHONPATH in an env file that was found, not named" in res.stderr
+    named = gaudi_launch("--num_devices", "1", "--env-file", str(home / ".deepspeed_env"), "train.py", cwd=work, env=env)
+    assert named.returncode == 0, named.stderr
+    assert "ran x /opt/mine" in named.stdout
+
+
+def test_every_run_says_which_env_files_were_read(shared):
+    work, home, env = shared
+    plant(home / ".deepspeed_env", "FROM_FILE=home\n", os.geteuid(), mode=0o600)
+    res = gaudi_launch("--num_devices", "1", "train.py", cwd=work, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "ran home" in res.stdout
+    assert f"gaudi-launch: environment files read: {home / '.deepspeed_env'}" in res.stderr
+
+
+def test_a_named_env_file_of_another_user_is_read_as_asked(shared, tmp_path):
+    work, _, env = shared
+    other = tmp_path / "team.env"
+    plant(other, "FROM_FILE=team\n", other_uid())
+    res = gaudi_launch("--num_devices", "1", "--env-file", str(other), "train.py", cwd=work, env=env)
+    assert res.returncode == 0 and "ran team" in res.stdout, res.stderr
