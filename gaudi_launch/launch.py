@@ -28,7 +28,16 @@ from gaudi_launch.inputs.envfile import parse_assignments
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import sbatch
 from gaudi_launch.plan.planner import build_plan
-from gaudi_launch.plan.replay import check_before_hosts, check_same, enter_cwd, plan_json, read_plan, spec_from_request
+from gaudi_launch.plan.replay import (
+    check_before_hosts,
+    check_format,
+    check_same,
+    enter_cwd,
+    fill_request,
+    plan_json,
+    read_plan,
+    spec_from_request,
+)
 from gaudi_launch.reports.environment import report as environment_report
 from gaudi_launch.reports.plots import report as plots_report
 
@@ -159,6 +168,13 @@ def replay(path: str, *, dry_run: bool = False, json_out: bool = False) -> int:
         raise UserError("--json only applies to --dry-run", where="--json")
     path = os.path.abspath(path)
     saved = read_plan(path)
+    check_format(saved, path)
+    saved["request"], predated = fill_request(saved["request"])
+    if predated:
+        print(
+            f"gaudi-launch: note: the plan predates the options {', '.join(predated)}: taken at their defaults",
+            file=sys.stderr,
+        )
     enter_cwd(saved, path)
     spec = spec_from_request(saved["request"], os.environ, path)
     check_before_hosts(saved, prepare(spec), path, get_backend)

@@ -39,6 +39,11 @@ from gaudi_launch.wire import HEARTBEAT_DIR, JOB_DIGEST_FLAG, JobDirError, check
 # Per run, not compared: the job id, the notes and the pre-flight's findings (the port too, unless
 # the request fixed it). Every other field of either plan is.
 PER_RUN = ("job_id", "notes", "preflight")
+# The plan's format: 1 had no key (before it was written); 2 writes it. A plan of a later format is refused,
+# one of an earlier format runs with the options it predates at their defaults (said once).
+PLAN_FORMAT = 2
+FORMAT_KEY = "plan_format"
+MAX_DIFFERENCES = 12  # lines shown; the rest counted
 DIGESTS = "secret_digests"  # {NAME: HMAC-SHA256 of the value}, for every value the plan masks
 KEY_FILE = "plan-key"
 MAX_PLAN_BYTES = 64 << 20  # a plan of thousands of hosts is a few MiB
@@ -85,6 +90,35 @@ def read_plan(path: str) -> dict:
             hint="make it again with this version: gaudi-launch --dry-run --json ... > plan.json",
         )
     return saved
+
+
+def check_format(saved: dict, path: str) -> None:
+    """A plan this version can read: its format is this one's or earlier (absent: the first)."""
+    made = saved.get(FORMAT_KEY, 1)
+    if not isinstance(made, int) or isinstance(made, bool) or made < 1:
+        raise UserError(f"{FORMAT_KEY}: a whole number, 1 or more, got {_brief(made)}", where=path)
+    if made > PLAN_FORMAT:
+        raise UserError(
+            f"the plan is of plan format {made}, made by a newer gaudi-launch; this one reads up to format {PLAN_FORMAT}",
+            where=path,
+            hint="run it with the version that made it, or make the plan again with this one",
+        )
+
+
+def fill_request(request: dict) -> tuple[dict, list[str]]:
+    """The request with every option it predates (a plan made before the option existed) at its default,
+    and those options' flags, to say so. Unknown options are left for spec_from_request to refuse. Pure."""
+    defaults = JobSpec(program=[]).as_request(str(request.get("cwd") or "/"))
+    missing = [name for name in defaults if name not in request]
+    flags = sorted(_flag_of(name) for name in missing)
+    return {**request, **{name: defaults[name] for name in missing}}, flags
+
+
+def _flag_of(name: str) -> str:
+    for f, option in job_option_fields():
+        if f.name == name:
+            return next((flag for flag in option.flags if flag.startswith("--")), name)
+    return name
 
 
 def enter_cwd(saved: dict, path: str) -> None:
@@ -284,7 +318,7 @@ def _read_key(path: str) -> bytes:
 
 def plan_json(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
     """The plan as --dry-run --json shows it: secrets masked, with their keyed digests."""
-    data = plan.to_dict()
+    data = {FORMAT_KEY: PLAN_FORMAT, **plan.to_dict()}
     values = plan.secret_values()
     if values:
         data[DIGESTS] = secret_digests(values, plan_key(environ))
@@ -294,16 +328,28 @@ def plan_json(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
 def differences(saved: dict, fresh: dict, fixed_port: bool) -> list[str]:
     """What differs between a saved plan and the same request planned now (both as JSON dicts,
     secrets masked, with their digests). Empty when they are the same job. Pure."""
-    skip = set(PER_RUN) | ({"master_port"} if not fixed_port else set()) | {DIGESTS}
+    skip = set(PER_RUN) | ({"master_port"} if not fixed_port else set()) | {DIGESTS, FORMAT_KEY}
     a_run, b_run = _per_run(saved, fixed_port), _per_run(fresh, fixed_port)
     out = []
     for key in [k for k in saved if k not in skip] + [k for k in fresh if k not in skip and k not in saved]:
         a = _normal(_comparable(key, saved.get(key, _ABSENT)), a_run)
         b = _normal(_comparable(key, fresh.get(key, _ABSENT)), b_run)
-        if a != b:
-            out.append(f"{key}: the plan has {_short(a)}, now {_short(b)}")
+        out += _differing(key, a, b)
+    if len(out) > MAX_DIFFERENCES:
+        out = [*out[:MAX_DIFFERENCES], f"... and {len(out) - MAX_DIFFERENCES} more"]
     out += _secret_differences(saved.get(DIGESTS), fresh.get(DIGESTS) or {})
     return out
+
+
+def _differing(key: str, a, b) -> list[str]:
+    """Each differing leaf, named by its path in the plan (request.grace, commands[2].argv[0]), not the
+    whole field: two long values that differ at their end look alike in any prefix. Pure."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        names = [*a, *(k for k in b if k not in a)]
+        return [line for k in names for line in _differing(f"{key}.{k}", a.get(k, _ABSENT), b.get(k, _ABSENT))]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [line for i, (x, y) in enumerate(zip(a, b)) for line in _differing(f"{key}[{i}]", x, y)]
+    return [] if a == b else [f"{key}: the plan has {_short(a)}, now {_short(b)}"]
 
 
 def _secret_differences(saved, fresh: dict) -> list[str]:
