@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Optional
 
+from gaudi_launch import safewrite
 from gaudi_launch.backends import get_backend
 from gaudi_launch.backends.job import launch, plan_job
 from gaudi_launch.errors import UserError
@@ -190,10 +191,8 @@ def run_check(
 def write_finding(report: CollectiveReport, directory: str) -> Optional[str]:
     """The report as JSON in ``directory`` (the job's --log-dir, else its working directory)."""
     path = os.path.join(directory, RESULT_FILE)
-    try:
-        with open(path, "w") as f:
-            json.dump(report.to_json(), f, indent=2)
-            f.write("\n")
+    try:  # a shared working or log directory: a planted link is replaced, never written through
+        safewrite.write_whole(path, json.dumps(report.to_json(), indent=2) + "\n")
     except OSError:
         return None
     return path

@@ -14,6 +14,7 @@ import stat
 from collections.abc import Collection
 from typing import Optional, TextIO
 
+from gaudi_launch import safewrite
 from gaudi_launch.errors import UserError
 
 
@@ -56,13 +57,4 @@ def prepare_log_dir(path: str) -> None:
 
 def open_log(path: str) -> TextIO:
     """Open ``path`` for writing from the start; OSError if it is a link or not our own plain file."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
-            raise OSError(f"{path} is not a plain file of this user with one link: not written")
-        os.ftruncate(fd, 0)  # only now: truncating through a hard link would destroy another file
-        return os.fdopen(fd, "w", encoding="utf-8")
-    except BaseException:
-        os.close(fd)
-        raise
+    return safewrite.open_own(path)

@@ -21,9 +21,9 @@ import os
 import re
 import stat
 import sys
-import tempfile
 from typing import Any, BinaryIO, Callable, Optional
 
+from gaudi_launch import safewrite
 from gaudi_launch.exitcodes import ExitCode
 
 INSTALL_HINT = "pip install 'gaudi-launch[report]'"
@@ -243,21 +243,8 @@ def _figure(width: float = 7.5, height: float = 4.2):
 
 def write_whole(path: str, write: Callable[[BinaryIO], object]) -> None:
     """Write ``path`` through a new temporary file beside it, renamed over it: a link someone planted
-    at ``path`` (a run directory others can write to) is replaced, never written through."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            mask = os.umask(0)
-            os.umask(mask)
-            os.fchmod(f.fileno(), 0o666 & ~mask)  # the mode open() would have given: a report is to share
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    at ``path`` (a run directory others can write to) is replaced, never written through (safewrite.py)."""
+    safewrite.write_whole(path, write)  # the mode open() would have given: a report is to share
 
 
 def read_own(path: str) -> bytes:

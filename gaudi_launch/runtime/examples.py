@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
+from gaudi_launch import safewrite
+
 
 def note(text: str) -> None:
     """A notice about the whole run (not one rank's): written once, by rank 0, to stderr."""
@@ -55,6 +57,8 @@ def train_and_evaluate(
     if trainer.rank == 0:
         print(json.dumps(results, indent=2, sort_keys=True))
         os.makedirs(args.output_dir, exist_ok=True)
-        with open(os.path.join(args.output_dir, "results.json"), "w") as f:
-            json.dump(results, f, indent=2, sort_keys=True)
+        # renamed into place: a link planted in a shared output_dir is replaced, not written through
+        safewrite.write_whole(
+            os.path.join(args.output_dir, "results.json"), json.dumps(results, indent=2, sort_keys=True)
+        )
     return results

@@ -11,6 +11,8 @@ import time
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
+from gaudi_launch import safewrite
+
 
 class Throughput:
     """samples/s, tokens/s, steps/s excluding the first `warmup_steps` steps (graph compilation) — the clock restarts after them and their samples/tokens are not counted.
@@ -110,7 +112,8 @@ class MetricsWriter:
         os.makedirs(output_dir, exist_ok=True)
         self.path = os.path.join(output_dir, "metrics.jsonl")
         # Append: a resumed run continues the same file rather than wiping its history.
-        self._file = open(self.path, "a", encoding="utf-8")
+        # A shared output_dir: never through a planted link, only a plain file of ours (safewrite.py).
+        self._file = safewrite.open_own(self.path, append=True, mode=0o644)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter

@@ -5,8 +5,8 @@ to the command line that runs it.
 
 A package (or root module) imports only from the layers below its own; imports under ``if TYPE_CHECKING:``
 count too (a type-only import still ties a layer to the one it names). The root helpers (errors.py,
-exitcodes.py, wire.py) import no other module of ours and every layer may import them. runtime/ runs inside
-the ranks: of the launcher it imports only the wire module (and errors.py, which imports nothing: its
+exitcodes.py, wire.py, safewrite.py) import no other module of ours and every layer may import them. runtime/ runs inside
+the ranks: of the launcher it imports only the wire module and safewrite.py (and errors.py, which imports nothing: its
 DataError is a UserError); the launcher may import runtime/'s torch-free modules, never one that imports
 torch. No module cycles. And imports of our modules inside functions are counted, not whitelisted: each one
 hides an edge until the day it runs first in a new order.
@@ -38,9 +38,9 @@ LAYERS = (
     ("cli",),
     ("__main__", ""),
 )
-ROOT_HELPERS = ("errors", "exitcodes", "wire")
+ROOT_HELPERS = ("errors", "exitcodes", "wire", "safewrite")
 RANK_SIDE = "runtime"
-RANK_SIDE_MAY_IMPORT = ("wire", "errors")
+RANK_SIDE_MAY_IMPORT = ("wire", "errors", "safewrite")
 HEAVY = ("torch", "transformers", "deepspeed", "habana_frameworks")
 MAX_FUNCTION_LEVEL_IMPORTS = 5
 # A GAUDI_LAUNCH_* variable as code spells it: the name, or the name and "=" (an env line, a grep needle).
@@ -222,7 +222,7 @@ def test_the_layer_check_names_an_upward_a_sideways_and_a_rank_side_import():
     assert layer_breaches(g) == [
         "gaudi_launch.launch -> gaudi_launch.runner (launch may not import runner: same layer)",
         "gaudi_launch.plan.planner -> gaudi_launch.backends.slurm (plan may not import backends: above)",
-        "gaudi_launch.runtime.trainer -> gaudi_launch.process.heartbeats (runtime/ imports only wire, errors)",
+        "gaudi_launch.runtime.trainer -> gaudi_launch.process.heartbeats (runtime/ imports only wire, errors, safewrite)",
         "gaudi_launch.wire -> gaudi_launch.errors (a root helper imports no module of ours)",
     ]
     assert layer_breaches({"gaudi_launch.newpkg.x": {"gaudi_launch.plan.y"}}) == [
