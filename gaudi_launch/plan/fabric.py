@@ -234,6 +234,42 @@ def efa_present(sys_root: str = "/", run: Callable = subprocess.run) -> bool:
         return False
 
 
+def local_generation(run: Callable = subprocess.run) -> int | None:
+    """This host's Gaudi generation from hl-smi's card name (plan/scaleout.generation_of), or None without
+    hl-smi or an answer. Never raises."""
+    from gaudi_launch.plan.scaleout import generation_of
+
+    try:
+        done = run(["hl-smi", "-Q", "name", "-f", "csv,noheader"], capture_output=True, text=True, timeout=20)
+        first = next((line for line in done.stdout.splitlines() if line.strip()), "") if done.returncode == 0 else ""
+        return generation_of(first)
+    except Exception:  # no hl-smi, a hang, odd output: not known here
+        return None
+
+
+def ofi_recipe_without_facts(flag: bool | None, efa_here: bool, generation: int | None) -> tuple[bool, str]:
+    """(set first-generation Gaudi's OFI recipe, note) when no pre-flight probed the hosts (--no-ssh-check, the
+    collective check's own job, inside a Slurm allocation): ``flag`` --efa/--no-efa, ``efa_here`` EFA devices on
+    this host, ``generation`` this host's Gaudi generation (None: no hl-smi here). Pure.
+
+    HCCL_OVER_OFI=1 makes HCCL for Gaudi 2 and 3 skip its own choice (HabanaAI/HCL hcl_idevice.cpp
+    IHclDevice::setScaleoutMode: "ofi selected by user", no Gaudi Direct) and it never takes EFA (hl_ofi.cpp
+    get_core_provider: tcp and verbs only), so it is set only for first-generation Gaudi (AWS DL1), whose recipe
+    it is (Scale-out via Host NIC), and otherwise HCCL's auto-detection is left alone and the plan says so."""
+    left = "the scale-out path is left to HCCL's own choice (no pre-flight probed the hosts; HCCL_OVER_OFI not set)"
+    recipe = "EFA: HCCL_OVER_OFI=1 and the OFI wrapper and EFA libraries on LD_LIBRARY_PATH, first-generation Gaudi's (DL1) recipe"
+    if generation in (2, 3):
+        ignored = " (--efa ignored: it would force HCCL's slowest path)" if flag else ""
+        return False, f"{left}: this host is Gaudi {generation}, whose HCCL chooses for itself{ignored}"
+    if flag:
+        return True, recipe + (" (--efa)" if generation is None else " (--efa, first-generation Gaudi here)")
+    if flag is None and efa_here and generation == 1:
+        return True, recipe + " (EFA devices and first-generation Gaudi on this host)"
+    if flag is None and efa_here:
+        return False, f"{left}; EFA devices here but no Gaudi generation known: give --efa for DL1's recipe"
+    return False, left
+
+
 DEFAULT_OFI_WRAPPER = "/root/hccl_ofi_wrapper"
 AMAZON_LIBS = ("/opt/amazon/openmpi/lib", "/opt/amazon/efa/lib")
 
@@ -275,6 +311,12 @@ def efa_env(base: Mapping[str, str], wrapper_dir: str | None = None) -> dict[str
         out["HCCL_OVER_OFI"] = "1"
     out["LD_LIBRARY_PATH"] = _join_paths([wrapper, *AMAZON_LIBS, *existing])
     return out
+
+
+def with_lib_dirs(current: str, dirs: Sequence[str]) -> str:
+    """LD_LIBRARY_PATH with ``dirs`` first (where the probe found HCCL's OFI wrapper), then ``current``'s
+    entries, without duplicates or empty entries. Pure."""
+    return _join_paths([*dirs, *current.split(":")])
 
 
 SOCKET_IFNAME_VARS = ("HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")

@@ -163,6 +163,11 @@ def apply_scaleout(
         env.update(fabric.efa_env(base, wrapper))
     elif efa_libs:
         env.update(fabric.efa_libs_env(base, wrapper))
+    dirs = scaleout.lib_dirs(paths)  # where each host's probe found the OFI wrapper HCCL dlopens
+    if dirs:
+        env["LD_LIBRARY_PATH"] = fabric.with_lib_dirs(
+            env.get("LD_LIBRARY_PATH") or base.get("LD_LIBRARY_PATH", ""), dirs
+        )
     plan.env.update({k: v for k, v in env.items() if k == "LD_LIBRARY_PATH" or not base.get(k)})
     if base.get("HCCL_OVER_OFI") and not ofi:
         plan.notes.append(
@@ -170,5 +175,5 @@ def apply_scaleout(
             f"(P2) on every host, slower than the path below on Gaudi 2 and 3 ({scaleout.SCALE_OUT_PAGE})"
         )
     for host, p in paths.items():
-        plan.notes.append(f"scale-out {host}: {p.code} {p.name}: {p.why}")
+        plan.notes.append(f"scale-out {host}: {p.shown}: {p.why}")
     plan.notes += [f"scale-out: {w}" for w in warnings]

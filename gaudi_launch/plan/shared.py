@@ -15,7 +15,6 @@ from gaudi_launch.plan.contract import node_device_env
 from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.plan.multinode import apply_scaleout, scaleout_paths
 
-
 # The note naming the env files read: a dry run shows it with the others, a real run prints it (backends/job.py).
 ENV_FILES_NOTE = "environment files read: "
 
@@ -68,16 +67,15 @@ def fabric_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str],
     """The fabric's variables: each host's scale-out path from the pre-flight's report when there is one,
     else EFA as --efa/--no-efa say or as this host's devices show."""
     paths = scaleout_paths(report, spec.efa) if report is not None and plan.backend != "local" else {}
+    efa = False  # with a pre-flight, the recipe, where a host needs it, is set by apply_scaleout
     if paths:  # decided per host from what the pre-flight found (plan/scaleout.py)
         apply_scaleout(plan, paths, environ, spec.hccl_ofi_wrapper)
-        efa = False  # the recipe, where a host needs it, is set by apply_scaleout
-    else:
-        efa = spec.efa if spec.efa is not None else fabric.efa_present()
-    if efa:
-        plan.notes.append(
-            "EFA: HCCL_OVER_OFI=1 and the EFA libraries on LD_LIBRARY_PATH"
-            + ("" if spec.efa else " (EFA devices found on this host)")
-        )
+    else:  # no per-host facts: HCCL_OVER_OFI only for first-generation Gaudi (plan/fabric.py)
+        efa_here = fabric.efa_present() if spec.efa is None else False
+        gen = fabric.local_generation() if spec.efa or efa_here else None
+        efa, note = fabric.ofi_recipe_without_facts(spec.efa, efa_here, gen)
+        if note and (efa or plan.backend != "local"):
+            plan.notes.append(note)
     plan.env.update(
         fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname, wrapper_dir=spec.hccl_ofi_wrapper)
     )

@@ -261,15 +261,27 @@ def _judge(
         )
     facts.cards = host_cards(found.scaleout) if found.scaleout else None
     problems += _card_problems(facts.cards, modules or [], where)
-    ports = scaleout.port_finding(facts.fabric) if facts.fabric else None
-    if ports and ports[2]:  # some scale-out ports up, some down: HCCL takes the Gaudi NICs and fails
-        problems.append(ports[:2])
+    problems += scaleout_problems(facts.fabric) if facts.fabric else []
     if problems:
         facts.ok = False
         facts.reason = "; ".join(p[0] for p in problems)
         facts.fix = "\n".join(p[1] for p in problems)
     else:
         facts.ok = True
+
+
+def scaleout_problems(f: scaleout.HostFabric) -> list[tuple[str, str]]:
+    """The scale-out facts that stop a job on this host (plan/scaleout.py): enabled Gaudi scale-out ports down
+    (HCCL takes the Gaudi NICs anyway), scale-up ports down or flapping, no OFI wrapper for a host-NIC path."""
+    out: list[tuple[str, str]] = []
+    ports = scaleout.port_finding(f)
+    if ports and ports[2]:
+        out.append(ports[:2])
+    out += scaleout.link_findings(f)
+    wrapper = scaleout.wrapper_finding(f, scaleout.decide(f))
+    if wrapper:
+        out.append(wrapper)
+    return out
 
 
 def _sections(block: str) -> dict[str, list[str]]:

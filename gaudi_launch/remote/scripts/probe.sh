@@ -40,37 +40,62 @@ else echo devices=none; fi
 _m=$(command -v mpirun 2>/dev/null || { [ -x /opt/amazon/openmpi/bin/mpirun ] && echo /opt/amazon/openmpi/bin/mpirun; })
 if [ -n "$_m" ]; then _one "$(_t "$_m" --version 2>&1 </dev/null)"; echo "openmpi=$_v"; fi
 # Scale-out facts (plan/scaleout.py reads them): each tool's output verbatim under a @@<command> line.
+# GAUDI_LAUNCH_SYSFS / GAUDI_LAUNCH_PROCFS: where /sys and /proc are (tests point them at a stand-in tree).
 # hl-smi's port lists only when it answers, -n ports on card 0 (the external ports are the same on each card).
 _scaleout() {
+    _s=${GAUDI_LAUNCH_SYSFS:-/sys}
     echo '@@scaleout begin'
     echo '@@uname -r'; uname -r 2>/dev/null
     echo '@@ls /sys/class/infiniband'
-    for _e in /sys/class/infiniband/*; do [ -e "$_e" ] && echo "${_e##*/}"; done
+    for _e in "$_s"/class/infiniband/*; do [ -e "$_e" ] && echo "${_e##*/}"; done
     if command -v fi_info >/dev/null 2>&1; then
         echo '@@fi_info --version'; _t fi_info --version 2>/dev/null </dev/null
         _efa=0
-        for _e in /sys/class/infiniband/efa* /sys/class/infiniband/rdmap*; do [ -e "$_e" ] && _efa=1; done
+        for _e in "$_s"/class/infiniband/efa* "$_s"/class/infiniband/rdmap*; do [ -e "$_e" ] && _efa=1; done
         if [ "$_efa" = 0 ]; then echo '@@fi_info -p efa'; _t fi_info -p efa 2>/dev/null </dev/null; fi
+        # Gaudi Direct's kernel check (HabanaAI/HCL hl_ofi.cpp ofi_t::checkDMABUFSupport): the symbol's name
+        echo '@@grep -c ib_umem_dmabuf_get kallsyms'
+        grep -c ib_umem_dmabuf_get "${GAUDI_LAUNCH_PROCFS:-/proc}/kallsyms" 2>/dev/null
     fi
     if command -v hl-smi >/dev/null 2>&1; then
         _q=$(_t hl-smi -Q name,driver_version,bus_id -f csv,noheader 2>/dev/null </dev/null)
         echo '@@hl-smi -Q name,driver_version,bus_id -f csv,noheader'; printf '%s\n' "$_q"
-        _first=1
+        _buses=
         while IFS= read -r _l; do
             case $_l in HL-*,*,*) ;; *) continue ;; esac
             _b=${_l##*,}; _b=${_b# }
-            if [ "$_first" = 1 ]; then
-                echo "@@hl-smi -n ports -i $_b"; _t hl-smi -n ports -i "$_b" 2>/dev/null </dev/null; _first=0
+            if [ -z "$_buses" ]; then
+                echo "@@hl-smi -n ports -i $_b"; _t hl-smi -n ports -i "$_b" 2>/dev/null </dev/null
             fi
-            echo "@@hl-smi -n link -i $_b"; _t hl-smi -n link -i "$_b" 2>/dev/null </dev/null
+            _buses="$_buses $_b"
         done <<EOF_Q
 $_q
 EOF_Q
+        # every port of every card, three rounds: a port DOWN in any read is down, UP and DOWN is flapping
+        # (Intel Gaudi Health Screen, IGNodes.py check_link_state, reads each card's ports repeatedly)
+        for _r in 1 2 3; do
+            for _b in $_buses; do
+                echo "@@hl-smi -n link -i $_b"; _t hl-smi -n link -i "$_b" 2>/dev/null </dev/null
+            done
+        done
+        echo '@@hl-smi --fw-versions'; _t hl-smi --fw-versions 2>/dev/null </dev/null
+        # HCCL's OFI plugin (HabanaAI/HCL ofi_plugin.cpp) dlopens libhccl_ofi_wrapper.so: where it resolves from
+        echo '@@find libhccl_ofi_wrapper.so'
+        _ldc=$(command -v ldconfig 2>/dev/null || { [ -x /sbin/ldconfig ] && echo /sbin/ldconfig; })
+        if [ -n "$_ldc" ]; then
+            "$_ldc" -p 2>/dev/null | grep -F 'libhccl_ofi_wrapper.so ' | while IFS= read -r _l; do
+                echo "ldconfig ${_l##*=> }"
+            done
+        fi
+        _ifs=$IFS; IFS=:
+        for _d in ${LD_LIBRARY_PATH:-} ${HCCL_OFI_WRAPPER:-} /usr/lib/habanalabs /root/hccl_ofi_wrapper; do
+            [ -n "$_d" ] && [ -e "$_d/libhccl_ofi_wrapper.so" ] && echo "dir $_d"
+        done
+        IFS=$_ifs
         # which card is which module (preflight.py: partial nodes, cards another process holds)
         _c=$(_t hl-smi -Q index,module_id,bus_id -f csv,noheader 2>/dev/null </dev/null)
         echo '@@hl-smi -Q index,module_id,bus_id -f csv,noheader'; printf '%s\n' "$_c"
         # each card's NUMA node and each node's CPUs, for the ranks' binding (inputs/cards.py)
-        _s=${GAUDI_LAUNCH_SYSFS:-/sys}
         echo '@@numa'
         while IFS=, read -r _i _mod _b; do
             _b=${_b# }; [ -r "$_s/bus/pci/devices/$_b/numa_node" ] && echo "$_b $(cat "$_s/bus/pci/devices/$_b/numa_node")"

@@ -1,9 +1,11 @@
-"""The scale-out path per host (issue 24, item 1): the decision for each generation and fabric (pure), the
-probe's facts from the hl-smi / fi_info stand-ins, and a dry run's plan on stood-in Gaudi 3 and DL1 hosts.
+"""The scale-out path per host (issues 24 and 32): the decision HCCL for Gaudi 2 and 3 makes, read from its source
+(HabanaAI/HCL 54fed3a), first-generation Gaudi's (DL1) recipe, the probe's facts from the hl-smi / fi_info /
+sysfs stand-ins, and what the pre-flight and a dry run make of them.
 
-Habana, "Scale-out via Host NIC": P0 Gaudi NICs, P1 host NIC Gaudi Direct (EFA libfabric >= 1.16.1 or verbs
-1.20.0, kernel >= 5.12; EFA also RDMAV_FORK_SAFE=1, FI_EFA_USE_DEVICE_RDMA=1), P2 host NIC through host
-memory, P3 none; HCCL_OVER_OFI forces P2 (first-generation Gaudi's recipe).
+HCL: IHclDevice::setScaleoutMode (hcl_idevice.cpp) takes the Gaudi NICs for any *enabled* scale-out port,
+cabled or not; else OFI when OfiPlugin dlopens libhccl_ofi_wrapper.so (ofi_plugin.cpp), with Gaudi Direct when
+libfabric >= 1.20 and ib_umem_dmabuf_get is in /proc/kallsyms (hl_ofi.cpp ofi_t::init, checkDMABUFSupport);
+the tcp and verbs providers only (get_core_provider); else nothing.
 """
 
 from __future__ import annotations
@@ -27,83 +29,142 @@ NEW = "6.8.0-45-generic"
 G3 = "HL-325L"
 G2 = "HL-225"
 DL1 = "HL-205"
+WRAPPER = ("dir /usr/lib/habanalabs",)
+VERBS = ("mlx5_0", "hbl_0")
+GDR_IF = ["libfabric was built --with-synapseai", "PCIe ACS is off"]
+
+
+def g3_block(states: str, *, ports: str = "8 22 23", extra: str = "") -> str:
+    """A Gaudi 3 host's probe block: two cards, every port of ``ports`` external, each link in ``states`` (one
+    word per read, UP or DOWN, for every port listed), a verbs NIC and libfabric 1.22."""
+    lines = ["@@uname -r", NEW, "@@ls /sys/class/infiniband", "mlx5_0", "hbl_0", "@@fi_info --version"]
+    lines += ["libfabric: 1.22.0", "@@hl-smi -Q name,driver_version,bus_id -f csv,noheader"]
+    lines += ["HL-325L, 1.22.1-97ec1a4, 0000:1b:00.0", "HL-325L, 1.22.1-97ec1a4, 0000:1c:00.0"]
+    lines += ["@@hl-smi -n ports -i 0000:1b:00.0", "port 3: internal"] + [f"port {p}: external" for p in ports.split()]
+    for state in states.split():
+        for bus in ("0000:1b:00.0", "0000:1c:00.0"):
+            lines.append(f"@@hl-smi -n link -i {bus}")
+            lines += [f"port {p:>2}:        {state}" for p in ["3", *ports.split()]]
+    return "\n".join(lines) + "\n" + extra
+
+
+# ---------------------------------------------------------------- item 1: enabled ports, not link state
+
+
+def test_enabled_scale_out_ports_that_are_down_still_mean_p0_and_fail_the_preflight():
+    """HCL counts the ports the driver enabled; every Gaudi scale-out port DOWN (not cabled, the host meant to use
+    its host NICs) is still P0, and a hang, so the pre-flight fails with Habana's remedy."""
+    f = scaleout.parse_probe_block(g3_block("DOWN", ports="8 22 23").replace("port  3:        DOWN", "port  3: UP"))
+    assert f.scaleout_ports == (8, 22, 23) and f.ports_up == 0 and len(f.ports_down) == 6
+    got = decide(f)
+    assert (got.code, got.name, got.as_dict()["env"]) == ("P0", "Gaudi NICs", {})
+    assert "HCL setScaleoutMode" in got.why and "hangs at the first collective" in got.why
+    reason, fix, fatal = scaleout.port_finding(f)
+    assert fatal and reason.startswith("Gaudi scale-out NIC port(s) enabled but down: 0000:1b:00.0 port 8")
+    assert "hl-fw-loader" in fix and "cable them" in fix and scaleout.NIC_PAGE in fix
+
+
+def test_disabled_scale_out_ports_leave_the_host_nic_path():
+    """Ports switched off with hl-fw-loader are not in the driver's external mask: HCL goes to OFI."""
+    f = scaleout.parse_probe_block(g3_block("UP", ports="") + "@@find libhccl_ofi_wrapper.so\ndir /opt/w\n")
+    assert f.scaleout_ports == () and f.ports_up == 0
+    got = decide(f)
+    assert got.code == "P1" and got.why.startswith("Gaudi 3 (HL-325L), no Gaudi scale-out port enabled; verbs NIC")
+    assert scaleout.port_finding(f) is None and got.lib_dirs == ("/opt/w",)
+
+
+def test_gaudi2_counts_only_hcl_default_scale_out_ports():
+    """HCL hcl_consts.h DEFAULT_SCALEOUT_PORTS_MASK 0xc00100: ports 8, 22, 23 on Gaudi 2; Gaudi 3 takes every
+    external port (0xFFFFFF)."""
+    assert HostFabric(G2, external_ports=(1, 8, 9, 22, 23)).scaleout_ports == (8, 22, 23)
+    assert HostFabric(G3, external_ports=(1, 8, 9)).scaleout_ports == (1, 8, 9)
+
+
+# ---------------------------------------------------------------- items 2-4: the host-NIC paths
 
 
 @pytest.mark.parametrize(
-    "facts, efa, code, env",
+    "facts, code, env, unless",
     [
-        # Gaudi's own scale-out ports up: P0, nothing to set
-        (HostFabric(G3, kernel=NEW, external_ports=(8, 22, 23), ports_up=24), None, "P0", {}),
-        # Gaudi 3 / Gaudi 2, ports not cabled, EFA, new libfabric and kernel: Gaudi Direct over EFA
+        # verbs, libfabric >= 1.20, dmabuf in kallsyms: Gaudi Direct if what no tool shows holds, else P2
         (
-            HostFabric(G3, kernel=NEW, libfabric="1.22.0amzn4.0", rdma_devices=("efa_0",)),
-            None,
+            HostFabric(G3, kernel=NEW, libfabric="1.20.0", rdma_devices=VERBS, dmabuf=True, ofi_wrapper=WRAPPER),
             "P1",
-            scaleout.EFA_GDR_ENV,
+            scaleout.VERBS_GDR_ENV,
+            GDR_IF,
         ),
-        (HostFabric(G2, kernel=NEW, libfabric="1.16.1", efa_provider=True), None, "P1", scaleout.EFA_GDR_ENV),
-        # too old a libfabric or kernel for Gaudi Direct: host memory, HCCL's own choice (no HCCL_OVER_OFI)
-        (HostFabric(G2, kernel=NEW, libfabric="1.16.0", rdma_devices=("efa_0",)), None, "P2", {}),
-        (HostFabric(G3, kernel="5.11.0", libfabric="1.22.0", rdma_devices=("efa_0",)), None, "P2", {}),
-        # verbs: libfabric 1.20 and fork safety
+        # no ib_umem_dmabuf_get (HCL checkDMABUFSupport), or libfabric < 1.20: host memory
+        (HostFabric(G3, kernel=NEW, libfabric="1.22.0", rdma_devices=VERBS, dmabuf=False), "P2", {}, None),
+        (HostFabric(G2, kernel=NEW, libfabric="1.19.1", rdma_devices=VERBS, dmabuf=True), "P2", {}, None),
+        # EFA is no provider HCL takes: tcp, host memory, no Gaudi Direct variables
+        (HostFabric(G3, kernel=NEW, libfabric="1.22.0amzn4.0", rdma_devices=("efa_0",)), "P2", {}, None),
+        (HostFabric(G2, kernel=NEW, libfabric="1.22.0", efa_provider=True), "P2", {}, None),
+        # no libfabric, or no OFI wrapper: no scale-out at all
+        (HostFabric(G2, kernel=NEW), "P3", {}, None),
         (
-            HostFabric(G3, kernel=NEW, libfabric="1.20.0", rdma_devices=("mlx5_0", "hbl_0")),
+            HostFabric(G3, kernel=NEW, libfabric="1.22.0", rdma_devices=VERBS, dmabuf=True, ofi_wrapper=()),
+            "P3",
+            {},
             None,
-            "P1",
-            {"RDMAV_FORK_SAFE": "1"},
         ),
-        (HostFabric(G3, kernel=NEW, libfabric="1.19.1", rdma_devices=("mlx5_0",)), None, "P2", {}),
-        # no RDMA NIC: tcp provider, or nothing at all
-        (HostFabric(G2, kernel=NEW, libfabric="1.22.0"), None, "P2", {}),
-        (HostFabric(G2, kernel=NEW), None, "P3", {}),
         # DL1: first-generation Gaudi over EFA keeps HCCL_OVER_OFI
         (
             HostFabric(DL1, kernel=NEW, libfabric="1.19.0amzn4.0", rdma_devices=("efa_0",)),
-            None,
             "P2",
             {"HCCL_OVER_OFI": "1"},
+            None,
         ),
-        # --no-efa on DL1: no OFI recipe; --efa on a Gaudi 3 whose EFA devices were not seen: Gaudi Direct
-        (HostFabric(DL1, kernel=NEW, libfabric="1.19.0", rdma_devices=("efa_0",)), False, "P2", {}),
-        (HostFabric(G3, kernel=NEW, libfabric="1.22.0"), True, "P1", scaleout.EFA_GDR_ENV),
         # no hl-smi answer: EFA keeps the recipe this launcher always used, else nothing is set
-        (HostFabric(kernel=NEW, rdma_devices=("efa_0",)), None, "P2", {"HCCL_OVER_OFI": "1"}),
-        (HostFabric(kernel=NEW), None, "?", {}),
+        (HostFabric(kernel=NEW, rdma_devices=("efa_0",)), "P2", {"HCCL_OVER_OFI": "1"}, None),
+        (HostFabric(kernel=NEW), "?", {}, None),
     ],
 )
-def test_path_for_each_generation_and_fabric(facts, efa, code, env):
-    got = decide(facts, efa)
-    assert (got.code, got.as_dict()["env"]) == (code, dict(env)), got.why
-    assert got.why
-    if code in ("P1", "P2", "P3") and facts.generation in (2, 3):  # why no HCCL_OVER_OFI: the generation
-        assert got.why.startswith(f"Gaudi {facts.generation} ({facts.device_name}), its scale-out ports"), got.why
-
-
-def test_some_ports_down_the_plan_agrees_with_the_preflight():
-    """Some scale-out ports up, some down: the pre-flight fails the host because HCCL would take its Gaudi
-    NICs (port_finding, fatal); the plan's path says the same (P0 and why), not a host NIC path with its
-    "scale-out ports down", even where EFA and Gaudi Direct would be there."""
-    down = ("0000:1b:00.0 port 22", "0000:1c:00.0 port 22")
-    facts = HostFabric(
-        G3,
-        kernel=NEW,
-        libfabric="1.22.0",
-        rdma_devices=("efa_0",),
-        external_ports=(8, 22),
-        ports_up=22,
-        ports_down=down,
-    )
+def test_path_for_each_generation_and_fabric(facts, code, env, unless):
     got = decide(facts)
-    assert (got.code, got.name, got.as_dict()["env"]) == ("P0", "Gaudi NICs", {})
-    assert got.why == (
-        "22 Gaudi scale-out port(s) up but 0000:1b:00.0 port 22, 0000:1c:00.0 port 22 down: HCCL still takes "
-        "the Gaudi NICs and the down port(s) break its collectives (a pre-flight failure until they are up)"
+    assert (got.code, got.as_dict()["env"], got.as_dict().get("if")) == (code, dict(env), unless), got.why
+    if facts.generation in (2, 3):  # never HCCL_OVER_OFI, never EFA's Gaudi Direct variables on Gaudi 2/3
+        assert not {"HCCL_OVER_OFI", "FI_EFA_USE_DEVICE_RDMA"} & set(got.as_dict()["env"]) and not got.ofi_recipe
+        assert got.why.startswith(f"Gaudi {facts.generation} ({facts.device_name})"), got.why
+
+
+def test_efa_on_gaudi3_says_why_it_is_not_taken():
+    got = decide(HostFabric(G3, kernel=NEW, libfabric="1.22.0amzn4.0", rdma_devices=("efa_0",)), efa=True)
+    assert got.name == "host NIC through host memory (tcp)" and "get_core_provider: tcp and verbs only" in got.why
+
+
+def test_verbs_gaudi_direct_is_conditional_in_what_the_plan_says():
+    got = decide(HostFabric(G3, kernel=NEW, libfabric="1.22.0", rdma_devices=VERBS, dmabuf=True))
+    assert got.shown == (
+        "P1 host NIC Gaudi Direct (verbs) if libfabric was built --with-synapseai and PCIe ACS is off, else P2"
     )
-    assert scaleout.port_finding(facts)[2]  # fatal in the pre-flight, for the same reason
-    # every port down: both say host NIC (a pre-flight warning, not a failure)
-    all_down = HostFabric(G3, kernel=NEW, libfabric="1.22.0", rdma_devices=("efa_0",), ports_up=0, ports_down=down)
-    assert decide(all_down).code == "P1" and not scaleout.port_finding(all_down)[2]
-    assert "its scale-out ports down" in decide(all_down).why
+    assert got.env["MLX5_SCATTER_TO_CQE"] == "0" and got.as_dict()["else"] == "P2"
+    assert "ib_umem_dmabuf_get in /proc/kallsyms" in got.why
+
+
+def test_no_ofi_wrapper_is_a_preflight_failure_with_the_fix():
+    f = HostFabric(G3, kernel=NEW, libfabric="1.22.0", rdma_devices=VERBS, dmabuf=True, ofi_wrapper=(), ports_up=0)
+    reason, fix = scaleout.wrapper_finding(f, decide(f))
+    assert reason.startswith("libhccl_ofi_wrapper.so not found") and "ofi_plugin.cpp" in reason
+    assert "hccl_ofi_wrapper" in fix and "/usr/lib/habanalabs" in fix and "ldconfig" in fix
+    # found through ldconfig's cache: nothing to add to LD_LIBRARY_PATH
+    found = HostFabric(G3, libfabric="1.22.0", ofi_wrapper=("ldconfig /usr/lib/habanalabs/libhccl_ofi_wrapper.so",))
+    assert scaleout.wrapper_finding(found, decide(found)) is None and decide(found).lib_dirs == ()
+
+
+# ---------------------------------------------------------------- item 8: every port, several reads
+
+
+def test_internal_ports_down_and_flapping_ports_are_findings():
+    f = scaleout.parse_probe_block(g3_block("UP UP UP").replace("port  3:        UP", "port  3:        DOWN", 1))
+    assert f.internal_down == ("0000:1b:00.0 port 3",) and f.ports_down == () and decide(f).code == "P0"
+    assert f.flapping == ("0000:1b:00.0 port 3",)  # UP in the later reads
+    reasons = [r for r, _ in scaleout.link_findings(f)]
+    assert reasons == ["Gaudi scale-up (internal) port(s) down: 0000:1b:00.0 port 3"]
+    flap = scaleout.parse_probe_block(g3_block("UP DOWN UP"))
+    assert "0000:1c:00.0 port 22" in flap.ports_down and "0000:1c:00.0 port 22" in flap.flapping
+
+
+# ---------------------------------------------------------------- helpers kept from issue 24
 
 
 def test_generation_and_versions():
@@ -128,8 +189,13 @@ def test_combine_warns_when_hosts_differ():
     assert "different scale-out paths (a: P0; b: P3)" in warnings[0] and "no scale-out path on b" in warnings[1]
 
 
-def _probe(tmp_path, profile):
-    env = {**os.environ, **gaudi_tools.settings(profile, os.environ["PATH"])}
+# ---------------------------------------------------------------- the stand-ins, the pre-flight, a dry run
+
+
+def _probe(tmp_path, profile, **overrides):
+    values = gaudi_tools.settings(profile, os.environ["PATH"], **overrides)
+    values.update(gaudi_tools.host_tree(tmp_path, values))
+    env = {**os.environ, **{k: v for k, v in values.items() if k not in gaudi_tools.TREE}}
     cmd = probe.command(sys.executable, None, "/", "127.0.0.1", 9, None)
     done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env, timeout=60)
     return probe.parse(done.stdout)
@@ -138,10 +204,11 @@ def _probe(tmp_path, profile):
 @pytest.mark.parametrize(
     "profile, gen, code, up, down",
     [
-        ("gaudi3-hostnic", 3, "P1", 0, 24),
+        ("gaudi3-verbs", 3, "P1", 0, 0),
+        ("gaudi3-uncabled", 3, "P0", 0, 24),
         ("gaudi3-gaudinic", 3, "P0", 24, 0),
-        ("gaudi2-oldfabric", 2, "P2", 0, 24),
-        ("dl1", 1, "P2", None, 0),
+        ("gaudi2-oldfabric", 2, "P2", 0, 0),
+        ("dl1", 1, "P2", 0, 0),
     ],
 )
 def test_probe_reads_the_stand_in_tools(tmp_path, profile, gen, code, up, down):
@@ -151,14 +218,14 @@ def test_probe_reads_the_stand_in_tools(tmp_path, profile, gen, code, up, down):
     assert (facts.generation, facts.ports_up, len(facts.ports_down)) == (gen, up, down)
     assert facts.driver and facts.kernel == os.uname().release
     assert decide(facts).code == code
+    if profile.startswith("gaudi3-") and profile != "gaudi3-gaudinic":  # the stand-in sysfs tree, not /sys
+        assert facts.rdma_devices == ("hbl_0", "mlx5_0", "mlx5_1") and facts.dmabuf is True
+        assert facts.ofi_wrapper == (f"dir {tmp_path / 'ofi'}",)
 
 
-def test_ports_partly_down_fail_the_preflight(tmp_path, monkeypatch):
-    gaudi_tools.apply(monkeypatch, "gaudi2-portdown")
-    report = _preflight(["gaudi-a"], tmp_path)
-    f = report.facts["gaudi-a"]
-    assert not f.ok and "Gaudi scale-out NIC port(s) down: 0000:19:00.0 port 9" in f.reason
-    assert "hl-fw-loader" in f.fix and "Disable_Enable_External_NICs" in f.fix
+def test_gaudi2_stand_in_scale_out_ports_are_hcl_default_mask(tmp_path):
+    facts = scaleout.parse_probe_block(_probe(tmp_path, "gaudi2").scaleout)
+    assert facts.external_ports == (8, 22, 23) == facts.scaleout_ports
 
 
 def _preflight(hosts, tmp_path):
@@ -176,10 +243,35 @@ def _preflight(hosts, tmp_path):
     )
 
 
+def test_ports_partly_down_fail_the_preflight(tmp_path, monkeypatch):
+    gaudi_tools.apply(monkeypatch, "gaudi2-portdown")
+    report = _preflight(["gaudi-a"], tmp_path)
+    f = report.facts["gaudi-a"]
+    assert not f.ok and "Gaudi scale-out NIC port(s) enabled but down: 0000:19:00.0 port 22" in f.reason
+    assert "hl-fw-loader" in f.fix and "Disable_Enable_External_NICs" in f.fix
+
+
+def test_uncabled_enabled_ports_fail_the_preflight(tmp_path, monkeypatch):
+    gaudi_tools.apply(monkeypatch, "gaudi3-uncabled", root=tmp_path / "host")
+    f = _preflight(["gaudi-a"], tmp_path).facts["gaudi-a"]
+    assert not f.ok and "Gaudi scale-out NIC port(s) enabled but down: 0000:1b:00.0 port 8" in f.reason
+    assert "disable every Gaudi scale-out port with hl-fw-loader" in f.fix
+
+
+def test_a_missing_ofi_wrapper_fails_the_preflight(tmp_path, monkeypatch):
+    gaudi_tools.apply(monkeypatch, "gaudi3-verbs", root=tmp_path / "host", GAUDI_STANDIN_OFI_WRAPPER="")
+    monkeypatch.delenv("HCCL_OFI_WRAPPER", raising=False)
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    f = _preflight(["gaudi-a"], tmp_path).facts["gaudi-a"]
+    if os.path.exists("/usr/lib/habanalabs/libhccl_ofi_wrapper.so"):  # a machine with the real wrapper
+        return
+    assert not f.ok and "libhccl_ofi_wrapper.so not found" in f.reason and "hccl_demo README" in f.fix
+
+
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
     for name in list(os.environ):
-        if name.startswith(("HCCL_", "FI_", "RDMAV_")) or name == "LD_LIBRARY_PATH":
+        if name.startswith(("HCCL_", "FI_", "RDMAV_", "MLX5_")) or name == "LD_LIBRARY_PATH":
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "hostfile").write_text("gaudi-a slots=8\ngaudi-b slots=8\n")
@@ -187,7 +279,7 @@ def clean_env(monkeypatch, tmp_path):
 
 
 def _dry_run(tmp_path, monkeypatch, profile, **options):
-    gaudi_tools.apply(monkeypatch, profile)
+    gaudi_tools.apply(monkeypatch, profile, root=tmp_path / "host")
     spec = JobSpec(program=["train.py"], hostfile="hostfile", backend="mpirun", master_addr="127.0.0.1", **options)
     return build_plan(
         spec,
@@ -197,22 +289,22 @@ def _dry_run(tmp_path, monkeypatch, profile, **options):
     )
 
 
-def test_dry_run_gaudi3_host_nic_takes_gaudi_direct(tmp_path, monkeypatch, clean_env):
-    plan = _dry_run(tmp_path, monkeypatch, "gaudi3-hostnic")
-    assert "HCCL_OVER_OFI" not in plan.env
-    assert plan.env["RDMAV_FORK_SAFE"] == "1" and plan.env["FI_EFA_USE_DEVICE_RDMA"] == "1"
-    assert plan.env["LD_LIBRARY_PATH"].startswith("/root/hccl_ofi_wrapper:/opt/amazon/openmpi/lib")
+def test_dry_run_gaudi3_verbs_takes_gaudi_direct_if_it_can(tmp_path, monkeypatch, clean_env):
+    plan = _dry_run(tmp_path, monkeypatch, "gaudi3-verbs")
+    assert "HCCL_OVER_OFI" not in plan.env and "FI_EFA_USE_DEVICE_RDMA" not in plan.env
+    assert plan.env["MLX5_SCATTER_TO_CQE"] == "0" and plan.env["RDMAV_HUGEPAGES_SAFE"] == "1"
+    assert plan.env["LD_LIBRARY_PATH"] == str(tmp_path / "host" / "ofi")  # where the probe found the wrapper
     data = plan.to_dict()
     assert {h: p["path"] for h, p in data["scaleout"].items()} == {"gaudi-a": "P1", "gaudi-b": "P1"}
-    assert data["scaleout"]["gaudi-a"]["page"] == scaleout.SCALE_OUT_PAGE
+    assert data["scaleout"]["gaudi-a"]["if"] == GDR_IF and data["preflight"]["ok"]
     text = plan.render_text()
-    assert "note: scale-out gaudi-a: P1 host NIC Gaudi Direct (EFA): " in text and ">= 1.16.1" in text
+    assert (
+        "note: scale-out gaudi-a: P1 host NIC Gaudi Direct (verbs) if libfabric was built --with-synapseai and "
+        "PCIe ACS is off, else P2: Gaudi 3 (HL-325L), no Gaudi scale-out port enabled; verbs NIC mlx5_0, mlx5_1"
+    ) in text
     assert "HCCL_OVER_OFI" not in text
-    # every Gaudi scale-out port down: a warning with the fix, the job still runs over the host NIC
-    assert any("HCCL falls back to a host NIC" in w for w in plan.preflight["warnings"])
-    # --no-efa: no EFA variables at all
-    plan = _dry_run(tmp_path, monkeypatch, "gaudi3-hostnic", efa=False)
-    assert not {"HCCL_OVER_OFI", "FI_EFA_USE_DEVICE_RDMA", "LD_LIBRARY_PATH"} & set(plan.env)
+    # --efa changes nothing on Gaudi 3
+    assert "HCCL_OVER_OFI" not in _dry_run(tmp_path, monkeypatch, "gaudi3-verbs", efa=True).env
 
 
 def test_dry_run_dl1_keeps_the_efa_recipe(tmp_path, monkeypatch, clean_env):
@@ -225,6 +317,39 @@ def test_dry_run_dl1_keeps_the_efa_recipe(tmp_path, monkeypatch, clean_env):
 
 def test_your_hccl_over_ofi_is_kept_and_named(tmp_path, monkeypatch, clean_env):
     monkeypatch.setenv("HCCL_OVER_OFI", "1")
-    plan = _dry_run(tmp_path, monkeypatch, "gaudi3-hostnic")
+    plan = _dry_run(tmp_path, monkeypatch, "gaudi3-verbs")
     assert "HCCL_OVER_OFI" not in plan.env and "HCCL_OVER_OFI" in plan.exported  # yours, passed on as it is
     assert any(n.startswith("scale-out: HCCL_OVER_OFI=1 as you set it forces") for n in plan.notes), plan.notes
+
+
+# ---------------------------------------------------------------- item 5: no pre-flight
+
+
+@pytest.mark.parametrize(
+    "flag, efa_here, gen, recipe",
+    [
+        (True, False, 3, False),  # --efa on Gaudi 3: never HCCL_OVER_OFI
+        (None, True, 2, False),  # EFA devices on a Gaudi 2 host: HCCL chooses
+        (None, True, None, False),  # EFA, generation unknown: left to HCCL, the note says --efa for DL1
+        (None, True, 1, True),  # DL1
+        (True, False, None, True),  # --efa where no hl-smi answers (a login node): DL1's recipe as asked
+        (False, True, 1, False),
+    ],
+)
+def test_without_a_preflight_hccl_over_ofi_is_for_dl1_only(flag, efa_here, gen, recipe):
+    from gaudi_launch.plan import fabric
+
+    got, note = fabric.ofi_recipe_without_facts(flag, efa_here, gen)
+    assert got is recipe and note
+    if gen in (2, 3):
+        assert "left to HCCL's own choice" in note
+
+
+def test_no_ssh_check_with_efa_on_a_gaudi3_host_sets_no_hccl_over_ofi(tmp_path, monkeypatch, clean_env):
+    gaudi_tools.apply(monkeypatch, "gaudi3-verbs", root=tmp_path / "host")
+    spec = JobSpec(
+        program=["train.py"], hostfile="hostfile", backend="mpirun", master_addr="127.0.0.1", efa=True, ssh_check=False
+    )
+    plan = build_plan(spec, environ=dict(os.environ), backends=get_backend)
+    assert "HCCL_OVER_OFI" not in plan.env
+    assert any("--efa ignored" in n for n in plan.notes), plan.notes
