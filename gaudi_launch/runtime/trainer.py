@@ -198,10 +198,13 @@ def _deepspeed_unseen():
     is installed (to test for its engine): seconds, and DeepSpeed's "Setting accelerator to CPU ... unable
     to detect it" warning in a run that never used it. Only a run that imported DeepSpeed can have wrapped
     a model in its engine: until then, accelerate is told it is absent."""
-    if "deepspeed" in sys.modules:
+    try:  # not in the [train] extra: without accelerate, save_pretrained does not unwrap with it
+        import accelerate.utils.other as unwrapping
+    except ImportError:
+        unwrapping = None
+    if "deepspeed" in sys.modules or unwrapping is None:
         yield
         return
-    import accelerate.utils.other as unwrapping
 
     found = unwrapping.is_deepspeed_available
     unwrapping.is_deepspeed_available = lambda: False
