@@ -66,13 +66,21 @@ def write_whole(
         raise
 
 
-def open_own(path: Union[str, os.PathLike], *, append: bool = False, binary: bool = False, mode: int = 0o600) -> IO:
+def open_own(
+    path: Union[str, os.PathLike],
+    *,
+    append: bool = False,
+    binary: bool = False,
+    mode: int = 0o600,
+    dir_fd: Optional[int] = None,
+) -> IO:
     """Open ``path`` for writing (from the start, or at its end with ``append``), created with ``mode``
-    when new. Never through a link (``O_NOFOLLOW``); :class:`NotOurFile` if the name holds anything but a
-    plain file of this user with one link. Text files are UTF-8."""
+    when new; relative to the directory descriptor ``dir_fd`` when given (a directory checked once, that
+    cannot be swapped afterwards). Never through a link (``O_NOFOLLOW``); :class:`NotOurFile` if the name
+    holds anything but a plain file of this user with one link. Text files are UTF-8."""
     path = os.fspath(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_APPEND if append else 0)
-    fd = os.open(path, flags, mode)  # O_NONBLOCK: a FIFO planted at the name does not hang the open
+    fd = os.open(path, flags, mode, dir_fd=dir_fd)  # O_NONBLOCK: a FIFO planted at the name does not hang the open
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:

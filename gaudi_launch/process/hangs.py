@@ -28,7 +28,7 @@ from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.idranges import rank_words
 from gaudi_launch.process.heartbeats import DUMP_SIGNAL, start_time
-from gaudi_launch.process.logfiles import open_log, prepare_log_dir
+from gaudi_launch.process.logfiles import open_log, open_log_dir
 from gaudi_launch.remote.jobdir import create
 from gaudi_launch.wire import HEARTBEAT_DIR, path_for
 
@@ -308,8 +308,12 @@ class HangWatch:
             return None, "(--log-dir DIR keeps every rank's full stacks)"
         path = os.path.join(self.log_dir, f"hang-{self.job_id or 'job'}.txt")
         try:  # as the rank logs: a planted link or another user's file is refused, not written through
-            prepare_log_dir(self.log_dir)
-            with open_log(path) as f:
+            dir_fd = open_log_dir(self.log_dir)
+            try:
+                f = open_log(os.path.basename(path), dir_fd)
+            finally:
+                os.close(dir_fd)
+            with f:
                 f.write(summary + "\n")
                 for rank in range(self.world_size):
                     f.write(f"\n===== rank {rank} =====\n")

@@ -41,7 +41,7 @@ from gaudi_launch.process.failures import (
     output_dir,
     signal_name,
 )
-from gaudi_launch.process.logfiles import open_log, prepare_log_dir
+from gaudi_launch.process.logfiles import open_log, open_log_dir
 from gaudi_launch.process.progress import LineSplitter, ProgressPace
 from gaudi_launch.process.relay import PROGRESS
 from gaudi_launch.remote.teardown import describe_unseen
@@ -203,6 +203,7 @@ class Supervisor:
         self._write_lock = threading.Lock()
         self._stop_signal = 0
         self._logs: dict[str, Optional[TextIO]] = {}  # None: could not be written (reported once)
+        self._log_dir_fd: Optional[int] = None  # --log-dir, opened and checked once: logs are made relative to it
         self.watch = hooks.watch
         self.watch_interval = watch_interval
         self._done = threading.Event()
@@ -317,7 +318,9 @@ class Supervisor:
         path = os.path.join(log_dir, f"{name}.log")
         if name not in self._logs:
             try:
-                self._logs[name] = open_log(path)
+                self._logs[name] = (
+                    open_log(f"{name}.log", self._log_dir_fd) if self._log_dir_fd is not None else open_log(path)
+                )
             except OSError as exc:
                 self._log_failed(name, path, exc)
         f = self._logs[name]
@@ -516,7 +519,7 @@ class Supervisor:
     def run(self) -> JobResult:
         self._began = time.monotonic()
         if self.log_dir:
-            prepare_log_dir(self.log_dir)
+            self._log_dir_fd = open_log_dir(self.log_dir)
         old_handlers = {}
         if self.handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -545,6 +548,9 @@ class Supervisor:
                         f.close()
                     except OSError:
                         pass  # reported when the write failed
+            if self._log_dir_fd is not None:
+                os.close(self._log_dir_fd)
+                self._log_dir_fd = None
 
     def _run(self) -> JobResult:
         first: Optional[_Proc] = None

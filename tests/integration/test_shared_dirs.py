@@ -82,7 +82,9 @@ def test_a_loader_variable_in_a_found_file_is_refused_but_a_named_file_may_set_i
     res = gaudi_launch("--num_devices", "1", "train.py", cwd=work, env=env)
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"{home / '.deepspeed_env'}:2: PYTHONPATH in an env file that was found, not named" in res.stderr
-    named = gaudi_launch("--num_devices", "1", "--env-file", str(home / ".deepspeed_env"), "train.py", cwd=work, env=env)
+    named = gaudi_launch(
+        "--num_devices", "1", "--env-file", str(home / ".deepspeed_env"), "train.py", cwd=work, env=env
+    )
     assert named.returncode == 0, named.stderr
     assert "ran x /opt/mine" in named.stdout
 
@@ -102,3 +104,46 @@ def test_a_named_env_file_of_another_user_is_read_as_asked(shared, tmp_path):
     plant(other, "FROM_FILE=team\n", other_uid())
     res = gaudi_launch("--num_devices", "1", "--env-file", str(other), "train.py", cwd=work, env=env)
     assert res.returncode == 0 and "ran team" in res.stdout, res.stderr
+
+
+# ---- item 3: --log-dir is opened once, never through another user's link --------------------------------
+
+
+@pytest.fixture
+def root_logs(tmp_path):
+    """A private directory of ours holding a rank-0.log that must survive (root's logs, as in the review)."""
+    victim = tmp_path / "private-logs"
+    victim.mkdir(mode=0o700)
+    (victim / "rank-0.log").write_text("precious\n")
+    return victim
+
+
+def test_a_log_dir_that_is_a_link_is_refused_and_its_target_untouched(shared, root_logs):
+    work, _, env = shared
+    link = work / "logs"
+    link.symlink_to(root_logs)
+    os.lchown(link, other_uid(), other_uid())
+    res = gaudi_launch("--num_devices", "1", "--log-dir", str(link), "train.py", cwd=work, env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "the log directory is a symbolic link (not followed)" in res.stderr
+    assert (root_logs / "rank-0.log").read_text() == "precious\n" and "ran" not in res.stdout
+
+
+def test_another_users_link_on_the_way_to_the_log_dir_is_refused(shared, root_logs):
+    work, _, env = shared
+    link = work / "team"
+    link.symlink_to(root_logs.parent)
+    os.lchown(link, other_uid(), other_uid())
+    res = gaudi_launch("--num_devices", "1", "--log-dir", str(link / root_logs.name), "train.py", cwd=work, env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"the log directory's path goes through a link of uid {other_uid()}" in res.stderr
+    assert (root_logs / "rank-0.log").read_text() == "precious\n"
+
+
+def test_a_link_of_our_own_on_the_way_is_followed(shared, tmp_path):
+    work, home, env = shared
+    (tmp_path / "real").mkdir()
+    (home / "runs").symlink_to(tmp_path / "real")
+    res = gaudi_launch("--num_devices", "1", "--log-dir", str(home / "runs" / "logs"), "train.py", cwd=work, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "ran" in (tmp_path / "real" / "logs" / "rank-0.log").read_text()
