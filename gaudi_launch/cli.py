@@ -109,8 +109,19 @@ def _keyword(name: str, annotation, info) -> inspect.Parameter:
 
 def _version(value: Optional[bool]) -> None:
     if value:
-        typer.echo(f"{PROG} {__version__}")
+        typer.echo(f"{PROG} {installed_version()}")
         raise typer.Exit()
+
+
+def installed_version() -> str:
+    """The installed distribution's version (its metadata, what pip shows); ``__version__`` when run from a
+    source tree that was never installed. pyproject takes its version from ``__version__``, so they agree."""
+    from importlib.metadata import PackageNotFoundError, version  # only here: --help stays fast
+
+    try:
+        return version(PROG)
+    except PackageNotFoundError:
+        return __version__
 
 
 def _with_signature(function: Callable, params: list[inspect.Parameter]) -> Callable:
