@@ -209,9 +209,10 @@ class JobSpec:
     )
     efa: Optional[bool] = field(
         default=None,
-        metadata=opt(  # None: on when this host has EFA devices
+        metadata=opt(  # None: decided per host (plan/scaleout.py, plan/fabric.py)
             "--efa/--no-efa",
-            help="Set HCCL_OVER_OFI and the EFA libraries. Default: on when this host has EFA devices.",
+            help="First-generation Gaudi (AWS DL1) only: set HCCL_OVER_OFI and the EFA libraries. Ignored on "
+            "Gaudi 2 and 3, whose HCCL chooses its own path and takes no EFA. Default: where the hosts are DL1.",
             panel="Environment",
         ),
     )
@@ -346,8 +347,20 @@ class JobSpec:
         metadata=opt(
             "--allow-version-mismatch",
             "--allow_version_mismatch",
-            help="Go on when Python, torch, the Gaudi bridge, DeepSpeed, transformers or OpenMPI differ across "
-            "hosts (the pre-flight shows the table as a warning instead of failing).",
+            help="Go on when Python, torch, the Gaudi bridge, DeepSpeed, transformers, OpenMPI, the Gaudi driver "
+            "or firmware differ across hosts, or a host's driver is not of its bridge's release (the pre-flight "
+            "shows them as warnings instead of failing).",
+            panel="SSH",
+        ),
+    )
+    allow_partial_nodes: bool = field(
+        default=False,
+        metadata=opt(
+            "--allow-partial-nodes",
+            "--allow_partial_nodes",
+            help="Go on when a job of several hosts uses only some of a host's Gaudi cards (Habana's "
+            "'Gaudi-to-process Assignment': in scale-out every Gaudi of the server takes part; the pre-flight "
+            "warns instead of failing).",
             panel="SSH",
         ),
     )

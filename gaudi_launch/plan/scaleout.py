@@ -82,6 +82,7 @@ class HostFabric:
     flapping: tuple[str, ...] = ()  # "BUS port N" UP in one read and DOWN in another
     dmabuf: Optional[bool] = None  # ib_umem_dmabuf_get in /proc/kallsyms (HCL checkDMABUFSupport)
     ofi_wrapper: Optional[tuple[str, ...]] = None  # where libhccl_ofi_wrapper.so was found; None: not looked
+    firmware: tuple[str, ...] = ()  # each card's firmware (hl-smi --fw-versions), in card order
 
     @property
     def generation(self) -> Optional[int]:
@@ -193,6 +194,11 @@ def parse_probe_block(text: str) -> HostFabric:
     wrapper = None
     if WRAPPER_SECTION in sections:
         wrapper = tuple(s.strip() for s in sections[WRAPPER_SECTION] if s.strip())
+    firmware = tuple(
+        line.rsplit(": ", 1)[1].strip()
+        for line in sections.get("hl-smi --fw-versions", [])
+        if line.startswith("[") and ": " in line
+    )
     return HostFabric(
         device_name=name,
         driver=driver,
@@ -207,6 +213,7 @@ def parse_probe_block(text: str) -> HostFabric:
         flapping=tuple(flapping),
         dmabuf=dmabuf,
         ofi_wrapper=wrapper,
+        firmware=firmware,
     )
 
 

@@ -14,7 +14,7 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import visible_subset
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.multinode import configured_host_keys, master_host, ssh_args, visible_modules
-from gaudi_launch.remote import openmpi, sshmux, versions
+from gaudi_launch.remote import openmpi, partialnodes, sshmux, versions
 from gaudi_launch.remote.preflight import CheckReport, SshOptions, check_hosts
 from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
 from gaudi_launch.wire import SSH_SHARE
@@ -28,6 +28,12 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
     if share and any(not local(h) for h in hosts) and os.environ.get(SSH_SHARE, "1") != "0":
         connections = sshmux.open_for(plan.job_id, ssh_args(spec, configured_host_keys(hosts, spec.ssh_config)))
     script = spec.program[0] if spec.program and not spec.module else None
+    # module ids: the slots through the HABANA_VISIBLE_MODULES the ranks inherit there ("Gaudi-to-process
+    # Assignment"); the pre-flight checks them against hl-smi's cards (partial nodes, busy cards)
+    modules = {
+        n.host: [int(m) for m in visible_subset(visible_modules(plan, n.host), n.devices).split(",")]
+        for n in plan.nodes
+    }
     report = check_hosts(
         hosts + [h for h in plan.spares if h not in hosts],  # a spare that cannot run the job: said now
         python=spec.python,  # --no_python ranks start through our bootstrap too
@@ -37,12 +43,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         master_addr=plan.master_addr,
         master_port=plan.master_port,
         devices_needed={**plan.spares, **{n.host: len(n.devices) for n in plan.nodes}},
-        # module ids: the slots through the HABANA_VISIBLE_MODULES the ranks inherit there ("Gaudi-to-process
-        # Assignment"); the pre-flight checks them against hl-smi's cards (partial nodes, busy cards)
-        modules_needed={
-            n.host: [int(m) for m in visible_subset(visible_modules(plan, n.host), n.devices).split(",")]
-            for n in plan.nodes
-        },
+        modules_needed=modules,
         ssh=SshOptions(
             port=spec.ssh_port,
             identity=spec.ssh_identity,
@@ -58,7 +59,8 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         plan.backend == "deepspeed" and spec.options(DeepSpeedOptions).launcher == "openmpi"
     ):
         openmpi.judge(report, openmpi.local_version())  # one major version on every host (before the spares)
-    versions.judge(report, spec.allow_version_mismatch)  # the same software everywhere (issue 25)
+    versions.judge(report, spec.allow_version_mismatch)  # the same software everywhere (issues 25, 32)
+    partialnodes.judge(report, modules, spec.allow_partial_nodes)  # every card of each host in scale-out
     return spares_apart(report, hosts)
 
 

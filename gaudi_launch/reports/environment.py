@@ -120,7 +120,8 @@ def _scaleout() -> dict[str, Any]:
 
 
 def _firmware() -> Optional[str]:
-    """hl-smi --fw-versions (System Management Interface Tool page), its lines joined; None without it."""
+    """hl-smi --fw-versions (System Management Interface Tool page), every card's line joined (drift between
+    cards is what it is read for); None without it."""
     if shutil.which("hl-smi") is None:
         return None
     try:
@@ -128,7 +129,7 @@ def _firmware() -> Optional[str]:
     except (OSError, subprocess.SubprocessError):
         return None
     lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
-    return "; ".join(lines[:4]) if done.returncode == 0 and lines else None
+    return "; ".join(lines) if done.returncode == 0 and lines else None
 
 
 REPORTNCHECK = ("reportNcheck.py", "reportNcheck")

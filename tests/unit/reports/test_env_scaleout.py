@@ -14,6 +14,7 @@ def test_env_report_shows_the_scale_out_facts(tmp_path, monkeypatch):
     assert so["driver"] == "1.21.3-2f7c1b9" and so["libfabric"] == "1.19.0amzn4.0"
     # hl-smi --fw-versions, its first card's line first
     assert so["firmware"].startswith("[0000:10:1d.0] Firmware [SPI] Version : Preboot version hl-gaudi-1.21.3-fw-")
+    assert so["firmware"].count("Firmware [SPI] Version") == 8  # every card's, not the first 4 (issue 32)
     assert so["path"]["path"] == "P2" and so["path"]["env"] == {"HCCL_OVER_OFI": "1"}
     text = "\n".join(environment._scaleout_lines({"scaleout": so, "reportncheck": None}))
     assert "Gaudi                    Gaudi (first generation) (HL-205)" in text
