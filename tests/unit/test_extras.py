@@ -89,9 +89,9 @@ def habana_host(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("habana_host")
     project = tmp / "project"  # pyproject.toml alone, so that pip's metadata build leaves the tree alone
     (project / "gaudi_launch").mkdir(parents=True)
-    (project / "gaudi_launch" / "__init__.py").write_text("")
-    shutil.copy(ROOT / "pyproject.toml", project)
-    shutil.copy(ROOT / "README.md", project)
+    shutil.copy(ROOT / "gaudi_launch" / "__init__.py", project / "gaudi_launch")  # the version (pyproject reads it)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, project)
     site, links = tmp / "site", tmp / "links"
     links.mkdir()
     _dist_info(site, "torch", HABANA_BUILDS["torch"][1])
