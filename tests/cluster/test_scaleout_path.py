@@ -1,10 +1,14 @@
-"""Dry runs on the namespace cluster whose hosts are stood-in Gaudi servers (issue 24): each host's login puts
-the hl-smi and fi_info stand-ins (tests/standin/bin, tests/standin/fabric) first on PATH and says which server
-it is, and its cards' NUMA nodes come from a sysfs copy. The launcher runs on gl-n0, a login node outside the
-hostfile, so every host of the job is probed over its own sshd. One Gaudi 3 cluster with host NICs shows, per
-host, the scale-out path and why, the module ids of its cards, the cores each rank is bound to and the
-compiled-graph cache; the DL1 profile keeps today's EFA recipe; a Gaudi 3 host with a scale-out port down is a
-pre-flight finding with its fix."""
+"""Dry runs and a job on the namespace cluster whose hosts are stood-in Gaudi servers (issues 24 and 32): each
+host's login puts the hl-smi and fi_info stand-ins (tests/standin/bin, tests/standin/fabric) first on PATH, says
+which server it is, and points the probe at a stand-in tree of its own (gaudi_tools.host_tree: the sysfs RDMA
+devices and card NUMA nodes, /proc/kallsyms, the OFI wrapper). The launcher runs on gl-n0, a login node outside
+the hostfile, so every host of the job is probed over its own sshd.
+
+The verbs profile runs end to end (plan, pre-flight, job): Gaudi 3 on Mellanox host NICs with its Gaudi
+scale-out ports disabled takes "P1 if libfabric was built --with-synapseai and PCIe ACS is off, else P2", and
+the ranks get MLX5_SCATTER_TO_CQE=0 and the OFI wrapper's directory (HabanaAI/HCL setScaleoutMode,
+ofi_plugin.cpp). Uncabled enabled ports fail the pre-flight; DL1 keeps its EFA recipe. Hosts use 2 of their 8
+cards, so every run says --allow-partial-nodes (item 6), and the warning shows it."""
 
 from __future__ import annotations
 
@@ -28,11 +32,17 @@ GAUDI3_BUSES = [
     "0000:be:00.0",
 ]
 NODE_CPUS = {0: "0-15,32-47", 1: "16-31,48-63"}  # 2 sockets, 16 cores each, their hyperthreads from 32
+# A rank that writes what it inherited of the scale-out variables: the job's part of "end to end".
+RANK_ENV = """import json, os, sys
+names = ("MLX5_SCATTER_TO_CQE", "RDMAV_HUGEPAGES_SAFE", "RDMAV_FORK_SAFE", "HCCL_OVER_OFI", "LD_LIBRARY_PATH")
+with open(os.path.join(sys.argv[1], os.environ["RANK"] + ".json"), "w") as f:
+    json.dump({n: os.environ.get(n) for n in names}, f)
+"""
 
 
 def sysfs_copy(root) -> str:
-    """The part of /sys the probe reads: each card's numa_node (index 0-3 on node 0, 4-7 on node 1) and each
-    node's cpulist."""
+    """The part of /sys the probe reads for binding: each card's numa_node (index 0-3 on node 0, 4-7 on node 1)
+    and each node's cpulist."""
     for index, bus in enumerate(GAUDI3_BUSES):
         d = root / "bus" / "pci" / "devices" / bus
         d.mkdir(parents=True)
@@ -44,29 +54,43 @@ def sysfs_copy(root) -> str:
     return str(root)
 
 
-def dry_run(cluster, tmp_path, servers: dict[str, dict[str, str]], *args: str, slots: int = 2):
-    """gaudi-launch --dry-run (mpirun backend) from gl-n0 for gl-n1 and gl-n2, each host the server of
-    ``servers[host]`` (gaudi_tools.settings)."""
+def _host_rc(tmp_path, servers: dict[str, dict[str, str]]):
+    """The login file each host sources: its server's variables and its own stand-in tree."""
+    cases = []
+    for host, values in servers.items():
+        root = tmp_path / "hosts" / host
+        sysfs_copy(root / "sys")
+        values = {**values, **gaudi_tools.host_tree(root, values)}
+        cases.append(f"{host})\n{gaudi_tools.shell_lines(values)};;\n")
+    rc = tmp_path / "standin-host.sh"
+    rc.write_text(f'case "$(hostname)" in\n{"".join(cases)}esac\n')
+    return rc
+
+
+def launch(cluster, tmp_path, servers: dict[str, dict[str, str]], *args: str, script=(SMOKE,), slots: int = 2):
+    """gaudi-launch (mpirun backend) from gl-n0 for gl-n1 and gl-n2, each host the server of ``servers[host]``
+    (gaudi_tools.settings)."""
     # sshd sets PATH after the client's variables, and bash run by sshd reads ~/.bashrc, not BASH_ENV, when it
     # is a top-level shell (SHLVL < 2: bash's shell.c, run_startup_files). The client sends SHLVL=1 and BASH_ENV
     # (the cluster's sshd has AcceptEnv *): the login shell then sources this file before the probe, as any
     # non-interactive bash does, and each host picks its server by its hostname.
-    cases = "".join(f"{host})\n{gaudi_tools.shell_lines(values)};;\n" for host, values in servers.items())
-    rc = tmp_path / "standin-host.sh"
-    rc.write_text(
-        f'case "$(hostname)" in\n{cases}esac\nGAUDI_LAUNCH_SYSFS={sysfs_copy(tmp_path / "sys")}; export GAUDI_LAUNCH_SYSFS\n'
-    )
+    rc = _host_rc(tmp_path, servers)
     config = tmp_path / "ssh_config"
     with open(cluster.ssh_config) as f:
         config.write_text("SendEnv BASH_ENV SHLVL\n" + f.read())
     env = cluster.env()
     env["BASH_ENV"], env["SHLVL"] = str(rc), "1"
-    for name in ("HCCL_OVER_OFI", "PT_HPU_RECIPE_CACHE_CONFIG", "HABANA_VISIBLE_MODULES", "TMPDIR"):
+    for name in ("HCCL_OVER_OFI", "PT_HPU_RECIPE_CACHE_CONFIG", "HABANA_VISIBLE_MODULES", "TMPDIR", "HCCL_OFI_WRAPPER"):
         env.pop(name, None)
+    env.pop("LD_LIBRARY_PATH", None)
     hostfile = cluster.hostfile(slots=slots, hosts=[1, 2])
-    argv = launch_argv(cluster, "mpirun", hostfile, "--dry-run", *args, SMOKE)
+    argv = launch_argv(cluster, "mpirun", hostfile, "--allow-partial-nodes", *args, *script)
     argv[argv.index(cluster.ssh_config)] = str(config)
     return cluster.run_on(0, argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def dry_run(cluster, tmp_path, servers, *args):
+    return launch(cluster, tmp_path, servers, "--dry-run", *args)
 
 
 def binding(host: str) -> list[str]:
@@ -78,44 +102,44 @@ def binding(host: str) -> list[str]:
     ]
 
 
-def test_gaudi3_cluster_dry_run_shows_path_modules_binding_and_recipe_cache(cluster, tmp_path):
-    servers = {h: gaudi_tools.settings("gaudi3-hostnic") for h in HOSTS}
-    res = dry_run(cluster, tmp_path, servers, "--json")
+def test_gaudi3_verbs_cluster_end_to_end_plan_preflight_and_job(cluster, tmp_path):
+    servers = {h: gaudi_tools.settings("gaudi3-verbs") for h in HOSTS}
+    res = dry_run(cluster, tmp_path / "plan", servers, "--json")
     assert res.returncode == 0, res.stderr
     plan = json.loads(res.stdout)
     for host in HOSTS:
         path = plan["scaleout"][host]
-        # Gaudi 3, its scale-out ports not cabled, EFA with libfabric 1.22 on kernel >= 5.12: Gaudi Direct
-        assert path["path"] == "P1" and path["page"] == scaleout.SCALE_OUT_PAGE
+        assert (path["path"], path["else"], path["page"]) == ("P1", "P2", scaleout.SCALE_OUT_PAGE)
+        assert path["if"] == ["libfabric was built --with-synapseai", "PCIe ACS is off"]
         assert path["why"].startswith(
-            "Gaudi 3 (HL-325L), its scale-out ports down; EFA, libfabric 1.22.0amzn4.0 >= 1.16.1"
+            "Gaudi 3 (HL-325L), no Gaudi scale-out port enabled; verbs NIC mlx5_0, mlx5_1, libfabric 1.22.0 >= 1.20, "
+            "ib_umem_dmabuf_get in /proc/kallsyms"
         )
-        assert path["env"] == {"RDMAV_FORK_SAFE": "1", "FI_EFA_USE_DEVICE_RDMA": "1"}
-    assert "HCCL_OVER_OFI" not in plan["env"]
-    assert plan["env"]["FI_EFA_USE_DEVICE_RDMA"] == "1" and plan["env"]["RDMAV_FORK_SAFE"] == "1"
+        assert path["env"] == scaleout.VERBS_GDR_ENV
+    env = plan["env"]
+    assert "HCCL_OVER_OFI" not in env and "FI_EFA_USE_DEVICE_RDMA" not in env
+    assert env["MLX5_SCATTER_TO_CQE"] == "0" and env["RDMAV_HUGEPAGES_SAFE"] == "1"
+    # each host found the wrapper in its own tree: both directories, so dlopen resolves on either
+    wrappers = [str(tmp_path / "plan" / "hosts" / h / "ofi") for h in HOSTS]
+    assert env["LD_LIBRARY_PATH"].split(":")[:2] == wrappers
     notes = plan["notes"]
     for host in HOSTS:
         assert all(f"  {line}" in notes for line in binding(host)), notes
-    cache = f"/gaudi-launch-{plan['job_id']}/recipe-cache,false,1024"
-    assert any(
-        n.startswith("compiled-graph cache: each rank sets PT_HPU_RECIPE_CACHE_CONFIG to the job's directory on its")
-        and cache in n
-        for n in notes
-    ), notes
     assert plan["preflight"]["ok"]
+    assert any(w.startswith("partial nodes in a job of several hosts") for w in plan["preflight"]["warnings"])
 
-    res = dry_run(cluster, tmp_path / "text", servers)
-    assert res.returncode == 0, res.stderr
-    text = res.stdout
-    assert "HCCL_OVER_OFI" not in text
-    assert "  FI_EFA_USE_DEVICE_RDMA=1\n" in text and "  RDMAV_FORK_SAFE=1\n" in text
-    for host in HOSTS:
-        assert f"note: scale-out {host}: P1 host NIC Gaudi Direct (EFA): Gaudi 3 (HL-325L), its scale-out ports" in text
-        assert all(f"note:   {line}\n" in text for line in binding(host)), text
-    assert (
-        "note: compiled-graph cache: each rank sets PT_HPU_RECIPE_CACHE_CONFIG" in text
-        and "recipe-cache,false,1024" in text
-    )
+    # the job: each rank inherits the plan's scale-out variables
+    out = tmp_path / "ranks"
+    out.mkdir()
+    script = tmp_path / "rank_env.py"
+    script.write_text(RANK_ENV)
+    res = launch(cluster, tmp_path / "job", servers, script=(str(script), str(out)))
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert sorted(got) == ["0", "1", "2", "3"]
+    for rank_env in got.values():
+        assert rank_env["MLX5_SCATTER_TO_CQE"] == "0" and rank_env["HCCL_OVER_OFI"] is None
+        assert str(tmp_path / "job" / "hosts" / "gl-n1" / "ofi") in rank_env["LD_LIBRARY_PATH"].split(":")
 
 
 def test_dl1_cluster_dry_run_keeps_the_efa_recipe(cluster, tmp_path):
@@ -127,20 +151,18 @@ def test_dl1_cluster_dry_run_keeps_the_efa_recipe(cluster, tmp_path):
     assert plan["env"]["LD_LIBRARY_PATH"].startswith("/root/hccl_ofi_wrapper:/opt/amazon/openmpi/lib")
 
 
-def test_a_gaudi3_host_with_a_scale_out_port_down_is_a_finding_with_its_fix(cluster, tmp_path):
-    """gl-n1's Gaudi NICs are all up (P0); gl-n2's port 22 is down on every card while its others are up, so HCCL
-    would take the Gaudi NICs there and the down port breaks the job's collectives: the pre-flight fails on
-    gl-n2 alone and says how to fix it."""
-    servers = {
-        "gl-n1": gaudi_tools.settings("gaudi3-gaudinic"),
-        "gl-n2": gaudi_tools.settings("gaudi3-gaudinic", GAUDI_STANDIN_PORTS_DOWN="22"),
-    }
+def test_uncabled_enabled_gaudi_ports_fail_the_preflight_with_the_remedy(cluster, tmp_path):
+    """gl-n1 has its Gaudi scale-out ports disabled (host NICs); gl-n2 left them enabled and uncabled: HCCL
+    would take the Gaudi NICs there and hang, so the pre-flight fails on gl-n2 alone and says how to fix it."""
+    servers = {"gl-n1": gaudi_tools.settings("gaudi3-verbs"), "gl-n2": gaudi_tools.settings("gaudi3-uncabled")}
     res = dry_run(cluster, tmp_path, servers)
     assert res.returncode == 3, res.stderr  # the plan is shown; a real run would start nothing
     text = res.stdout
-    assert "note: scale-out gl-n1: P0 Gaudi NICs: 24 Gaudi scale-out port(s) up" in text
+    assert "note: scale-out gl-n1: P1 host NIC Gaudi Direct (verbs) if libfabric was built --with-synapseai" in text
     assert "pre-flight: FAILED" in text and "  gl-n1  OK  " in text
     row = next(line for line in text.splitlines() if line.startswith("  gl-n2  failed  "))
-    assert "Gaudi scale-out NIC port(s) down: 0000:1b:00.0 port 22, 0000:1c:00.0 port 22" in row, text
+    assert "Gaudi scale-out NIC port(s) enabled but down: 0000:1b:00.0 port 8, 0000:1b:00.0 port 22" in row, text
     fix = text.split(row, 1)[1].splitlines()[1].strip()
-    assert fix.startswith("fix: check each port with hl-smi -n link -i BUS") and "Disable_Enable_External_NICs" in fix
+    assert (
+        fix.startswith("fix: HCCL takes the Gaudi NICs whenever a scale-out port is enabled") and "hl-fw-loader" in fix
+    )
