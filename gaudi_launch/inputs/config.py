@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.readfile import read_bounded
 
 # Spellings users bring from other launchers, mapped to our option's parameter name.
 ALIASES = {
@@ -20,6 +21,10 @@ ALIASES = {
     "export_prefix": "export_prefixes",
 }
 MAX_CONFIG_BYTES = 1 << 20
+# A job file is flat (option: value, a list or a mapping for env/exclude): deeper nesting is a mistake or an
+# attack (yaml.compose recurses: RecursionError).
+MAX_DEPTH = 16
+_ENV_HINT = 'env: {NAME: "value"} or env: ["NAME=value"]'
 
 
 def normalize_key(key: str) -> str:
@@ -30,16 +35,19 @@ def normalize_key(key: str) -> str:
 def load_config(path: str) -> list[tuple[str, Any, str]]:
     """[(parameter name, value, "path:line")] in file order."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)  # bounded: --config /dev/zero must not eat memory
+        # bounded, non-blocking, a regular file: --config /dev/zero or a FIFO must not eat memory or hang
+        data = read_bounded(path, MAX_CONFIG_BYTES)
         if len(data) > MAX_CONFIG_BYTES:
             raise UserError(f"config file is larger than {MAX_CONFIG_BYTES} bytes", where=path)
         text = data.decode("utf-8")
     except FileNotFoundError:
         raise UserError("config file does not exist", where=path, hint="check the path given to --config")
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise UserError(f"cannot read config file: {exc.strerror or exc}", where=path)
+    except UnicodeDecodeError as exc:
         raise UserError(f"cannot read config file: {exc}", where=path)
     try:
+        _check_shape(text, path)  # before compose: aliases and depth are refused from the event stream
         root = yaml.compose(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -63,6 +71,8 @@ def load_config(path: str) -> list[tuple[str, Any, str]]:
         if name in seen:
             raise UserError(f"'{key_node.value}' is given twice (first at {seen[name]})", where=where)
         seen[name] = where
+        if name == "env":
+            _check_env_node(value_node, path)
         try:
             value = yaml.safe_load(yaml.serialize(value_node))
         except (yaml.YAMLError, ValueError, TypeError) as exc:
@@ -73,3 +83,49 @@ def load_config(path: str) -> list[tuple[str, Any, str]]:
             )
         out.append((name, value, where))
     return out
+
+
+def _check_shape(text: str, path: str) -> None:
+    """Refuse an alias of a list or mapping (``*name``: an 845-byte file of nested aliases expands to
+    gigabytes; an alias of one scalar cannot grow) and nesting deeper than MAX_DEPTH, reading the parser's
+    events (which need no recursion), file:line named."""
+    depth = 0
+    collections: set[str] = set()  # anchors of lists and mappings
+    for event in yaml.parse(text):
+        if isinstance(event, yaml.AliasEvent) and event.anchor in collections:
+            raise UserError(
+                f"YAML aliases of a list or mapping (*{event.anchor}) are not allowed in a job file",
+                where=f"{path}:{event.start_mark.line + 1}",
+                hint="write the value out where it is used",
+            )
+        if isinstance(event, yaml.CollectionStartEvent):
+            if event.anchor is not None:
+                collections.add(event.anchor)
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise UserError(
+                    f"nested deeper than {MAX_DEPTH} levels",
+                    where=f"{path}:{event.start_mark.line + 1}",
+                    hint="a job file maps option names to values, lists or (env) mappings of text",
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        elif isinstance(event, yaml.ScalarEvent) and event.anchor is not None:
+            collections.discard(event.anchor)  # an anchor may be reused for a scalar
+
+
+def _check_env_node(node: yaml.Node, path: str) -> None:
+    """env's values are text: a mapping of NAME: scalar, or a list of NAME=value scalars (or one scalar)."""
+    if isinstance(node, yaml.MappingNode):
+        items = [v for _, v in node.value] + [k for k, _ in node.value]
+    elif isinstance(node, yaml.SequenceNode):
+        items = list(node.value)
+    else:
+        items = [node]
+    for item in items:
+        if not isinstance(item, yaml.ScalarNode):
+            raise UserError(
+                "--env takes text, not a nested list or mapping",
+                where=f"{path}:{item.start_mark.line + 1}",
+                hint=_ENV_HINT,
+            )

@@ -19,8 +19,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import pwd
+import re
 import shlex
 import stat
 from collections.abc import Iterable, Mapping
@@ -207,7 +207,9 @@ def _read_env_file(path: str, found: bool = False) -> dict[str, str]:
         ) from None
     if len(data) > MAX_ENV_FILE_BYTES:
         raise UserError(
-            f"the env file is larger than {MAX_ENV_FILE_BYTES >> 20} MiB", where=path, hint="an env file holds NAME=VALUE lines"
+            f"the env file is larger than {MAX_ENV_FILE_BYTES >> 20} MiB",
+            where=path,
+            hint="an env file holds NAME=VALUE lines",
         )
     problem = owner_problem(st, os.geteuid()) if found else None
     if problem:

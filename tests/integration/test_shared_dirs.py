@@ -147,3 +147,35 @@ def test_a_link_of_our_own_on_the_way_is_followed(shared, tmp_path):
     res = gaudi_launch("--num_devices", "1", "--log-dir", str(home / "runs" / "logs"), "train.py", cwd=work, env=env)
     assert res.returncode == 0, res.stderr
     assert "ran" in (tmp_path / "real" / "logs" / "rank-0.log").read_text()
+
+
+# ---- item 6: a YAML alias bomb in a job file --------------------------------------------------------------
+
+
+def alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """The review's shape: each anchor a list of the previous one, env: the last (9**9 strings when expanded)."""
+    lines = ['a0: &a0 ["lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(["num_devices: 1", *lines, f"env: *a{levels - 1}"]) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_naming_the_line(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(alias_bomb())
+    assert len(job.read_bytes()) < 1000
+    res = gaudi_launch("--config", str(job), "train.py", cwd=tmp_path, timeout=20)
+    assert res.returncode == 2, res.stderr
+    assert f"{job}:3: YAML aliases of a list or mapping (*a0) are not allowed in a job file" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "text, line",
+    [("num_devices: 1\nenv:\n  A: [1, 2]\n", 3), ("env:\n  - A=1\n  - {B: 2}\n", 3), ("env: {A: {B: 1}}\n", 1)],
+)
+def test_env_values_in_a_job_file_are_text(tmp_path, text, line):
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    res = gaudi_launch("--config", str(job), "train.py", cwd=tmp_path)
+    assert res.returncode == 2 and f"{job}:{line}: --env takes text, not a nested list or mapping" in res.stderr, (
+        res.stderr
+    )
