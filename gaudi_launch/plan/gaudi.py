@@ -28,7 +28,8 @@ RECIPE_CACHE_MB = 1024  # the bridge's own default size (Runtime Flags: ",false,
 NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "fuse.sshfs"})
 # The first release whose "Runtime Flags" page documents the fourth field <RECIPE_CACHE_ON_NFS>. The 1.19
 # bridge refuses more than three fields (HabanaAI/gaudi-pytorch-bridge, recipe_cache_config.cpp,
-# RecipeCacheConfig::reload: HABANA_ASSERT(params.size() >= 1 && params.size() <= 3)).
+# RecipeCacheConfig::reload: HABANA_ASSERT(params.size() >= 1 && params.size() <= 3)), and no stored page says
+# which release first accepted four, so the fourth is written only where it is needed: a network filesystem.
 NFS_FIELD_SINCE = (1, 22)
 # PT_HPU_LAZY_MODE's default: 1 (lazy) on the 1.19 "Runtime Flags" page, 0 (eager, torch.compile) on the
 # current one; 1.21 is the first release that runs eager by default.
@@ -116,8 +117,9 @@ def recipe_cache_setting(
     Habana's "Runtime Flags" page: <RECIPE_CACHE_PATH>,<RECIPE_CACHE_DELETE>,<RECIPE_CACHE_SIZE_MB>,
     <RECIPE_CACHE_ON_NFS>; one process compiles a recipe and the others read it from disk. A directory of
     the job's own: the ranks of one job share it, another job never reads a stale one. Not cleared at start
-    (false): a restart of the same job reuses what it compiled. The NFS field only where the bridge knows it;
-    an older bridge asks for a local disk ("avoid remote drives (such as NFS)"), so none is set there.
+    (false): a restart of the same job reuses what it compiled. Three fields on a local disk (the open 1.19
+    bridge asserts at most three); the NFS field only on a network filesystem and where the bridge knows it; an
+    older bridge asks for a local disk ("avoid remote drives (such as NFS)"), so none is set there.
     """
     if environ.get(RECIPE_VAR):
         return None, f"{RECIPE_VAR} as you set it"
@@ -129,8 +131,12 @@ def recipe_cache_setting(
             f"({'unknown version' if version is None else f'{version[0]}.{version[1]}'}) has no NFS setting; set TMPDIR to a "
             "local disk"
         )
-    value = f"{path},false,{RECIPE_CACHE_MB}" + ((",true" if on_network_fs else ",false") if nfs_field else "")
-    return value, "the job's compiled-graph cache" + (" (on a network filesystem)" if on_network_fs else "")
+    if on_network_fs:
+        return f"{path},false,{RECIPE_CACHE_MB},true", "on a network filesystem: the fourth field <RECIPE_CACHE_ON_NFS>"
+    return (
+        f"{path},false,{RECIPE_CACHE_MB}",
+        "three fields, which every release reads; a fourth only on a network filesystem",
+    )
 
 
 # ------------------------------------------------------------------ execution mode
@@ -183,7 +189,7 @@ def plan_notes(
     if value is not None:
         notes.append(
             f"compiled-graph cache: each rank sets {RECIPE_VAR} to the job's directory on its host, here "
-            f"{value} (Habana's 'Runtime Flags' page)"
+            f"{value} ({why}; Habana's 'Runtime Flags' page)"
         )
     else:
         notes.append(f"compiled-graph cache: {why}")
