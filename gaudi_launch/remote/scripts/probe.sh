@@ -37,7 +37,12 @@ if command -v hl-smi >/dev/null 2>&1; then
     if [ "$_rc" = 0 ]; then echo "devices=$(printf '%s\n' "$_o" | grep -c '[^[:space:]]')"
     else echo devices=0; echo "devices_error=hl-smi failed (exit $_rc)"; fi
 else echo devices=none; fi
-_m=$(command -v mpirun 2>/dev/null || { [ -x /opt/amazon/openmpi/bin/mpirun ] && echo /opt/amazon/openmpi/bin/mpirun; })
+# mpirun on PATH, else where Habana's RHEL-family images (HabanaAI/Setup_and_Install dockerfiles/base: MPI_ROOT=
+# /opt/habanalabs/openmpi, on PATH only through Docker's ENV, which an ssh session does not get) and AWS's put it
+_m=$(command -v mpirun 2>/dev/null)
+for _d in /opt/habanalabs/openmpi /opt/amazon/openmpi; do
+    [ -z "$_m" ] && [ -x "$_d/bin/mpirun" ] && _m=$_d/bin/mpirun
+done
 if [ -n "$_m" ]; then _one "$(_t "$_m" --version 2>&1 </dev/null)"; echo "openmpi=$_v"; fi
 # Scale-out facts (plan/scaleout.py reads them): each tool's output verbatim under a @@<command> line.
 # GAUDI_LAUNCH_SYSFS / GAUDI_LAUNCH_PROCFS: where /sys and /proc are (tests point them at a stand-in tree).
