@@ -18,14 +18,14 @@ from typing import Callable, Optional
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.hostnames import bare_host, is_local_host
 from gaudi_launch.inputs.spec import JobSpec
-from gaudi_launch.plan.contract import worker_argv
+from gaudi_launch.plan.contract import node_sizes_env, worker_argv
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.process.failures import Culprit, signal_name
 from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
 from gaudi_launch.remote import jobdir, openmpi, sshmux
 from gaudi_launch.remote.hostchecks import host_watch
 from gaudi_launch.remote.teardown import job_sweeper
-from gaudi_launch.wire import JOB_ID
+from gaudi_launch.wire import JOB_ID, NODE_SIZES
 
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", JOB_ID)
 # The tag before each piece of a rank's output: OpenMPI 4 (ORTE) writes "[1,0]<stdout>:text";
@@ -78,8 +78,13 @@ HOST_ARG_MAX = 16 * 1024
 HOSTFILE = "mpirun-hosts"
 
 
-def host_list(plan: LaunchPlan, k: int) -> str:
-    return ",".join(f"{bare_host(n.host)}:{k}" for n in plan.nodes)
+def host_list(plan: LaunchPlan) -> str:
+    """`--host a:2,b:8`: each host with the ranks it runs. Pure."""
+    return ",".join(f"{bare_host(n.host)}:{len(n.ranks)}" for n in plan.nodes)
+
+
+def is_uneven(plan: LaunchPlan) -> bool:
+    return len({len(n.ranks) for n in plan.nodes}) > 1
 
 
 def hostfile_path(plan: LaunchPlan) -> Optional[str]:
@@ -115,20 +120,21 @@ def build_argv(
     hostfile: Optional[str] = None,
 ) -> list[str]:
     """The whole mpirun command line (the hosts from ``hostfile`` when given: see hostfile_path). Pure."""
-    per_node = {len(n.ranks) for n in plan.nodes}
-    if len(per_node) != 1:
-        raise uneven_error(plan, spec)
-    k = per_node.pop()
+    k = max(len(n.ranks) for n in plan.nodes)
     argv = ["mpirun"]
     if root:
         argv.append("--allow-run-as-root")
     argv += ["-n", str(plan.world_size)]
-    argv += ["--hostfile", hostfile] if hostfile else ["--host", host_list(plan, k)]
+    argv += ["--hostfile", hostfile] if hostfile else ["--host", host_list(plan)]
     pe = (cores_per_host // k) if cores_per_host else 0
+    # Even nodes: K per node (ppr). Uneven ones (--include 'a:0,1@b'): each host's slots are the ranks it
+    # runs and mapping by slot fills them in host order, so ranks 0-1 are a's and the rest b's, as the plan
+    # numbers them (OpenMPI's mpirun(1): --map-by slot, the default, "assign processes to each slot").
+    mapping = "slot" if is_uneven(plan) else f"ppr:{k}:node"
     if pe >= 1:
-        argv += ["--map-by", f"ppr:{k}:node:PE={pe}", "--bind-to", "core"]
+        argv += ["--map-by", f"{mapping}:PE={pe}", "--bind-to", "core"]
     else:
-        argv += ["--map-by", f"ppr:{k}:node", "--bind-to", "none"]
+        argv += ["--map-by", mapping, "--bind-to", "none"]
     # OpenMPI 5 rejects --rank-by core (optimum-habana PR #2320); slot means the same here.
     argv += ["--rank-by", "slot"]
     argv += ["--tag-output"] if version < 5 else ["--output", "tag"]
@@ -207,21 +213,6 @@ def through_sessions(argv: list[str], agent: Callable[[int], Optional[str]]) -> 
 _USER_AGENT = ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_orte_rsh_agent", "OMPI_MCA_pls_rsh_agent")
 
 
-def uneven_error(plan: LaunchPlan, spec: JobSpec) -> UserError:
-    """mpirun's ppr:K:node mapping starts K ranks on every node: say what would run instead."""
-    counts = ", ".join(f"{n.host}: {len(n.ranks)}" for n in plan.nodes)
-    where = "--include" if spec.include else "--exclude" if spec.exclude else "--hostfile"
-    fewest = min(len(n.ranks) for n in plan.nodes)
-    default = " (the default backend for several hosts)" if spec.backend == "auto" else ""
-    return UserError(
-        f"the mpirun backend{default} starts the same number of ranks on every node, "
-        f"but this selection is uneven ({counts})",
-        where=where,
-        hint=f"use --use_deepspeed (--backend deepspeed) for uneven selections, as DeepSpeed "
-        f"runs them; or --num_devices {fewest} to take {fewest} on each node",
-    )
-
-
 def exported_names(plan: LaunchPlan, extra: Sequence[str] = ()) -> list[str]:
     return sorted(set(plan.env) | set(CONTRACT) | set(extra))
 
@@ -246,7 +237,7 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
         spec,
         version=version or 4,
         root=os.geteuid() == 0,
-        exported=exported_names(plan, plan.exported),
+        exported=exported_names(plan, [*plan.exported, *([NODE_SIZES] if is_uneven(plan) else [])]),
         # mpirun binds no rank: each binds itself to its card's NUMA node (plan/gaudi.py), or --cpu-bind none.
         # PE=<cores per host / ranks> would bind rank i to the i-th block of cores, whatever card it takes.
         cores_per_host=None,
@@ -268,6 +259,8 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
         "MASTER_PORT": str(plan.master_port),
         "CROSS_SIZE": str(len(plan.nodes)),
         JOB_ID: plan.job_id,
+        # uneven nodes: the ranks per node, from which a rank knows its node (RANK // K would be wrong)
+        **node_sizes_env([len(n.ranks) for n in plan.nodes]),
     }
     return [Command(host=plan.nodes[0].host, argv=argv, env=env)]
 

@@ -77,6 +77,20 @@ def node_sizes_env(sizes: list[int]) -> dict[str, str]:
     return {NODE_SIZES: ",".join(map(str, sizes))} if len(set(sizes)) > 1 else {}
 
 
+def node_of_rank(env: Mapping[str, str]) -> Optional[str]:
+    """The node of RANK from NODE_SIZES (ranks numbered node by node, as every backend plans them); None
+    without them. Pure."""
+    sizes = [int(x) for x in env.get(NODE_SIZES, "").split(",") if x.strip().isdigit()]
+    if not sizes or not env.get("RANK", "").isdigit():
+        return None
+    rank = int(env["RANK"])
+    for node, size in enumerate(sizes):
+        if rank < size:
+            return str(node)
+        rank -= size
+    return None
+
+
 def node_layout(env: Mapping[str, str]) -> dict[str, str]:
     """LOCAL_RANK and LOCAL_WORLD_SIZE from RANK, the node rank and NODE_SIZES; {} without them. Pure."""
     node = next((env[k] for k in ("NODE_RANK", "GROUP_RANK", "CROSS_RANK") if env.get(k, "").isdigit()), None)

@@ -39,7 +39,7 @@ from gaudi_launch.inputs import cards
 from gaudi_launch.inputs.idranges import id_ranges
 from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
 from gaudi_launch.plan import gaudi
-from gaudi_launch.plan.contract import elastic_env, node_layout, node_visibility, read_error_file
+from gaudi_launch.plan.contract import elastic_env, node_layout, node_of_rank, node_visibility, read_error_file
 from gaudi_launch.process import placement, relay
 from gaudi_launch.process.heartbeats import install_stack_dump
 from gaudi_launch.remote.jobdir import clean_stale, read_job
@@ -89,6 +89,8 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> di
             if env.get(src, "") != "":
                 out[name] = env[src]
                 break
+    if "NODE_RANK" not in out and node_of_rank({**env, **out}) is not None:  # uneven nodes under mpirun
+        out["NODE_RANK"] = node_of_rank({**env, **out})
     out.update(node_layout({**env, **out}))  # uneven nodes under DeepSpeed: its LOCAL_RANK is off
     if "NODE_RANK" not in out and "RANK" in out and "LOCAL_WORLD_SIZE" in out:
         # Homogeneous nodes (mpirun ppr:K:node): node rank follows from the global rank.

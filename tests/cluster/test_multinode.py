@@ -307,3 +307,26 @@ def test_a_multi_host_plan_replays_from_its_json(cluster, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     ok = [line for line in res.stdout.splitlines() if "all_reduce sum = 10, expected 10: OK" in line]
     assert sum(" on gl-n0 " in line for line in ok) == 2 and sum(" on gl-n1 " in line for line in ok) == 2
+
+
+def test_mpirun_runs_an_uneven_selection_each_rank_on_its_node(cluster, tmp_path):
+    # The README's `--include 'worker-0:0,1@worker-1'` shape on the default backend: host 0 runs device 1
+    # only, host 1 both; each rank knows its node, its place on it and its device, and gloo connects all 3.
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import json, os, socket, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "import torch; t = torch.ones(1); dist.all_reduce(t)\n"
+        "print(json.dumps({'rank': os.environ['RANK'], 'host': socket.gethostname(), 'node': os.environ['NODE_RANK'],"
+        " 'local': os.environ['LOCAL_RANK'], 'size': os.environ['LOCAL_WORLD_SIZE'],"
+        " 'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), 'sum': t.item()}))\n"
+        "dist.destroy_process_group()\n"
+    )
+    res = run_job(cluster, "mpirun", "--include", "gl-n0:1@gl-n1", str(probe), cwd=str(tmp_path))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    seen = sorted(rank_lines(res.stdout), key=lambda r: int(r["rank"]))
+    assert [(r["rank"], r["host"], r["node"], r["local"], r["size"], r["cuda"], r["sum"]) for r in seen] == [
+        ("0", "gl-n0", "0", "0", "1", "1", 3.0),
+        ("1", "gl-n1", "1", "0", "2", "0,1", 3.0),
+        ("2", "gl-n1", "1", "1", "2", "0,1", 3.0),
+    ]

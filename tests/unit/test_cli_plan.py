@@ -698,12 +698,20 @@ def test_local_backend_with_remote_host_names_hostfile_line(capsys, tmp_path):
     assert "'worker-1'" in err
 
 
-def test_mpirun_uneven_nodes_is_error(capsys, tmp_path):
-    hf = write(tmp_path / "hf", "worker-0 slots=4\nworker-1 slots=2\n")
-    err = user_error(capsys, "--dry-run", "--hostfile", hf, "train.py")
-    assert "--hostfile" in err
-    plan = plan_of(capsys, "--hostfile", hf, "--num_devices", "2", "train.py")
-    assert plan["world_size"] == 4
+def test_mpirun_runs_uneven_nodes_by_slot_with_their_sizes(capsys, tmp_path):
+    # The README's --include 'worker-0:0,1@worker-1' on the default backend: each host's slots are its
+    # ranks, mapped by slot in host order; the ranks learn their node from the sizes.
+    hf = write(tmp_path / "hf", "worker-0 slots=4\nworker-1 slots=4\n")
+    plan = plan_of(capsys, "--hostfile", hf, "--include", "worker-0:0,1@worker-1", "train.py")
+    assert plan["backend"] == "mpirun" and plan["world_size"] == 6
+    argv = plan["commands"][0]["argv"]
+    assert argv[argv.index("--host") + 1] == "worker-0:2,worker-1:4"
+    assert argv[argv.index("--map-by") + 1] == "slot"
+    assert plan["commands"][0]["env"]["GAUDI_LAUNCH_NODE_SIZES"] == "2,4"
+    assert argv[argv.index("GAUDI_LAUNCH_NODE_SIZES") - 1] == "-x"
+    even = plan_of(capsys, "--hostfile", hf, "--num_devices", "2", "train.py")
+    argv = even["commands"][0]["argv"]
+    assert argv[argv.index("--map-by") + 1] == "ppr:2:node" and "GAUDI_LAUNCH_NODE_SIZES" not in argv
 
 
 def test_no_script_is_error(capsys):

@@ -132,6 +132,33 @@ def test_error_file_written_by_torchs_record(tmp_path):
     assert read_error_file(str(path)) is None
 
 
+def test_uneven_nodes_under_mpirun_get_their_node_from_the_sizes():
+    # mpirun --map-by slot on a:2,b:4: OpenMPI gives LOCAL_RANK/LOCAL_SIZE but no node rank, and
+    # RANK // LOCAL_SIZE (the even rule) puts rank 2 (b's first) on node 0 and rank 5 on node 1 only by luck.
+    sizes = node_sizes_env([2, 4])
+    seen = [
+        normalize_env(
+            {
+                **sizes,
+                "OMPI_COMM_WORLD_RANK": str(r),
+                "OMPI_COMM_WORLD_LOCAL_RANK": str(local),
+                "OMPI_COMM_WORLD_LOCAL_SIZE": str(n),
+                "OMPI_COMM_WORLD_SIZE": "6",
+                "GAUDI_LAUNCH_NODE_DEVICES": "0,1;",
+            }
+        )
+        for r, local, n in ((0, 0, 2), (1, 1, 2), (2, 0, 4), (3, 1, 4), (5, 3, 4))
+    ]
+    assert [(e["NODE_RANK"], e.get("LOCAL_RANK", "?")) for e in seen] == [
+        ("0", "0"),
+        ("0", "1"),
+        ("1", "0"),
+        ("1", "1"),
+        ("1", "3"),
+    ]
+    assert [e.get("HABANA_VISIBLE_MODULES") for e in seen] == ["0,1", "0,1", None, None, None]
+
+
 def test_uneven_nodes_under_deepspeed_get_their_place_on_the_node_as_local_rank():
     # --include a:1@b on 2-slot hosts: DeepSpeed's launch.py gives ranks 1 and 2 on b LOCAL_RANK
     # 1 % 2 = 1 and 2 % 2 = 0; the rank's place on its node is 0 and 1.
