@@ -296,7 +296,11 @@ def decide(f: HostFabric, efa: Optional[bool] = None) -> ScaleOutPath:
         return ScaleOutPath("?", "left to HCCL", "device generation unknown (no hl-smi answer): nothing set")
     if gen == 1:
         if has_efa:
-            return _dl1_recipe("first-generation Gaudi (DL1) with EFA: HCCL_OVER_OFI is its scale-out recipe")
+            return _dl1_recipe(
+                "first-generation Gaudi (DL1) with EFA: HCCL_OVER_OFI is its scale-out recipe; it forces P2, so "
+                "peer direct (FI_EFA_USE_DEVICE_RDMA) is left off (Scale-out via Host NIC: setting HCCL_OVER_OFI "
+                "disables HCCL's auto-detection, force P2)"
+            )
         if f.libfabric:
             return ScaleOutPath("P2", "host NIC through host memory", "first-generation Gaudi, libfabric, no EFA")
         return ScaleOutPath("P3", "none", "first-generation Gaudi without EFA or libfabric")
