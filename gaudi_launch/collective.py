@@ -1,11 +1,13 @@
-"""Prove the fabric before the job (issue 25): `check --collective` and `--collective-check`.
+"""Prove the fabric before the job (issues 25 and 33): `check --collective` and `--collective-check`.
 
-The test is a job of its own: one rank per host (the job's hosts and its spares), started by the job's
-backend (local, mpirun, deepspeed) with the job's interface, interpreter and environment, running
-gaudi_launch.runtime.collective_check with the device's library (hccl, nccl or gloo). This process only
-reads the ranks' marker lines (it never imports torch) and judges them (reports/collective.py).
-Time is bounded twice: each step by the ranks' process-group timeout, the whole by a deadline here after
-which the check job is torn down like an interrupted job, its silent hosts named failed.
+The check is a job of its own: one agent per host (the job's hosts and its spares), started by the job's
+backend (local, mpirun, deepspeed, srun) with the job's interface, interpreter and environment, running
+gaudi_launch.runtime.link_check. The agents pair the hosts in rounds (runtime/pair_rounds.py), each pair with
+a deadline of its own, first over TCP and then, on Gaudi or a GPU, with the library's all-reduce on every
+card the job uses, each pair's processes killed by their hosts' agents at its deadline; then the hosts left
+run one short all-reduce together. This process only reads the agents' marker lines (it never imports
+torch) and judges them (reports/collective.py). The whole check job has a deadline here besides (the sum
+of its rounds' deadlines and the start), after which it is torn down like an interrupted job.
 """
 
 from __future__ import annotations
@@ -15,19 +17,21 @@ import dataclasses
 import io
 import json
 import os
+import re
+import secrets
 import signal
 import tempfile
 import threading
 import time
 from typing import Optional
 
-from gaudi_launch import safewrite
 from gaudi_launch.backends import get_backend
 from gaudi_launch.backends.job import launch, plan_job
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs import slurm as slurm_inputs
 from gaudi_launch.inputs.backend_options import SlurmOptions
+from gaudi_launch.inputs.readfile import MAX_INPUT_BYTES, read_bounded
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import slurm as slurm_plan
 from gaudi_launch.plan.launchplan import LaunchPlan
@@ -36,18 +40,37 @@ from gaudi_launch.process.failures import LEFT_OUT
 from gaudi_launch.process.logfiles import prepare_log_dir
 from gaudi_launch.remote import sshmux
 from gaudi_launch.reports.collective import MARKER, CollectiveReport, judge, parse
-from gaudi_launch.wire import COLLECTIVE, COLLECTIVE_LIBRARY, COLLECTIVE_STEP_TIMEOUT
+from gaudi_launch.runtime import pair_rounds
+from gaudi_launch.runtime.link_check import MARGIN_S
+from gaudi_launch.safewrite import write_whole
+from gaudi_launch.wire import (
+    COLLECTIVE,
+    COLLECTIVE_LIBRARY,
+    COLLECTIVE_SIZE,
+    COLLECTIVE_STEP_TIMEOUT,
+    COLLECTIVE_TOKEN,
+)
 
-RANK_MODULE = "gaudi_launch.runtime.link_check"  # the torch-free stage; it runs collective_check when needed
-SETTINGS_VAR = COLLECTIVE  # runtime/collective_check.SETTINGS
-MESSAGE_BYTES = 4 << 20  # a few MB: past the latency-bound regime, still well under a second per round
-ROUNDS = 5  # after a warm-up; every rank runs the same count (a rank-local rule could deadlock)
-# Per collective step (the process group's timeout, also the ranks' rendezvous); the variable is for a
-# fabric known to be slow, and for the tests.
-STEP_TIMEOUT_S = float(os.environ.get(COLLECTIVE_STEP_TIMEOUT, "30"))
-START_TIMEOUT_S = 60.0  # every rank started (torch imported) on a busy machine
+RANK_MODULE = "gaudi_launch.runtime.link_check"  # the agent; it starts runtime/collective_check per pair
+SETTINGS_VAR = COLLECTIVE  # runtime/link_check.settings
+TCP_BYTES = 4 << 20  # the torch-free stage: a few MB, past the latency-bound regime, well under a second
+TCP_LOOPS = 5  # after a warm-up; the best is kept (a slow link is slow every time, a busy CPU only in some)
+# The library stage's all-reduce per pair, as Habana's health screen runs hccl_demo on each pair of nodes
+# (HabanaAI/Setup_and_Install r1.22.0, utils/intel_gaudi_health_screen/template/bare-metal/run_hccl_demo.sh:
+# --test all_reduce --size 32m --loop 1000); GAUDI_LAUNCH_COLLECTIVE_SIZE="BYTES,LOOPS" for another.
+LIBRARY_BYTES = 32 << 20
+LIBRARY_LOOPS = 1000
+CONFIRM_LOOPS = 20  # the whole-cluster confirm is short: the pairs measured
+# Per TCP pair (the variable is for a fabric known to be slow, and for the tests); a library pair has the
+# health screen's level-2 limit (config.yaml: level-2 timeout_s 130) unless the variable is set.
+STEP_TIMEOUT_S = float(os.environ.get(COLLECTIVE_STEP_TIMEOUT, "10"))
+LIBRARY_TIMEOUT_S = float(os.environ.get(COLLECTIVE_STEP_TIMEOUT, "130"))
+START_TIMEOUT_S = 60.0  # every agent started (the job's start limit)
+# The rendezvous waits this long for every agent (torch-free, they start within seconds of each other);
+# one that has not come by then is named, the others are told to stop.
+JOIN_TIMEOUT_S = 2 * STEP_TIMEOUT_S + 10
 RESULT_FILE = "collective-check.json"
-JOB_OUTPUT_LINES = 20  # of the check job's own output, shown when a rank said nothing
+JOB_OUTPUT_LINES = 20  # of the check job's own output, shown when a host said nothing
 
 
 class CollectiveCheckFailed(UserError):
@@ -95,10 +118,49 @@ def slurm_check_port(spec: JobSpec) -> int:
     return base + (job_port - base + span // 2) % span
 
 
-def check_spec(spec: JobSpec, hosts: list[str], hostfile: Optional[str]) -> JobSpec:
-    """The check job: the user's job with its program, one rank per host, no restarts and no log dir. Pure
-    but for Slurm's job id. ``hostfile`` None: a Slurm allocation's nodes, one srun task on each of ``hosts``."""
-    settings = f"{MESSAGE_BYTES},{ROUNDS},{STEP_TIMEOUT_S:g}"
+def library_size(environ=os.environ) -> tuple[int, int]:
+    """(bytes, loops) of each pair's all-reduce: GAUDI_LAUNCH_COLLECTIVE_SIZE="32m,1000" (k, m, g: KiB, MiB,
+    GiB), else the health screen's. Pure."""
+    raw = environ.get(COLLECTIVE_SIZE, "").strip()
+    if not raw:
+        return LIBRARY_BYTES, LIBRARY_LOOPS
+    m = re.fullmatch(r"(\d{1,12})([kmg]?)\s*,\s*(\d{1,9})", raw.lower())
+    if not m or int(m.group(1)) == 0 or int(m.group(3)) == 0:
+        raise UserError(
+            f"{COLLECTIVE_SIZE}={raw!r} is not BYTES,LOOPS",
+            where=COLLECTIVE_SIZE,
+            hint=f"give e.g. {COLLECTIVE_SIZE}=32m,1000 (hccl_demo's --size 32m --loop 1000), or unset it",
+        )
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2)]
+    return int(m.group(1)) * scale, int(m.group(3))
+
+
+def check_deadline(n: int) -> float:
+    """The whole check job's limit: its start, then every round the stages may run at their deadlines
+    (and the confirm), each with the coordinator's margin. A backstop: the pairs' deadlines end a hang. Pure."""
+    rounds = pair_rounds.max_rounds(n)
+    tcp = rounds * (STEP_TIMEOUT_S + MARGIN_S)
+    library = (rounds + 1) * (LIBRARY_TIMEOUT_S + MARGIN_S)
+    return START_TIMEOUT_S + tcp + library
+
+
+def check_spec(spec: JobSpec, hosts: list[str], hostfile: Optional[str], cards: int = 1) -> JobSpec:
+    """The check job: the user's job with its program, one agent per host, no restarts and no log dir; its
+    settings and a fresh random token as job variables (never on a command line). ``cards``: the job's
+    processes per host, each pair's library job starts as many. Pure but for the token and Slurm's job id.
+    ``hostfile`` None: a Slurm allocation's nodes, one srun task on each of ``hosts``."""
+    lib_bytes, lib_loops = library_size()
+    settings = {
+        "bytes": TCP_BYTES,
+        "loops": TCP_LOOPS,
+        "lib_bytes": lib_bytes,
+        "lib_loops": lib_loops,
+        "confirm_loops": min(CONFIRM_LOOPS, lib_loops),
+        "cards": max(1, cards),
+        "pair_timeout": STEP_TIMEOUT_S,
+        "lib_timeout": LIBRARY_TIMEOUT_S,
+        "join_timeout": JOIN_TIMEOUT_S,
+    }
     library = {COLLECTIVE_LIBRARY: "1"} if os.environ.get(COLLECTIVE_LIBRARY) == "1" else {}  # gloo on a CPU too
     # DeepSpeed's runner as the job's; Slurm's options only for srun's step (one task per node named), no --sbatch
     options = spec.backend_options
@@ -112,6 +174,7 @@ def check_spec(spec: JobSpec, hosts: list[str], hostfile: Optional[str]) -> JobS
         master_port=slurm_check_port(spec) if hostfile is None else spec.master_port,
         backend_options=options,
     )
+    env = {**spec.env, SETTINGS_VAR: json.dumps(settings), COLLECTIVE_TOKEN: secrets.token_hex(32), **library}
     return dataclasses.replace(
         job,
         program=[RANK_MODULE],
@@ -122,7 +185,7 @@ def check_spec(spec: JobSpec, hosts: list[str], hostfile: Optional[str]) -> JobS
         exclude=None,
         num_nodes=None,
         num_devices=1,
-        env={**spec.env, SETTINGS_VAR: settings, **library},
+        env=env,
         log_dir=None,
         grace=2.0,
         ssh_check=False,  # the job's pre-flight has just run
@@ -152,7 +215,7 @@ def run_check(
             hint="give a --hostfile of two hosts or more, or run inside a Slurm allocation of two nodes or more",
         )
     if deadline_s is None:
-        deadline_s = START_TIMEOUT_S + STEP_TIMEOUT_S * 4
+        deadline_s = check_deadline(len(hosts))
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gaudi-launch-collective-") as tmp:
         hostfile: Optional[str] = None  # under Slurm the allocation is the hostfile
@@ -182,17 +245,18 @@ def run_check(
         elapsed_s=time.monotonic() - t0,
     )
     report.backend = plan.backend
-    if any(h.status == "failed" and "did not answer" in h.reason for h in report.hosts):
+    if any(h.status == "failed" and "did not" in h.reason and not h.partners for h in report.hosts):
         # a rank that said nothing at all: what its launcher said is the only clue (e.g. mpirun's daemon failed)
         report.job_output = [line for line in out.getvalue().splitlines() if MARKER not in line][-JOB_OUTPUT_LINES:]
     return report
 
 
 def write_finding(report: CollectiveReport, directory: str) -> Optional[str]:
-    """The report as JSON in ``directory`` (the job's --log-dir, else its working directory)."""
+    """The report as JSON in ``directory`` (the job's --log-dir, else its working directory), through a
+    new file renamed into place: a link planted at the name is replaced, never followed (issue 36)."""
     path = os.path.join(directory, RESULT_FILE)
-    try:  # a shared working or log directory: a planted link is replaced, never written through
-        safewrite.write_whole(path, json.dumps(report.to_json(), indent=2) + "\n")
+    try:
+        write_whole(path, json.dumps(report.to_json(), indent=2) + "\n")
     except OSError:
         return None
     return path
@@ -200,11 +264,10 @@ def write_finding(report: CollectiveReport, directory: str) -> Optional[str]:
 
 def read_exclusions(path: str) -> list[str]:
     """The hosts a written finding names slow or failed (--exclude-from)."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
+    try:  # bounded, non-blocking, a regular file; deep nesting is RecursionError, not an internal error
+        data = json.loads(read_bounded(path, MAX_INPUT_BYTES))
         bad = list(data.get("slow", [])) + list(data.get("failed", []))
-    except (OSError, ValueError, AttributeError, TypeError) as exc:
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError) as exc:
         raise UserError(
             f"cannot read {path}: {exc}",
             where="--exclude-from",

@@ -31,9 +31,13 @@ HEARTBEAT_DIR = "GAUDI_LAUNCH_HEARTBEAT_DIR"  # --hang-timeout: the ranks' priva
 RESTART_COUNT = "GAUDI_LAUNCH_RESTART_COUNT"  # --max-restarts: which attempt (0: the first run)
 MAX_RESTARTS_VAR = "GAUDI_LAUNCH_MAX_RESTARTS"
 COLLECTIVE = "GAUDI_LAUNCH_COLLECTIVE"  # the collective check's settings (JSON), for its ranks
+# The collective check's per-check random token (a job variable, never on argv): its rendezvous admits only
+# agents that prove they hold it (runtime/link_check.py).
+COLLECTIVE_TOKEN = "GAUDI_LAUNCH_COLLECTIVE_TOKEN"
 # Variables a user sets for the launcher itself, not for ranks.
 COLLECTIVE_STEP_TIMEOUT = "GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT"
 COLLECTIVE_LIBRARY = "GAUDI_LAUNCH_COLLECTIVE_LIBRARY"  # "1": the check runs gloo's stage on a CPU too
+COLLECTIVE_SIZE = "GAUDI_LAUNCH_COLLECTIVE_SIZE"  # "BYTES,LOOPS" of each pair's all-reduce (default 32m,1000)
 SSH_SHARE = "GAUDI_LAUNCH_SSH_SHARE"  # "0": no shared ssh connections
 DEBUG = "GAUDI_LAUNCH_DEBUG"  # tracebacks instead of one-line errors
 COMPLETE = "GAUDI_LAUNCH_COMPLETE"  # shell completion's request

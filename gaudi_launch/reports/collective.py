@@ -1,41 +1,50 @@
-"""The collective check's verdict: from the ranks' marker lines (runtime/collective_check.py) to a per-host
-table of bandwidth, latency and status. Pure: no I/O, no torch.
+"""The collective check's verdict: from the agents' marker lines (runtime/link_check.py) to a per-host and a
+per-pair table of bandwidth, latency and status. Pure: no I/O, no torch.
 
-Each point-to-point record is one directed link src -> dst, timed at dst while every rank did the same on
-its ring. A host's bandwidth is its best link, its latency its best latency: a healthy host next to a slow
-one still has a fast partner on the other ring, so only the slow host itself is named. With two hosts
-there is one partner only: both show the same figures, and only --min-bandwidth can call them slow.
+The coordinator prints one record per pair of hosts and round ("step": "pair"), per stage ("tcp": the
+torch-free links; "library": the pair's all-reduce on every card, hccl on Gaudi), and one for the confirm of
+the hosts left. Who is named follows runtime/pair_rounds.py: a host whose pairs failed (or were slow) while
+its partners passed with others. A host's bandwidth is its best pair's: a healthy host paired once with a
+slow one has a fast partner in another round. The library stage's figures, when it ran, are the ones shown
+(nccl-tests' bus bandwidth of the pair's all-reduce); the TCP stage's named hosts count in both.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from gaudi_launch.runtime import pair_rounds
+from gaudi_launch.runtime.pair_rounds import SLOW_FRACTION, Pair
 from gaudi_launch.wire import COLLECTIVE_MARKER
 
-MARKER = COLLECTIVE_MARKER  # what a check rank prints before its findings (runtime/link_check.py)
-STEPS = ("start", "allreduce", "ring+1", "ring+2", "done")  # the library stage (runtime/collective_check.py)
-TCP_STEPS = ("start", "ring+1", "ring+2", "done")  # the torch-free stage (runtime/link_check.py)
+MARKER = COLLECTIVE_MARKER  # what a check agent prints before its findings (runtime/link_check.py)
 TCP = "tcp"  # the first stage's name, in its records ("stage") and as the report's library
-# Under a quarter of the median is slow. Half (the issue's first guess) named a healthy host in a CI run on
-# the namespace cluster: the launcher's own host, sharing 2 cores with DeepSpeed's runner, measured 0.37x
-# the median; a link really throttled (tc tbf) measures about 0.01x. --min-bandwidth sets a floor besides.
-SLOW_FRACTION = 0.25
-# What a rank says when a peer, not itself, stopped the step (gloo, HCCL and NCCL wordings).
-_PEER_WORDS = ("timed out", "timeout", "connection reset", "connection closed", "broken pipe", "connection refused")
+LIBRARY = "library"
 
 
 @dataclass
 class HostResult:
     host: str
     rank: int
-    status: str  # "ok" | "slow" | "failed" | "not measured"
+    status: str  # "ok" | "slow" | "failed" | "unpinned" | "not measured"
     bandwidth_gbs: Optional[float] = None
     latency_us: Optional[float] = None
     partners: list[str] = field(default_factory=list)
+    reason: str = ""
+
+
+@dataclass
+class PairResult:
+    stage: str  # "tcp" or "library"
+    round: int
+    hosts: list[str]
+    ok: bool
+    slow: bool
+    gbs: Optional[float]  # tcp: one direction's link rate; library: all-reduce bus bandwidth (nccl-tests)
+    latency_us: Optional[float]
+    ranks: Optional[int] = None  # the library job's processes (cards of both hosts)
     reason: str = ""
 
 
@@ -45,13 +54,17 @@ class CollectiveReport:
     median_gbs: Optional[float]
     threshold_gbs: Optional[float]
     min_bandwidth: Optional[float]
-    allreduce_gbs: Optional[float]  # bus bandwidth, as nccl-tests define it: bytes * 2(n-1)/n / time
+    allreduce_gbs: Optional[float]  # the confirm's bus bandwidth, as nccl-tests define it: S/t * 2(n-1)/n
     allreduce_ms: Optional[float]
     message_bytes: int
-    library: str  # gloo, hccl or nccl: what the ranks used; "tcp": the torch-free stage alone (a CPU)
+    library: str  # "tcp": the torch-free stage alone (a CPU); else hccl, nccl or gloo
     elapsed_s: float = 0.0
-    backend: str = ""  # what started the ranks: local, mpirun, deepspeed or slurm
-    job_output: list[str] = field(default_factory=list)  # the check job's last lines when a rank said nothing
+    backend: str = ""  # what started the agents: local, mpirun, deepspeed or slurm
+    job_output: list[str] = field(default_factory=list)  # the check job's last lines when a host said nothing
+    pairs: list[PairResult] = field(default_factory=list)
+    path_faults: list[str] = field(default_factory=list)  # "a-b": a bad pair of two good hosts
+    refused: list[str] = field(default_factory=list)  # connections the rendezvous refused: "ADDR (why)"
+    confirm: str = ""  # the confirm's failure, when it failed
 
     @property
     def bad(self) -> list[HostResult]:
@@ -59,7 +72,9 @@ class CollectiveReport:
 
     @property
     def ok(self) -> bool:
-        return not self.bad and all(h.status == "ok" for h in self.hosts)
+        return (
+            all(h.status == "ok" for h in self.hosts) and not self.path_faults and not self.confirm
+        )
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -85,22 +100,38 @@ class CollectiveReport:
         for h in self.hosts:
             if h.reason:
                 lines.append(f"{h.host}: {h.reason}")
+        for p in self.pairs:
+            if not p.ok or p.slow:
+                what = "slow" if p.ok else "failed"
+                why = f"{p.gbs:.3g} GB/s" if p.ok and p.gbs is not None else p.reason
+                lines.append(f"  pair {p.hosts[0]} - {p.hosts[1]} ({p.stage}, round {p.round + 1}): {what}: {why}")
+        for f in self.path_faults:
+            lines.append(f"pair {f} failed while both hosts passed with others: the path between them (a switch port, a cable)")
+        for r in self.refused:
+            lines.append(f"the rendezvous refused a connection from {r}")
         if self.median_gbs is not None:
-            rule = f"under {SLOW_FRACTION:g} x the median"
+            rule = f"under {SLOW_FRACTION:g} x the median pair"
             if self.min_bandwidth is not None:
                 rule += f" or under --min-bandwidth {self.min_bandwidth:g}"
             lines.append(f"median {self.median_gbs:.3g} GB/s; slow: {rule} ({self.threshold_gbs:.3g} GB/s)")
+        rounds = {(p.stage, p.round) for p in self.pairs}
+        if self.pairs:
+            stages = sorted({p.stage for p in self.pairs}, key=[TCP, LIBRARY].index)
+            lines.append(
+                f"{len(self.pairs)} pairs in {len(rounds)} rounds ({', '.join(stages)}) on {len(self.hosts)} hosts"
+                f"{' (started by ' + self.backend + ')' if self.backend else ''}"
+            )
         if self.allreduce_gbs is not None:
             lines.append(
-                f"all-reduce of {self.message_bytes / 2**20:g} MiB on {len(self.hosts)} hosts ({self.library}"
-                f"{', started by ' + self.backend if self.backend else ''}): "
+                f"confirm: all-reduce of {self.message_bytes / 2**20:g} MiB on the hosts left ({self.library}): "
                 f"{self.allreduce_ms:.3g} ms, {self.allreduce_gbs:.3g} GB/s bus bandwidth"
             )
+        if self.confirm:
+            lines.append(f"confirm failed: {self.confirm}")
         if self.library == TCP:
             lines.append(
-                f"links measured over TCP between the check's ranks on {len(self.hosts)} hosts"
-                f"{' (started by ' + self.backend + ')' if self.backend else ''}: on a CPU these are gloo's "
-                "connections; the ranks imported no torch (GAUDI_LAUNCH_COLLECTIVE_LIBRARY=1 adds gloo's all-reduce)"
+                "links measured over TCP between the hosts' agents: on a CPU these are gloo's connections; "
+                "the agents imported no torch (GAUDI_LAUNCH_COLLECTIVE_LIBRARY=1 adds gloo's all-reduce per pair)"
             )
         lines.append(f"collective check took {self.elapsed_s:.1f} s")
         if self.job_output:
@@ -114,11 +145,22 @@ class CollectiveReport:
             return ""
         slow = [h.host for h in self.hosts if h.status == "slow"]
         failed = [h.host for h in self.hosts if h.status == "failed"]
+        unpinned = [h.host for h in self.hosts if h.status == "unpinned"]
         parts = []
         if slow:
             parts.append(f"slow: {', '.join(slow)}")
         if failed:
             parts.append(f"failed: {', '.join(failed)}")
+        if unpinned:
+            parts.append(
+                f"not pinned: {', '.join(unpinned)} (their pairs failed with hosts that failed elsewhere too: "
+                "a fault common to them, such as the interface, a firewall or the environment, or too few hosts "
+                "to tell)"
+            )
+        if self.path_faults:
+            parts.append(f"path between {', '.join(self.path_faults)}")
+        if self.confirm:
+            parts.append("the confirm of the hosts left failed")
         if not parts:
             parts.append("not every host was measured")
         bad = slow + failed
@@ -148,30 +190,25 @@ def parse(lines) -> list[dict]:
     return out
 
 
-def stage_records(records: list[dict]) -> list[dict]:
-    """The records to judge: the library stage's when it ran (on hccl or nccl it is the verdict), else the
-    TCP stage's (on a CPU, gloo's transport; or the stage where a rank went missing)."""
-    library = [r for r in records if r.get("stage") != TCP]
-    return library or records
-
-
-def _progress(records: list[dict], steps: tuple) -> tuple[int, Optional[dict]]:
-    """(steps done in order, the error record if the rank reported one)."""
-    done = {r["step"] for r in records if "error" not in r}
-    error = next((r for r in records if "error" in r), None)
-    count = 0
-    for step in steps:
-        if step in done:
-            count += 1
-        elif step.startswith("ring+") and "done" in done:
-            count += 1  # two hosts have no shifted ring
-        else:
-            break
-    return count, error
-
-
-def _peer_error(error: Optional[dict]) -> bool:
-    return error is not None and any(w in str(error.get("error", "")).lower() for w in _PEER_WORDS)
+def _pairs(records: list[dict], stage: str) -> list[Pair]:
+    out = []
+    for r in records:
+        if r.get("step") == "pair" and r.get("stage") == stage:
+            try:
+                out.append(
+                    Pair(
+                        round=int(r["round"]),
+                        a=int(r["a"]),
+                        b=int(r["b"]),
+                        ok=bool(r["ok"]),
+                        gbs=r.get("gbs"),
+                        latency_s=r.get("latency_s"),
+                        reason=str(r.get("reason", "")),
+                    )
+                )
+            except (KeyError, TypeError, ValueError):
+                continue
+    return out
 
 
 def judge(
@@ -181,82 +218,120 @@ def judge(
     min_bandwidth: Optional[float] = None,
     elapsed_s: float = 0.0,
 ) -> CollectiveReport:
-    """The per-host verdict of one collective check (one rank per host in ``rank_hosts``)."""
-    records = stage_records(records)
-    steps = TCP_STEPS if records and all(r.get("stage") == TCP for r in records) else STEPS
-    by_rank: dict[int, list[dict]] = {r: [] for r in rank_hosts}
-    for rec in records:
-        if rec["rank"] in by_rank:
-            by_rank[rec["rank"]].append(rec)
-    # ---- who failed: a rank that did not finish by its own fault (silent, or its own error); when every
-    # unfinished rank only blames a peer, those that got least far
-    state = {r: _progress(recs, steps) for r, recs in by_rank.items()}
-    unfinished = {r: s for r, s in state.items() if s[0] < len(steps)}
-    culprits = {r for r, (_, err) in unfinished.items() if not _peer_error(err)}
-    if unfinished and not culprits:
-        least = min(s[0] for s in unfinished.values())
-        culprits = {r for r, s in unfinished.items() if s[0] == least}
-    # ---- links: (src, dst) -> (GB/s, latency s)
-    links: dict[tuple[int, int], tuple[float, float]] = {}
-    size = 0
-    for r, recs in by_rank.items():
-        for rec in recs:
-            if str(rec.get("step", "")).startswith("ring+") and "error" not in rec and rec.get("seconds"):
-                size = int(rec.get("bytes", size))
-                links[(int(rec["src"]), r)] = (rec["bytes"] / rec["seconds"] / 1e9, float(rec.get("latency_s", 0)))
+    """The per-host and per-pair verdict of one collective check (one agent per host in ``rank_hosts``)."""
+    ranks = sorted(rank_hosts)
+    name = lambda r: rank_hosts.get(r, str(r))  # noqa: E731
+    tcp, lib = _pairs(records, TCP), _pairs(records, LIBRARY)
+    v_tcp = pair_rounds.verdict(ranks, tcp, min_bandwidth)
+    lib_ranks = [r for r in ranks if r not in v_tcp.named]
+    v_lib = pair_rounds.verdict(lib_ranks, lib, min_bandwidth) if lib else None
+    shown, v_shown = (lib, v_lib) if lib else (tcp, v_tcp)
     hosts: list[HostResult] = []
-    for r in sorted(rank_hosts):
-        mine = [(v, src if dst == r else dst) for (src, dst), v in links.items() if r in (src, dst)]
-        res = HostResult(host=rank_hosts[r], rank=r, status="ok")
-        res.partners = sorted({rank_hosts.get(p, str(p)) for _, p in mine})
-        if mine and r not in culprits:
-            res.bandwidth_gbs = max(v[0] for v, _ in mine)
-            res.latency_us = min(v[1] for v, _ in mine) * 1e6
-        if r in culprits:
-            res.status = "failed"
-            _, err = state[r]
-            step = steps[min(state[r][0], len(steps) - 1)]
-            res.reason = (
-                f"failed at {err['step']}: {err['error']}"
-                if err
-                else f"did not answer at step {step} (no result within the step's time limit)"
-            )
-        elif r in unfinished:
-            res.status = "not measured"
-            err = state[r][1]
-            res.reason = f"stopped at {err['step'] if err else 'a step'}: waited on a host that failed"
-        elif not mine and len(rank_hosts) > 1:
-            res.status = "not measured"
+    for r in ranks:
+        res = HostResult(host=name(r), rank=r, status="ok")
+        mine = [p for p in shown if r in (p.a, p.b)]
+        res.partners = sorted({name(p.b if p.a == r else p.a) for p in mine})
+        fine = [p for p in mine if p.ok and p.gbs is not None]
+        if fine:
+            res.bandwidth_gbs = max(p.gbs for p in fine)
+            lat = [p.latency_s for p in fine if p.latency_s is not None]
+            res.latency_us = min(lat) * 1e6 if lat else None
+        for v, stage in ((v_tcp, TCP), (v_lib, LIBRARY)):
+            if v is None or res.status != "ok":
+                continue
+            if r in v.failed:
+                res.status = "failed"
+                res.reason = f"failed ({stage}) with partners that passed with others: " + _why(v.failed[r], r, name)
+            elif r in v.slow:
+                res.status = "slow"
+                best = max(p.gbs for p in v.slow[r])
+                res.reason = (
+                    f"{best:.3g} GB/s with its best partner, under {v.threshold_gbs:.3g} GB/s ({stage}; its partners "
+                    "were fast with others)"
+                )
+            elif r in v.unpinned:
+                res.status = "unpinned"
+                bad = [p for p in (tcp if stage == TCP else lib) if r in (p.a, p.b) and p.bad]
+                res.reason = f"its pairs failed ({stage}) and none of its partners passed elsewhere: " + _why(bad, r, name)
         hosts.append(res)
-    measured = [h.bandwidth_gbs for h in hosts if h.bandwidth_gbs is not None]
-    median = statistics.median(measured) if measured else None
-    threshold = None
-    if median is not None:
-        threshold = SLOW_FRACTION * median
-        if min_bandwidth is not None:
-            threshold = max(threshold, min_bandwidth)
-        for h in hosts:
-            if h.status == "ok" and h.bandwidth_gbs is not None and h.bandwidth_gbs < threshold:
-                h.status = "slow"
-                h.reason = f"{h.bandwidth_gbs:.3g} GB/s with its best partner, under {threshold:.3g} GB/s"
-    # ---- the all-reduce: median over ranks, bus bandwidth
-    ar = [rec for recs in by_rank.values() for rec in recs if rec.get("step") == "allreduce" and "error" not in rec]
-    ar_ms = ar_gbs = None
-    n = len(rank_hosts)
-    if ar:
-        secs = statistics.median(rec["seconds"] for rec in ar)
-        size = size or int(ar[0]["bytes"])
-        ar_ms = secs * 1e3
-        ar_gbs = ar[0]["bytes"] * (2 * (n - 1) / n if n > 1 else 1) / secs / 1e9
-    library = next((rec["backend"] for recs in by_rank.values() for rec in recs if rec.get("backend")), "?")
-    return CollectiveReport(
+    _not_started(records, hosts, rank_hosts, have_pairs=bool(tcp or lib))
+    report = CollectiveReport(
         hosts=hosts,
-        median_gbs=median,
-        threshold_gbs=threshold,
+        median_gbs=v_shown.median_gbs,
+        threshold_gbs=v_shown.threshold_gbs,
         min_bandwidth=min_bandwidth,
-        allreduce_gbs=ar_gbs,
-        allreduce_ms=ar_ms,
-        message_bytes=size,
-        library=library,
+        allreduce_gbs=None,
+        allreduce_ms=None,
+        message_bytes=0,
+        library=TCP if not lib else _library_name(records),
         elapsed_s=elapsed_s,
     )
+    extra = {(r.get("stage"), r.get("round"), r.get("a"), r.get("b")): r.get("ranks") for r in records}
+    for stage, pairs in ((TCP, tcp), (LIBRARY, lib)):
+        for p in pairs:
+            report.pairs.append(
+                PairResult(
+                    stage=stage,
+                    round=p.round,
+                    hosts=[name(p.a), name(p.b)],
+                    ok=p.ok,
+                    slow=p.slow,
+                    gbs=p.gbs,
+                    latency_us=None if p.latency_s is None else p.latency_s * 1e6,
+                    ranks=extra.get((stage, p.round, p.a, p.b)),
+                    reason=p.reason,
+                )
+            )
+    for v in (v_tcp, v_lib):
+        if v is not None:
+            report.path_faults += [f"{name(p.a)}-{name(p.b)}" for p in v.path_faults]
+    report.refused = [f"{r.get('from')} ({r.get('why')})" for r in records if r.get("step") == "refused"]
+    confirm = next((r for r in records if r.get("step") == "confirm"), None)
+    if confirm is not None:
+        if confirm.get("ok") and confirm.get("seconds"):
+            report.allreduce_gbs = confirm.get("gbs")
+            report.allreduce_ms = confirm["seconds"] * 1e3
+            report.message_bytes = int(confirm.get("bytes") or 0)
+        elif not confirm.get("ok"):
+            report.confirm = str(confirm.get("reason") or "no result")
+    return report
+
+
+def _why(pairs: list[Pair], r: int, name) -> str:
+    return "; ".join(
+        f"with {name(p.b if p.a == r else p.a)}: " + (p.reason if not p.ok else f"{p.gbs:.3g} GB/s") for p in pairs
+    )[:600]
+
+
+def _library_name(records: list[dict]) -> str:
+    return next((str(r["backend"]) for r in records if r.get("step") == "pair" and r.get("backend")), "library")
+
+
+def _not_started(records: list[dict], hosts: list[HostResult], rank_hosts: dict, have_pairs: bool) -> None:
+    """Hosts the rounds never measured: missing at the rendezvous, or silent (the check job's deadline)."""
+    missing = next((r.get("missing") for r in records if r.get("step") == "rendezvous"), None)
+    spoke = {r["rank"] for r in records}
+    errors = {r["rank"]: r for r in records if "error" in r and r.get("step") != "pair"}
+    for h in hosts:
+        if h.status != "ok" or (have_pairs and h.partners):
+            continue
+        if missing is not None and h.rank in missing:
+            h.status, h.reason = "failed", "did not join the rendezvous in time (its agent never came, or was refused)"
+        elif h.rank not in spoke:
+            h.status, h.reason = "failed", "did not answer (no output within the check's deadline)"
+        elif h.rank in errors and not have_pairs and missing is None:
+            err = errors[h.rank]
+            h.status, h.reason = "not measured", f"stopped at {err.get('step')}: {err.get('error')}"
+        elif not have_pairs and len(rank_hosts) > 1:
+            h.status = "not measured"
+    # nobody could reach the rendezvous: rank 0's host is the one they all waited on
+    others = [h for h in hosts if h.rank != 0]
+    if not have_pairs and missing is None and others and all(
+        "rendezvous" in str(errors.get(h.rank, {}).get("error", "")) for h in others
+    ):
+        first = next((h for h in hosts if h.rank == 0), None)
+        if first is not None:
+            first.status = "failed"
+            first.reason = "every other host timed out reaching the rendezvous on this host (rank 0)"
+            for h in others:
+                h.status, h.reason = "not measured", "waited on the rendezvous host"

@@ -1,54 +1,89 @@
-"""One rank of the collective check's first stage: the links between the check's ranks over plain TCP.
+"""One host's agent in the collective check: hosts paired in rounds, each pair bounded by its own deadline.
 
-The launcher starts this module, one rank per host, through the job's own backend. It imports no torch
-(torch's import is about 1.1 s of CPU a rank: 16 ranks on a 2-core machine waited 9 s for it), so it
-measures the fabric within seconds:
-  1. a rendezvous at MASTER_ADDR:MASTER_PORT, served by rank 0: each rank gives the address it reaches
-     the master from (the job's interface) and a port of its own, and its device kind;
-  2. on the ring and its shifted ring (rank r sends to r+s and receives from r-s, every rank at once after
-     a barrier) a small message's time (latency) and the best of ROUNDS times of SIZE bytes (bandwidth).
-The records are those of runtime/collective_check.py (marker lines, "stage": "tcp"), judged alike.
+The launcher starts this module through the job's own backend, one agent per host. It imports no torch
+(torch's import is about 1.1 s of CPU a process), and every wait of its own is a socket with a deadline, so
+it is the part of the check that can be trusted to come back. Rank 0 also runs the coordinator.
 
-On a CPU, gloo's transport is exactly such TCP connections on the same interface, so this stage is the
-verdict. When any rank's device is a Gaudi or a GPU (or GAUDI_LAUNCH_COLLECTIVE_LIBRARY=1), hccl or nccl
-take another path: every rank then runs runtime/collective_check.py in this same process (the library's
-all-reduce and rings, torch imported only then), and that stage alone is judged.
-Every wait is bounded by the step time limit: a rank that does not answer is named, not waited on.
+1. Rendezvous at MASTER_ADDR:MASTER_PORT, served by rank 0. Only the check's own agents may join: each
+   proves it holds the check's token (GAUDI_LAUNCH_COLLECTIVE_TOKEN, a random value the launcher ships as a
+   job variable, never on a command line) by an HMAC over the coordinator's fresh nonce; the coordinator
+   proves the same over the agent's nonce in its answer. A rank out of range, taken twice, a wrong MAC or
+   junk closes that connection alone (it is reported, the check goes on).
+2. Stage "tcp" (torch-free): the pairs of runtime/pair_rounds.py's schedule exchange SIZE bytes LOOPS times
+   both ways at once over TCP on the interface the agent reaches the master on (the job's); rounds go on
+   until every host with a bad pair is told apart (pinned) or cleared. On a CPU gloo's transport is such
+   TCP connections: this stage is the verdict.
+3. When a rank's device is a Gaudi or a GPU (or GAUDI_LAUNCH_COLLECTIVE_LIBRARY=1): stage "library", the
+   same schedule over the hosts the TCP stage did not name, each pair a small job of its own: on each of
+   the two hosts one process per card (runtime/collective_check.py, hccl on Gaudi), started here and
+   killed here with its process group when the pair's deadline passes. The bridge's HCCL waits never
+   time out (gaudi-pytorch-bridge, ProcessGroupHCCL.cpp WorkHCCL::wait: "abort API is not implemented"),
+   so the deadline must be kept from outside the process that hangs. Then one short all-reduce of every
+   host left confirms them together.
+The coordinator prints one record per pair (MARKER + JSON), which the launcher judges
+(reports/collective.py); it knows a pair's result even when one of its agents went silent.
 """
 
 from __future__ import annotations
 
+import hmac
 import importlib.util
 import json
 import os
 import re
-import runpy
+import secrets
+import signal
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from typing import Optional
 
-from gaudi_launch.wire import COLLECTIVE, COLLECTIVE_LIBRARY, COLLECTIVE_MARKER, DEVICE
+from gaudi_launch.runtime import pair_rounds
+from gaudi_launch.wire import COLLECTIVE, COLLECTIVE_LIBRARY, COLLECTIVE_MARKER, COLLECTIVE_TOKEN, DEVICE
 
 LIBRARY_MODULE = "gaudi_launch.runtime.collective_check"
 LATENCY_ROUNDS = 10
 CHUNK = 64 << 10  # one recv at most: the first piece's arrival starts a large message's clock
-STAGE = "tcp"
+MAX_LINE = 1 << 16  # a control line longer than this is junk
+MARGIN_S = 3.0  # the coordinator's wait for a round's results past the pair deadline
+# Defaults when the launcher sends none (runtime tests): see collective.py for the launcher's.
+DEFAULTS = {
+    "bytes": 4 << 20,
+    "loops": 5,
+    "lib_bytes": 32 << 20,
+    "lib_loops": 1000,
+    "confirm_loops": 10,
+    "cards": 1,
+    "pair_timeout": 10.0,
+    "lib_timeout": 130.0,
+    "join_timeout": 60.0,
+}
 
 
 class PeerTimeout(RuntimeError):
-    """Another rank did not answer in time (the judge reads "timed out": not this rank's fault)."""
+    """Another process did not answer in time (the judge reads "timed out": not this host's fault)."""
+
+
+class Refused(ValueError):
+    """A control or pair connection that is not the check's: closed, never trusted."""
 
 
 def say(record: dict) -> None:
-    print(COLLECTIVE_MARKER + json.dumps({**record, "stage": STAGE}, sort_keys=True), flush=True)
+    print(COLLECTIVE_MARKER + json.dumps(record, sort_keys=True), flush=True)
 
 
-def shifts(world: int) -> list[int]:
-    """The ring (1) and its shifted ring (2): two different partners per host from 3 hosts on."""
-    return [1] if world <= 2 else [1, 2]
+def settings(environ) -> dict:
+    """The check's settings (JSON in GAUDI_LAUNCH_COLLECTIVE), over DEFAULTS."""
+    raw = environ.get(COLLECTIVE, "")
+    data = json.loads(raw) if raw.startswith("{") else {}
+    return {**DEFAULTS, **{k: v for k, v in data.items() if k in DEFAULTS}}
+
+
+def mac(token: bytes, *parts) -> str:
+    return hmac.new(token, "\n".join(map(str, parts)).encode(), "sha256").hexdigest()
 
 
 def device_kind(environ, find_spec=importlib.util.find_spec, exists=os.path.exists) -> str:
@@ -72,195 +107,483 @@ def device_kind(environ, find_spec=importlib.util.find_spec, exists=os.path.exis
     return "cpu"
 
 
-def _line(f, what: str) -> str:
-    try:
-        line = f.readline()
-    except socket.timeout:
-        raise PeerTimeout(f"timed out waiting for {what}") from None
-    except OSError as exc:
-        raise PeerTimeout(f"connection reset waiting for {what}: {exc}") from None
-    if not line:
-        raise PeerTimeout(f"connection closed waiting for {what}")
-    return line.decode().strip()
+def free_port(addr: str, family) -> int:
+    """A port free now on ``addr``, for the next library job's store (its side 0 binds it next)."""
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+class Line:
+    """Lines of JSON over one socket, each read against a deadline and capped in length."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.f = sock, sock.makefile("rb")
+
+    def read(self, deadline: float, what: str):
+        self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            line = self.f.readline(MAX_LINE)
+        except socket.timeout:
+            raise PeerTimeout(f"timed out waiting for {what}") from None
+        except OSError as exc:
+            raise PeerTimeout(f"connection reset waiting for {what}: {exc}") from None
+        if not line:
+            raise PeerTimeout(f"connection closed waiting for {what}")
+        if not line.endswith(b"\n"):
+            raise Refused(f"a line over {MAX_LINE} bytes from {what}")
+        try:
+            data = json.loads(line)
+        except ValueError:
+            raise Refused(f"not JSON from {what}") from None
+        if not isinstance(data, dict):
+            raise Refused(f"not a JSON object from {what}")
+        return data
+
+    def send(self, data: dict) -> None:
+        self.sock.sendall((json.dumps(data, sort_keys=True) + "\n").encode())
+
+    def close(self) -> None:
+        for part in (self.f, self.sock):
+            try:
+                part.close()
+            except OSError:
+                pass
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The coordinator (rank 0)
+
+
+def check_hello(hello: dict, nonce: str, token: bytes, world: int, joined) -> int:
+    """The rank a hello proves, or Refused saying why. Pure."""
+    rank = hello.get("rank")
+    if type(rank) is not int or not 0 <= rank < world:
+        raise Refused(f"rank {rank!r} is not one of 0..{world - 1}")
+    fields = [hello.get(k) for k in ("addr", "port", "lport", "kind", "nonce")]
+    if not (isinstance(fields[0], str) and all(type(p) is int and 0 < p < 65536 for p in fields[1:3])):
+        raise Refused("a hello without an address and ports")
+    if not (isinstance(fields[3], str) and isinstance(fields[4], str)):
+        raise Refused("a hello without a device kind and nonce")
+    if not hmac.compare_digest(str(hello.get("mac", "")), mac(token, "hello", nonce, rank, *fields)):
+        raise Refused(f"a hello as rank {rank} without the check's token")
+    if rank in joined:
+        raise Refused(f"rank {rank} joined already")
+    return rank
 
 
 class Coordinator:
-    """Rank 0's rendezvous and barriers: a thread that answers every rank's line once all have sent one."""
+    """Rank 0's rendezvous and rounds, in a thread of its own."""
 
-    def __init__(self, port: int, world: int, timeout: float, library: bool = False):
-        self.world, self.timeout, self.library = world, timeout, library
+    def __init__(self, port: int, world: int, cfg: dict, token: bytes, library: bool = False):
+        self.world, self.cfg, self.token, self.library = world, cfg, token, library
         if socket.has_dualstack_ipv6():  # MASTER_ADDR may resolve to either family
             self.sock = socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
         else:
             self.sock = socket.create_server(("", port))
+        self.conns: dict[int, Line] = {}
+        self.faulty = False  # a bad pair or a missing agent: rank 0 then exits non-zero, so that the job's
+        # backend tears down an agent that went silent instead of waiting for it
+        self.hellos: dict[int, dict] = {}
+        self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._serve, name="link-check-coordinator", daemon=True)
         self.thread.start()
 
-    def _serve(self) -> None:
-        conns: dict[int, tuple[socket.socket, object]] = {}
+    # ---- rendezvous
+    def _greet(self, conn: socket.socket, peer) -> None:
+        """One connection's hello, in a thread of its own: a client that sends nothing delays nobody."""
+        line = Line(conn)
         try:
-            if self._rendezvous(conns):  # the library stage follows: its store takes MASTER_PORT next
-                for c, f in conns.values():
-                    c.settimeout(self.timeout)
-                    f.read()  # until the rank closes: the TIME_WAIT is its, never the port's
-                return
-            while conns:  # barriers ("B") until every rank says it is done ("D")
-                words = {}
-                deadline = time.monotonic() + self.timeout
-                for r, (c, f) in sorted(conns.items()):
-                    c.settimeout(max(0.01, deadline - time.monotonic()))
-                    try:
-                        words[r] = _line(f, f"rank {r}")
-                    except PeerTimeout:
-                        self._tell_missing(conns, [r])
-                        return
-                if all(w == "D" for w in words.values()):
+            nonce = secrets.token_hex(16)
+            line.send({"nonce": nonce})
+            hello = line.read(time.monotonic() + self.cfg["pair_timeout"], "a hello")
+            with self.lock:
+                rank = check_hello(hello, nonce, self.token, self.world, self.hellos)
+                self.hellos[rank], self.conns[rank] = hello, line
+        except Exception as exc:  # every connection's own fault stays its own: junk never stops the check
+            say({"step": "refused", "rank": 0, "from": str(peer[0]), "why": f"{type(exc).__name__}: {exc}"[:300]})
+            line.close()
+
+    def _rendezvous(self) -> bool:
+        deadline = time.monotonic() + self.cfg["join_timeout"]
+        while time.monotonic() < deadline:
+            with self.lock:
+                if len(self.hellos) == self.world:
                     break
-                for c, _ in conns.values():
-                    c.sendall(b"G\n")
-        except OSError:
-            pass
+            self.sock.settimeout(0.2)
+            try:
+                conn, peer = self.sock.accept()
+            except socket.timeout:
+                continue
+            threading.Thread(target=self._greet, args=(conn, peer), daemon=True).start()
+        with self.lock:
+            missing = [r for r in range(self.world) if r not in self.hellos]
+            if missing:
+                self.faulty = True
+                say({"step": "rendezvous", "rank": 0, "missing": missing})
+                for c in self.conns.values():
+                    c.send({"cmd": "abort", "why": f"no hello from rank(s) {','.join(map(str, missing))}"})
+                return False
+        self.library = self.library or any(h["kind"] != "cpu" for h in self.hellos.values())
+        peers = [[self.hellos[r]["addr"], self.hellos[r]["port"]] for r in range(self.world)]
+        for r, c in self.conns.items():
+            proof = mac(self.token, "table", self.hellos[r]["nonce"], json.dumps(peers), self.library)
+            c.send({"peers": peers, "library": self.library, "mac": proof})
+        self.lport = {r: self.hellos[r]["lport"] for r in range(self.world)}
+        return True
+
+    # ---- rounds
+    def _round(self, stage: str, k: int, pairs: list, deadline_s: float, group: Optional[list] = None) -> dict:
+        """Send every rank its part of round k; {rank: its result ({} when none came by the deadline)}."""
+        role = {}
+        for a, b in pairs:
+            master = [self.hellos[a]["addr"], self.lport[a]]
+            role[a] = {"partner": b, "side": 0, "master": master}
+            role[b] = {"partner": a, "side": 1, "master": master}
+        if group is not None:  # the confirm: every rank of the group, one job
+            master = [self.hellos[group[0]]["addr"], self.lport[group[0]]]
+            role = {r: {"group": group, "master": master} for r in group}
+        alive = {}
+        for r, c in self.conns.items():
+            try:
+                c.send({"cmd": "pair", "stage": stage, "round": k, **role.get(r, {"partner": None})})
+                alive[r] = c
+            except OSError:
+                pass
+        results: dict[int, dict] = {}
+        deadline = time.monotonic() + deadline_s + MARGIN_S
+        for r, c in alive.items():
+            try:
+                res = c.read(deadline, f"rank {r}'s result")
+                if res.get("round") == k:
+                    results[r] = res
+                    if type(res.get("lport")) is int:
+                        self.lport[r] = res["lport"]
+            except (PeerTimeout, Refused):
+                pass
+        return {r: results.get(r, {}) for r in role}
+
+    def _stage(self, stage: str, ranks: list[int], deadline_s: float) -> set:
+        """The rounds of one stage over ``ranks``; the ranks it names."""
+        schedule = pair_rounds.round_robin(len(ranks))
+        pairs: list[pair_rounds.Pair] = []
+        v = pair_rounds.verdict(ranks, [])
+        for k, rnd in enumerate(schedule[: pair_rounds.max_rounds(len(ranks))]):
+            mapped = [(ranks[a], ranks[b]) for a, b in rnd]
+            got = self._round(stage, k, mapped, deadline_s)
+            for a, b in mapped:
+                p = pair_rounds.pair_of(got.get(a, {}), got.get(b, {}), k, a, b)
+                pairs.append(p)
+                side = got.get(a, {})
+                say(
+                    {
+                        "step": "pair",
+                        "stage": stage,
+                        "rank": 0,
+                        **p.__dict__,
+                        "ranks": side.get("ranks"),
+                        "backend": side.get("backend"),
+                    }
+                )
+            v = pair_rounds.verdict(ranks, pairs)
+            self.faulty |= any(p.bad for p in pairs)
+            if pair_rounds.settled(v, k + 1, len(ranks)):
+                break
+        return v.named
+
+    def _serve(self) -> None:
+        try:
+            if not self._rendezvous():
+                return
+            self.ranks = list(range(self.world))
+            cfg = self.cfg
+            named = self._stage("tcp", self.ranks, cfg["pair_timeout"])
+            if self.library:
+                left = [r for r in self.ranks if r not in named]
+                named |= self._stage("library", left, cfg["lib_timeout"]) if len(left) > 1 else set()
+                left = [r for r in self.ranks if r not in named]
+                if len(left) > 1:
+                    got = self._round("confirm", 0, [], cfg["lib_timeout"], group=left)
+                    bad = {r: g for r, g in got.items() if not g.get("ok")}
+                    self.faulty |= bool(bad)
+                    first = got.get(left[0], {})
+                    say(
+                        {
+                            "step": "confirm",
+                            "rank": 0,
+                            "members": left,
+                            "ok": not bad,
+                            "gbs": first.get("gbs") if not bad else None,
+                            "algbw": first.get("algbw") if not bad else None,
+                            "seconds": first.get("seconds") if not bad else None,
+                            "bytes": first.get("bytes"),
+                            "ranks": first.get("ranks"),
+                            "backend": first.get("backend"),
+                            "reason": "; ".join(f"rank {r}: {g.get('error') or 'no result'}" for r, g in bad.items()),
+                        }
+                    )
+            for c in self.conns.values():
+                try:
+                    c.send({"cmd": "end"})
+                except OSError:
+                    pass
+        except Exception as exc:
+            self.faulty = True
+            say({"step": "coordinator", "rank": 0, "error": f"{type(exc).__name__}: {exc}"[:500]})
         finally:
-            for c, _ in conns.values():
+            time.sleep(0.2)  # let the agents read "end" before their connections close
+            for c in self.conns.values():
                 c.close()
             self.sock.close()
 
-    def _rendezvous(self, conns: dict) -> bool:
-        """Every rank's address and port to every rank; whether the library stage follows."""
-        seen: dict[int, dict] = {}
-        deadline = time.monotonic() + self.timeout
-        while len(seen) < self.world:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                c, _ = self.sock.accept()
-                c.settimeout(max(0.01, deadline - time.monotonic()))
-                f = c.makefile("rb")
-                hello = json.loads(_line(f, "a rank's address"))
-            except (socket.timeout, PeerTimeout, ValueError):
-                if time.monotonic() >= deadline:
-                    self._tell_missing(conns, [r for r in range(self.world) if r not in seen])
-                    raise OSError("rendezvous incomplete") from None
-                continue
-            r = int(hello["rank"])
-            seen[r], conns[r] = hello, (c, f)
-        library = self.library or any(h["kind"] != "cpu" for h in seen.values())
-        table = {"peers": [[seen[r]["addr"], seen[r]["port"]] for r in range(self.world)], "library": library}
-        for c, _ in conns.values():
-            c.sendall((json.dumps(table) + "\n").encode())
-        return library
 
-    def _tell_missing(self, conns: dict, missing: list[int]) -> None:
-        for r, (c, _) in conns.items():
-            if r not in missing:
-                try:
-                    c.sendall(f"T {','.join(map(str, missing))}\n".encode())
-                except OSError:
-                    pass
+# ---------------------------------------------------------------------------------------------------------
+# An agent (every rank, rank 0 too)
 
 
-class Rank:
-    """One rank's side: its coordinator connection, its listener and its links of each shift."""
-
-    def __init__(self, rank: int, world: int, master: tuple[str, int], timeout: float):
-        self.rank, self.world, self.timeout = rank, world, timeout
-        deadline = time.monotonic() + timeout
+class Agent:
+    def __init__(self, rank: int, world: int, master: tuple[str, int], cfg: dict, token: bytes):
+        self.rank, self.world, self.cfg, self.token = rank, world, cfg, token
+        deadline = time.monotonic() + cfg["join_timeout"]
         while True:  # rank 0's coordinator may not listen yet
             try:
-                self.coord = socket.create_connection(master, timeout=max(0.1, deadline - time.monotonic()))
+                sock = socket.create_connection(master, timeout=max(0.1, deadline - time.monotonic()))
                 break
             except OSError:
                 if time.monotonic() >= deadline:
                     raise PeerTimeout(f"timed out connecting to the rendezvous at {master[0]}:{master[1]}") from None
                 time.sleep(0.05)
-        self.coord.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.coord.settimeout(timeout + 5)  # the coordinator's own limit fires first and names the rank
-        self.cf = self.coord.makefile("rb")
-        addr = self.coord.getsockname()[0]  # the interface this host reaches the master on: the job's
-        self.listener = socket.create_server((addr, 0), family=self.coord.family)
-        self.listener.settimeout(timeout)
-        self.addr, self.port = addr, self.listener.getsockname()[1]
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.coord = Line(sock)
+        self.addr = sock.getsockname()[0]  # the interface this host reaches the master on: the job's
+        self.family = sock.family
+        self.listener = socket.create_server((self.addr, 0), family=sock.family)
+        self.port = self.listener.getsockname()[1]
+        self.deadline_pad = cfg["lib_timeout"] + cfg["join_timeout"] + 2 * MARGIN_S
 
     def rendezvous(self, kind: str) -> dict:
-        hello = {"rank": self.rank, "addr": self.addr, "port": self.port, "kind": kind}
-        self.coord.sendall((json.dumps(hello) + "\n").encode())
-        return self._answer("the rendezvous")
+        greet = self.coord.read(time.monotonic() + self.cfg["join_timeout"], "the coordinator's greeting")
+        nonce = secrets.token_hex(16)
+        fields = [self.addr, self.port, free_port(self.addr, self.family), kind, nonce]
+        hello = dict(zip(("addr", "port", "lport", "kind", "nonce"), fields), rank=self.rank)
+        hello["mac"] = mac(self.token, "hello", str(greet.get("nonce")), self.rank, *fields)
+        self.coord.send(hello)
+        table = self.coord.read(time.monotonic() + self.cfg["join_timeout"] + MARGIN_S, "the rendezvous")
+        if table.get("cmd") == "abort":
+            raise PeerTimeout(f"timed out at the rendezvous: {table.get('why')}")
+        peers, library = table.get("peers"), table.get("library")
+        expect = mac(self.token, "table", nonce, json.dumps(peers), library)
+        if not hmac.compare_digest(str(table.get("mac", "")), expect):
+            raise Refused("the rendezvous at MASTER_ADDR:MASTER_PORT answered without the check's token")
+        self.peers = peers
+        return table
 
-    def _answer(self, what: str):
-        line = _line(self.cf, f"the coordinator (rank 0) at {what}")
-        if line.startswith("T "):
-            raise PeerTimeout(f"timed out at {what}: no answer from rank(s) {line[2:]}")
-        return json.loads(line) if line.startswith("{") else line
-
-    def barrier(self) -> None:
-        self.coord.sendall(b"B\n")
-        self._answer("a barrier")
-
-    def done(self) -> None:
-        self.coord.sendall(b"D\n")
-
-    def close(self) -> None:
-        for part in (self.cf, self.coord, self.listener):  # the file too: it holds the socket open
-            part.close()
-
-    def connect(self, peers: list, s: int) -> tuple[socket.socket, socket.socket]:
-        """(to r+s, from r-s): connections of this shift, each opened by its sender."""
-        dst = (self.rank + s) % self.world
-        out: list = []
-
-        def dial() -> None:
+    def serve(self, host: str) -> None:
+        """Each command of the coordinator, until "end"."""
+        while True:
+            cmd = self.coord.read(time.monotonic() + self.deadline_pad, "the coordinator's next round")
+            if cmd.get("cmd") == "end":
+                return
+            stage, k = cmd.get("stage"), cmd.get("round")
             try:
-                c = socket.create_connection(tuple(peers[dst]), timeout=self.timeout)
-                c.sendall(f"{self.rank:08d}".encode())
-                out.append(c)
-            except OSError as exc:
-                out.append(exc)
+                if cmd.get("group") is not None:
+                    res = self.library_job(cmd["group"].index(self.rank), len(cmd["group"]), cmd["master"])
+                elif cmd.get("partner") is None:
+                    res = {"ok": True, "idle": True}
+                elif stage == "tcp":
+                    res = self.tcp_pair(k, int(cmd["partner"]), int(cmd["side"]))
+                else:
+                    res = self.library_job(int(cmd["side"]), 2, cmd["master"])
+            except (PeerTimeout, Refused, OSError) as exc:
+                res = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
+            res.update(round=k, lport=free_port(self.addr, self.family))
+            self.coord.send(res)
 
-        t = threading.Thread(target=dial, daemon=True)
-        t.start()
+    # ---- the TCP stage
+    def tcp_pair(self, k: int, partner: int, side: int) -> dict:
+        deadline = time.monotonic() + self.cfg["pair_timeout"]
+        sock = self._dial(k, partner, deadline) if side == 0 else self._accept(k, partner, deadline)
         try:
-            inc, _ = self.listener.accept()
-        except socket.timeout:
-            raise PeerTimeout(f"timed out waiting for rank {(self.rank - s) % self.world} to connect") from None
-        t.join(self.timeout)
-        if not out or isinstance(out[0], Exception):
-            raise PeerTimeout(f"connection refused or timed out by rank {dst}: {out[0] if out else 'no answer'}")
-        for c in (out[0], inc):
-            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            c.settimeout(self.timeout)
-        _recv_exactly(inc, memoryview(bytearray(8)), 8)  # the sender's rank (not needed: one per shift)
-        return out[0], inc
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            lat = []
+            small, small_in = b"\0" * 8, memoryview(bytearray(8))
+            for _ in range(LATENCY_ROUNDS):  # side 0 pings, side 1 echoes
+                t0 = time.perf_counter()
+                if side == 0:
+                    _send(sock, small, deadline)
+                    _recv_exactly(sock, small_in, 8, deadline)
+                    lat.append((time.perf_counter() - t0) / 2)
+                else:
+                    _recv_exactly(sock, small_in, 8, deadline)
+                    _send(sock, small, deadline)
+            size = int(self.cfg["bytes"])
+            big, big_in = b"\1" * size, memoryview(bytearray(size))
+            times = [_exchange(sock, big, big_in, deadline) for _ in range(int(self.cfg["loops"]) + 1)][1:]
+        finally:
+            sock.close()
+        best = min(times)  # a slow link is slow every time, a busy CPU only in some
+        return {"ok": True, "gbs": size / best / 1e9, "latency_s": statistics.median(lat) if lat else None}
 
-    def exchange(self, to: socket.socket, frm: socket.socket, send: bytes, recv: memoryview) -> float:
-        """Seconds for ``recv`` to fill from r-s while ``send`` goes to r+s, both after a barrier. A large
-        message is timed from its first bytes on: how late the sender's process ran after the barrier
-        (16 ranks on 2 cores) is then no part of its link's figure."""
-        self.barrier()
-        errors: list = []
+    def _dial(self, k: int, partner: int, deadline: float) -> socket.socket:
+        try:
+            sock = socket.create_connection(tuple(self.peers[partner]), timeout=max(0.1, deadline - time.monotonic()))
+        except OSError as exc:
+            raise PeerTimeout(f"connection refused or timed out by rank {partner}: {exc}") from None
+        line = json.dumps({"round": k, "from": self.rank, "mac": mac(self.token, "pair", k, self.rank, partner)})
+        _send(sock, (line + "\n").encode(), deadline)
+        return sock
 
-        def push() -> None:
+    def _accept(self, k: int, partner: int, deadline: float) -> socket.socket:
+        """The partner's connection of round k; any other (a stale round, a stranger) is closed."""
+        expect = mac(self.token, "pair", k, partner, self.rank)
+        while True:
+            self.listener.settimeout(max(0.01, deadline - time.monotonic()))
             try:
-                to.sendall(send)
-            except OSError as exc:
-                errors.append(exc)
+                sock, _ = self.listener.accept()
+            except socket.timeout:
+                raise PeerTimeout(f"timed out waiting for rank {partner} to connect") from None
+            try:
+                hello = _read_line(sock, deadline)
+                if hmac.compare_digest(str(hello.get("mac", "")), expect):
+                    return sock
+            except (PeerTimeout, ValueError, AttributeError):
+                pass
+            sock.close()
 
-        t0 = time.perf_counter()
-        t = threading.Thread(target=push, daemon=True)
-        t.start()
-        first_at, first = _recv_exactly(frm, recv, len(send))
-        end = time.perf_counter()
-        t.join(self.timeout)
-        if errors:
-            raise PeerTimeout(f"connection reset sending: {errors[0]}")
-        n = len(send)
-        if n >= 16 * CHUNK and first <= n // 2:
-            return (end - first_at) * n / (n - first)
-        return end - t0
+    # ---- the library stage: a job of its own per pair (or the confirm), killed at its deadline
+    def library_job(self, index: int, members: int, master: list) -> dict:
+        cards = int(self.cfg["cards"])
+        world = members * cards
+        timeout = float(self.cfg["lib_timeout"])
+        confirm = members > 2
+        worker = {"bytes": self.cfg["lib_bytes"], "loops": self.cfg["confirm_loops" if confirm else "lib_loops"]}
+        worker["timeout"] = timeout
+        procs = []
+        for i in range(cards):
+            env = dict(
+                os.environ,
+                MASTER_ADDR=str(master[0]),
+                MASTER_PORT=str(master[1]),
+                WORLD_SIZE=str(world),
+                RANK=str(index * cards + i),
+                LOCAL_RANK=str(i),
+                LOCAL_WORLD_SIZE=str(cards),
+                **{COLLECTIVE: json.dumps(worker)},
+            )
+            env.pop(COLLECTIVE_TOKEN, None)  # the worker joins no rendezvous of ours
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", LIBRARY_MODULE],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # its own group: the kill below takes whatever it started
+                )
+            )
+        outs = [_collect(p, time.monotonic() + timeout) for p in procs]
+        failed = [(i, o) for i, o in enumerate(outs) if o.get("error") or not o.get("seconds")]
+        if failed:
+            i, o = failed[0]
+            return {"ok": False, "error": f"card {i}: {o.get('error') or 'no result'}", "ranks": world}
+        secs = max(o["seconds"] for o in outs)  # the slowest card's
+        alg, bus = pair_rounds.algbw_busbw(int(outs[0]["bytes"]), secs, world)
+        backend = outs[0].get("backend")
+        return {
+            "ok": True,
+            "gbs": bus,
+            "algbw": alg,
+            "seconds": secs,
+            "bytes": outs[0]["bytes"],
+            "ranks": world,
+            "backend": backend,
+        }
 
 
-def _recv_exactly(sock: socket.socket, buf: memoryview, n: int) -> tuple[float, int]:
+def _collect(proc: subprocess.Popen, deadline: float) -> dict:
+    """The worker's result record; past the deadline its process group is killed and that is the result."""
+    out: list[bytes] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    try:
+        proc.wait(max(0.01, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+        return {"error": "timed out: the collective did not finish by the pair's deadline (killed)"}
+    reader.join(5)
+    records = [
+        json.loads(line[len(COLLECTIVE_MARKER) :])
+        for line in (out[0] if out else b"").decode(errors="replace").splitlines()
+        if line.startswith(COLLECTIVE_MARKER)
+    ]
+    result = next((r for r in records if r.get("step") == "allreduce" or "error" in r), None)
+    if result is None:
+        return {"error": f"exited {proc.returncode} without a result"}
+    return result
+
+
+def _read_line(sock: socket.socket, deadline: float) -> dict:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        if len(buf) > 4096:
+            raise ValueError("too long")
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            k = sock.recv(1)
+        except (socket.timeout, OSError):
+            raise PeerTimeout("timed out reading a pair's hello") from None
+        if not k:
+            raise PeerTimeout("closed")
+        buf += k
+    data = json.loads(buf)
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    return data
+
+
+def _send(sock: socket.socket, data: bytes, deadline: float) -> None:
+    sock.settimeout(max(0.01, deadline - time.monotonic()))
+    try:
+        sock.sendall(data)
+    except socket.timeout:
+        raise PeerTimeout("timed out sending (the partner stopped reading)") from None
+    except OSError as exc:
+        raise PeerTimeout(f"connection reset sending: {exc}") from None
+
+
+def _exchange(sock: socket.socket, send: bytes, recv: memoryview, deadline: float) -> float:
+    """Seconds for ``recv`` to fill while ``send`` goes the other way, both at once. A large message is
+    timed from its first bytes on: how late the partner's process ran is no part of its link's figure."""
+    errors: list = []
+
+    def push() -> None:
+        try:
+            _send(sock, send, deadline)
+        except PeerTimeout as exc:
+            errors.append(exc)
+
+    t0 = time.perf_counter()
+    t = threading.Thread(target=push, daemon=True)
+    t.start()
+    first_at, first = _recv_exactly(sock, recv, len(send), deadline)
+    end = time.perf_counter()
+    t.join(max(0.01, deadline - time.monotonic()))
+    if errors:
+        raise errors[0]
+    n = len(send)
+    if n >= 16 * CHUNK and first <= n // 2:
+        return (end - first_at) * n / (n - first)
+    return end - t0
+
+
+def _recv_exactly(sock: socket.socket, buf: memoryview, n: int, deadline: float) -> tuple[float, int]:
     """Fill ``buf[:n]`` from ``sock``: (when the first bytes came, how many), in pieces of at most CHUNK."""
     got, first_at, first = 0, 0.0, 0
     while got < n:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             k = sock.recv_into(buf[got : min(n, got + CHUNK)])
         except socket.timeout:
@@ -275,65 +598,42 @@ def _recv_exactly(sock: socket.socket, buf: memoryview, n: int) -> tuple[float, 
     return first_at, first
 
 
-def measure(me: Rank, peers: list, size: int, rounds: int, host: str, at: list) -> None:
-    small, big = b"\0" * 8, b"\1" * size
-    small_in, big_in = memoryview(bytearray(8)), memoryview(bytearray(size))
-    for s in shifts(me.world):
-        at[0] = f"ring+{s}"
-        to, frm = me.connect(peers, s)
-        lat = [me.exchange(to, frm, small, small_in) for _ in range(LATENCY_ROUNDS)]
-        bw = [me.exchange(to, frm, big, big_in) for _ in range(rounds + 1)][1:]  # the first opens the window
-        say(
-            {
-                "step": at[0],
-                "rank": me.rank,
-                "host": host,
-                "src": (me.rank - s) % me.world,
-                "seconds": min(bw),  # the best round: a slow link is slow every round, a busy CPU only in some
-                "latency_s": statistics.median(lat),
-                "bytes": size,
-            }
-        )
-        to.close()
-        frm.close()
-
-
 def main(environ=os.environ) -> int:
-    size, rounds, timeout = environ.get(COLLECTIVE, "4194304,5,20").split(",")
-    size, rounds, timeout = int(size), int(rounds), float(timeout)
     host = socket.gethostname()
     rank, world = int(environ.get("RANK", "0")), int(environ.get("WORLD_SIZE", "1"))
-    at = ["start"]  # the step under way, for the error record
+    step = "start"
     coordinator: Optional[Coordinator] = None
-    me: Optional[Rank] = None
     try:
+        cfg = settings(environ)
+        token = environ.get(COLLECTIVE_TOKEN, "").encode()
+        if not token:
+            raise Refused(f"{COLLECTIVE_TOKEN} is not set: the check's agents are started by gaudi-launch")
         master = (environ["MASTER_ADDR"], int(environ["MASTER_PORT"]))
         if rank == 0:
-            coordinator = Coordinator(master[1], world, timeout, library=environ.get(COLLECTIVE_LIBRARY) == "1")
-        me = Rank(rank, world, master, timeout)
+            library = environ.get(COLLECTIVE_LIBRARY) == "1"
+            coordinator = Coordinator(master[1], world, cfg, token, library=library)
+        me = Agent(rank, world, master, cfg, token)
+        step = "rendezvous"
         table = me.rendezvous(device_kind(environ))
-        if table["library"]:
-            me.close()  # before rank 0's coordinator lets MASTER_PORT go for the library's store
-            if coordinator is not None:
-                coordinator.thread.join(timeout)
-            # the library stage, in this process (the rank the backend started): torch is imported only here
-            runpy.run_module(LIBRARY_MODULE, run_name="__main__", alter_sys=True)
-            return 0
-        say({"step": "start", "rank": rank, "host": host, "backend": STAGE})
-        measure(me, table["peers"], size, rounds, host, at)
-        at[0] = "done"
-        me.barrier()
-        me.done()
+        say({"step": "start", "rank": rank, "host": host, "library": table["library"]})
+        step = "rounds"
+        me.serve(host)
         say({"step": "done", "rank": rank, "host": host})
-    except Exception as exc:  # the launcher names the step and the host; the others time out on their own
-        say({"step": at[0], "rank": rank, "host": host, "error": f"{type(exc).__name__}: {exc}"[:500]})
+    except Exception as exc:  # the launcher names the step and the host
+        say({"step": step, "rank": rank, "host": host, "error": f"{type(exc).__name__}: {exc}"[:500]})
+        if coordinator is not None:
+            coordinator.thread.join(5)
         sys.stdout.flush()
-        time.sleep(1)  # the peers' limits fire within moments: let them say theirs before the job ends
+        time.sleep(1)  # our exit ends the job: let the records already printed reach the launcher first
         os._exit(1)
+    faulty = False
     if coordinator is not None:
-        coordinator.thread.join(5)
+        coordinator.thread.join(10)
+        faulty = coordinator.faulty
     sys.stdout.flush()
-    os._exit(0)
+    if faulty:
+        time.sleep(1)  # our exit ends the job: let the records already printed reach the launcher first
+    os._exit(1 if faulty else 0)
 
 
 if __name__ == "__main__":

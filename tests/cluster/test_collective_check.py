@@ -1,7 +1,10 @@
-"""Issue 25: prove the fabric before the job. On a 4-host namespace cluster (launcher on host 0), one host's
-link is throttled both ways with tc's token bucket (tbf; this kernel has no netem): the collective check
-names that host, and only it, slow; a healthy fabric passes; with a spare, the job runs on the other three.
-Assertions are on orders of magnitude (a throttled link is tens of times slower), never absolute times."""
+"""Issues 25 and 33: prove the fabric before the job. On a 4-host namespace cluster (launcher on host 0), one
+host's link is throttled both ways with tc's token bucket (tbf; this kernel has no netem), or made to hang
+(an iptables connbytes rule in its namespace drops every connection's packets past its first 2 MB: it
+connects, then stops carrying data, as a bad link under HCCL looks): the collective check pairs the hosts
+in rounds and names that host, and only it; a healthy fabric passes; with a spare, the job runs on the
+other three. Assertions are on orders of magnitude (a throttled link is tens of times slower) and on the
+check's stated bound, never on absolute speed."""
 
 from __future__ import annotations
 
@@ -42,6 +45,25 @@ def throttled(c: NetCluster, i: int):
         subprocess.run(["ip", "netns", "exec", h.netns, "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
 
 
+HANG_AFTER = 2 << 20  # bytes a connection of the hung host carries before it stops: ssh's fit, 4 MB do not
+PAIR_TIMEOUT = "3"  # GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT for the hang tests: each pair's deadline
+
+
+@contextlib.contextmanager
+def hung(c: NetCluster, i: int):
+    """Host i's connections stop carrying data after their first HANG_AFTER bytes, both ways."""
+    rule = ["-p", "tcp", "-m", "connbytes", "--connbytes", f"{HANG_AFTER}:", "--connbytes-dir", "both"]
+    rule += ["--connbytes-mode", "bytes", "-j", "DROP"]
+    ns = ["ip", "netns", "exec", c.hosts[i].netns, "iptables"]
+    for chain in ("INPUT", "OUTPUT"):
+        subprocess.run([*ns, "-A", chain, *rule], check=True)
+    try:
+        yield
+    finally:
+        for chain in ("INPUT", "OUTPUT"):
+            subprocess.run([*ns, "-D", chain, *rule], check=False)
+
+
 def gaudi_launch(c: NetCluster, tmp_path, *args, timeout=180, env=None):
     argv = [sys.executable, "-m", "gaudi_launch", *args]
     env = c.env(env)
@@ -63,7 +85,10 @@ def test_healthy_fabric_passes_with_a_figure_per_host(cluster4, tmp_path):
     hosts = data["hosts"]
     assert [h["host"] for h in hosts] == cluster4.names and {h["status"] for h in hosts} == {"ok"}
     # a veth pair moves well over 50 MB/s
-    assert all(len(h["partners"]) == 3 for h in hosts)  # r-1, r+1 (ring), r+2 (shifted)
+    assert all(len(h["partners"]) == 2 for h in hosts)  # two rounds of pairs: (0,3) (1,2), then (0,2) (1,3)
+    pairs = sorted((p["round"], p["hosts"]) for p in data["pairs"])
+    assert pairs == [(0, ["glf-n0", "glf-n3"]), (0, ["glf-n1", "glf-n2"]), (1, ["glf-n0", "glf-n2"]), (1, ["glf-n1", "glf-n3"])]
+    assert all(p["ok"] and p["gbs"] > 0.05 and p["stage"] == "tcp" for p in data["pairs"]), data["pairs"]
     assert all(h["bandwidth_gbs"] > 0.05 and 0 < h["latency_us"] < 1e5 for h in hosts), hosts
     # on a CPU the torch-free stage is the verdict: gloo's links are these TCP connections
     assert data["library"] == "tcp" and data["backend"] == "mpirun" and data["allreduce_gbs"] is None
@@ -80,6 +105,38 @@ def test_a_throttled_host_and_only_it_is_named_slow(cluster4, tmp_path):
     # the throttled host is an order of magnitude under its peers; 200 mbit is 0.025 GB/s
     assert bw["glf-n2"] < 0.05 and min(bw[h] for h in bw if h != "glf-n2") > 5 * bw["glf-n2"], res.stdout
     assert "slow: glf-n2" in res.stderr and "--exclude glf-n2" in res.stderr
+
+
+def test_a_hung_host_is_named_failed_alone_within_the_stated_bound(cluster4, tmp_path):
+    env = dict(os.environ, GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT=PAIR_TIMEOUT)
+    t0 = time.monotonic()
+    with hung(cluster4, 2):
+        res = check(cluster4, tmp_path, "--json", env=env)
+    took = time.monotonic() - t0
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads(res.stdout)
+    assert data["failed"] == ["glf-n2"] and data["slow"] == [], res.stdout
+    status = {h["host"]: h["status"] for h in data["hosts"]}
+    assert status == {"glf-n0": "ok", "glf-n1": "ok", "glf-n2": "failed", "glf-n3": "ok"}
+    failed_pairs = [p["hosts"] for p in data["pairs"] if not p["ok"]]
+    assert failed_pairs and all("glf-n2" in p for p in failed_pairs), data["pairs"]
+    assert "timed out" in {h["host"]: h["reason"] for h in data["hosts"]}["glf-n2"]
+    # the bound: two rounds, each at most the pair's 3 s deadline and the coordinator's 3 s margin, plus
+    # the start (torch-free agents); never the 60 s start limit, nor a deadline per host
+    assert took < 2 * (3 + 3) + 25, took
+
+
+def test_with_a_spare_a_hung_host_is_replaced(cluster4, tmp_path):
+    (tmp_path / "job.py").write_text("import os, socket\nprint('JOBHOST', os.environ['RANK'], socket.gethostname())\n")
+    env = dict(os.environ, GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT=PAIR_TIMEOUT)
+    args = ["--hostfile", cluster4.hostfile(slots=1), "--ssh-config", cluster4.ssh_config, "--collective-check"]
+    args += ["--spare-hosts", "1", "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"), "job.py"]
+    with hung(cluster4, 1):
+        res = gaudi_launch(cluster4, tmp_path, *args, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert {line.split()[-1] for line in res.stdout.splitlines() if "JOBHOST" in line} == {"glf-n0", "glf-n2", "glf-n3"}
+    assert "left out by the collective check: glf-n1 (failed: " in res.stdout
+    assert json.loads((tmp_path / "logs" / "collective-check.json").read_text())["failed"] == ["glf-n1"]
 
 
 def test_with_a_spare_the_job_runs_on_the_other_three(cluster4, tmp_path):
@@ -215,13 +272,17 @@ def test_a_host_that_stops_answering_is_named_failed_within_the_step_limit(clust
 
 def test_the_check_runs_through_deepspeeds_launcher_and_gloo_too(cluster4, tmp_path):
     # the library stage (what hccl and nccl always run), here gloo's, after the torch-free rendezvous
-    env = dict(os.environ, GAUDI_LAUNCH_COLLECTIVE_LIBRARY="1")
+    # each pair's all-reduce smaller than hccl_demo's 32 MB x 1000 (gloo on 2 shared cores)
+    env = dict(os.environ, GAUDI_LAUNCH_COLLECTIVE_LIBRARY="1", GAUDI_LAUNCH_COLLECTIVE_SIZE="1m,5")
+    env["GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT"] = "40"
     res = check(cluster4, tmp_path, "--json", "--backend", "deepspeed", env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads(res.stdout)
     assert data["ok"] and [h["host"] for h in data["hosts"]] == cluster4.names and data["backend"] == "deepspeed"
     assert all(h["bandwidth_gbs"] > 0.05 for h in data["hosts"]), data
     assert data["library"] == "gloo" and data["allreduce_gbs"] > 0.01
+    lib = [p for p in data["pairs"] if p["stage"] == "library"]
+    assert len(lib) == 4 and all(p["ok"] and p["ranks"] == 2 and p["gbs"] > 0 for p in lib), data["pairs"]
 
 
 def test_distributed_runner_takes_the_same_options(cluster4, tmp_path):

@@ -1,9 +1,11 @@
-"""The collective check's torch-free stage (runtime/link_check.py) with real processes on this machine:
-the rendezvous, the rings and the marker records the launcher judges; a rank that never comes is named by
-the others' time limit, not waited on; the device kind that decides whether the library stage follows."""
+"""The collective check's agents (runtime/link_check.py) with real processes on this machine: the rendezvous
+(only agents holding the check's token join; junk, a spoofed hello or a wrong token is refused per
+connection and the check goes on), the pairs in rounds and the marker records the launcher judges; an agent
+that never comes is named, not waited on; the device kind that decides whether the library stage follows."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -14,6 +16,8 @@ import time
 from gaudi_launch.reports.collective import judge, parse
 from gaudi_launch.runtime import link_check
 
+TOKEN = "t" * 64
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -21,54 +25,125 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ranks(world: int, started: list[int], timeout: float = 3) -> list[str]:
-    port = _free_port()
+def _cfg(timeout: float = 3) -> str:
+    return json.dumps({"bytes": 1 << 20, "loops": 2, "pair_timeout": timeout, "join_timeout": timeout})
+
+
+def _start(world: int, started: list[int], port: int, timeout: float = 3, tokens=None) -> list:
     procs = []
     for r in started:
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        env["GAUDI_LAUNCH_COLLECTIVE"] = f"{1 << 20},2,{timeout}"
+        env["GAUDI_LAUNCH_COLLECTIVE"] = _cfg(timeout)
+        env["GAUDI_LAUNCH_COLLECTIVE_TOKEN"] = (tokens or {}).get(r, TOKEN)
         env.pop("GAUDI_LAUNCH_COLLECTIVE_LIBRARY", None)
         env["GAUDI_LAUNCH_DEVICE"] = "cpu"
         argv = [sys.executable, "-m", "gaudi_launch.runtime.link_check"]
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
+    return procs
+
+
+def _lines(procs) -> list[str]:
     return [line for p in procs for line in p.communicate(timeout=60)[0].splitlines()]
 
 
-def test_three_ranks_measure_both_rings_without_torch():
+def _ranks(world: int, started: list[int], timeout: float = 3, tokens=None) -> list[str]:
+    return _lines(_start(world, started, _free_port(), timeout, tokens))
+
+
+def test_four_agents_pair_in_rounds_without_torch():
     t0 = time.monotonic()
-    lines = _ranks(3, [0, 1, 2])
-    rep = judge(parse(lines), {0: "a", 1: "b", 2: "c"})
+    lines = _ranks(4, [0, 1, 2, 3])
+    records = parse(lines)
+    rep = judge(records, {0: "a", 1: "b", 2: "c", 3: "d"})
     assert rep.ok and rep.library == "tcp", rep.render_table()
-    assert all(h.partners == sorted({"a", "b", "c"} - {h.host}) for h in rep.hosts)
+    # two rounds of two disjoint pairs: every host has two partners, each pair measured once
+    pairs = [r for r in records if r["step"] == "pair"]
+    assert sorted((r["round"], r["a"], r["b"]) for r in pairs) == [(0, 0, 3), (0, 1, 2), (1, 0, 2), (1, 1, 3)]
+    assert all(len(h.partners) == 2 for h in rep.hosts)
     assert all(h.bandwidth_gbs > 0.01 and h.latency_us > 0 for h in rep.hosts)
     assert time.monotonic() - t0 < 20  # no torch import: far under the 1 s a rank that imports it takes
 
 
-def test_a_rank_that_never_comes_is_named_by_the_others_time_limit():
+def test_an_agent_that_never_comes_is_named_missing_not_waited_on():
     lines = _ranks(3, [0, 1], timeout=1)
+    rep = judge(parse(lines), {0: "a", 1: "b", 2: "c"})
+    assert rep.to_json()["failed"] == ["c"] and rep.to_json()["slow"] == [], rep.render_table()
+    assert "did not join the rendezvous" in rep.hosts[2].reason
+
+
+def test_an_agent_with_another_token_cannot_join_and_is_named_missing():
+    lines = _ranks(3, [0, 1, 2], timeout=1.5, tokens={2: "x" * 64})
     records = parse(lines)
-    assert {r["rank"] for r in records if "timed out" in r.get("error", "")} == {0, 1}, lines
     rep = judge(records, {0: "a", 1: "b", 2: "c"})
-    assert rep.to_json()["failed"] == ["c"] and rep.to_json()["slow"] == []
+    assert rep.to_json()["failed"] == ["c"], rep.render_table()
+    assert any("without the check's token" in r for r in rep.refused), rep.refused
+
+
+def _hello(port: int, payload: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+        c.recv(1024)  # the nonce
+        c.sendall(payload)
+        try:
+            c.recv(1024)
+        except OSError:
+            pass
+
+
+def test_junk_and_spoofed_hellos_are_refused_one_by_one_and_the_check_goes_on():
+    port = _free_port()
+    procs = _start(3, [0], port, timeout=4)
+    time.sleep(0.5)
+    # junk, a huge line, a list, a rank out of range, and a well-formed hello claiming rank 2 without the token
+    spoof = {"rank": 2, "addr": "127.0.0.1", "port": 9, "lport": 9, "kind": "cpu", "nonce": "n", "mac": "0" * 64}
+    for payload in (b"\x00\xffjunk\n", b"{" * 70000 + b"\n", b"[1]\n", b'{"rank": 99}\n', json.dumps(spoof).encode() + b"\n"):
+        _hello(port, payload)
+    procs += _start(3, [1, 2], port, timeout=4)
+    records = parse(_lines(procs))
+    rep = judge(records, {0: "a", 1: "b", 2: "c"})
+    assert rep.ok, rep.render_table()  # the real agents joined after the junk: nobody blamed
+    why = " | ".join(rep.refused)
+    assert len(rep.refused) == 5, why
+    assert "not JSON" in why and "not a JSON object" in why and "rank 99 is not one of 0..2" in why
+    assert "a hello as rank 2 without the check's token" in why
+
+
+def test_an_agent_refuses_a_rendezvous_that_does_not_hold_the_token():
+    port = _free_port()
+    fake = socket.create_server(("127.0.0.1", port))
+
+    def serve():
+        c, _ = fake.accept()
+        c.sendall(b'{"nonce": "n"}\n')
+        c.recv(4096)
+        c.sendall(json.dumps({"peers": [["127.0.0.1", 1]], "library": False, "mac": "0" * 64}).encode() + b"\n")
+        time.sleep(1)
+        c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    lines = _lines(_start(2, [1], port, timeout=2))
+    err = [r for r in parse(lines) if "error" in r]
+    assert err and "answered without the check's token" in err[0]["error"], lines
+    fake.close()
 
 
 def test_the_library_stage_follows_when_any_rank_has_a_gaudi_or_a_gpu():
     def table(kinds: list[str], forced: bool = False) -> list[dict]:
         port = _free_port()
-        coordinator = link_check.Coordinator(port, len(kinds), 5, library=forced)
+        cfg = {**link_check.DEFAULTS, "join_timeout": 5, "pair_timeout": 2}
+        coordinator = link_check.Coordinator(port, len(kinds), cfg, TOKEN.encode(), library=forced)
+        coordinator._stage = lambda *a: set()  # the rendezvous only
+        coordinator.library = forced
         answers: list = [None] * len(kinds)
 
         def one(r: int) -> None:
-            me = link_check.Rank(r, len(kinds), ("127.0.0.1", port), 5)
+            me = link_check.Agent(r, len(kinds), ("127.0.0.1", port), cfg, TOKEN.encode())
             answers[r] = me.rendezvous(kinds[r])
-            me.close()
 
         threads = [threading.Thread(target=one, args=(r,)) for r in range(len(kinds))]
         for t in threads:
             t.start()
         for t in threads:
             t.join(10)
-        coordinator.thread.join(10)
         return answers
 
     assert [a["library"] for a in table(["cpu", "cpu"])] == [False, False]

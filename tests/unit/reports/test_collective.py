@@ -20,32 +20,36 @@ from gaudi_launch.inputs import slurm
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.reports.collective import MARKER, judge, parse
+from gaudi_launch.runtime import pair_rounds
 
 MB4 = 4 << 20
 
 
-def records(n: int, slow=(), gbs: float = 1.0, slow_gbs: float = 0.02, stop: dict = None) -> list[dict]:
-    """What n ranks print: a link touching a host in ``slow`` runs at slow_gbs. ``stop``: rank -> (step,
-    error or None): that rank says nothing from that step on (None) or reports the error there."""
-    stop = stop or {}
-    out = []
-    steps = ["start", "allreduce"] + [f"ring+{s}" for s in ([1] if n <= 2 else [1, 2])] + ["done"]
-    for r in range(n):
-        for step in steps:
-            if r in stop and stop[r][0] == step:
-                if stop[r][1]:
-                    out.append({"step": step, "rank": r, "host": f"h{r}", "error": stop[r][1]})
-                break
-            rec = {"step": step, "rank": r, "host": f"h{r}"}
-            if step == "start":
-                rec["backend"] = "gloo"
-            elif step == "allreduce":
-                rec.update(seconds=0.01, bytes=MB4)
-            elif step.startswith("ring+"):
-                src = (r - int(step[5:])) % n
-                bw = slow_gbs if (src in slow or r in slow) else gbs
-                rec.update(src=src, seconds=MB4 / bw / 1e9, latency_s=1e-4, bytes=MB4)
+def records(n: int, slow=(), failed=(), gbs: float = 1.0, slow_gbs: float = 0.02, stage: str = "tcp", missing=()):
+    """What the coordinator prints (runtime/link_check.py): the rounds of pairs it runs until the verdict is
+    settled, a pair touching a host in ``slow`` at slow_gbs, one touching ``failed`` timed out."""
+    out = [{"step": "start", "rank": r, "host": f"h{r}", "library": stage != "tcp"} for r in range(n)]
+    if missing:
+        return out + [{"step": "rendezvous", "rank": 0, "missing": list(missing)}]
+    pairs = []
+    for k, rnd in enumerate(pair_rounds.round_robin(n)[: pair_rounds.max_rounds(n)]):
+        for a, b in rnd:
+            res = {}
+            for r in (a, b):
+                if r in failed:
+                    res[r] = {}
+                elif {a, b} & set(failed):
+                    res[r] = {"ok": False, "error": "PeerTimeout: timed out receiving (0 of 4194304 bytes)"}
+                else:
+                    res[r] = {"ok": True, "gbs": slow_gbs if {a, b} & set(slow) else gbs, "latency_s": 1e-4}
+            p = pair_rounds.pair_of(res[a], res[b], k, a, b)
+            pairs.append(p)
+            rec = {"step": "pair", "stage": stage, "rank": 0, **p.__dict__}
+            if stage != "tcp":
+                rec.update(ranks=2, backend="gloo")
             out.append(rec)
+        if pair_rounds.settled(pair_rounds.verdict(list(range(n)), pairs), k + 1, n):
+            break
     return out
 
 
@@ -58,19 +62,21 @@ def test_marker_lines_are_read_whatever_prefixes_them():
     assert parse(lines) == [{"step": "start", "rank": 1}]
 
 
-def test_a_healthy_fabric_passes():
+def test_a_healthy_fabric_passes_with_a_record_per_pair():
     rep = judge(records(4), hosts(4))
     assert rep.ok and [h.status for h in rep.hosts] == ["ok"] * 4
-    assert rep.hosts[0].partners == ["h1", "h2", "h3"]
+    assert rep.hosts[0].partners == ["h2", "h3"]  # two rounds: (0,3) (1,2), then (0,2) (1,3)
     assert rep.median_gbs == pytest.approx(1.0) and rep.hosts[0].latency_us == pytest.approx(100)
-    assert rep.allreduce_gbs == pytest.approx(MB4 * 1.5 / 0.01 / 1e9)
-    assert rep.verdict() == ""
+    assert [(p.round, p.hosts) for p in rep.pairs] == [(0, ["h0", "h3"]), (0, ["h1", "h2"]), (1, ["h0", "h2"]), (1, ["h1", "h3"])]
+    assert rep.verdict() == "" and rep.library == "tcp"
+    data = rep.to_json()
+    assert len(data["pairs"]) == 4 and data["pairs"][0]["gbs"] == 1.0 and data["pairs"][0]["stage"] == "tcp"
 
 
 @pytest.mark.parametrize("n", [3, 4, 8])
-def test_only_the_slow_host_is_named_not_its_neighbours(n):
+def test_only_the_slow_host_is_named_not_its_partners(n):
     rep = judge(records(n, slow={1}), hosts(n))
-    assert [h.host for h in rep.bad] == ["h1"] and rep.hosts[1].status == "slow"
+    assert [h.host for h in rep.bad] == ["h1"] and rep.hosts[1].status == "slow", rep.render_table()
     assert rep.hosts[1].bandwidth_gbs == pytest.approx(0.02)
     assert "slow: h1" in rep.verdict() and "--exclude h1" in rep.verdict()
     data = rep.to_json()
@@ -83,31 +89,43 @@ def test_a_busy_but_healthy_host_is_not_slow_a_throttled_one_is():
     assert [h.host for h in judge(records(4, slow={0}, gbs=3.8, slow_gbs=0.2 * 3.8), hosts(4)).bad] == ["h0"]
 
 
-def test_two_hosts_finish_and_only_min_bandwidth_can_call_them_slow():
+def test_two_hosts_cannot_be_told_apart_and_neither_is_named():
     rep = judge(records(2), hosts(2))
-    assert rep.ok, rep.render_table()  # no shifted ring with two hosts: still finished
+    assert rep.ok, rep.render_table()
     rep = judge(records(2), hosts(2), min_bandwidth=5.0)
-    assert [h.status for h in rep.hosts] == ["slow", "slow"] and rep.threshold_gbs == 5.0
+    assert [h.status for h in rep.hosts] == ["unpinned", "unpinned"] and rep.threshold_gbs == 5.0
+    assert not rep.bad and "not pinned: h0, h1" in rep.verdict()
 
 
-def test_a_silent_host_is_failed_and_those_that_waited_on_it_are_not():
-    stop = {2: ("allreduce", None), 0: ("allreduce", "RuntimeError: [gloo] Timed out waiting 30000ms")}
-    stop[1] = stop[3] = stop[0]
-    rep = judge(records(4, stop=stop), hosts(4))
-    assert {h.host: h.status for h in rep.hosts} == {
-        "h0": "not measured",
-        "h1": "not measured",
-        "h2": "failed",
-        "h3": "not measured",
-    }
-    assert "did not answer at step allreduce" in rep.hosts[2].reason
-    assert rep.to_json()["failed"] == ["h2"] and not rep.ok
+@pytest.mark.parametrize("n", [4, 5, 8])
+def test_a_hung_host_is_named_failed_and_only_it(n):
+    rep = judge(records(n, failed={2}), hosts(n))
+    assert {h.host: h.status for h in rep.hosts} == {f"h{r}": ("failed" if r == 2 else "ok") for r in range(n)}
+    assert "no result by the pair's deadline" in rep.hosts[2].reason and "partners that passed" in rep.hosts[2].reason
+    assert rep.to_json()["failed"] == ["h2"] and "--exclude h2" in rep.verdict()
 
 
-def test_a_rank_with_its_own_error_is_failed():
-    stop = {3: ("ring+1", "RuntimeError: out of memory")}
-    rep = judge(records(4, stop=stop), hosts(4))
-    assert [h.host for h in rep.bad] == ["h3"] and "out of memory" in rep.hosts[3].reason
+def test_two_bad_hosts_are_both_named():
+    rep = judge(records(6, failed={1}, slow={4}), hosts(6))
+    assert rep.to_json()["failed"] == ["h1"] and rep.to_json()["slow"] == ["h4"], rep.render_table()
+
+
+def test_a_fault_everywhere_names_nobody():
+    rep = judge(records(4, failed={0, 1, 2, 3}), hosts(4))
+    assert not rep.bad and {h.status for h in rep.hosts} == {"unpinned"} and not rep.ok
+    assert "a fault common to them" in rep.verdict()
+
+
+def test_an_agent_missing_at_the_rendezvous_is_failed():
+    rep = judge(records(4, missing=[3]), hosts(4))
+    assert rep.to_json()["failed"] == ["h3"] and "did not join the rendezvous" in rep.hosts[3].reason
+    assert [h.status for h in rep.hosts[:3]] == ["not measured"] * 3
+
+
+def test_when_nobody_reaches_the_rendezvous_its_host_is_named():
+    recs = [{"step": "rendezvous", "rank": r, "host": f"h{r}", "error": "PeerTimeout: timed out connecting to the rendezvous at h0:1"} for r in (1, 2, 3)]
+    rep = judge(recs, hosts(4))
+    assert rep.to_json()["failed"] == ["h0"], rep.render_table()
 
 
 def _plan(job, spares):
@@ -160,30 +178,12 @@ def test_the_options_are_checked_before_anything_runs():
     assert err.value.where == "--min-bandwidth"
 
 
-def tcp_records(n: int, **kw) -> list[dict]:
-    """What the torch-free stage's ranks print (runtime/link_check.py): no all-reduce, stage "tcp"."""
-    out = [r for r in records(n, **kw) if r["step"] != "allreduce"]
-    for r in out:
-        r["stage"] = "tcp"
-        if r["step"] == "start":
-            r["backend"] = "tcp"
-    return out
-
-
-def test_the_tcp_stage_alone_is_judged_by_its_own_steps():
-    rep = judge(tcp_records(4, slow=(1,)), hosts(4))
-    assert [h.status for h in rep.hosts] == ["ok", "slow", "ok", "ok"]
-    assert rep.library == "tcp" and rep.allreduce_gbs is None
-    assert "links measured over TCP" in rep.render_table() and "all-reduce of" not in rep.render_table()
-    stop = {2: ("start", None), 0: ("start", "PeerTimeout: timed out at the rendezvous: no answer from rank(s) 2")}
-    stop[1] = stop[3] = stop[0]
-    rep = judge(tcp_records(4, stop=stop), hosts(4))
-    assert rep.to_json()["failed"] == ["h2"] and "did not answer at step start" in rep.hosts[2].reason
-
-
-def test_the_library_stage_is_the_verdict_when_it_ran():
-    # on hccl or nccl the library stage follows the rendezvous: its figures decide, not the TCP records
-    both = [{"step": "start", "rank": r, "host": f"h{r}", "backend": "tcp", "stage": "tcp"} for r in range(4)]
-    both += records(4, slow=(3,))
-    rep = judge(both, hosts(4))
-    assert rep.library == "gloo" and [h.host for h in rep.bad] == ["h3"] and rep.allreduce_gbs is not None
+def test_the_library_stage_is_shown_when_it_ran_and_a_host_named_over_tcp_stays_named():
+    recs = records(4, slow={3}) + [
+        r for r in records(3, failed={1}, stage="library") if r["step"] == "pair"
+    ]  # the library stage ran on h0-h2 (h3 was named slow over TCP)
+    recs.append({"step": "confirm", "rank": 0, "members": [0, 2], "ok": True, "gbs": 2.0, "seconds": 0.01, "bytes": 1 << 20})
+    rep = judge(recs, hosts(4))
+    assert rep.library == "gloo" and rep.to_json()["slow"] == ["h3"] and rep.to_json()["failed"] == ["h1"]
+    assert rep.allreduce_gbs == 2.0 and rep.allreduce_ms == pytest.approx(10)
+    assert {p.stage for p in rep.pairs} == {"tcp", "library"}
