@@ -34,7 +34,7 @@ Examples:
 
   gaudi-launch --num_devices 8 train.py --bf16          (this host, 8 ranks)
 
-  gaudi-launch --hostfile hostfiles/two-dl1-nodes train.py --config cfg.json
+  gaudi-launch --hostfile hostfiles/two-dl1-nodes train.py --epochs 3
 
   gaudi-launch --hostfile H --include 'worker-0:0,1@worker-1' --dry-run train.py
 
@@ -51,8 +51,9 @@ Commands (gaudi-launch COMMAND --help):
   completion \\[SHELL] \\[--install]  shell completion (bash, zsh, fish)
 
 Exit status: 0 on success; the first failing rank's exit code (128+N for signal N);
-2 for bad input or options; 3 when the pre-flight failed (nothing started);
-4 when a host stopped answering mid-run; 5 when no rank advanced for --hang-timeout seconds;
+1 for a bug of gaudi-launch (GAUDI_LAUNCH_DEBUG=1 shows it); 2 for bad input or options;
+3 when the pre-flight failed (nothing started); 4 when a host stopped answering mid-run;
+5 when no rank advanced for --hang-timeout seconds; 127 when a rank's program could not be started;
 128+N when the launcher itself got signal N.
 """
 CHECK_HELP = """The pre-flight alone: reach every selected host over SSH and check its Python, the script, the

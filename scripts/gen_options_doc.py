@@ -54,7 +54,7 @@ def _backend_options() -> list[tuple[dataclasses.Field, Option]]:
 
 
 def _default(f: dataclasses.Field) -> str:
-    if f.default is dataclasses.MISSING or f.default in (None, False, "", ()):
+    if f.default is dataclasses.MISSING or f.default is None or f.default is False or f.default in ("", ()):
         return ""
     return f"`{f.default}`"
 

@@ -40,7 +40,8 @@ PACKAGES = (
     "deepspeed",
     "numpy",
     "paramiko",
-    "click",
+    "typer",
+    "pyyaml",
 )
 TOOLS = (
     ("OpenMPI", ["mpirun", "--version"]),

@@ -48,3 +48,19 @@ def test_no_job_is_announced_when_the_log_dir_is_refused(isolated):
     rc, out, err = run(["--num_devices", "1", "--log-dir", "afile/logs", "train.py"])
     assert rc == 2 and err.startswith("gaudi-launch: error: --log-dir afile/logs: cannot create"), err
     assert "job " not in err and "rank(s)" not in err
+
+
+def test_no_example_of_help_trips_the_launchers_own_notes():
+    # An example whose script argument is also a launcher option (--config) got the "after the script
+    # goes to the script" note from the launcher it documents.
+    import shlex
+
+    from gaudi_launch.cli import HELP
+    from gaudi_launch.inputs.habits import misplaced_options
+    from gaudi_launch.launch import option_names
+
+    examples = [shlex.split(line.strip()) for line in HELP.splitlines() if line.strip().startswith("gaudi-launch --")]
+    assert len(examples) >= 3
+    for words in examples:
+        script = next(i for i, w in enumerate(words) if w.endswith(".py"))
+        assert misplaced_options(words[script + 1 :], option_names(), "") == [], words

@@ -30,3 +30,12 @@ def test_every_fixed_code_is_in_the_readme_and_back():
 def test_signals_follow_the_shell_convention():
     assert for_signal(signal.SIGINT) == 130
     assert exit_code_for(-signal.SIGKILL) == 137 and exit_code_for(3) == 3
+
+
+def test_help_lists_every_fixed_code():
+    from gaudi_launch.cli import HELP
+
+    status = HELP.split("Exit status:", 1)[1]
+    for code in ExitCode:
+        if code is not ExitCode.SIGNAL_BASE:
+            assert re.search(rf"(?<![\d+]){int(code)}\b", status), f"--help's exit status lacks {int(code)}"

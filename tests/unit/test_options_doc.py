@@ -68,6 +68,12 @@ def test_the_options_reference_is_what_the_generator_writes_now():
     assert current == generator().render(), "docs/options.md is stale: run .venv/bin/python scripts/gen_options_doc.py"
 
 
+def test_a_default_of_zero_is_shown():
+    rows = {r[2]: r[3] for r in generator().rows()}
+    assert rows["`max_restarts`"] == "`0`" and rows["`spare_hosts`"] == "`0`"
+    assert rows["`no_python`"] == ""  # False: a flag that is off says nothing
+
+
 def test_the_options_reference_lists_the_flags_of_help():
     env = dict(os.environ, COLUMNS="250", TERMINAL_WIDTH="250", NO_COLOR="1")
     out = subprocess.run(
