@@ -27,6 +27,8 @@ its ``@@scaleout`` markers, ``decide`` turns one host's facts into a path, ``com
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -83,6 +85,7 @@ class HostFabric:
     dmabuf: Optional[bool] = None  # ib_umem_dmabuf_get in /proc/kallsyms (HCL checkDMABUFSupport)
     ofi_wrapper: Optional[tuple[str, ...]] = None  # where libhccl_ofi_wrapper.so was found; None: not looked
     firmware: tuple[str, ...] = ()  # each card's firmware (hl-smi --fw-versions), in card order
+    gaudinet: Optional[tuple[str, str]] = None  # (path, text) of the L3 Gaudi-NIC file HCL reads, when there is one
 
     @property
     def generation(self) -> Optional[int]:
@@ -199,6 +202,9 @@ def parse_probe_block(text: str) -> HostFabric:
         for line in sections.get("hl-smi --fw-versions", [])
         if line.startswith("[") and ": " in line
     )
+    gaudinet = next(
+        ((k.split(" ", 1)[1], "\n".join(v)) for k, v in sections.items() if k.startswith("gaudinet.json ")), None
+    )
     return HostFabric(
         device_name=name,
         driver=driver,
@@ -214,6 +220,7 @@ def parse_probe_block(text: str) -> HostFabric:
         dmabuf=dmabuf,
         ofi_wrapper=wrapper,
         firmware=firmware,
+        gaudinet=gaudinet,
     )
 
 
@@ -435,6 +442,51 @@ def wrapper_finding(f: HostFabric, path: ScaleOutPath) -> Optional[tuple[str, st
         "scale-out without it (HCL ofi_plugin.cpp dlopens it)",
         OFI_WRAPPER_FIX,
     )
+
+
+GAUDINET_KEYS = ("NIC_MAC", "NIC_IP", "SUBNET_MASK", "GATEWAY_MAC")
+
+
+def gaudinet_problem(f: HostFabric) -> Optional[tuple[str, str]]:
+    """(reason, fix) when the host's gaudinet.json would stop HCCL at its start, else None. HCL reads the file
+    whenever it exists (HabanaAI/HCL hcl_device_config.cpp HclDeviceConfig::parseGaudinet) and fails on invalid
+    JSON, no NIC_NET_CONFIG list, an entry without NIC_MAC, NIC_IP, SUBNET_MASK or GATEWAY_MAC, or an IP or mask
+    of 0. Pure."""
+    if f.gaudinet is None:
+        return None
+    path, text = f.gaudinet
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        why = f"not valid JSON ({exc})"
+    else:
+        entries = data.get("NIC_NET_CONFIG") if isinstance(data, dict) else None
+        if not isinstance(entries, list):
+            why = "no NIC_NET_CONFIG list"
+        else:
+            why = next((_gaudinet_entry(i, e) for i, e in enumerate(entries) if _gaudinet_entry(i, e)), "")
+    if not why:
+        return None
+    return (
+        f"{path}: {why}: HCCL fails at its start (HCL parseGaudinet reads it whenever it exists)",
+        f"fix it (one NIC_NET_CONFIG entry per Gaudi port: {', '.join(GAUDINET_KEYS)}; Habana's 'Configure E2E "
+        "Test in L2/L3'), or remove it where the Gaudi NICs are not an L3 fabric",
+    )
+
+
+def _gaudinet_entry(index: int, entry) -> str:
+    if not isinstance(entry, dict):
+        return f"NIC_NET_CONFIG entry {index} is not an object"
+    missing = [k for k in GAUDINET_KEYS if k not in entry]
+    if missing:
+        return f"NIC_NET_CONFIG entry {index} has no {', '.join(missing)}"
+    for key in ("NIC_IP", "SUBNET_MASK"):
+        try:
+            if int(ipaddress.IPv4Address(str(entry[key]))) == 0:
+                raise ValueError
+        except ValueError:
+            return f"NIC_NET_CONFIG entry {index}: {key} {entry[key]!r} is not an IPv4 address"
+    return ""
 
 
 def _ports_text(ports: tuple[int, ...]) -> str:

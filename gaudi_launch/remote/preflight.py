@@ -272,7 +272,8 @@ def _judge(
 
 def scaleout_problems(f: scaleout.HostFabric) -> list[tuple[str, str]]:
     """The scale-out facts that stop a job on this host (plan/scaleout.py): enabled Gaudi scale-out ports down
-    (HCCL takes the Gaudi NICs anyway), scale-up ports down or flapping, no OFI wrapper for a host-NIC path."""
+    (HCCL takes the Gaudi NICs anyway), scale-up ports down or flapping, no OFI wrapper for a host-NIC path,
+    a gaudinet.json HCL cannot read."""
     out: list[tuple[str, str]] = []
     ports = scaleout.port_finding(f)
     if ports and ports[2]:
@@ -281,6 +282,9 @@ def scaleout_problems(f: scaleout.HostFabric) -> list[tuple[str, str]]:
     wrapper = scaleout.wrapper_finding(f, scaleout.decide(f))
     if wrapper:
         out.append(wrapper)
+    gaudinet = scaleout.gaudinet_problem(f)
+    if gaudinet:
+        out.append(gaudinet)
     return out
 
 

@@ -84,6 +84,12 @@ EOF_Q
             done
         done
         echo '@@hl-smi --fw-versions'; _t hl-smi --fw-versions 2>/dev/null </dev/null
+        # the L3 Gaudi-NIC configuration HCL reads at every start when it exists (HabanaAI/HCL
+        # hcl_device_config.cpp parseGaudinet: HCL_GAUDINET_CONFIG_FILE, else /etc/habanalabs/gaudinet.json,
+        # falling back to /etc/gaudinet.json)
+        _g=${HCL_GAUDINET_CONFIG_FILE:-/etc/habanalabs/gaudinet.json}
+        [ -r "$_g" ] || _g=/etc/gaudinet.json
+        if [ -r "$_g" ]; then echo "@@gaudinet.json $_g"; cat "$_g" 2>/dev/null; echo; fi
         # HCCL's OFI plugin (HabanaAI/HCL ofi_plugin.cpp) dlopens libhccl_ofi_wrapper.so: where it resolves from
         echo '@@find libhccl_ofi_wrapper.so'
         _ldc=$(command -v ldconfig 2>/dev/null || { [ -x /sbin/ldconfig ] && echo /sbin/ldconfig; })

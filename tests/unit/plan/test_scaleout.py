@@ -353,3 +353,35 @@ def test_no_ssh_check_with_efa_on_a_gaudi3_host_sets_no_hccl_over_ofi(tmp_path, 
     plan = build_plan(spec, environ=dict(os.environ), backends=get_backend)
     assert "HCCL_OVER_OFI" not in plan.env
     assert any("--efa ignored" in n for n in plan.notes), plan.notes
+
+
+# ---------------------------------------------------------------- item 8: gaudinet.json
+
+
+GOOD_NET = '{"NIC_NET_CONFIG": [{"NIC_MAC": "b0:fd:0b:00:00:01", "NIC_IP": "10.1.0.2", "SUBNET_MASK": "255.255.255.252", "GATEWAY_MAC": "00:00:5e:00:01:01"}]}'
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        (GOOD_NET, None),
+        ("{not json", "not valid JSON"),
+        ('{"NICS": []}', "no NIC_NET_CONFIG list"),
+        (GOOD_NET.replace('"GATEWAY_MAC": "00:00:5e:00:01:01"', '"GW": 1'), "entry 0 has no GATEWAY_MAC"),
+        (GOOD_NET.replace("10.1.0.2", "0.0.0.0"), "NIC_IP '0.0.0.0' is not an IPv4 address"),
+    ],
+)
+def test_gaudinet_json_is_checked_as_hcl_reads_it(text, problem):
+    got = scaleout.gaudinet_problem(HostFabric(G3, gaudinet=("/etc/habanalabs/gaudinet.json", text)))
+    assert (got is None) if problem is None else (problem in got[0] and "Configure E2E Test in L2/L3" in got[1])
+
+
+def test_a_bad_gaudinet_json_fails_the_preflight(tmp_path, monkeypatch):
+    gaudi_tools.apply(monkeypatch, "gaudi3-gaudinic", root=tmp_path / "host")
+    net = tmp_path / "gaudinet.json"
+    net.write_text('{"NIC_NET_CONFIG": [{"NIC_MAC": "b0:fd:0b:00:00:01"}]}')
+    monkeypatch.setenv("HCL_GAUDINET_CONFIG_FILE", str(net))  # HCL's own variable (hcl_global_conf.cpp)
+    f = _preflight(["gaudi-a"], tmp_path).facts["gaudi-a"]
+    assert not f.ok and f"{net}: NIC_NET_CONFIG entry 0 has no NIC_IP, SUBNET_MASK, GATEWAY_MAC" in f.reason
+    net.write_text(GOOD_NET)
+    assert _preflight(["gaudi-a"], tmp_path).facts["gaudi-a"].ok
