@@ -1,4 +1,4 @@
-"""What users of torchrun, DeepSpeed and gaudi_spawn type, caught before anything starts. Pure.
+"""What users of torchrun, accelerate, DeepSpeed and gaudi_spawn type, caught before anything starts. Pure.
 
 torchrun's spellings paste in (or are refused with a one-line pointer), a command that cannot be
 what was meant (``gaudi-launch python train.py``, ``gaudi-launch version``, a script that is not
@@ -27,23 +27,47 @@ _RDZV = (
     "--rdzv-conf",
     "--rdzv_conf",
 )
-_NODE_RANK = ("--node-rank", "--node_rank")
+_NODE_RANK = ("--node-rank", "--node_rank", "--machine_rank")  # torchrun's, accelerate launch's
+# accelerate launch's options (accelerate/commands/launch.py) that have another name or no meaning here,
+# each with what to type instead; the ones both spell alike (--module, --no_python, --use_deepspeed,
+# --max_restarts) are ours already.
+_ACCELERATE = {
+    "--num_processes": "ranks are counted per host: --num_devices N (ranks on each host) with --hostfile H "
+    "(the hosts); one host: --num_devices N",
+    "--num_machines": "--num_nodes N with --hostfile H (the first N hosts)",
+    "--main_process_ip": "--master_addr (default: the first host)",
+    "--main_process_port": "--master_port",
+    "--mpirun_hostfile": "--hostfile H (mpirun is the default backend for several hosts)",
+    "--deepspeed_hostfile": "--hostfile H --use_deepspeed",
+    "--deepspeed_inclusion_filter": "--include (DeepSpeed's syntax, 'host:0,1@host2')",
+    "--deepspeed_exclusion_filter": "--exclude (DeepSpeed's syntax)",
+    "--deepspeed_multinode_launcher": "--use_deepspeed --launcher pdsh|openmpi",
+    "--gpu_ids": "export HABANA_VISIBLE_MODULES (or CUDA_VISIBLE_DEVICES) in this shell, or --include HOST:0,1",
+    "--multi_gpu": "nothing: several devices or hosts are the default whenever there are several",
+    "--mixed_precision": "a training option: pass --bf16 to the script (our runtime and transformers read it)",
+    "--num_cpu_threads_per_process": "-x OMP_NUM_THREADS=N (by default each rank gets the cores of its card's "
+    "NUMA share)",
+    "--config_file": "accelerate's config is not read; --config takes gaudi-launch's own job file (YAML)",
+}
 _PYTHONS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*)$")
 
 
 def torchrun_option_error(name: str) -> Optional[UserError]:
-    """For an option the command line does not know: a pointer when it is one of torchrun's."""
+    """For an option the command line does not know: a pointer when it is one of torchrun's or accelerate
+    launch's."""
     if name in _NODE_RANK:
         return UserError(
-            f"{name}: gaudi-launch starts every node itself",
+            "gaudi-launch starts every node itself",
             where=name,
             hint="run it once, on one machine, with --hostfile listing the nodes (or inside a "
             "Slurm allocation); it gives each node its rank",
         )
-    if name in _RDZV:
+    if name in _RDZV or name == "--rdzv_conf":
         return UserError(
-            f"{name}: there is no rendezvous: the master is the first host (--master_addr/--master_port)", where=name
+            "there is no rendezvous: the master is the first host (--master_addr/--master_port)", where=name
         )
+    if name in _ACCELERATE:
+        return UserError("accelerate launch's option", where=name, hint=f"here: {_ACCELERATE[name]}")
     return None
 
 

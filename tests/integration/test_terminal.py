@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from gaudi_launch import __version__
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -75,6 +77,25 @@ def test_console_shows_only_the_chosen_ranks_and_logs_keep_all(tmp_path):
     assert "[rank 1] hello from 1" in res.stdout and "hello from 0" not in res.stdout
     assert (tmp_path / "logs" / "rank-0.log").read_text() == "hello from 0\n"
     assert gl("--num_devices", "2", "--ranks", "0,x", "r.py", cwd=tmp_path).returncode == 2
+
+
+@pytest.mark.parametrize(
+    "option, value, hint",
+    [
+        ("--num_processes", "8", "--num_devices N"),
+        ("--num_machines", "2", "--num_nodes N with --hostfile H"),
+        ("--machine_rank", "0", "starts every node itself"),
+        ("--main_process_port", "29500", "--master_port"),
+        ("--mixed_precision", "bf16", "pass --bf16 to the script"),
+        ("--gpu_ids", "0,1", "HABANA_VISIBLE_MODULES"),
+    ],
+)
+def test_accelerate_launch_spellings_get_ours(tmp_path, option, value, hint):
+    res = gl(option, value, "t.py", cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    first = res.stderr.splitlines()[0]
+    assert first.startswith(f"gaudi-launch: error: {option}: ") and first.count(option) == 1, first
+    assert hint in res.stderr, res.stderr
 
 
 def test_torchrun_spellings_paste_in(tmp_path):
