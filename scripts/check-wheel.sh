@@ -34,7 +34,7 @@ say "installing $(basename "$wheel")[train] into it (torch pinned as in the deve
 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check -c scripts/constraints.txt \
   --force-reinstall --no-deps "$wheel" 2>&1 | grep -v "is ignored" >&2 || true
 "$work/venv/bin/python" -m pip install -q --disable-pip-version-check -c scripts/constraints.txt \
-  "$wheel[train]" 2>&1 | grep -v "is ignored" >&2 || true
+  "${wheel}[train]" 2>&1 | grep -v "is ignored" >&2 || true
 mkdir -p "$work/run"
 cp scripts/run_clm.py "$work/run/"
 cd "$work/run"  # nothing of the source tree on sys.path from here on
