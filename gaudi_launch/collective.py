@@ -33,6 +33,7 @@ from gaudi_launch.inputs import slurm as slurm_inputs
 from gaudi_launch.inputs.backend_options import SlurmOptions
 from gaudi_launch.inputs.readfile import MAX_INPUT_BYTES, read_bounded
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan import contract
 from gaudi_launch.plan import slurm as slurm_plan
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
@@ -144,11 +145,43 @@ def check_deadline(n: int) -> float:
     return START_TIMEOUT_S + tcp + library
 
 
-def check_spec(spec: JobSpec, hosts: list[str], hostfile: Optional[str], cards: int = 1) -> JobSpec:
-    """The check job: the user's job with its program, one agent per host, no restarts and no log dir; its
-    settings and a fresh random token as job variables (never on a command line). ``cards``: the job's
-    processes per host, each pair's library job starts as many. Pure but for the token and Slurm's job id.
-    ``hostfile`` None: a Slurm allocation's nodes, one srun task on each of ``hosts``."""
+def job_cards(plan: Optional[LaunchPlan], hosts: list[str]) -> list[dict]:
+    """Per check host, what the job will use there: {"cards": its ranks, "env": the card visibility its
+    ranks get (--include h:4,5 -> HABANA_VISIBLE_MODULES=4,5)}. A spare gets the job's largest node and no
+    restriction (it would take a whole node's place). Pure."""
+    if plan is None:
+        return [{"cards": 1, "env": {}} for _ in hosts]
+    nodes = {n.host: n for n in plan.nodes}
+    most = max((len(n.ranks) for n in plan.nodes), default=1)
+    inherited = {**os.environ, **plan.env}
+    out = []
+    for h in hosts:
+        node = nodes.get(h)
+        if node is None:
+            out.append({"cards": most, "env": {}})
+        else:
+            visible = {k: v for k, v in contract.node_visibility_env(node, inherited).items() if v}
+            out.append({"cards": max(1, len(node.ranks)), "env": visible})
+    return out
+
+
+def inherited_env(plan: Optional[LaunchPlan]) -> dict[str, str]:
+    """The job's own variables the planner decided (the fabric's, HCCL's, the interface's), so that the
+    check measures the path the job will take; not the rank contract nor our own. Pure."""
+    if plan is None:
+        return {}
+    skip = set(contract.VISIBILITY) | {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}
+    return {k: v for k, v in plan.env.items() if k not in skip and not k.startswith("GAUDI_LAUNCH_")}
+
+
+def check_spec(
+    spec: JobSpec, hosts: list[str], hostfile: Optional[str], job_plan: Optional[LaunchPlan] = None
+) -> JobSpec:
+    """The check job: the user's job with its program, one agent per host, no restarts and no log dir; the
+    job plan's variables (``job_plan``: the job's, after its pre-flight); its settings and a fresh random
+    token as job variables (never on a command line). Each pair's library job starts one process per card
+    the job uses on each host, with the job's card visibility there. Pure but for the token and Slurm's
+    job id. ``hostfile`` None: a Slurm allocation's nodes, one srun task on each of ``hosts``."""
     lib_bytes, lib_loops = library_size()
     settings = {
         "bytes": TCP_BYTES,
@@ -156,7 +189,7 @@ def check_spec(spec: JobSpec, hosts: list[str], hostfile: Optional[str], cards: 
         "lib_bytes": lib_bytes,
         "lib_loops": lib_loops,
         "confirm_loops": min(CONFIRM_LOOPS, lib_loops),
-        "cards": max(1, cards),
+        "nodes": job_cards(job_plan, hosts),
         "pair_timeout": STEP_TIMEOUT_S,
         "lib_timeout": LIBRARY_TIMEOUT_S,
         "join_timeout": JOIN_TIMEOUT_S,
@@ -174,7 +207,8 @@ def check_spec(spec: JobSpec, hosts: list[str], hostfile: Optional[str], cards: 
         master_port=slurm_check_port(spec) if hostfile is None else spec.master_port,
         backend_options=options,
     )
-    env = {**spec.env, SETTINGS_VAR: json.dumps(settings), COLLECTIVE_TOKEN: secrets.token_hex(32), **library}
+    env = {**inherited_env(job_plan), **spec.env}
+    env.update({SETTINGS_VAR: json.dumps(settings), COLLECTIVE_TOKEN: secrets.token_hex(32), **library})
     return dataclasses.replace(
         job,
         program=[RANK_MODULE],
@@ -203,7 +237,12 @@ def check_spec(spec: JobSpec, hosts: list[str], hostfile: Optional[str], cards: 
 
 
 def run_check(
-    spec: JobSpec, hosts: list[str], *, deadline_s: Optional[float] = None, over_job: Optional[str] = None
+    spec: JobSpec,
+    hosts: list[str],
+    *,
+    deadline_s: Optional[float] = None,
+    over_job: Optional[str] = None,
+    job_plan: Optional[LaunchPlan] = None,
 ) -> CollectiveReport:
     """Run the check job on ``hosts`` (one rank each) and judge what the ranks said. ``over_job``: the job
     whose pre-flight has just run; the check starts its ranks and ends over that pre-flight's ssh sessions
@@ -223,7 +262,7 @@ def run_check(
             hostfile = os.path.join(tmp, "hostfile")
             with open(hostfile, "w") as f:
                 f.write("".join(f"{h} slots=1\n" for h in hosts))
-        job = check_spec(spec, hosts, hostfile)
+        job = check_spec(spec, hosts, hostfile, job_plan)
         plan = build_plan(job, backends=get_backend)
         rank_hosts = {r: n.host for n in plan.nodes for r in n.ranks}
         out = io.StringIO()
@@ -343,7 +382,7 @@ def check_before_job(spec: JobSpec, plan: LaunchPlan) -> tuple[JobSpec, LaunchPl
     """--collective-check on a launch: measure the job's hosts and spares, write the finding, and give
     the spec and plan to run (slow or failed hosts replaced by spares), or raise (exit 3)."""
     hosts = check_hosts_of(plan)
-    report = run_check(spec, hosts, over_job=plan.job_id)
+    report = run_check(spec, hosts, over_job=plan.job_id, job_plan=plan)
     if spec.log_dir:
         prepare_log_dir(spec.log_dir)  # made (0700) or refused here, as the launch would
     written = write_finding(report, spec.log_dir or os.getcwd())

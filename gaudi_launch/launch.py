@@ -245,7 +245,7 @@ def run_spec(
 def collective_only(spec: JobSpec, plan, json_out: bool) -> int:
     """`check --collective`: the collective test on the checked hosts, its table (or JSON), exit 3 naming
     the slow or failed hosts."""
-    report = run_check(spec, check_hosts_of(plan), over_job=plan.job_id)
+    report = run_check(spec, check_hosts_of(plan), over_job=plan.job_id, job_plan=plan)
     if json_out:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:

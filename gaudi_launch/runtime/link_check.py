@@ -56,7 +56,7 @@ DEFAULTS = {
     "lib_bytes": 32 << 20,
     "lib_loops": 1000,
     "confirm_loops": 10,
-    "cards": 1,
+    "nodes": [],  # per rank: {"cards": the job's processes on that host, "env": its card visibility}
     "pair_timeout": 10.0,
     "lib_timeout": 130.0,
     "join_timeout": 60.0,
@@ -105,6 +105,13 @@ def device_kind(environ, find_spec=importlib.util.find_spec, exists=os.path.exis
         if ("cuda" in built and exists("/proc/driver/nvidia/version")) or ("hip" in built and exists("/dev/kfd")):
             return "cuda"
     return "cpu"
+
+
+def cards_of(cfg: dict, rank: int) -> int:
+    """The job's processes on rank ``rank``'s host (settings "nodes"), 1 when not said."""
+    nodes = cfg.get("nodes") or []
+    node = nodes[rank] if rank < len(nodes) and isinstance(nodes[rank], dict) else {}
+    return max(1, int(node.get("cards", 1)))
 
 
 def free_port(addr: str, family) -> int:
@@ -238,11 +245,13 @@ class Coordinator:
         role = {}
         for a, b in pairs:
             master = [self.hellos[a]["addr"], self.lport[a]]
-            role[a] = {"partner": b, "side": 0, "master": master}
-            role[b] = {"partner": a, "side": 1, "master": master}
+            cards = [cards_of(self.cfg, a), cards_of(self.cfg, b)]
+            role[a] = {"partner": b, "side": 0, "master": master, "cards": cards}
+            role[b] = {"partner": a, "side": 1, "master": master, "cards": cards}
         if group is not None:  # the confirm: every rank of the group, one job
             master = [self.hellos[group[0]]["addr"], self.lport[group[0]]]
-            role = {r: {"group": group, "master": master} for r in group}
+            cards = [cards_of(self.cfg, r) for r in group]
+            role = {r: {"group": group, "master": master, "cards": cards} for r in group}
         alive = {}
         for r, c in self.conns.items():
             try:
@@ -387,13 +396,13 @@ class Agent:
             stage, k = cmd.get("stage"), cmd.get("round")
             try:
                 if cmd.get("group") is not None:
-                    res = self.library_job(cmd["group"].index(self.rank), len(cmd["group"]), cmd["master"])
+                    res = self.library_job(cmd["group"].index(self.rank), cmd["cards"], cmd["master"])
                 elif cmd.get("partner") is None:
                     res = {"ok": True, "idle": True}
                 elif stage == "tcp":
                     res = self.tcp_pair(k, int(cmd["partner"]), int(cmd["side"]))
                 else:
-                    res = self.library_job(int(cmd["side"]), 2, cmd["master"])
+                    res = self.library_job(int(cmd["side"]), cmd["cards"], cmd["master"])
             except (PeerTimeout, Refused, OSError) as exc:
                 res = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
             res.update(round=k, lport=free_port(self.addr, self.family))
@@ -451,21 +460,29 @@ class Agent:
             sock.close()
 
     # ---- the library stage: a job of its own per pair (or the confirm), killed at its deadline
-    def library_job(self, index: int, members: int, master: list) -> dict:
-        cards = int(self.cfg["cards"])
-        world = members * cards
+    def node(self) -> dict:
+        nodes = self.cfg.get("nodes") or []
+        return nodes[self.rank] if self.rank < len(nodes) and isinstance(nodes[self.rank], dict) else {}
+
+    def library_job(self, index: int, layout: list, master: list) -> dict:
+        """This host's processes of a job over the hosts whose card counts are ``layout`` (this host the
+        ``index``-th): one per card, ranks numbered host by host."""
+        node = self.node()
+        cards, world, base = int(layout[index]), sum(map(int, layout)), sum(map(int, layout[:index]))
         timeout = float(self.cfg["lib_timeout"])
-        confirm = members > 2
+        confirm = len(layout) > 2
         worker = {"bytes": self.cfg["lib_bytes"], "loops": self.cfg["confirm_loops" if confirm else "lib_loops"]}
-        worker["timeout"] = timeout
+        # the process group's own limit past ours: on Gaudi there is none (WorkHCCL::wait), our kill decides
+        worker["timeout"] = 4 * timeout
         procs = []
         for i in range(cards):
             env = dict(
                 os.environ,
+                **{str(k): str(v) for k, v in node.get("env", {}).items()},  # the job's cards on this host
                 MASTER_ADDR=str(master[0]),
                 MASTER_PORT=str(master[1]),
                 WORLD_SIZE=str(world),
-                RANK=str(index * cards + i),
+                RANK=str(base + i),
                 LOCAL_RANK=str(i),
                 LOCAL_WORLD_SIZE=str(cards),
                 **{COLLECTIVE: json.dumps(worker)},

@@ -25,18 +25,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cfg(timeout: float = 3) -> str:
-    return json.dumps({"bytes": 1 << 20, "loops": 2, "pair_timeout": timeout, "join_timeout": timeout})
+def _cfg(timeout: float = 3, **extra) -> str:
+    return json.dumps({"bytes": 1 << 20, "loops": 2, "pair_timeout": timeout, "join_timeout": timeout, **extra})
 
 
-def _start(world: int, started: list[int], port: int, timeout: float = 3, tokens=None) -> list:
+def _start(world: int, started: list[int], port: int, timeout: float = 3, tokens=None, env_of=None, cfg=None) -> list:
     procs = []
     for r in started:
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        env["GAUDI_LAUNCH_COLLECTIVE"] = _cfg(timeout)
+        env["GAUDI_LAUNCH_COLLECTIVE"] = cfg or _cfg(timeout)
         env["GAUDI_LAUNCH_COLLECTIVE_TOKEN"] = (tokens or {}).get(r, TOKEN)
         env.pop("GAUDI_LAUNCH_COLLECTIVE_LIBRARY", None)
         env["GAUDI_LAUNCH_DEVICE"] = "cpu"
+        env.update((env_of or {}).get(r, {}))
         argv = [sys.executable, "-m", "gaudi_launch.runtime.link_check"]
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
     return procs
@@ -124,6 +125,29 @@ def test_an_agent_refuses_a_rendezvous_that_does_not_hold_the_token():
     err = [r for r in parse(lines) if "error" in r]
     assert err and "answered without the check's token" in err[0]["error"], lines
     fake.close()
+
+
+def test_stand_in_hpu_a_card_that_never_returns_is_killed_at_the_pair_deadline_and_its_host_named():
+    # Every host's NIC is fine (the TCP stage passes); on host 2 the stand-in's collectives never start nor
+    # return, as the bridge's WorkHCCL::wait on a dead Gaudi link: the agents kill each pair's processes at
+    # its deadline and the rounds name host 2 alone; the three others confirm together.
+    from tests.standin.fixture import STAND_IN_DIR
+
+    hpu = {"PYTHONPATH": STAND_IN_DIR, "GAUDI_LAUNCH_DEVICE": "hpu", "DS_ACCELERATOR": "cpu"}
+    env_of = {r: dict(hpu) for r in range(4)}
+    env_of[2]["HPU_STAND_IN_HANG"] = "1"
+    cfg = _cfg(4, lib_timeout=20, lib_bytes=1 << 16, lib_loops=3, confirm_loops=2)
+    t0 = time.monotonic()
+    records = parse(_lines(_start(4, [0, 1, 2, 3], _free_port(), env_of=env_of, cfg=cfg)))
+    took = time.monotonic() - t0
+    rep = judge(records, {0: "a", 1: "b", 2: "c", 3: "d"})
+    assert rep.to_json()["failed"] == ["c"] and rep.to_json()["slow"] == [], rep.render_table()
+    lib = [p for p in rep.pairs if p.stage == "library"]
+    assert all(p.ok for p in rep.pairs if p.stage == "tcp") and lib, rep.render_table()
+    assert all(("c" in p.hosts) != p.ok for p in lib), rep.render_table()  # exactly the pairs with c failed
+    assert "killed" in rep.hosts[2].reason and rep.library == "hccl", rep.render_table()
+    assert rep.allreduce_gbs is not None and not rep.confirm  # a, b, d together
+    assert took < 2 * (20 + 3) + 40, took  # two library rounds at most their deadline, then the confirm
 
 
 def test_the_library_stage_follows_when_any_rank_has_a_gaudi_or_a_gpu():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -237,9 +238,19 @@ def _done(work):
     return work.boxed()
 
 
+# A fault to inject (tests): HPU_STAND_IN_HANG=1 makes this process's collectives never start nor return,
+# as on a card whose scale-out link carries nothing, while the host NIC works. The bridge's wait has no
+# limit either (gaudi-pytorch-bridge 1.19, python_packages/habana_frameworks/torch/distributed/hccl/
+# ProcessGroupHCCL.cpp WorkHCCL::wait and process_group_eager_hccl.cpp WorkEager::wait ignore their
+# timeout, "abort API is not implemented"), so nothing inside the process ends it: only a kill.
+HANG = "HPU_STAND_IN_HANG"
+
+
 def _collective(func, args, kwargs):
     name = func.name()
     a = list(args)
+    while os.environ.get(HANG) == "1":
+        time.sleep(3600)
     if name == "c10d::allreduce_":
         tensors, group = a[0], a[1]
         opts = c10d.AllreduceOptions()

@@ -187,3 +187,52 @@ def test_the_library_stage_is_shown_when_it_ran_and_a_host_named_over_tcp_stays_
     assert rep.library == "gloo" and rep.to_json()["slow"] == ["h3"] and rep.to_json()["failed"] == ["h1"]
     assert rep.allreduce_gbs == 2.0 and rep.allreduce_ms == pytest.approx(10)
     assert {p.stage for p in rep.pairs} == {"tcp", "library"}
+
+
+def test_the_check_job_is_built_from_the_jobs_plan_cards_variables_and_a_fresh_token():
+    from gaudi_launch.collective import check_spec
+
+    nodes = [NodePlan("h0", 0, [0, 1, 2, 3, 4, 5, 6, 7], list(range(8))), NodePlan("h1", 1, [4, 5], [8, 9])]
+    plan = LaunchPlan("mpirun", 10, "h0", 29500, nodes, {"HCCL_SOCKET_IFNAME": "eth1", "MASTER_ADDR": "x"}, [], ["t.py"])
+    plan.spares = {"h2": 8}
+    spec = JobSpec(program=["t.py"], hostfile="hf", env={"FOO": "1"})
+    job = check_spec(spec, ["h0", "h1", "h2"], "hf2", plan)
+    settings = json.loads(job.env["GAUDI_LAUNCH_COLLECTIVE"])
+    # one process per card the job uses, on the job's cards (--include h1:4,5: modules 4 and 5, not 0)
+    assert settings["nodes"][0] == {"cards": 8, "env": {}}
+    assert settings["nodes"][1]["cards"] == 2 and settings["nodes"][1]["env"]["HABANA_VISIBLE_MODULES"] == "4,5"
+    assert settings["nodes"][2] == {"cards": 8, "env": {}}  # a spare takes a whole node's place
+    assert settings["lib_bytes"] == 32 << 20 and settings["lib_loops"] == 1000  # hccl_demo's screen
+    # the job's planned variables (its interface), not its rank contract; the user's on top
+    assert job.env["HCCL_SOCKET_IFNAME"] == "eth1" and "MASTER_ADDR" not in job.env and job.env["FOO"] == "1"
+    token = job.env["GAUDI_LAUNCH_COLLECTIVE_TOKEN"]
+    assert len(token) == 64 and token != check_spec(spec, ["h0"], "hf2", plan).env["GAUDI_LAUNCH_COLLECTIVE_TOKEN"]
+    assert not any(token in a for a in job.program)
+
+
+def test_the_library_size_is_configurable_and_checked(monkeypatch):
+    from gaudi_launch.collective import library_size
+
+    assert library_size({}) == (32 << 20, 1000)
+    assert library_size({"GAUDI_LAUNCH_COLLECTIVE_SIZE": "1m,5"}) == (1 << 20, 5)
+    with pytest.raises(UserError, match="is not BYTES,LOOPS") as err:
+        library_size({"GAUDI_LAUNCH_COLLECTIVE_SIZE": "lots"})
+    assert err.value.exit_code == 2
+
+
+@pytest.mark.parametrize("backend", ["mpirun", "deepspeed"])
+def test_the_token_travels_as_a_job_variable_never_on_a_command_line(tmp_path, backend):
+    from gaudi_launch.backends import get_backend
+    from gaudi_launch.collective import check_spec
+    from gaudi_launch.plan.planner import build_plan
+
+    (tmp_path / "hf").write_text("ha slots=1\nhb slots=1\n")
+    spec = JobSpec(program=["t.py"], hostfile=str(tmp_path / "hf"), backend=backend)
+    job = check_spec(spec, ["ha", "hb"], str(tmp_path / "hf"))
+    plan = build_plan(job, backends=get_backend)
+    token = job.env["GAUDI_LAUNCH_COLLECTIVE_TOKEN"]
+    assert plan.env.get("GAUDI_LAUNCH_COLLECTIVE_TOKEN") == token or any(
+        c.env.get("GAUDI_LAUNCH_COLLECTIVE_TOKEN") == token for c in plan.commands
+    )
+    assert not any(token in a for c in plan.commands for a in c.argv)
+    assert token not in json.dumps(plan.to_dict())  # masked wherever the plan is shown
