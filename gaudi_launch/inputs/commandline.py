@@ -10,6 +10,7 @@ file (YAML) go through the same ``convert``: one set of rules and messages for b
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from gaudi_launch.inputs import habits
 from gaudi_launch.inputs.backend_options import REGISTRY, backend_option_fields
 from gaudi_launch.inputs.envfile import parse_assignments
 from gaudi_launch.inputs.options import PANELS, Option, opt, option_fields
+from gaudi_launch.inputs.readfile import MAX_INPUT_BYTES, check_input
 from gaudi_launch.inputs.spec import JobSpec, resolve_compat
 from gaudi_launch.wire import DEVICE
 
@@ -207,22 +209,37 @@ def convert(hint, raw: Any, label: str) -> Any:
         raise UserError(f"takes a single value, not a {type(raw).__name__}", where=label)
     if kind is int:
         if isinstance(raw, str) and raw.strip().lstrip("+-").isdigit():
+            if len(raw.strip().lstrip("+-")) > _MAX_DIGITS:  # int() refuses 4300 digits: exit 2, not a crash
+                raise UserError(f"must be a whole number of at most {_MAX_DIGITS} digits", where=label)
             return int(raw)
         if isinstance(raw, int) and not isinstance(raw, bool):
             return raw
-        raise UserError(f"must be a whole number, got {raw!r}", where=label)
+        raise UserError(f"must be a whole number, got {_shown(raw)}", where=label)
     if kind is float:
-        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-            return float(raw)
         try:
+            if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+                return float(raw)
             return float(raw) if isinstance(raw, str) else _not_a_number(raw, label)
+        except OverflowError:  # a job file's 10**400 (a float's limit is about 1.8e308)
+            raise UserError(f"is too large a number: {_shown(raw)}", where=label) from None
         except ValueError:
             return _not_a_number(raw, label)
     return _text(raw, label)
 
 
+_MAX_DIGITS = 100  # far past any count, port or number of seconds
+
+
+def _shown(raw: Any) -> str:
+    """``raw`` for a message, cut short (repr of an int of 4300 digits or more raises ValueError). Pure."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and abs(raw).bit_length() > 3 * _MAX_DIGITS:
+        return f"a number of about {int(abs(raw).bit_length() * 0.30103) + 1} digits"
+    text = repr(raw)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _not_a_number(raw, label: str):
-    raise UserError(f"must be a number, got {raw!r}", where=label)
+    raise UserError(f"must be a number, got {_shown(raw)}", where=label)
 
 
 def _text(raw: Any, label: str) -> str:
@@ -272,6 +289,13 @@ def spec_from_values(v: dict[str, Any], environ: Mapping[str, str]) -> JobSpec:
         ssh_check=not v["no_ssh_check"],
         console_ranks=_ranks(v["ranks_filter"]),
     )
+    # files read later (ssh -F, the collective finding): a FIFO or /dev/zero is exit 2 now, not a hang
+    for name, flag, what in (
+        ("ssh_config", "--ssh-config", "ssh config file"),
+        ("exclude_from", "--exclude-from", "file"),
+    ):
+        if given.get(name):
+            check_input(os.path.expanduser(given[name]), MAX_INPUT_BYTES, where=flag, what=what)
     return JobSpec.build(**given)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Optional
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.readfile import kind_of, read_bounded
 
 # torchrun options that have no meaning for a launcher that starts every node itself.
 _RDZV = (
@@ -115,6 +116,12 @@ def check_program(program: Sequence[str], *, module: bool, no_python: bool, cwd:
         )
     path = script if os.path.isabs(script) else os.path.join(cwd, script)
     if os.path.exists(path):
+        if not (os.path.isfile(path) or os.path.isdir(path)):  # a FIFO, a device: Python would wait on it
+            raise UserError(
+                f"{script} is {kind_of(os.stat(path).st_mode)}, not a script file",
+                where="SCRIPT",
+                hint="give the path of the Python script itself",
+            )
         return
     if script in ("version", "help"):
         raise UserError(
@@ -131,9 +138,8 @@ def _script_source(program: Sequence[str], module: bool, no_python: bool, cwd: s
     if not program or module or no_python:
         return None
     path = program[0] if os.path.isabs(program[0]) else os.path.join(cwd, program[0])
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read(1 << 20)
+    try:  # non-blocking, regular files only: a FIFO as SCRIPT must not hang the notes
+        return read_bounded(path, 1 << 20)[: 1 << 20].decode("utf-8", errors="replace")
     except OSError:
         return None
 

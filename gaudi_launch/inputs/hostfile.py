@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.readfile import read_bounded
 
 __all__ = ["Host", "parse_hostfile", "read_hostfile"]
 
@@ -281,8 +282,8 @@ def parse_hostfile(text: str, source: str) -> list[Host]:
 def read_hostfile(path: str) -> list[Host]:
     """Read and parse the hostfile at ``path``; a missing or unreadable file is a UserError."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_HOSTFILE_BYTES + 1)  # bounded: --hostfile /dev/zero must not eat memory
+        # bounded, non-blocking, a regular file: --hostfile /dev/zero or a FIFO must not eat memory or hang
+        data = read_bounded(path, MAX_HOSTFILE_BYTES)
         if len(data) > MAX_HOSTFILE_BYTES:
             raise UserError(
                 f"hostfile is larger than {MAX_HOSTFILE_BYTES} bytes",

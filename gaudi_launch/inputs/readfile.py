@@ -13,7 +13,12 @@ import errno
 import os
 import stat
 
-__all__ = ["NotRegularFile", "read_bounded", "read_regular", "kind_of"]
+from gaudi_launch.errors import UserError
+
+__all__ = ["NotRegularFile", "check_input", "read_bounded", "read_regular", "kind_of"]
+
+
+MAX_INPUT_BYTES = 1 << 20  # a hostfile, job file, env file or ssh config is a few kilobytes
 
 
 class NotRegularFile(OSError):
@@ -61,3 +66,18 @@ def read_regular(path: str, limit: int) -> tuple[bytes, os.stat_result]:
         return b"".join(chunks), st
     finally:
         os.close(fd)
+
+
+def check_input(path: str, limit: int, *, where: str, what: str) -> None:
+    """A UserError (exit 2, naming ``where``) unless ``path`` is a readable regular file of at most ``limit``
+    bytes: for a file another program reads later (ssh -F) or a later step reads (--exclude-from)."""
+    try:
+        data = read_bounded(path, limit)
+    except FileNotFoundError:
+        raise UserError(f"{what} {path} does not exist", where=where, hint="check the path") from None
+    except OSError as exc:
+        raise UserError(
+            f"{what} {path} cannot be read: {exc.strerror or exc}", where=where, hint=f"give the {what} itself"
+        ) from None
+    if len(data) > limit:
+        raise UserError(f"{what} {path} is larger than {limit >> 20} MiB", where=where, hint=f"give the {what} itself")

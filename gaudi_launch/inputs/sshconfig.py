@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from gaudi_launch.inputs.hostnames import split_user
+from gaudi_launch.inputs.readfile import MAX_INPUT_BYTES, read_bounded
 
 SYSTEM_CONFIG = "/etc/ssh/ssh_config"
 MAX_DEPTH = 16  # readconf.c's READCONF_MAX_DEPTH
@@ -218,13 +219,17 @@ class SshConfig:
     def lines_of(self, path: str) -> list[Line]:
         """One file's lines (read once); a missing file is empty (ssh skips it too)."""
         if path not in self._parsed:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as f:
-                    text = f.read()
+            try:  # bounded, non-blocking, a regular file: /dev/zero or a FIFO must not eat memory or hang
+                data = read_bounded(path, MAX_INPUT_BYTES)
             except (FileNotFoundError, NotADirectoryError):
-                text = ""
+                data = b""
             except IsADirectoryError:
                 raise SshConfigError(f"{path} is a directory, not an ssh config file") from None
+            except OSError as exc:
+                raise SshConfigError(f"{path}: {exc.strerror or exc}") from None
+            if len(data) > MAX_INPUT_BYTES:
+                raise SshConfigError(f"{path} is larger than {MAX_INPUT_BYTES >> 20} MiB, not an ssh config file")
+            text = data.decode("utf-8", errors="replace")
             self._parsed[path] = parse(text, path)
         return self._parsed[path]
 

@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, Callable, Optional
 
 from gaudi_launch import safewrite
 from gaudi_launch.exitcodes import ExitCode
+from gaudi_launch.inputs.readfile import read_bounded
 
 INSTALL_HINT = "pip install 'gaudi-launch[report]'"
 
@@ -55,23 +56,36 @@ def _number(value: Any) -> Optional[float]:
     return None
 
 
+MAX_INPUT_BYTES = 1 << 30  # a long run's metrics.jsonl; /dev/zero must not eat memory
+
+
+def _read_input(path: str) -> str:
+    """A report input's text: a regular file (a FIFO would hang, a device never end) under MAX_INPUT_BYTES."""
+    try:
+        data = read_bounded(path, MAX_INPUT_BYTES)
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise ReportError(f"{path}: larger than {MAX_INPUT_BYTES >> 30} GiB, not a run's metrics or a result")
+    return data.decode("utf-8", errors="replace")
+
+
 def read_metrics(path: str) -> tuple[list[dict[str, Any]], int]:
     """(rows, unreadable line count) of a metrics.jsonl. Rows are JSON objects with a "step"."""
     rows, bad = [], 0
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                bad += 1  # e.g. the half-written last line of a killed job
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
-                rows.append(row)
-            else:
-                bad += 1
+    for line in _read_input(path).split("\n"):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            bad += 1  # e.g. the half-written last line of a killed job
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+        else:
+            bad += 1
     return rows, bad
 
 
@@ -92,9 +106,8 @@ def read_trainer_state(path: str) -> list[dict[str, Any]]:
     """transformers Trainer's log_history as this report's rows: training logs by step, evaluations
     as eval rows where they happened, the final summary as a summary row."""
     try:
-        with open(path, encoding="utf-8") as f:
-            history = json.load(f).get("log_history", [])
-    except (OSError, ValueError, AttributeError) as exc:
+        history = json.loads(_read_input(path)).get("log_history", [])
+    except (ValueError, AttributeError, RecursionError) as exc:
         raise ReportError(f"{path}: not a trainer_state.json ({exc})")
     keyed = []
     for entry in history:
@@ -686,12 +699,11 @@ def _load(source: str) -> tuple[str, Any]:
             print(f"gaudi-launch report: skipped {bad} unreadable line(s) in {path}", file=sys.stderr)
         return "run", rows
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(_read_input(path))
     except ValueError as exc:
         raise ReportError(f"{path}: not JSON ({exc})")
-    except OSError as exc:
-        raise ReportError(f"{path}: cannot read it ({exc.strerror})")
+    except RecursionError:
+        raise ReportError(f"{path}: not a benchmark result (nested too deep)") from None
     kind = bench_kind(data)
     if kind is None:
         raise ReportError(

@@ -35,7 +35,7 @@ def shared(tmp_path):
     (work / "train.py").write_text(
         "import os\nprint('ran', os.environ.get('FROM_FILE'), os.environ.get('PYTHONPATH', ''), flush=True)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("DS_ENV_FILE", "PYTHONPATH")}
+    env = {k: v for k, v in os.environ.items() if k != "DS_ENV_FILE"}
     env.update(HOME=str(home), HABANA_VISIBLE_MODULES="0")
     return work, home, env
 
@@ -153,10 +153,10 @@ def test_a_link_of_our_own_on_the_way_is_followed(shared, tmp_path):
 
 
 def alias_bomb(levels: int = 9, width: int = 9) -> str:
-    """The review's shape: each anchor a list of the previous one, env: the last (9**9 strings when expanded)."""
-    lines = ['a0: &a0 ["lol"]']
-    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
-    return "\n".join(["num_devices: 1", *lines, f"env: *a{levels - 1}"]) + "\n"
+    """The review's shape: env's items each a list of the one before (9**9 strings when expanded)."""
+    lines = ['  - &a0 ["lol"]']
+    lines += [f"  - &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(["num_devices: 1", "env:", *lines]) + "\n"
 
 
 def test_a_yaml_alias_bomb_is_refused_at_once_naming_the_line(tmp_path):
@@ -165,7 +165,7 @@ def test_a_yaml_alias_bomb_is_refused_at_once_naming_the_line(tmp_path):
     assert len(job.read_bytes()) < 1000
     res = gaudi_launch("--config", str(job), "train.py", cwd=tmp_path, timeout=20)
     assert res.returncode == 2, res.stderr
-    assert f"{job}:3: YAML aliases of a list or mapping (*a0) are not allowed in a job file" in res.stderr
+    assert f"{job}:4: YAML aliases of a list or mapping (*a0) are not allowed in a job file" in res.stderr
 
 
 @pytest.mark.parametrize(
@@ -179,3 +179,54 @@ def test_env_values_in_a_job_file_are_text(tmp_path, text, line):
     assert res.returncode == 2 and f"{job}:{line}: --env takes text, not a nested list or mapping" in res.stderr, (
         res.stderr
     )
+
+
+# ---- item 7: a FIFO, a device or deep nesting as an input file is exit 2 naming it, never a hang ------------
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--hostfile", "{f}", "train.py"], "{f}: hostfile cannot be read: is a FIFO (named pipe), not a regular file"),
+        (["--config", "{f}", "train.py"], "{f}: cannot read config file: is a FIFO (named pipe), not a regular file"),
+        (["--exclude-from", "{f}", "train.py"], "--exclude-from: file {f} cannot be read: is a FIFO (named pipe)"),
+        (["--ssh-config", "{f}", "train.py"], "--ssh-config: ssh config file {f} cannot be read: is a FIFO"),
+        (["--env-file", "{f}", "train.py"], "--env-file: env file {f} is not a regular file"),
+        (["--ssh-config", "/dev/zero", "train.py"], "ssh config file /dev/zero cannot be read: is a character device"),
+        (["--exclude-from", "/dev/zero", "train.py"], "file /dev/zero cannot be read: is a character device"),
+        (["{f}"], "SCRIPT: {f} is a FIFO (named pipe), not a script file"),
+    ],
+)
+def test_a_fifo_or_a_device_as_an_input_is_exit_2_at_once(shared, fifo, args, said):
+    work, _, env = shared
+    res = gaudi_launch("--num_devices", "1", *(a.format(f=fifo) for a in args), cwd=work, env=env, timeout=20)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert said.format(f=fifo) in res.stderr and "Traceback" not in res.stderr
+
+
+def test_report_of_a_fifo_is_exit_2_at_once(shared, fifo):
+    work, _, env = shared
+    os.rename(fifo, work / "metrics.jsonl")
+    res = gaudi_launch("report", str(work / "metrics.jsonl"), cwd=work, env=env, timeout=20)
+    assert res.returncode == 2 and "is a FIFO (named pipe), not a regular file" in res.stderr, res.stderr
+
+
+def test_deep_json_in_exclude_from_and_huge_numbers_in_a_job_file_are_exit_2(shared):
+    work, _, env = shared
+    (work / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    res = gaudi_launch("--num_devices", "1", "--exclude-from", "deep.json", "train.py", cwd=work, env=env)
+    assert res.returncode == 2 and "--exclude-from: cannot read deep.json" in res.stderr, res.stderr
+    for key in ("grace", "ssh_timeout", "hang_timeout", "start_timeout", "min_bandwidth"):
+        (work / "job.yaml").write_text(f"{key}: {9 * 10**400}\n")
+        res = gaudi_launch("--config", "job.yaml", "--dry-run", "train.py", cwd=work, env=env)
+        assert res.returncode == 2 and "job.yaml:1:" in res.stderr and "too large a number" in res.stderr, res.stderr
+    (work / "job.yaml").write_text("env: " + "[" * 5000 + "]" * 5000 + "\n")
+    res = gaudi_launch("--config", "job.yaml", "--dry-run", "train.py", cwd=work, env=env)
+    assert res.returncode == 2 and "job.yaml:1: nested deeper than 16 levels" in res.stderr, res.stderr

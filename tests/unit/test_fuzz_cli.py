@@ -308,3 +308,44 @@ def test_fuzz_options(argv, with_hostfile):
     else:  # the parser's usage error names the option or the offending token, and points to --help
         assert err.startswith("gaudi-launch: error: ") and "hint: see gaudi-launch --help" in err, err
         assert any(k in err for k in KNOWN) or "No such option" in err, err
+
+
+# ----------------------------------------------------------------------------- job files (issue 36 items 6, 7)
+
+HUGE = str(9 * 10**400)  # past a float's range: float() raises OverflowError
+job_key = st.sampled_from(["num_devices", "grace", "ssh_timeout", "hang_timeout", "min_bandwidth", "env", "exclude"])
+yaml_scalar = st.one_of(
+    st.sampled_from(["1", "2.5", "null", "true", HUGE, "-" + HUGE, "1e999", ".nan", "x", '"A=1"', "A=1"]),
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
+)
+yaml_value = st.one_of(
+    yaml_scalar,
+    st.lists(yaml_scalar, max_size=3).map(lambda xs: "[" + ", ".join(xs) + "]"),
+    st.dictionaries(st.sampled_from(["A", "B", "HF_TOKEN"]), yaml_scalar, max_size=2).map(
+        lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
+    ),
+    st.integers(min_value=1, max_value=3000).map(lambda n: "[" * n + "1" + "]" * n),  # deep: RecursionError
+    st.integers(min_value=1, max_value=3000).map(lambda n: "{a: " * n + "1" + "}" * n),
+)
+
+
+@st.composite
+def job_file(draw):
+    lines = [f"{draw(job_key)}: {draw(yaml_value)}" for _ in range(draw(st.integers(1, 3)))]
+    if draw(st.booleans()):  # anchors and aliases, a bomb's shape
+        lines.insert(0, "include: &a0 [x, x]")
+        lines.insert(1, "exclude: &a1 [*a0, *a0]")
+        lines.append(f"{draw(job_key)}: {draw(st.sampled_from(['*a0', '*a1', '[*a1, *a1]']))}")
+    return "\n".join(lines) + "\n"
+
+
+@SETTINGS
+@given(text=job_file())
+def test_fuzz_job_file(text):
+    with temp_file(text, ".yaml") as path:
+        rc, out, err = run(["--config", path, "--dry-run", "--json", "train.py"])
+    if rc == 0:
+        check_plan(out)
+        return
+    assert_clean_error(rc, out, err)
+    assert err.startswith(f"gaudi-launch: error: {path}"), err  # the job file (and line) at fault

@@ -282,7 +282,7 @@ class TestReadHostfile:
         def denied(*_a, **_k):
             raise PermissionError(13, "Permission denied")
 
-        monkeypatch.setattr(hostfile_module, "open", denied, raising=False)
+        monkeypatch.setattr(hostfile_module, "read_bounded", denied)
         with pytest.raises(UserError) as info:
             read_hostfile(str(path))
         assert info.value.where == str(path)
