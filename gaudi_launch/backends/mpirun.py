@@ -78,6 +78,27 @@ HOST_ARG_MAX = 16 * 1024
 HOSTFILE = "mpirun-hosts"
 
 
+# Where OpenMPI lives outside the system's directories: Habana's RHEL-family images (HabanaAI/Setup_and_Install
+# dockerfiles/base: MPI_ROOT=/opt/habanalabs/openmpi) and AWS's DLAMIs. Their PATH comes from Docker's ENV or a
+# login profile, which the ssh session that starts a remote daemon does not read.
+OPENMPI_HOMES = ("/opt/habanalabs/openmpi", "/opt/amazon/openmpi")
+_SYSTEM_BIN = ("/usr/bin", "/bin", "/usr/local/bin")
+
+
+def mpirun_and_prefix(on_path: Optional[str], installed: Sequence[str]) -> tuple[str, Optional[str]]:
+    """(the mpirun to run, its --prefix or None). ``on_path``: PATH's mpirun (resolved); ``installed``: the
+    OPENMPI_HOMES that hold bin/mpirun. An OpenMPI outside the system directories gets --prefix, so each
+    remote daemon (orted/prted) is run from that prefix with its libraries (mpirun(1): "--prefix <dir>: prefix
+    directory that will be used to set the PATH and LD_LIBRARY_PATH on the remote node"); without one on PATH,
+    the first home that has it. Pure."""
+    if on_path is None:
+        return (os.path.join(installed[0], "bin", "mpirun"), installed[0]) if installed else ("mpirun", None)
+    directory = os.path.dirname(on_path)
+    if directory in _SYSTEM_BIN or os.path.basename(directory) != "bin":
+        return "mpirun", None
+    return on_path, os.path.dirname(directory)
+
+
 def host_list(plan: LaunchPlan) -> str:
     """`--host a:2,b:8`: each host with the ranks it runs. Pure."""
     return ",".join(f"{bare_host(n.host)}:{len(n.ranks)}" for n in plan.nodes)
@@ -219,7 +240,13 @@ def exported_names(plan: LaunchPlan, extra: Sequence[str] = ()) -> list[str]:
 
 def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
     """This host's OpenMPI (4 or 5: their flags differ), into the plan; None when there is none."""
-    plan.openmpi = openmpi_major()
+    plan.openmpi = openmpi_major(local_mpirun()[0])
+
+
+def local_mpirun() -> tuple[str, Optional[str]]:
+    """This host's mpirun and its --prefix (mpirun_and_prefix)."""
+    homes = [h for h in OPENMPI_HOMES if os.access(os.path.join(h, "bin", "mpirun"), os.X_OK)]
+    return mpirun_and_prefix(shutil.which("mpirun"), homes)
 
 
 def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
@@ -262,6 +289,13 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
         # uneven nodes: the ranks per node, from which a rank knows its node (RANK // K would be wrong)
         **node_sizes_env([len(n.ranks) for n in plan.nodes]),
     }
+    mpirun, prefix = local_mpirun()
+    if prefix:
+        argv = [mpirun, "--prefix", prefix, *argv[1:]]
+        plan.notes.append(
+            f"OpenMPI in {prefix}: --prefix {prefix}, so each host's daemon runs from there (ssh "
+            "sessions do not get the PATH that found it here)"
+        )
     return [Command(host=plan.nodes[0].host, argv=argv, env=env)]
 
 

@@ -915,3 +915,16 @@ def test_dry_run_with_a_failed_preflight_says_it_once_after_the_plan(tmp_path, a
         assert "\npre-flight: FAILED: a real run would start nothing (exit 3)\n" in proc.stdout
         assert "gaudi-launch:" not in proc.stdout
         assert proc.stdout.rstrip().endswith("or add it to /etc/hosts (or DNS) on this machine")
+
+
+def test_mpirun_outside_the_system_directories_runs_with_its_prefix(capsys, tmp_path, monkeypatch):
+    home = tmp_path / "openmpi"
+    (home / "bin").mkdir(parents=True)
+    fake = home / "bin" / "mpirun"
+    fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 4.1.4'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    hf = write(tmp_path / "hf", "worker-0 slots=2\nworker-1 slots=2\n")
+    plan = plan_of(capsys, "--hostfile", hf, "train.py")
+    assert plan["commands"][0]["argv"][:3] == [str(fake), "--prefix", str(home)]
+    assert any("--prefix" in note for note in plan["notes"])

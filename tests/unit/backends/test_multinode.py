@@ -313,3 +313,16 @@ def test_device_option_reaches_every_rank(isolated, capsys):
     assert plan["env"]["GAUDI_LAUNCH_DEVICE"] == "cpu"
     assert main(["--dry-run", "--device", "tpu", "t.py"]) == 2
     assert "--device: unknown device 'tpu'" in capsys.readouterr().err
+
+
+def test_openmpi_outside_the_system_directories_gets_its_prefix():
+    from gaudi_launch.backends.mpirun import mpirun_and_prefix
+
+    # Habana's RHEL images: on PATH only through Docker's ENV here; ssh sessions on the other hosts lack it.
+    habana = "/opt/habanalabs/openmpi"
+    assert mpirun_and_prefix(f"{habana}/bin/mpirun", [habana]) == (f"{habana}/bin/mpirun", habana)
+    # not on PATH at all (a login shell without that ENV): the installed one, by its path
+    assert mpirun_and_prefix(None, [habana]) == (f"{habana}/bin/mpirun", habana)
+    # the distribution's OpenMPI: as before, no prefix
+    assert mpirun_and_prefix("/usr/bin/mpirun", [habana]) == ("mpirun", None)
+    assert mpirun_and_prefix(None, []) == ("mpirun", None)
