@@ -335,3 +335,33 @@ def _not_started(records: list[dict], hosts: list[HostResult], rank_hosts: dict,
             first.reason = "every other host timed out reaching the rendezvous on this host (rank 0)"
             for h in others:
                 h.status, h.reason = "not measured", "waited on the rendezvous host"
+
+
+def is_report(data) -> bool:
+    """Whether a JSON document is a collective check's report (--json, collective-check.json)."""
+    return isinstance(data, dict) and isinstance(data.get("hosts"), list) and isinstance(data.get("pairs"), list)
+
+
+def pair_matrix(data: dict) -> tuple[list[str], list[list[Optional[float]]], list[list[str]]]:
+    """(hosts, GB/s per pair, state per pair: "" unmeasured, "ok", "slow" or "failed") from a report's JSON,
+    symmetric, hosts in the report's order. The library stage's pairs when it ran (the job's path), else the
+    TCP stage's; a pair met in several rounds shows its worst. Pure."""
+    hosts = [str(h.get("host")) for h in data.get("hosts", []) if isinstance(h, dict)]
+    at = {h: i for i, h in enumerate(hosts)}
+    pairs = [p for p in data.get("pairs", []) if isinstance(p, dict) and isinstance(p.get("hosts"), list)]
+    if any(p.get("stage") == LIBRARY for p in pairs):
+        pairs = [p for p in pairs if p.get("stage") == LIBRARY]
+    n = len(hosts)
+    gbs: list[list[Optional[float]]] = [[None] * n for _ in range(n)]
+    state = [[""] * n for _ in range(n)]
+    rank = {"": 0, "ok": 1, "slow": 2, "failed": 3}
+    for p in pairs:
+        if len(p["hosts"]) != 2 or p["hosts"][0] not in at or p["hosts"][1] not in at:
+            continue
+        i, j = at[p["hosts"][0]], at[p["hosts"][1]]
+        s = "failed" if not p.get("ok") else ("slow" if p.get("slow") else "ok")
+        value = p.get("gbs") if isinstance(p.get("gbs"), (int, float)) else None
+        if rank[s] > rank[state[i][j]] or (s == state[i][j] and value is not None and (gbs[i][j] or 1e30) > value):
+            for a, b in ((i, j), (j, i)):
+                state[a][b], gbs[a][b] = s, value
+    return hosts, gbs, state

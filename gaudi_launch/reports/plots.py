@@ -25,6 +25,8 @@ from typing import Any, BinaryIO, Callable, Optional
 
 from gaudi_launch import safewrite
 from gaudi_launch.exitcodes import ExitCode
+from gaudi_launch.reports.collective import is_report as is_collective_report
+from gaudi_launch.reports.collective import pair_matrix
 from gaudi_launch.inputs.readfile import read_bounded
 
 INSTALL_HINT = "pip install 'gaudi-launch[report]'"
@@ -216,9 +218,11 @@ def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
 
 
 def bench_kind(data: Any) -> Optional[str]:
-    """ "launch", "mfu", "train", "seed" or None, from a benchmark JSON's content."""
+    """ "launch", "mfu", "train", "seed", "collective" or None, from a benchmark JSON's content."""
     if not isinstance(data, dict):
         return None
+    if is_collective_report(data):
+        return "collective"  # check --collective --json, or the collective-check.json it leaves
     if data.get("bench") in ("launch", "mfu", "train", "seed"):
         return data["bench"]
     results = data.get("results")
@@ -660,6 +664,37 @@ def plot_mfu_bench(data: dict[str, Any], out: str, stem: str) -> list[str]:
     return written
 
 
+def plot_collective_matrix(data: dict[str, Any], out: str, stem: str) -> list[str]:
+    """The collective check's pairs as a hosts x hosts matrix, bandwidth as colour (the pairs' all-reduce
+    bus bandwidth when the library stage ran, else the TCP links'); a failed pair is a red x, a slow one
+    has its figure in red, a pair the rounds did not meet is blank. The named hosts are in the title."""
+    hosts, gbs, state = pair_matrix(data)
+    if not hosts:
+        raise ReportError("the collective check's report lists no hosts")
+    n = len(hosts)
+    side = min(12.0, 2.5 + 0.45 * n)
+    fig, ax = _figure(side + 1.2, side)
+    ax.grid(False)
+    values = [[v if v is not None and state[i][j] != "failed" else math.nan for j, v in enumerate(row)] for i, row in enumerate(gbs)]
+    image = ax.imshow(values, cmap="viridis", vmin=0)
+    fig.colorbar(image, ax=ax, label="GB/s")
+    ax.set_xticks(range(n), hosts, rotation=90, fontsize=8)
+    ax.set_yticks(range(n), hosts, fontsize=8)
+    for i in range(n):
+        for j in range(n):
+            if state[i][j] == "failed":
+                ax.text(j, i, "x", ha="center", va="center", color="red", fontsize=12, fontweight="bold")
+            elif state[i][j] and n <= 16 and gbs[i][j] is not None:
+                colour = "red" if state[i][j] == "slow" else "black"
+                ax.text(j, i, _fmt(gbs[i][j]), ha="center", va="center", color=colour, fontsize=7)
+    named = [f"{h} {what}" for what in ("failed", "slow") for h in data.get(what, []) if isinstance(h, str)]
+    stage = "all-reduce bus bandwidth" if any(p.get("stage") == "library" for p in data.get("pairs", []) if isinstance(p, dict)) else "TCP link"
+    ax.set_title(f"collective check: pairs of hosts ({stage})" + (f"\n{', '.join(named)}" if named else ""), fontsize=10)
+    written: list[str] = []
+    _save(fig, os.path.join(out, f"{stem}-pairs.png"), written)
+    return written
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -708,7 +743,8 @@ def _load(source: str) -> tuple[str, Any]:
     if kind is None:
         raise ReportError(
             f"{path}: not a benchmark result this knows (from scripts/bench/bench_train.py, "
-            "bench_launch.py, bench_mfu.py or bench_seed.py); for a run, give its directory or metrics.jsonl"
+            "bench_launch.py, bench_mfu.py or bench_seed.py) nor a collective check's report "
+            "(collective-check.json); for a run, give its directory or metrics.jsonl"
         )
     return kind, data
 
@@ -758,6 +794,7 @@ def report(source: str, out_dir: Optional[str] = None) -> int:
                 "launch": plot_launch_bench,
                 "mfu": plot_mfu_bench,
                 "seed": plot_seed_bench,
+                "collective": plot_collective_matrix,
             }[kind](data, out, stem)
         written.append(write_html(written, out, f"gaudi-launch report: {os.path.basename(os.path.abspath(source))}"))
     except MissingMatplotlib as exc:

@@ -236,3 +236,22 @@ def test_the_token_travels_as_a_job_variable_never_on_a_command_line(tmp_path, b
     )
     assert not any(token in a for c in plan.commands for a in c.argv)
     assert token not in json.dumps(plan.to_dict())  # masked wherever the plan is shown
+
+
+def test_the_pairs_make_a_symmetric_hosts_by_hosts_matrix_and_report_draws_it(tmp_path):
+    from gaudi_launch.reports.collective import pair_matrix
+
+    data = judge(records(4, failed={2}), hosts(4)).to_json()
+    names, gbs, state = pair_matrix(data)
+    assert names == ["h0", "h1", "h2", "h3"]
+    assert all(state[i][j] == state[j][i] and gbs[i][j] == gbs[j][i] for i in range(4) for j in range(4))
+    assert {state[2][j] for j in (0, 1, 3) if state[2][j]} == {"failed"} and state[2][2] == ""
+    assert state[0][3] == "ok" and gbs[0][3] == 1.0
+    pytest.importorskip("matplotlib")
+    from gaudi_launch.reports.plots import report
+
+    path = tmp_path / "collective-check.json"
+    path.write_text(json.dumps(data))
+    assert report(str(path), str(tmp_path / "out")) == 0
+    png = tmp_path / "out" / "collective-check-pairs.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
