@@ -31,6 +31,17 @@ MAX_DEVICES = 65536  # per node: far above any real host, low enough that a plan
 T = TypeVar("T", bound=BackendOptions)
 
 
+MAX_GRACE_S = 3600  # the ranks' watchdog takes a grace from 0 up to (not including) this (process/worker.py _grace)
+
+
+def _finite(number) -> bool:
+    """math.isfinite that says False for an int too large for a float (a plan's 10**400), not OverflowError."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
 @dataclass
 class JobSpec:
     """What the user asked for. Each field with ``opt``/``via`` metadata is an option: a command-line
@@ -416,10 +427,10 @@ class JobSpec:
         # nan compares false with everything: without isfinite it slips past every bound below
         # (--grace nan busy-looped and never sent SIGKILL).
         for option, seconds in (("--ssh-timeout", self.ssh_timeout), ("--grace", self.grace)):
-            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds):
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not _finite(seconds):
                 raise UserError(f"must be a finite number of seconds, got {seconds!r}", where=option)
         if self.wait_hosts is not None and (
-            not isinstance(self.wait_hosts, (int, float)) or not math.isfinite(self.wait_hosts) or self.wait_hosts <= 0
+            not isinstance(self.wait_hosts, (int, float)) or not _finite(self.wait_hosts) or self.wait_hosts <= 0
         ):
             raise UserError(f"must be a positive number of seconds, got {self.wait_hosts!r}", where="--wait-hosts")
         if self.wait_hosts is not None and not self.ssh_check:
@@ -438,6 +449,12 @@ class JobSpec:
                 check_backend(self.backend_options, self.backend)
         if self.grace < 0:
             raise UserError(f"must not be negative, got {self.grace}", where="--grace")
+        if self.grace >= MAX_GRACE_S:  # each rank's watchdog (process/worker.py _grace) would take 10 s instead
+            raise UserError(
+                f"at most {MAX_GRACE_S - 1} seconds, got {self.grace:g}",
+                where="--grace",
+                hint="the ranks' own watchdog uses the same grace and takes no larger one",
+            )
         bw = self.min_bandwidth
         if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float)) or not 0 < bw < math.inf):
             raise UserError(f"a positive number of GB/s, got {bw!r}", where="--min-bandwidth")
@@ -466,21 +483,16 @@ class JobSpec:
                 hint="leave --max-restarts out, or run gaudi-launch --max-restarts N inside an allocation",
             )
         backoff = self.restart_backoff
-        if (
-            isinstance(backoff, bool)
-            or not isinstance(backoff, (int, float))
-            or not math.isfinite(backoff)
-            or backoff < 0
-        ):
+        if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or not _finite(backoff) or backoff < 0:
             raise UserError(f"a number of seconds, 0 or more, got {backoff!r}", where="--restart-backoff")
         hang = self.hang_timeout
         if hang is not None and (
-            isinstance(hang, bool) or not isinstance(hang, (int, float)) or not math.isfinite(hang) or hang < 1
+            isinstance(hang, bool) or not isinstance(hang, (int, float)) or not _finite(hang) or hang < 1
         ):
             raise UserError(f"a number of seconds, at least 1, got {hang!r}", where="--hang-timeout")
         start = self.start_timeout
         if start is not None and (
-            isinstance(start, bool) or not isinstance(start, (int, float)) or not math.isfinite(start) or start < 0
+            isinstance(start, bool) or not isinstance(start, (int, float)) or not _finite(start) or start < 0
         ):
             raise UserError(f"a number of seconds, 0 (never) or more, got {start!r}", where="--start-timeout")
         for option, value in (("--spare-hosts", self.spare_hosts), ("--min-nodes", self.min_nodes)):

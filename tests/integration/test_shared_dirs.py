@@ -230,3 +230,13 @@ def test_deep_json_in_exclude_from_and_huge_numbers_in_a_job_file_are_exit_2(sha
     (work / "job.yaml").write_text("env: " + "[" * 5000 + "]" * 5000 + "\n")
     res = gaudi_launch("--config", "job.yaml", "--dry-run", "train.py", cwd=work, env=env)
     assert res.returncode == 2 and "job.yaml:1: nested deeper than 16 levels" in res.stderr, res.stderr
+
+
+# ---- item 9: --grace is capped where each rank's watchdog caps it ----------------------------------------
+
+
+def test_a_grace_the_ranks_watchdog_would_not_take_is_refused(shared):
+    work, _, env = shared
+    res = gaudi_launch("--num_devices", "1", "--grace", "3600", "train.py", cwd=work, env=env)
+    assert res.returncode == 2 and "--grace: at most 3599 seconds, got 3600" in res.stderr, res.stderr
+    assert "ran" not in res.stdout

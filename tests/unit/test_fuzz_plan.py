@@ -97,7 +97,7 @@ scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(min_value=-(10**30), max_value=10**30),
-    st.sampled_from([0, 1, 2, -1, 65535, 65536, 10**6, 2**63]),
+    st.sampled_from([0, 1, 2, -1, 65535, 65536, 10**6, 2**63, 9 * 10**400]),  # 10**400: past a float
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=12),
     st.sampled_from(["", "\0", "a\0b", "\ud800", "-x", "--help", "***", "train.py", "localhost", "all", "pdsh"]),
@@ -137,7 +137,7 @@ def of_type(hint):
     if hint is int:
         return st.one_of(st.integers(-3, 70000), st.sampled_from([10**30, -(10**30), 2**63, 65536]))
     if hint is float:
-        return st.one_of(st.floats(allow_nan=True), st.integers(-5, 10**6))
+        return st.one_of(st.floats(allow_nan=True), st.integers(-5, 10**6), st.just(9 * 10**400))
     if hint is str:
         return st.one_of(
             st.text(max_size=10),
@@ -216,3 +216,13 @@ def test_reading_a_device_or_a_huge_file_is_bounded(tmp_path):
     big.write_bytes(b" " * (65 << 20))
     rc, out, err = run(["run", str(big)])
     assert rc == 2 and "not a plan: larger than" in err, err
+
+
+@pytest.mark.parametrize("field", ["grace", "ssh_timeout", "hang_timeout", "start_timeout", "restart_backoff"])
+def test_a_number_too_large_for_a_float_names_its_field(field):
+    """Issue 36 item 7: the review's overflow in 5 places (math.isfinite of 10**400 raised OverflowError)."""
+    plan = base_plan()
+    plan["request"][field] = 9 * 10**400
+    rc, out, err = run_plan(plan)
+    assert_clean(rc, out, err)
+    assert rc == 2 and f"request.{field}" in err, err
