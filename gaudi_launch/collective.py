@@ -282,6 +282,7 @@ def run_check(
         rank_hosts,
         min_bandwidth=spec.min_bandwidth,
         elapsed_s=time.monotonic() - t0,
+        scaleout=(job_plan.scaleout if job_plan is not None else None) or {},
     )
     report.backend = plan.backend
     if any(h.status == "failed" and "did not" in h.reason and not h.partners for h in report.hosts):

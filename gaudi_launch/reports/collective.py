@@ -15,6 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from gaudi_launch.plan.scaleout import generation_of
 from gaudi_launch.runtime import pair_rounds
 from gaudi_launch.runtime.pair_rounds import SLOW_FRACTION, Pair
 from gaudi_launch.wire import COLLECTIVE_MARKER
@@ -22,6 +23,14 @@ from gaudi_launch.wire import COLLECTIVE_MARKER
 MARKER = COLLECTIVE_MARKER  # what a check agent prints before its findings (runtime/link_check.py)
 TCP = "tcp"  # the first stage's name, in its records ("stage") and as the report's library
 LIBRARY = "library"
+# Scale-out line rate per card and direction, GB/s, by Gaudi generation. Gaudi 3: three scale-out ports at
+# 200 Gb/s, "75 GB/s in each direction" (Habana's page "Intel Gaudi Network Configuration"). No Habana page
+# read here gives Gaudi 2's: the rule is left out there (the median rule still holds).
+LINE_RATE_GBS = {3: 75.0}
+# A pair whose all-reduce bus bandwidth is under half its cards' line rate names its host slow (with the
+# same partner rule as the median's): a host that lost most of its scale-out ports or fell back to a host
+# NIC path. Half, not closer: what a healthy pair of Gaudi 3 servers reaches was not measured here.
+LINE_FRACTION = 0.5
 
 
 @dataclass
@@ -65,6 +74,7 @@ class CollectiveReport:
     path_faults: list[str] = field(default_factory=list)  # "a-b": a bad pair of two good hosts
     refused: list[str] = field(default_factory=list)  # connections the rendezvous refused: "ADDR (why)"
     confirm: str = ""  # the confirm's failure, when it failed
+    line_floor_gbs: Optional[float] = None  # LINE_FRACTION x the cards' scale-out line rate, when it applied
 
     @property
     def bad(self) -> list[HostResult]:
@@ -113,6 +123,8 @@ class CollectiveReport:
             rule = f"under {SLOW_FRACTION:g} x the median pair"
             if self.min_bandwidth is not None:
                 rule += f" or under --min-bandwidth {self.min_bandwidth:g}"
+            if self.line_floor_gbs is not None:
+                rule += f" or under {LINE_FRACTION:g} x the cards' scale-out line rate ({self.line_floor_gbs:.3g} GB/s)"
             lines.append(f"median {self.median_gbs:.3g} GB/s; slow: {rule} ({self.threshold_gbs:.3g} GB/s)")
         rounds = {(p.stage, p.round) for p in self.pairs}
         if self.pairs:
@@ -217,14 +229,19 @@ def judge(
     *,
     min_bandwidth: Optional[float] = None,
     elapsed_s: float = 0.0,
+    scaleout: Optional[dict] = None,
 ) -> CollectiveReport:
-    """The per-host and per-pair verdict of one collective check (one agent per host in ``rank_hosts``)."""
+    """The per-host and per-pair verdict of one collective check (one agent per host in ``rank_hosts``).
+    ``scaleout``: host -> the scale-out path the job's pre-flight found ("P0": Gaudi NICs); the line-rate
+    rule holds only on the Gaudi NICs of a known generation."""
     ranks = sorted(rank_hosts)
     name = lambda r: rank_hosts.get(r, str(r))  # noqa: E731
     tcp, lib = _pairs(records, TCP), _pairs(records, LIBRARY)
     v_tcp = pair_rounds.verdict(ranks, tcp, min_bandwidth)
     lib_ranks = [r for r in ranks if r not in v_tcp.named]
-    v_lib = pair_rounds.verdict(lib_ranks, lib, min_bandwidth) if lib else None
+    floor = line_floor(records, rank_hosts, scaleout or {}) if lib else None
+    lib_floor = max(min_bandwidth or 0.0, floor) if floor is not None else min_bandwidth
+    v_lib = pair_rounds.verdict(lib_ranks, lib, lib_floor) if lib else None
     shown, v_shown = (lib, v_lib) if lib else (tcp, v_tcp)
     hosts: list[HostResult] = []
     for r in ranks:
@@ -285,6 +302,7 @@ def judge(
     for v in (v_tcp, v_lib):
         if v is not None:
             report.path_faults += [f"{name(p.a)}-{name(p.b)}" for p in v.path_faults]
+    report.line_floor_gbs = floor
     report.refused = [f"{r.get('from')} ({r.get('why')})" for r in records if r.get("step") == "refused"]
     confirm = next((r for r in records if r.get("step") == "confirm"), None)
     if confirm is not None:
@@ -295,6 +313,18 @@ def judge(
         elif not confirm.get("ok"):
             report.confirm = str(confirm.get("reason") or "no result")
     return report
+
+
+def line_floor(records: list[dict], rank_hosts: dict, scaleout: dict) -> Optional[float]:
+    """LINE_FRACTION x the line rate, when every host's cards are of one generation with a known rate and
+    every host scales out over its Gaudi NICs (P0); else None. Pure."""
+    devices = {r["rank"]: r.get("device") for r in records if r.get("step") == "start" and "device" in r}
+    gens = {generation_of(devices.get(r)) for r in rank_hosts}
+    paths = {scaleout.get(h, {}).get("path") if isinstance(scaleout.get(h), dict) else scaleout.get(h) for h in rank_hosts.values()}
+    if len(gens) != 1 or paths != {"P0"}:
+        return None
+    rate = LINE_RATE_GBS.get(gens.pop())
+    return None if rate is None else LINE_FRACTION * rate
 
 
 def _why(pairs: list[Pair], r: int, name) -> str:

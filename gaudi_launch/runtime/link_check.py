@@ -107,6 +107,16 @@ def device_kind(environ, find_spec=importlib.util.find_spec, exists=os.path.exis
     return "cpu"
 
 
+def card_name(run=subprocess.run) -> Optional[str]:
+    """hl-smi's name of this host's first card (HL-325L: a Gaudi 3), or None. Bounded; never raises."""
+    try:
+        done = run(["hl-smi", "-Q", "name", "-f", "csv,noheader"], capture_output=True, text=True, timeout=10)
+        lines = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+        return lines[0] if lines else None
+    except Exception:  # no hl-smi, a hang, odd output: not known
+        return None
+
+
 def cards_of(cfg: dict, rank: int) -> int:
     """The job's processes on rank ``rank``'s host (settings "nodes"), 1 when not said."""
     nodes = cfg.get("nodes") or []
@@ -631,8 +641,12 @@ def main(environ=os.environ) -> int:
             coordinator = Coordinator(master[1], world, cfg, token, library=library)
         me = Agent(rank, world, master, cfg, token)
         step = "rendezvous"
-        table = me.rendezvous(device_kind(environ))
-        say({"step": "start", "rank": rank, "host": host, "library": table["library"]})
+        kind = device_kind(environ)
+        table = me.rendezvous(kind)
+        start = {"step": "start", "rank": rank, "host": host, "library": table["library"]}
+        if table["library"] and kind == "hpu":
+            start["device"] = card_name()  # the judge's line rate: Gaudi 3's differs from Gaudi 2's
+        say(start)
         step = "rounds"
         me.serve(host)
         say({"step": "done", "rank": rank, "host": host})

@@ -255,3 +255,23 @@ def test_the_pairs_make_a_symmetric_hosts_by_hosts_matrix_and_report_draws_it(tm
     assert report(str(path), str(tmp_path / "out")) == 0
     png = tmp_path / "out" / "collective-check-pairs.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_on_gaudi_3_nics_a_pair_under_half_the_line_rate_names_its_host_slow():
+    # h1's cards reach 20 GB/s of bus bandwidth, the others 60: a third of the median (not slow by the median
+    # rule) but under half of Gaudi 3's 75 GB/s per card (Intel Gaudi Network Configuration)
+    recs = [r for r in records(4, slow={1}, gbs=60.0, slow_gbs=20.0, stage="library")]
+    for r in recs:
+        if r["step"] == "start":
+            r["device"] = "HL-325L"
+    p0 = {f"h{r}": {"path": "P0"} for r in range(4)}
+    rep = judge(recs, hosts(4), scaleout=p0)
+    assert rep.to_json()["slow"] == ["h1"] and rep.line_floor_gbs == 37.5, rep.render_table()
+    assert "scale-out line rate (37.5 GB/s)" in rep.render_table()
+    # not over a host NIC path, nor on a generation without a known rate, nor unknown paths: the median alone
+    assert not judge(recs, hosts(4), scaleout={**p0, "h2": {"path": "P2"}}).bad
+    assert not judge(recs, hosts(4)).bad
+    for r in recs:
+        if r["step"] == "start":
+            r["device"] = "HL-225"
+    assert not judge(recs, hosts(4), scaleout=p0).bad
