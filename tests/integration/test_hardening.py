@@ -68,8 +68,8 @@ def test_bad_job_file_values_are_exit_2_naming_the_line(tmp_path, yaml_text, exp
         (["--num_devices", "100000000000"], "--num_devices: 100000000000 devices per node is more than 65536"),
         (["--ssh-timeout", "inf"], "--ssh-timeout: must be a finite number of seconds, got inf"),
         (["--ssh-timeout", "nan"], "--ssh-timeout: must be a finite number of seconds, got nan"),
-        (["--hostfile", "/dev/zero"], "/dev/zero: hostfile is larger than 1048576 bytes"),
-        (["--config", "/dev/zero"], "/dev/zero: config file is larger than 1048576 bytes"),
+        (["--hostfile", "/dev/zero"], "/dev/zero: hostfile cannot be read: is a character device, not a regular file"),
+        (["--config", "/dev/zero"], "/dev/zero: cannot read config file: is a character device, not a regular file"),
     ],
 )
 def test_out_of_range_options_are_exit_2(tmp_path, args, expected):
