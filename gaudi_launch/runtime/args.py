@@ -57,11 +57,18 @@ def refusals(args: Any) -> dict[str, str]:
     return out
 
 
+def absolute_steps(value: float, num_training_steps: int) -> int:
+    """A step count given as transformers 5 takes it: 1 or more, that many steps; below 1, that fraction of
+    the run's optimizer steps, rounded up (TrainerState.compute_steps, TrainingArguments.get_warmup_steps).
+    Pure."""
+    return int(value) if value >= 1 else math.ceil(num_training_steps * value)
+
+
 def warmup_steps(args: Any, num_training_steps: int) -> int:
-    """Warm-up steps as transformers 4.55 (optimum-habana 1.21.2's) computes them: --warmup_steps when
-    > 0, else ceil(--warmup_ratio x the run's optimizer steps). Pure."""
+    """Warm-up steps: --warmup_steps as transformers 5 reads it (a float below 1 is a fraction of the run's
+    optimizer steps); when it is 0, ceil(--warmup_ratio x the steps), optimum-habana 1.21.2's flag. Pure."""
     if getattr(args, "warmup_steps", 0) > 0:
-        return int(args.warmup_steps)
+        return absolute_steps(args.warmup_steps, num_training_steps)
     return math.ceil(num_training_steps * getattr(args, "warmup_ratio", 0.0))
 
 
@@ -99,12 +106,14 @@ class TrainingArguments:
     dataloader_pin_memory: bool = _opt(True)
     gradient_checkpointing: bool = _opt(False)
     gradient_accumulation_steps: int = _opt(1)
-    logging_steps: int = _opt(10)
+    logging_steps: float = _opt(
+        500, "log every N optimizer steps; below 1, that fraction of the run's steps (transformers 5's default 500)"
+    )
     max_steps: int = _opt(-1, "overrides num_train_epochs when > 0")
     num_train_epochs: float = _opt(3.0)
     learning_rate: float = _opt(5e-5)
     weight_decay: float = _opt(0.0)
-    warmup_steps: int = _opt(0)
+    warmup_steps: float = _opt(0, "linear warm-up steps; below 1, that fraction of the run's steps (transformers 5)")
     warmup_ratio: float = _opt(0.0, "warm-up over this fraction of the optimizer steps (when --warmup_steps is 0)")
     lr_scheduler_type: str = _opt("linear", choices=("linear", "constant", "constant_with_warmup", "cosine"))
     per_device_train_batch_size: int = _opt(8)
@@ -165,7 +174,9 @@ class TrainingArguments:
         "no", "evaluate during training: every eval_steps, or after each epoch", choices=("no", "steps", "epoch")
     )
     evaluation_strategy: Optional[str] = _opt(None, "older name of --eval_strategy", choices=("no", "steps", "epoch"))
-    eval_steps: Optional[int] = _opt(None, "with --eval_strategy steps; default: logging_steps")
+    eval_steps: Optional[float] = _opt(
+        None, "with --eval_strategy steps; below 1, a fraction of the run's steps; default: logging_steps"
+    )
     eval_delay: float = _opt(
         0.0, "no evaluation before this many optimizer steps (or epochs, with --eval_strategy epoch)"
     )
@@ -179,7 +190,9 @@ class TrainingArguments:
         False, "leave logging and saving time out of the throughput too (evaluation time is always left out)"
     )
     logging_nan_inf_filter: bool = _opt(
-        False, "a nan/inf step loss is logged as the mean so far (training is unchanged)"
+        False,
+        "as transformers: a nan/inf micro-batch loss is logged as the mean since the last log, a nan/inf eval "
+        "batch loss is left out of eval_loss (training is unchanged); off by default, as in optimum-habana",
     )
     ddp_bucket_cap_mb: Optional[int] = _opt(230, "DDP bucket size (distribution_strategy ddp)")
     ddp_find_unused_parameters: Optional[bool] = _opt(False, "DDP find_unused_parameters")
@@ -259,6 +272,15 @@ class TrainingArguments:
                 raise ValueError(f"{f.name}={value!r}: expected one of {', '.join(map(str, choices))}")
         if self.gradient_accumulation_steps < 1:
             raise ValueError("gradient_accumulation_steps must be >= 1")
+        # transformers 5's rules (TrainingArguments.__post_init__): a fraction below 1, else a whole number.
+        if self.logging_steps <= 0:
+            raise ValueError(f"--logging_steps {self.logging_steps}: must be above 0 (a fraction below 1 or steps)")
+        if self.logging_steps > 1 and self.logging_steps != int(self.logging_steps):
+            raise ValueError(f"--logging_steps must be an integer if bigger than 1: {self.logging_steps}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"--warmup_steps {self.warmup_steps}: must be 0 or more")
+        if self.logging_steps >= 1:
+            self.logging_steps = int(self.logging_steps)
         if self.evaluation_strategy and self.eval_strategy == "no":
             self.eval_strategy = self.evaluation_strategy
         if self.eval_strategy == "steps" and not self.eval_steps:

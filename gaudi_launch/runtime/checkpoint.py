@@ -1,15 +1,20 @@
-"""Checkpoints that are either complete or absent: save, find the newest, resume.
+"""Checkpoints that are either complete or absent, in transformers' Trainer layout: save, find the newest, resume.
 
-Layout of ``output_dir/checkpoint-<step>/``: ``model.pt``, ``optimizer.pt``, ``scheduler.pt``
-(state dicts), ``trainer_state.json`` (step, sampler_state, extra) and ``rng-<rank>.pt`` per
-rank. Under DeepSpeed, ``deepspeed/`` (the engine's own checkpoint: the model and every rank's
-ZeRO partition of the optimizer, and of the weights under ZeRO-3) takes the place of
-``model.pt`` and ``optimizer.pt``. Everything is written into
-``output_dir/.tmp-checkpoint-<step>-<pid>`` first and renamed into place only once every rank
-has finished, so a crash mid-save (or a preempted job) never leaves a ``checkpoint-*``
-directory that resuming would trip over. Temp directories left by a crash are ignored by
-:func:`latest_checkpoint`; they are not deleted automatically, because on a shared filesystem
-another job could be writing one.
+Layout of ``output_dir/checkpoint-<step>/``, as transformers' ``Trainer._save_checkpoint`` writes it, so that
+``from_pretrained(checkpoint-N)`` loads the model and transformers' Trainer resumes from ours (and ours from
+its): the model by ``save_pretrained`` (``config.json``, ``model.safetensors``; a module that is no transformers
+model: ``model.safetensors`` of its state dict), ``optimizer.pt`` and ``scheduler.pt`` (state dicts),
+``rng_state.pth`` (one rank) or ``rng_state_<rank>.pth`` per rank (python, numpy, cpu and the device's RNG), and
+``trainer_state.json`` with transformers' ``TrainerState`` fields. What exact resume needs beyond that (the
+sampler's position) goes to a file of our own, ``gaudi_launch_state.json``; without it (a transformers
+checkpoint) the position follows from the step, as transformers derives it. Under DeepSpeed, ``deepspeed/``
+(the engine's own checkpoint: the model and every rank's ZeRO partition of the optimizer, and of the weights
+under ZeRO-3) takes the place of the model and ``optimizer.pt``. Everything is written into
+``output_dir/.tmp-checkpoint-<step>-<pid>`` first and renamed into place only once every rank has finished, so
+a crash mid-save (or a preempted job) never leaves a ``checkpoint-*`` directory that resuming would trip over.
+Temp directories left by a crash are ignored by :func:`latest_checkpoint`; they are not deleted automatically,
+because on a shared filesystem another job could be writing one. Checkpoints of the earlier layout
+(``model.pt``, ``rng-<rank>.pt``) still load.
 """
 
 from __future__ import annotations
@@ -27,16 +32,58 @@ import torch
 import torch.distributed as dist
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
-MODEL, OPTIMIZER, SCHEDULER, STATE = "model.pt", "optimizer.pt", "scheduler.pt", "trainer_state.json"
+OPTIMIZER, SCHEDULER, STATE = "optimizer.pt", "scheduler.pt", "trainer_state.json"
+SAFE_MODEL, BIN_MODEL, OLD_MODEL = "model.safetensors", "pytorch_model.bin", "model.pt"  # transformers', ours before
+MODELS = (SAFE_MODEL, BIN_MODEL, OLD_MODEL)
+OURS = "gaudi_launch_state.json"  # the exact-resume extras transformers' trainer_state.json has no field for
 DEEPSPEED = "deepspeed"  # the engine's checkpoint tag: its subdirectory of checkpoint-N
+# transformers' TrainerState fields (trainer_callback.py): its load_from_json takes these and no other key.
+TRAINER_STATE_DEFAULTS: dict[str, Any] = {
+    "best_global_step": None,
+    "best_metric": None,
+    "best_model_checkpoint": None,
+    "epoch": 0.0,
+    "eval_steps": 500,
+    "global_step": 0,
+    "is_hyper_param_search": False,
+    "is_local_process_zero": True,
+    "is_world_process_zero": True,
+    "log_history": [],
+    "logging_steps": 500,
+    "max_steps": 0,
+    "num_input_tokens_seen": 0,
+    "num_train_epochs": 0,
+    "save_steps": 500,
+    "stateful_callbacks": {},
+    "total_flos": 0.0,
+    "train_batch_size": None,
+    "trial_name": None,
+    "trial_params": None,
+}
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or read; the message names the file."""
 
 
-def _rng_file(rank: int) -> str:
-    return f"rng-{rank}.pt"
+def _rng_file(rank: int, world: int) -> str:
+    """transformers' name (Trainer._save_rng_state): one file on one rank, one per rank otherwise."""
+    return "rng_state.pth" if world <= 1 else f"rng_state_{rank}.pth"
+
+
+def _rng_files(rank: int) -> list[str]:
+    """The names a rank's RNG state may have: transformers' (saved on one rank or several), ours before."""
+    return [f"rng_state_{rank}.pth", *(["rng_state.pth"] if rank == 0 else []), f"rng-{rank}.pt"]
+
+
+def _numpy_globals() -> list:
+    """What numpy's RNG state needs to load with weights_only=True (transformers' trainer_pt_utils.safe_globals)."""
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 def _save(obj: Any, path: str) -> None:
@@ -74,15 +121,14 @@ def _fsync_dir(path: str) -> None:
 
 
 def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    """This process's RNG states under transformers' keys (Trainer._save_rng_state)."""
+    state: dict[str, Any] = {"python": random.getstate(), "cpu": torch.random.get_rng_state()}
     try:
         import numpy as np
     except ImportError:
         pass
     else:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
-        # Plain ints rather than an ndarray, so the file loads with weights_only=True.
-        state["numpy"] = (kind, [int(k) for k in keys], int(pos), int(has_gauss), float(gauss))
+        state["numpy"] = np.random.get_state()
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     hpu = getattr(torch, "hpu", None)  # present once habana_frameworks.torch is imported
@@ -91,11 +137,12 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what _rng_state saved (or transformers' file, or our earlier layout's: "torch" for "cpu")."""
     python = state["python"]
     # random.setstate insists on tuples; rebuild them rather than trusting the file's containers.
     random.setstate((python[0], tuple(python[1]), python[2]))
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["cpu"] if "cpu" in state else state["torch"])
     if "numpy" in state:
         try:
             import numpy as np
@@ -103,12 +150,19 @@ def _set_rng_state(state: dict[str, Any]) -> None:
             pass
         else:
             kind, keys, pos, has_gauss, gauss = state["numpy"]
-            np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
+            np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if torch.is_tensor(cuda):
+            torch.cuda.set_rng_state(cuda)
+        elif len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
     hpu = getattr(torch, "hpu", None)
     if "hpu" in state and hpu is not None and hasattr(hpu, "set_rng_state_all") and hpu.is_available():
-        hpu.set_rng_state_all(state["hpu"])
+        if torch.is_tensor(state["hpu"]):
+            hpu.set_rng_state(state["hpu"])
+        else:
+            hpu.set_rng_state_all(state["hpu"])
 
 
 def _distributed(world: int) -> bool:
@@ -150,13 +204,61 @@ def _rotate(output_dir: str, keep_path: str, total_limit: int) -> None:
         _remove(path, output_dir)
 
 
+def _write_json(obj: Any, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _save_model(model: torch.nn.Module, folder: str) -> None:
+    """The model as transformers' Trainer.save_model writes it: save_pretrained (config.json,
+    model.safetensors) for a transformers model, else its state dict in model.safetensors. Host tensors."""
+    state = to_host(model.state_dict())
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(folder, state_dict=state)
+    else:
+        from safetensors.torch import save_model
+
+        save_model(model, os.path.join(folder, SAFE_MODEL), metadata={"format": "pt"})  # tied tensors once
+    for name in os.listdir(folder):  # save_pretrained writes without fsync
+        if not os.path.isdir(os.path.join(folder, name)):
+            with open(os.path.join(folder, name), "rb") as f:
+                os.fsync(f.fileno())
+
+
+def _load_model_state(path: str, name: str, map_location: Any) -> dict:
+    if name == SAFE_MODEL:
+        from safetensors.torch import load_file
+
+        return load_file(os.path.join(path, name), device="cpu")
+    return torch.load(os.path.join(path, name), map_location=map_location, weights_only=True)
+
+
+def _apply_model_state(model: torch.nn.Module, state: dict, where: str) -> None:
+    """load_state_dict, where a key left out is a tied weight saved once under another name (save_pretrained
+    and safetensors keep one copy of shared tensors), as transformers' _load_from_checkpoint allows."""
+    own = model.state_dict()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    loaded = {own[k].data_ptr() for k in state if k in own}
+    untied = [k for k in missing if own[k].data_ptr() not in loaded]
+    if untied or unexpected:
+        raise CheckpointError(
+            f"{where} does not fit this model: missing {', '.join(untied) or 'nothing'}, "
+            f"unexpected {', '.join(unexpected) or 'nothing'}"
+        )
+
+
 def _os_error(exc: BaseException) -> Optional[OSError]:
     """The OSError behind a failed write: torch.save's zip writer reports a full disk as a
-    RuntimeError raised while handling it."""
+    RuntimeError raised while handling it, safetensors as its own error saying "(os error N)"."""
     seen = 0
     while exc is not None and seen < 5:
         if isinstance(exc, OSError):
             return exc
+        code = re.search(r"\(os error (\d+)\)", str(exc))
+        if code:
+            return OSError(int(code.group(1)), os.strerror(int(code.group(1))))
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None
 
@@ -174,6 +276,7 @@ def save_checkpoint(
     rank: int = 0,
     world: int = 1,
     engine: Any = None,
+    trainer_state: Optional[dict] = None,
 ) -> str:
     """Write ``output_dir/checkpoint-<step>`` atomically and return its path (on every rank).
 
@@ -181,7 +284,8 @@ def save_checkpoint(
     state, rank 0 saves the rest, renames the directory into place and, with ``total_limit``,
     deletes all but the newest ``total_limit`` checkpoints. With a DeepSpeed ``engine`` every
     rank also writes its ZeRO partition through the engine's save_checkpoint (pass model and
-    optimizer as None: rank 0's state dicts would hold only its own partition).
+    optimizer as None: rank 0's state dicts would hold only its own partition). ``trainer_state``: values
+    of transformers' TrainerState fields (the rest get its defaults).
     """
     if total_limit is not None and total_limit < 1:
         raise ValueError(f"total_limit must be at least 1 (or None for no limit), got {total_limit}")
@@ -203,7 +307,7 @@ def save_checkpoint(
 
     writing = tmp
     try:
-        writing = os.path.join(tmp, _rng_file(rank))
+        writing = os.path.join(tmp, _rng_file(rank, world))
         _save(_rng_state(), writing)
         if engine is not None:
             writing = os.path.join(tmp, DEEPSPEED)
@@ -211,20 +315,20 @@ def save_checkpoint(
             engine.save_checkpoint(tmp, tag=DEEPSPEED, save_latest=False)
         if rank == 0:
             if model is not None:
-                writing = os.path.join(tmp, MODEL)
-                _save(to_host(model.state_dict()), writing)
+                writing = os.path.join(tmp, SAFE_MODEL)
+                _save_model(model, tmp)
             if optimizer is not None:
                 writing = os.path.join(tmp, OPTIMIZER)
                 _save(to_host(optimizer.state_dict()), writing)
             if scheduler is not None:
                 writing = os.path.join(tmp, SCHEDULER)
                 _save(scheduler.state_dict(), writing)
-            state = {"step": step, "sampler_state": sampler_state, "extra": extra or {}}
+            known = {k: v for k, v in (trainer_state or {}).items() if k in TRAINER_STATE_DEFAULTS}
+            state = {**TRAINER_STATE_DEFAULTS, **known, "global_step": step}
             writing = os.path.join(tmp, STATE)
-            with open(writing, "w") as f:
-                json.dump(state, f, indent=2, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
+            _write_json(state, writing)
+            writing = os.path.join(tmp, OURS)
+            _write_json({"step": step, "sampler_state": sampler_state, "extra": extra or {}}, writing)
     except BaseException as exc:
         if rank == 0 and not distributed:
             # Other ranks may still be writing into it in the distributed case; the crash takes
@@ -264,8 +368,13 @@ def complete_checkpoints(output_dir: str) -> list[str]:
         path
         for _, path in reversed(_checkpoints(output_dir))
         if os.path.isfile(os.path.join(path, STATE))
-        and (os.path.isfile(os.path.join(path, MODEL)) or os.path.isdir(os.path.join(path, DEEPSPEED)))
+        and (_model_file(path) is not None or os.path.isdir(os.path.join(path, DEEPSPEED)))
     ]
+
+
+def _model_file(path: str) -> Optional[str]:
+    """The model file of checkpoint ``path`` (transformers' names, then ours before), or None."""
+    return next((name for name in MODELS if os.path.isfile(os.path.join(path, name))), None)
 
 
 def latest_checkpoint(output_dir: str) -> Optional[str]:
@@ -325,55 +434,85 @@ def load_checkpoint(
     rank: int = 0,
     map_location: Any = "cpu",
     engine: Any = None,
+    restore_rng: bool = True,
 ) -> dict:
-    """Restore model, optimizer, scheduler and this rank's RNG from ``path``; return trainer_state.
+    """Restore model, optimizer, scheduler and this rank's RNG from ``path`` (ours, or transformers'
+    Trainer's); return ``{"step", "sampler_state", "extra", "trainer_state"}``: ``sampler_state`` is None
+    for a checkpoint without our file (the caller derives the position from the step, as transformers does).
+    ``restore_rng=False``: the RNG state is returned under ``"rng"`` instead, for the caller to restore once
+    it has built its data iterator (set_rng_state), as transformers' Trainer does.
 
     With a DeepSpeed ``engine`` (every rank must call it then) the engine restores the model and
     its optimizer from ``deepspeed/``; pass model and optimizer as None.
     """
 
+    def fail(file: str, exc: BaseException) -> CheckpointError:
+        # A truncated or damaged file (a crash or a full disk outside our atomic save).
+        return CheckpointError(
+            f"{file} cannot be loaded: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        )
+
     # weights_only: a checkpoint directory should never be able to run code on load.
     def load(name: str, where: Any = map_location) -> Any:
         file = os.path.join(path, name)
         try:
-            return torch.load(file, map_location=where, weights_only=True)
+            with torch.serialization.safe_globals(_numpy_globals()):  # numpy's RNG state, as transformers
+                return torch.load(file, map_location=where, weights_only=True)
         except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
-            # A truncated or damaged file (a crash or a full disk outside our atomic save).
-            raise CheckpointError(
-                f"{file} cannot be loaded: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-            ) from exc
+            raise fail(file, exc) from exc
 
-    if (
-        engine is None
-        and not os.path.isfile(os.path.join(path, MODEL))
-        and os.path.isdir(os.path.join(path, DEEPSPEED))
-    ):
+    model_name = _model_file(path)
+    if engine is None and model_name is None and os.path.isdir(os.path.join(path, DEEPSPEED)):
         raise CheckpointError(f"{path} holds a DeepSpeed checkpoint (in {DEEPSPEED}/): resume it with --deepspeed")
+    if model is not None and model_name is None:
+        raise CheckpointError(f"{path} has no model file ({', '.join(MODELS)})")
     # Everything of ours is read before anything is applied: a bad file leaves the model as it was
     # (the engine's own files come last).
-    model_state = load(MODEL) if model is not None else None
+    model_state = None
+    if model is not None:
+        try:
+            model_state = _load_model_state(path, model_name, map_location)
+        except Exception as exc:  # safetensors' own error type too
+            raise fail(os.path.join(path, model_name), exc) from exc
     optimizer_state = load(OPTIMIZER) if optimizer is not None else None
     scheduler_state = load(SCHEDULER) if scheduler is not None else None
     try:
         with open(os.path.join(path, STATE)) as f:
-            state = json.load(f)
+            trainer_state = json.load(f)
+        ours = None
+        if os.path.isfile(os.path.join(path, OURS)):
+            with open(os.path.join(path, OURS)) as f:
+                ours = json.load(f)
+        elif "sampler_state" in trainer_state:  # our earlier layout kept it in trainer_state.json
+            ours = trainer_state
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{os.path.join(path, STATE)} cannot be read: {exc}") from exc
+        raise CheckpointError(f"{path}: its {STATE} or {OURS} cannot be read: {exc}") from exc
+    step = int(trainer_state["global_step"] if "global_step" in trainer_state else trainer_state["step"])
+    state = {
+        "step": step,
+        "sampler_state": ours["sampler_state"] if ours else None,
+        "extra": (ours or {}).get("extra", {}),
+        "trainer_state": trainer_state,
+    }
     if engine is not None:
         _load_engine(path, engine)
     if model is not None:
-        model.load_state_dict(model_state)
+        _apply_model_state(model, model_state, os.path.join(path, model_name))
     if optimizer is not None:
         optimizer.load_state_dict(optimizer_state)
     if scheduler is not None:
         scheduler.load_state_dict(scheduler_state)
-    rng_path = os.path.join(path, _rng_file(rank))
-    if os.path.isfile(rng_path):
+    rng_name = next((n for n in _rng_files(rank) if os.path.isfile(os.path.join(path, n))), None)
+    if rng_name is not None:
         # RNG states are CPU byte tensors whatever device the model lives on.
-        _set_rng_state(load(_rng_file(rank), "cpu"))
+        rng = load(rng_name, "cpu")
+        if restore_rng:
+            set_rng_state(rng)
+        else:
+            state["rng"] = rng
     else:
         warnings.warn(
-            f"{rng_path} is missing (resuming on more ranks than saved?): rank {rank} keeps its "
-            "current random state, so the run will not repeat the original one exactly"
+            f"{os.path.join(path, _rng_files(rank)[0])} is missing (resuming on more ranks than saved?): rank "
+            f"{rank} keeps its current random state, so the run will not repeat the original one exactly"
         )
     return state

@@ -18,6 +18,10 @@ from .args import warmup_steps
 AUTO = "auto"
 
 
+class DeepSpeedConfigError(ValueError):
+    """A --deepspeed config that cannot be used as it is; the message says what to change."""
+
+
 def load_ds_config(config: Any) -> dict[str, Any]:
     """A DeepSpeed config from a path or a dict (a copy: the caller's is never changed)."""
     if isinstance(config, dict):
@@ -34,16 +38,36 @@ def load_ds_config(config: Any) -> dict[str, Any]:
     return data
 
 
-def _fill(config: dict[str, Any], path: str, value: Any) -> None:
-    """Set the value at dotted ``path`` when it is "auto" there (a value the user wrote stands)."""
+def _node(config: dict[str, Any], path: str) -> tuple[Optional[dict], str]:
+    """(the dict holding the dotted ``path``'s last key, that key), or (None, key) when a parent is absent."""
     *parents, key = path.split(".")
-    node = config
+    node: Any = config
     for part in parents:
         node = node.get(part)
         if not isinstance(node, dict):
-            return
-    if node.get(key) == AUTO:
+            return None, key
+    return node, key
+
+
+def _fill(config: dict[str, Any], path: str, value: Any) -> None:
+    """Set the value at dotted ``path`` when it is "auto" there (a value the user wrote stands)."""
+    node, key = _node(config, path)
+    if node is not None and node.get(key) == AUTO:
         node[key] = value
+
+
+def _fill_match(config: dict[str, Any], path: str, value: Any, flag: str, mismatches: list[str]) -> None:
+    """_fill, and a value written there that is not the flag's is noted in ``mismatches`` (transformers'
+    HfTrainerDeepSpeedConfig.fill_match: DeepSpeed would train with the config's value, the Trainer
+    computes with the flag's)."""
+    node, key = _node(config, path)
+    if node is None:
+        return
+    written = node.get(key)
+    if written == AUTO:
+        node[key] = value
+    elif written is not None and written != value:
+        mismatches.append(f"  {path} is {json.dumps(written)} but {flag} is {json.dumps(value)}")
 
 
 def _autos(node: Any, prefix: str = "") -> list[str]:
@@ -70,34 +94,33 @@ def resolve_ds_config(
     out = copy.deepcopy(config)
     accum = max(1, args.gradient_accumulation_steps)
     micro = args.per_device_train_batch_size
-    for key, flag, ours in (
-        ("train_micro_batch_size_per_gpu", "per_device_train_batch_size", micro),
-        ("gradient_accumulation_steps", "gradient_accumulation_steps", accum),
-    ):
-        if out.get(key, AUTO) != AUTO and out[key] != ours:
-            # DeepSpeed would batch differently from the data loader: HF refuses this too.
-            raise ValueError(
-                f"--deepspeed: {key} is {out[key]} but --{flag} is {ours}: make them agree, "
-                f'or write "auto" in the config'
-            )
-    for path, value in [
-        ("train_micro_batch_size_per_gpu", micro),
-        ("gradient_accumulation_steps", accum),
-        ("train_batch_size", micro * accum * world),
-        ("gradient_clipping", args.max_grad_norm),
-        ("bf16.enabled", bool(args.bf16)),
-        ("fp16.enabled", False),
-        ("optimizer.params.lr", args.learning_rate),
-        ("optimizer.params.betas", [args.adam_beta1, args.adam_beta2]),
-        ("optimizer.params.eps", args.adam_epsilon),
-        ("optimizer.params.weight_decay", args.weight_decay),
-        ("scheduler.params.warmup_min_lr", 0),
-        ("scheduler.params.warmup_max_lr", args.learning_rate),
+    mismatches: list[str] = []
+    for path, value, flag in [
+        ("train_micro_batch_size_per_gpu", micro, "--per_device_train_batch_size"),
+        ("gradient_accumulation_steps", accum, "--gradient_accumulation_steps"),
+        ("train_batch_size", micro * accum * world, f"the batch x accumulation x {world} ranks"),
+        ("gradient_clipping", args.max_grad_norm, "--max_grad_norm"),
+        ("bf16.enabled", bool(args.bf16), "--bf16"),
+        ("fp16.enabled", False, "fp16 (not supported here)"),
+        ("optimizer.params.lr", args.learning_rate, "--learning_rate"),
+        ("optimizer.params.betas", [args.adam_beta1, args.adam_beta2], "--adam_beta1/--adam_beta2"),
+        ("optimizer.params.eps", args.adam_epsilon, "--adam_epsilon"),
+        ("optimizer.params.weight_decay", args.weight_decay, "--weight_decay"),
+        ("scheduler.params.warmup_max_lr", args.learning_rate, "--learning_rate"),
     ]:
-        _fill(out, path, value)
+        _fill_match(out, path, value, flag, mismatches)
+    _fill(out, "scheduler.params.warmup_min_lr", 0)  # no flag of its own (as transformers: fill only)
     if total_steps is not None:  # both depend on the run's length (--warmup_ratio)
-        _fill(out, "scheduler.params.warmup_num_steps", warmup_steps(args, total_steps))
-        _fill(out, "scheduler.params.total_num_steps", total_steps)
+        # At least 1: DeepSpeed 0.19.6 and later refuse warmup_num_steps 0 (transformers 5 does the same).
+        warm = max(1, warmup_steps(args, total_steps))
+        _fill_match(out, "scheduler.params.warmup_num_steps", warm, "--warmup_steps (or --warmup_ratio)", mismatches)
+        _fill_match(out, "scheduler.params.total_num_steps", total_steps, "the run's optimizer steps", mismatches)
+    if mismatches:
+        # Every contradiction at once, before any rank trains: as transformers' trainer_config_finalize.
+        raise DeepSpeedConfigError(
+            "--deepspeed: the config contradicts the training arguments (DeepSpeed would train with the "
+            "config's values):\n" + "\n".join(mismatches) + '\nwrite "auto" for these keys, or make them agree'
+        )
     if hidden_size:
         _fill(out, "zero_optimization.reduce_bucket_size", hidden_size * hidden_size)
         _fill(out, "zero_optimization.stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size))

@@ -79,6 +79,7 @@ class Throughput:
             "train_steps_per_second": rates[2],
             "train_runtime": runtime,
             "measured_steps": steps,
+            "measured_samples": self._samples,
         }
 
 

@@ -83,6 +83,16 @@ def batches_per_rank(n: int, batch_size: int, world: int, drop_last: bool = Fals
     return total // world if drop_last else math.ceil(total / world)
 
 
+def samples_in_round(n: int, batch_size: int, world: int, index: int, drop_last: bool = False) -> int:
+    """The dataset's samples that the ranks' batch ``index`` of an epoch holds together: a whole round but the
+    last, which holds what is left; the completion from the epoch's start (several ranks) and a padded last
+    batch (HPU lazy mode) repeat samples and count for nothing, as transformers counts an epoch as the
+    dataset's length (Trainer.num_examples). What the throughput counts. Pure."""
+    if drop_last:
+        return batch_size * world
+    return max(0, min(batch_size * world, n - index * batch_size * world))
+
+
 def window_sizes(batches: int, accum: int) -> list[int]:
     """The micro-batches of each optimizer step in an epoch of ``batches`` batches: ``accum`` each, the
     last step what is left (transformers' Trainer._run_epoch, ``remainder``). Pure."""

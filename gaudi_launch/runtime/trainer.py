@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from gaudi_launch.runtime import checkpoint as ckpt
-from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments
+from gaudi_launch.runtime.args import GaudiConfig, TrainingArguments, absolute_steps
 from gaudi_launch.runtime.attention import apply_attention
 from gaudi_launch.runtime.device import (
     DeviceInfo,
@@ -41,7 +41,14 @@ from gaudi_launch.runtime.masks import check_padding_once, prepare_masks
 from gaudi_launch.runtime.metrics import MetricsWriter, Throughput, format_log
 from gaudi_launch.runtime.optim import clip_flat_grad_norm, clip_grad_norm, make_optimizer, make_scheduler
 from gaudi_launch.runtime.precision import autocast
-from gaudi_launch.runtime.sampling import DealtBatches, batches_per_rank, steps_per_epoch, window_sizes, windows_after
+from gaudi_launch.runtime.sampling import (
+    DealtBatches,
+    batches_per_rank,
+    samples_in_round,
+    steps_per_epoch,
+    window_sizes,
+    windows_after,
+)
 from gaudi_launch.runtime.zero_init import built_partitioned, prepare_deepspeed
 from gaudi_launch.wire import beat, restart_count
 
@@ -87,6 +94,14 @@ def eval_batch_weight(
     if index < batches - 1 or remainder == 0 or drop_last:
         return batch_size
     return min(max(remainder - rank * batch_size, 0), batch_size)
+
+
+def perplexity(loss: float) -> float:
+    """exp(eval loss), inf where that overflows, as transformers' run_clm.py computes it. Pure."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return float("inf")
 
 
 def loss_shifts_labels(model: Any) -> bool:
@@ -158,14 +173,21 @@ def worker_start_method(kind: str, world: int, num_workers: int) -> Optional[str
 
 
 def evaluation_due(
-    args: TrainingArguments, step: int, epoch_end: bool, epochs_done: int = 0, last_step: bool = False
+    args: TrainingArguments,
+    step: int,
+    epoch_end: bool,
+    epochs_done: int = 0,
+    last_step: bool = False,
+    max_steps: int = 0,
 ) -> bool:
     """Whether to evaluate now: every eval_steps optimizer steps and after the run's last step, or at the
     end of each epoch (a run stopped inside one ends it there); none before --eval_delay steps (epochs,
-    with "epoch"), as transformers' DefaultFlowCallback decides. Pure."""
+    with "epoch"), as transformers' DefaultFlowCallback decides; --eval_steps below 1 is a fraction of the
+    run's `max_steps`. Pure."""
     delay = getattr(args, "eval_delay", 0)
     if args.eval_strategy == "steps":
-        due = bool(args.eval_steps) and (step % args.eval_steps == 0 or last_step)
+        every = absolute_steps(args.eval_steps, max_steps) if args.eval_steps else 0
+        due = bool(every) and (step % every == 0 or last_step)
         return not epoch_end and due and step >= delay
     return args.eval_strategy == "epoch" and epoch_end and epochs_done >= delay
 
@@ -259,7 +281,9 @@ class Trainer:
         set_seed(args.seed)
         apply_attention(model, args, self.info)
         check_padding_once(model, self.info)  # HPU: no host read of the input ids in every forward
-        use_fused_kernels(model, self.info, args.fused_kernels)
+        # Not under bf16 autocast: the model's own element-wise gelu rounds to bf16 after each op, the fused
+        # kernel once, which moves a bf16 loss by about 1e-3 against transformers' (the bf16 equivalence case).
+        use_fused_kernels(model, self.info, args.fused_kernels and not args.bf16)
         use_masked_only_head(model, self.info, args.mlm_head_masked_only, args.use_hpu_graphs_for_training)
         if args.gradient_checkpointing:
             enable_checkpointing(model)
@@ -282,6 +306,9 @@ class Trainer:
         self.inference_graphs = InferenceGraphs(self.model, self.info, args)
         self._shifts: Optional[bool] = None  # whether the loss scores labels[..., 1:] (loss_shifts_labels)
         self._in_train = False
+        self._max_steps = 0  # the run's optimizer steps, once train() knows them
+        self._log_every, self._batches_per_epoch = 1, 1  # set by train()
+        self._log_history: list[dict] = []  # rank 0's logs, for trainer_state.json (transformers' log_history)
 
     # ---- set-up --------------------------------------------------------------------------------
     def _init_plain(self) -> None:
@@ -365,16 +392,15 @@ class Trainer:
             drop_last=args.dataloader_drop_last,
             pad_last=self.info.kind == "hpu" and self.info.lazy and not args.dataloader_drop_last,
         )
-        # Its own generator: starting an epoch's iterator then draws from it, not from the global RNG
-        # (which dropout uses), so a resumed run sees exactly the random numbers of an unbroken one.
-        self._loader_generator = torch.Generator()
+        # No generator of its own: starting an epoch's iterator draws one number (the workers' base seed) from
+        # the global RNG, which dropout uses too, as transformers' loader does; so with dropout the same seed
+        # gives its numbers. A resumed run restores the RNG after building its iterator (train()).
         return DataLoader(
             self.train_dataset,
             batch_sampler=sampler,
             collate_fn=self.collator,
             num_workers=args.dataloader_num_workers,
             multiprocessing_context=worker_start_method(self.info.kind, self.world, args.dataloader_num_workers),
-            generator=self._loader_generator,
             pin_memory=args.dataloader_pin_memory and self.info.kind == "cuda",
         )
 
@@ -412,6 +438,9 @@ class Trainer:
         # micro-batches never carry over into the next epoch's first step.
         windows = window_sizes(len(loader), accum)
         max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * len(windows))
+        self._max_steps = max_steps
+        log_every = absolute_steps(args.logging_steps, max_steps)  # a fraction below 1, as transformers 5
+        self._log_every, self._batches_per_epoch = log_every, len(loader)
         if getattr(self, "_ds_scheduler", None) is not None:
             scheduler = _EngineScheduler(self.engine)
         else:
@@ -422,11 +451,17 @@ class Trainer:
         if not resume and self.restart:
             resume = "latest"  # restarted by the launcher: go on from the newest complete checkpoint, if any
         state = self._resume(resume, scheduler) if resume else None
+        rng = state.pop("rng", None) if state is not None else None  # restored once the iterator is built
         if state is not None:
             resume = state.pop("_path")
             step = int(state["step"])
-            epoch = int(state["sampler_state"]["epoch"])
-            skip = int(state["sampler_state"]["batches"])
+            sampler_state = state["sampler_state"]
+            if sampler_state is None:
+                # A transformers checkpoint: the position follows from the step as transformers derives it
+                # (Trainer._init_training_state: whole epochs, then the steps' batches of the next).
+                sampler_state = {"epoch": step // len(windows), "batches": (step % len(windows)) * accum}
+            epoch = int(sampler_state["epoch"])
+            skip = int(sampler_state["batches"])
             if skip >= len(loader):  # saved at an epoch's last step: go on with the next epoch, as HF does
                 epoch, skip = epoch + 1, 0
             self._say(f"resumed from {resume} at step {step} (epoch {epoch}, batch {skip})")
@@ -435,8 +470,7 @@ class Trainer:
         throughput = Throughput(warmup_steps=args.throughput_warmup_steps)
         self.inference_graphs.off()  # replayed graphs keep no autograd graph
         self._in_train = True
-        samples_per_step = args.per_device_train_batch_size * accum * self.world
-        tokens_per_step = samples_per_step * (self.tokens_per_sample or 0)
+        n_train = len(self.train_dataset)
         # Losses stay on the device (no host sync per step, which would stall lazy mode's pipeline):
         # the sum over optimizer steps, and the sum since the last logged step (HF logs their mean).
         loss_sum: Optional[torch.Tensor] = None
@@ -449,13 +483,20 @@ class Trainer:
             sampler = loader.batch_sampler
             sampler.set_epoch(epoch)
             sampler.skip = skip  # resuming: the same order, without loading the batches already trained on
-            self._loader_generator.manual_seed(args.seed + epoch)  # worker seeds per epoch, resumable
+            if rng is not None and skip == 0:  # resumed at an epoch's start: before the iterator draws
+                ckpt.set_rng_state(rng)
+                rng = None
             batches = enumerate(loader, start=skip)
             batch_index = skip - 1
             for size in windows_after(windows, skip):
                 # The step's micro-batches are read first, as HF's Trainer.get_batch_samples does: the loss
                 # is normalised by the scored tokens of the whole step (see loss_scales).
                 window = [next(batches) for _ in range(size)]
+                if rng is not None:
+                    # Resumed inside an epoch: the RNG as it was at the save, once the iterator has drawn its
+                    # seed and the first step's batches are read (Trainer._run_epoch's rng_to_sync).
+                    ckpt.set_rng_state(rng)
+                    rng = None
                 scales = self._loss_scales([batch for _, batch in window])
                 lr = scheduler.get_last_lr()[0]  # the rate this step uses (what HF logs)
                 step_loss: Optional[torch.Tensor] = None
@@ -463,24 +504,34 @@ class Trainer:
                     last_micro = i == len(window) - 1  # the micro-batch that ends the optimizer step
                     with self._grad_sync(last_micro):  # DDP: one gradient all-reduce per optimizer step
                         loss = self._micro_step(self._to_device(batch), len(window), scales[i], last_micro)
+                    if args.logging_nan_inf_filter:
+                        # As transformers (Trainer._run_epoch): a nan/inf micro-batch loss counts as the mean per
+                        # step of what was summed since the last log; decided on the device, no sync.
+                        so_far = sum(x for x in (since_log, step_loss) if x is not None) * torch.ones_like(loss)
+                        loss = torch.where(torch.isfinite(loss), loss, so_far / (1 + n_since_log))
                     step_loss = loss if step_loss is None else step_loss + loss
-                self._optimizer_step(scheduler)
                 step += 1
+                log_now = step % log_every == 0 or (args.logging_first_step and step == 1)
+                grad_norm = self._optimizer_step(scheduler, want_norm=log_now)
                 beat()  # --hang-timeout: this rank advanced
-                throughput.step(samples_per_step, tokens_per_step)
-                if args.logging_nan_inf_filter and loss_sum is not None:
-                    # As HF: a nan/inf loss counts as the mean so far; decided on the device, no sync.
-                    step_loss = torch.where(torch.isfinite(step_loss), step_loss, loss_sum / n_losses)
+                # The samples this step trained on all ranks (an epoch's short last step counts what it had).
+                trained = sum(
+                    samples_in_round(
+                        n_train, args.per_device_train_batch_size, self.world, i, args.dataloader_drop_last
+                    )
+                    for i, _ in window
+                )
+                throughput.step(trained, trained * (self.tokens_per_sample or 0))
                 loss_sum = step_loss if loss_sum is None else loss_sum + step_loss
                 n_losses += 1
                 since_log = step_loss if since_log is None else since_log + step_loss
                 n_since_log += 1
                 # --adjust_throughput: logging and saving time are not training throughput either.
                 paused = throughput.pause if args.adjust_throughput else contextlib.nullcontext
-                if step % args.logging_steps == 0 or (args.logging_first_step and step == 1):
+                if log_now:
                     with paused():
                         logged = self._mean_across_ranks(since_log) / n_since_log
-                        self._log_step(step, logged, lr, throughput)
+                        self._log_step(step, logged, lr, throughput, grad_norm)
                     since_log, n_since_log = None, 0
                 self._evaluate_if_due(step, False, throughput, last_step=step >= max_steps)
                 if save_due(args, step, False, last_step=step >= max_steps):
@@ -523,6 +574,7 @@ class Trainer:
                     scheduler=scheduler,
                     rank=self.rank,
                     engine=engine,
+                    restore_rng=False,
                 )
             except ckpt.CheckpointError as exc:
                 if not latest or i + 1 == len(candidates):
@@ -538,7 +590,8 @@ class Trainer:
     def _evaluate_if_due(
         self, step: int, epoch_end: bool, throughput: Throughput, epochs_done: int = 0, last_step: bool = False
     ) -> None:
-        if self.eval_dataset is not None and evaluation_due(self.args, step, epoch_end, epochs_done, last_step):
+        due = evaluation_due(self.args, step, epoch_end, epochs_done, last_step, self._max_steps)
+        if self.eval_dataset is not None and due:
             with throughput.pause():  # evaluation time is not training throughput
                 self.evaluate(step)
 
@@ -597,56 +650,84 @@ class Trainer:
         mark_step(info)
         return loss.detach().float()  # stays on the device
 
-    def _optimizer_step(self, scheduler) -> None:
+    def _optimizer_step(self, scheduler, want_norm: bool = False) -> Any:
+        """Clip, step, zero. Returns the gradient norm before clipping (on the device; HF logs it as
+        grad_norm), or None: without clipping it is computed only when `want_norm` (a logging step)."""
         args, info = self.args, self.info
         if self.engine is not None:
             self.engine.step()  # clips, steps the optimizer (and a config's scheduler), zeroes gradients
             scheduler.step()
             mark_step(info)
-            return
+            # The norm the engine computed for its clip (accelerate's DeepSpeed path: get_global_grad_norm).
+            return self.engine.get_global_grad_norm()
         if self.fast_ddp is not None:
             # No mark_step of its own (optimum-habana adds none): on HPU its copies are graph
             # replays, each flushing the pending ops first; the step's mark_step below ends the rest.
             self.fast_ddp.all_reduce_gradients()
-        if args.max_grad_norm and args.max_grad_norm > 0:
+        norm = None
+        clip = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None
+        if clip is not None or want_norm:
+            # No clip: an infinite bound measures the norm without scaling (as transformers' _get_grad_norm).
+            bound = clip if clip is not None else float("inf")
             flat = self.fast_ddp.flat_gradients() if self.fast_ddp is not None else None
             if flat is not None:
-                clip_flat_grad_norm(flat, args.max_grad_norm)  # every gradient is a view of it
+                norm = clip_flat_grad_norm(flat, bound)  # every gradient is a view of it
             else:
                 params = [p for p in self.model.parameters() if p.grad is not None]
-                _, self._fused_clip = clip_grad_norm(
-                    params, args.max_grad_norm, info, self.gaudi_config, self._fused_clip
-                )
+                norm, self._fused_clip = clip_grad_norm(params, bound, info, self.gaudi_config, self._fused_clip)
         self.optimizer.step()
         scheduler.step()
         self.optimizer.zero_grad(set_to_none=grads_to_none(args, self.world))
         mark_step(info)
+        return norm
 
-    def _log_step(self, step: int, loss: float, lr: float, throughput: Throughput) -> None:
+    def _log_step(self, step: int, loss: float, lr: float, throughput: Throughput, grad_norm: Any = None) -> None:
         if self.rank != 0:
             return  # the main process logs (and only it queries the device's memory)
-        # Unrounded, as HF's log_history keeps it (the console line rounds); lr: the rate the step used.
-        values = {"loss": loss, "learning_rate": lr}
+        # Unrounded, as HF's log_history keeps it (the console line rounds); lr: the rate the step used;
+        # grad_norm: the logging step's gradient norm before clipping (the same on every rank), as HF logs it.
+        values: dict[str, Any] = {"loss": loss}
+        if grad_norm is not None:
+            values["grad_norm"] = float(grad_norm)
+        values["learning_rate"] = lr
         values.update(throughput.metrics())
         values.update(memory_stats(self.info))
         # the device goes to the file only: `gaudi-launch report` names CPU memory as the process's RSS
         self.writer.log(step, {**values, "device": self.info.kind})
+        self._log_history.append(
+            {"step": step, **{k: values[k] for k in ("loss", "grad_norm", "learning_rate") if k in values}}
+        )
         self._say(format_log(step, values))
 
     def _save(self, step: int, epoch: int, batches: int) -> None:
         engine = self.engine  # under DeepSpeed every rank writes its own partition through it
-        ckpt.save_checkpoint(
-            self.args.output_dir,
-            step,
-            model=self.model if engine is None else None,
-            optimizer=self.optimizer if engine is None else None,
-            scheduler=self.scheduler,
-            engine=engine,
-            sampler_state={"epoch": epoch, "batches": batches},
-            total_limit=self.args.save_total_limit,
-            rank=self.rank,
-            world=self.world,
-        )
+        args = self.args
+        # transformers' TrainerState fields, so that its Trainer resumes from this checkpoint too.
+        eval_steps = absolute_steps(args.eval_steps, self._max_steps) if args.eval_steps else self._log_every
+        trainer_state = {
+            "epoch": epoch + batches / max(1, self._batches_per_epoch),
+            "max_steps": self._max_steps,
+            "logging_steps": self._log_every,
+            "eval_steps": eval_steps,
+            "save_steps": args.save_steps,
+            "train_batch_size": args.per_device_train_batch_size,
+            "num_train_epochs": math.ceil(args.num_train_epochs) if args.max_steps <= 0 else 0,
+            "log_history": self._log_history,
+        }
+        with _deepspeed_unseen():
+            ckpt.save_checkpoint(
+                args.output_dir,
+                step,
+                model=self.model if engine is None else None,
+                optimizer=self.optimizer if engine is None else None,
+                scheduler=self.scheduler,
+                engine=engine,
+                sampler_state={"epoch": epoch, "batches": batches},
+                total_limit=args.save_total_limit,
+                rank=self.rank,
+                world=self.world,
+                trainer_state=trainer_state,
+            )
 
     def _say(self, text: str) -> None:
         if self.rank == 0:
@@ -704,14 +785,14 @@ class Trainer:
             seed=None,
             drop_last=args.dataloader_drop_last,
         )
-        # Its own generator: an evaluation must not draw from the global RNG the training uses.
+        # No generator of its own: as transformers' evaluation loader, starting it draws one number from the
+        # global RNG, so that training with dropout after an evaluation goes on with transformers' numbers.
         return DataLoader(
             self.eval_dataset,
             batch_sampler=sampler,
             collate_fn=self.collator,
             num_workers=args.dataloader_num_workers,  # as HF's get_eval_dataloader
             multiprocessing_context=worker_start_method(self.info.kind, self.world, args.dataloader_num_workers),
-            generator=torch.Generator(),
         )
 
     def evaluate(self, step: Optional[int] = None) -> dict[str, float]:
@@ -727,6 +808,7 @@ class Trainer:
         self.train_model.eval()
         total: Optional[torch.Tensor] = None
         count = 0
+        counted: Optional[torch.Tensor] = None  # the samples with a finite loss (--logging_nan_inf_filter)
         sums: dict[str, torch.Tensor] = {}
         if self._shifts is None:
             self._shifts = loss_shifts_labels(self.model)
@@ -753,6 +835,12 @@ class Trainer:
                 # HF's eval loss: each rank's batch loss (token-normalised over the ranks' batches, as in
                 # training) weighted by its samples, the completion of a short last round left out.
                 share = loss * (scale * weight)
+                if args.logging_nan_inf_filter:
+                    # As transformers' evaluation_loop: nan/inf losses are left out of the mean (unless all are).
+                    finite = torch.isfinite(loss)
+                    share = torch.where(finite, share, torch.zeros_like(share))
+                    kept = finite.float() * weight
+                    counted = kept if counted is None else counted + kept
                 total = share if total is None else total + share
                 count += weight
                 for name, (num, den) in (self.eval_metrics(out, batch) if self.eval_metrics else {}).items():
@@ -762,15 +850,20 @@ class Trainer:
                 # replay overwrites the outputs (optimum-habana's evaluation_loop marks the step there too).
                 mark_step(info)
         self.train_model.train()
-        # Sum over ranks of the weighted losses over the samples weighed: one reduction of both, one sync.
-        pair = torch.stack([total, torch.tensor(float(count), device=info.device)]) if total is not None else None
-        if pair is None:
-            pair = torch.zeros(2, device=info.device)
+        # Sum over ranks of the weighted losses over the samples weighed: one reduction of all, one sync.
+        zero = torch.zeros((), device=info.device)
+        kept = counted if counted is not None else torch.tensor(float(count), device=info.device)
+        vec = torch.stack(
+            [total if total is not None else zero, torch.tensor(float(count), device=info.device), kept.reshape(())]
+        )
         if self.world > 1:
-            dist.all_reduce(pair)
-        loss_sum, weighed = pair.tolist()
-        loss = loss_sum / weighed if weighed else 0.0
-        metrics = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+            dist.all_reduce(vec)
+        loss_sum, weighed, finite = vec.tolist()
+        if weighed and not finite:
+            loss = float("nan")  # every loss was nan/inf: transformers' mean is nan too
+        else:
+            loss = loss_sum / finite if finite else 0.0
+        metrics = {"eval_loss": loss, "perplexity": perplexity(loss)}
         for name in sorted(sums):
             pair = sums[name]
             if self.world > 1:
@@ -779,6 +872,8 @@ class Trainer:
             metrics[name] = num / den if den else float("nan")
         if self.rank == 0:
             self.writer.log(-1 if step is None else step, metrics)
+            if step is not None:
+                self._log_history.append({"step": step, **metrics})
             if step is not None:
                 self._say(format_log(step, metrics))
         return metrics

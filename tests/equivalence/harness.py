@@ -143,17 +143,21 @@ def token_sum_loss(outputs, labels, num_items_in_batch=None):
     return total / num_items_in_batch
 
 
-def load_model(init_dir: str, case: str):
+DROPOUT_KEYS = ("resid_pdrop", "embd_pdrop", "attn_pdrop")  # GPT-2's (0.1 in gpt2's own config)
+
+
+def load_model(init_dir: str, case: str, dropout: float = 0.0):
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
     cls = {"gpt2": AutoModelForCausalLM, "bert": AutoModelForMaskedLM, "t5": AutoModelForSeq2SeqLM}[case]
-    model = cls.from_pretrained(os.path.join(init_dir, case))
+    extra = {key: dropout for key in DROPOUT_KEYS} if dropout else {}
+    model = cls.from_pretrained(os.path.join(init_dir, case), **extra)
     if case == "gpt2":
         model.loss_type = "ForCausalLM"  # as scripts/run_clm.py sets it
     return model
 
 
-def run_ours(init_dir, out, case, masked_only=False, save_steps=0, resume=None, **over):
+def run_ours(init_dir, out, case, masked_only=False, save_steps=0, resume=None, dropout=0.0, **over):
     from gaudi_launch.runtime.args import TrainingArguments
     from gaudi_launch.runtime.trainer import Trainer
 
@@ -168,7 +172,7 @@ def run_ours(init_dir, out, case, masked_only=False, save_steps=0, resume=None, 
         **{**SETTINGS, **over},
     )
     trainer = Trainer(
-        load_model(init_dir, case),
+        load_model(init_dir, case, dropout),
         args,
         train_dataset=train_set,
         eval_dataset=Recording(evals),
@@ -181,6 +185,7 @@ def run_ours(init_dir, out, case, masked_only=False, save_steps=0, resume=None, 
         "loss": [r["loss"] for r in rows if "loss" in r],
         "step": [r["step"] for r in rows if "loss" in r],
         "lr": [r["learning_rate"] for r in rows if "loss" in r],
+        "grad_norm": [r.get("grad_norm") for r in rows if "loss" in r],
         "eval_loss": [r["eval_loss"] for r in rows if "eval_loss" in r],
         "eval_step": [r["step"] for r in rows if "eval_loss" in r],
         "global_step": result.global_step,
@@ -189,17 +194,16 @@ def run_ours(init_dir, out, case, masked_only=False, save_steps=0, resume=None, 
     }
 
 
-def run_hf(init_dir, out, case, **over):
+def run_hf(init_dir, out, case, dropout=0.0, resume=None, **over):
     from transformers import Trainer, TrainingArguments
 
     train, evals, collator = case_data(case)
     train_set = Recording(train)
-    settings = {**SETTINGS, **over}
+    settings = {"save_strategy": "no", **SETTINGS, **over}
     args = TrainingArguments(
         output_dir=out,
         use_cpu=True,
         report_to="none",
-        save_strategy="no",
         optim="adamw_torch_fused",  # ours: torch's fused AdamW off HPU (gaudi_launch/runtime/optim.py)
         dataloader_pin_memory=False,
         disable_tqdm=True,
@@ -207,19 +211,20 @@ def run_hf(init_dir, out, case, **over):
         **settings,
     )
     trainer = Trainer(
-        model=load_model(init_dir, case),
+        model=load_model(init_dir, case, dropout),
         args=args,
         train_dataset=train_set,
         eval_dataset=Recording(evals),
         data_collator=collator,
         compute_loss_func=None if case == "gpt2" else token_sum_loss,  # GPT-2's forward divides itself
     )
-    result = trainer.train()
+    result = trainer.train(resume_from_checkpoint=resume)
     logs = trainer.state.log_history
     return trainer, {
         "loss": [r["loss"] for r in logs if "loss" in r],
         "step": [r["step"] for r in logs if "loss" in r],
         "lr": [r["learning_rate"] for r in logs if "loss" in r],
+        "grad_norm": [r.get("grad_norm") for r in logs if "loss" in r],
         "eval_loss": [r["eval_loss"] for r in logs if "eval_loss" in r],
         "eval_step": [r["step"] for r in logs if "eval_loss" in r],
         "global_step": result.global_step,
@@ -228,21 +233,43 @@ def run_hf(init_dir, out, case, **over):
     }
 
 
-def weight_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    """The largest |a - b| over all parameters, relative to the largest |b|."""
-    diff, scale = 0.0, 0.0
+def _pieces(name: str, tensor: torch.Tensor):
+    """(label, slice) of a parameter to compare on its own scale. GPT-2's c_attn.bias is query, key and value
+    biases in one tensor: the key bias's gradient is zero in exact arithmetic (softmax ignores a shift shared
+    by all keys), so what it holds after training is AdamW's normalised rounding noise (about 2e-6, against
+    9e-3 for the query and value biases), which no two runs share. BERT's key bias is a tensor of its own.
+    Those are compared in absolute terms."""
+    if name.endswith("attn.c_attn.bias"):
+        q, k, v = tensor.chunk(3)
+        return [(name + "[query]", q), (name + "[value]", v), (name + "[key]", k)]
+    if name.endswith("attention.self.key.bias"):
+        return [(name + "[key]", tensor)]
+    return [(name, tensor)]
+
+
+def weight_difference(a: torch.nn.Module, b: torch.nn.Module) -> dict:
+    """Each parameter against its own scale: the largest max |a - b| / max |b| over the parameters (a small
+    tensor's error is not hidden under the largest weight's scale) and which; GPT-2's key biases apart, in
+    absolute terms (see _pieces)."""
+    worst, where, key_bias = 0.0, "", 0.0
     pb = dict(b.named_parameters())
     for name, p in a.named_parameters():
-        q = pb[name].detach()
-        diff = max(diff, (p.detach() - q).abs().max().item())
-        scale = max(scale, q.abs().max().item())
-    return diff / scale
+        for (label, x), (_, y) in zip(_pieces(name, p.detach().float()), _pieces(name, pb[name].detach().float())):
+            diff = (x - y).abs().max().item()
+            if label.endswith("[key]"):
+                key_bias = max(key_bias, diff)
+                continue
+            rel = diff / max(y.abs().max().item(), 1e-30)
+            if rel >= worst:
+                worst, where = rel, label
+    return {"relative": worst, "where": where, "key_bias_abs": key_bias}
 
 
 def main(init_dir: str, out_dir: str) -> None:
     rank = int(os.environ.get("RANK", "0"))
     results: dict = {}
-    for case in CASES:
+    # EQUIV_CASES=gpt2 runs one case (a quicker look while working; the tests run them all).
+    for case in os.environ.get("EQUIV_CASES", ",".join(CASES)).split(","):
         hf_trainer, hf = run_hf(init_dir, os.path.join(out_dir, f"{case}-hf"), case)
         ours_trainer, ours = run_ours(init_dir, os.path.join(out_dir, f"{case}-ours"), case, save_steps=1)
         ours["weights_vs_hf"] = weight_difference(ours_trainer.model, hf_trainer.model)
@@ -253,6 +280,17 @@ def main(init_dir: str, out_dir: str) -> None:
         ckpt_dir = os.path.join(out_dir, f"{case}-ours", f"checkpoint-{per_epoch + 1}")
         _, resumed = run_ours(init_dir, os.path.join(out_dir, f"{case}-ours"), case, resume=ckpt_dir)
         entry["resumed"] = {**resumed, "from_step": per_epoch + 1}
+        if case == "gpt2":
+            # Checkpoints interchangeable both ways: transformers' Trainer resumes from ours, ours from its; each
+            # goes on with the unbroken run's numbers.
+            _, hf_from_ours = run_hf(init_dir, os.path.join(out_dir, "hf-from-ours"), case, resume=ckpt_dir)
+            entry["hf_resumes_ours"] = {**hf_from_ours, "from_step": per_epoch + 1}
+            hf_saving = os.path.join(out_dir, "hf-saving")
+            run_hf(init_dir, hf_saving, case, save_strategy="steps", save_steps=per_epoch + 1)
+            hf_ckpt = os.path.join(hf_saving, f"checkpoint-{per_epoch + 1}")
+            _, ours_from_hf = run_ours(init_dir, os.path.join(out_dir, "ours-from-hf"), case, resume=hf_ckpt)
+            entry["ours_resumes_hf"] = {**ours_from_hf, "from_step": per_epoch + 1}
+            entry["checkpoint_files"] = sorted(os.listdir(ckpt_dir))
         if case == "bert":  # the one deliberate difference: the head on masked positions only
             _, masked = run_ours(init_dir, os.path.join(out_dir, "bert-masked"), case, masked_only=True)
             entry["masked_only"] = masked
@@ -272,6 +310,24 @@ def main(init_dir: str, out_dir: str) -> None:
                 _, hf_stop = run_hf(init_dir, os.path.join(out_dir, f"{name}-hf"), case, **over)
                 _, ours_stop = run_ours(init_dir, os.path.join(out_dir, f"{name}-ours"), case, **over)
                 entry[name] = {"hf": hf_stop, "ours": ours_stop}
+            # No clip (so a wrong gradient scale shows in the weights, not only in grad_norm), dropout 0.1
+            # (both trainers draw from the global RNG in the same order; resumed mid-epoch too) and bf16.
+            for name, over in (
+                ("noclip", dict(max_grad_norm=0.0)),
+                ("dropout", dict(dropout=0.1)),
+                ("bf16", dict(bf16=True)),
+            ):
+                hf_t, hf_v = run_hf(init_dir, os.path.join(out_dir, f"{name}-hf"), case, **over)
+                save = 1 if name == "dropout" else 0
+                ours_t, ours_v = run_ours(
+                    init_dir, os.path.join(out_dir, f"{name}-ours"), case, save_steps=save, **over
+                )
+                ours_v["weights_vs_hf"] = weight_difference(ours_t.model, hf_t.model)
+                entry[name] = {"hf": hf_v, "ours": ours_v}
+                if name == "dropout":
+                    ckpt_dir = os.path.join(out_dir, f"{name}-ours", f"checkpoint-{per_epoch + 1}")
+                    _, again = run_ours(init_dir, os.path.join(out_dir, f"{name}-ours"), case, resume=ckpt_dir, **over)
+                    entry[name]["resumed"] = {**again, "from_step": per_epoch + 1}
         results[case] = entry
         del hf_trainer, ours_trainer
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

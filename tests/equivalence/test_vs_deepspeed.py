@@ -95,8 +95,9 @@ def test_a_resumed_deepspeed_run_logs_the_uninterrupted_runs_losses(runs, name):
     for rank in range(2):
         shards = full[rank]["shards"]
         assert {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(2)} <= set(shards)
-        assert {"trainer_state.json", "rng-0.pt", "rng-1.pt", "deepspeed"} <= set(full[rank]["checkpoint"])
-        assert "model.pt" not in full[rank]["checkpoint"]  # rank 0's partition alone is no model
+        files = set(full[rank]["checkpoint"])
+        assert {"trainer_state.json", "gaudi_launch_state.json", "rng_state_0.pth", "rng_state_1.pth"} <= files
+        assert "deepspeed" in files and "model.safetensors" not in files  # rank 0's partition alone is no model
         assert resumed[rank]["global_steps"] == list(range(N + 1, 2 * N + 1))
         assert_losses_equal(resumed[rank]["steps"], full[rank]["steps"][N:], f"{name} resumed, rank {rank}")
 

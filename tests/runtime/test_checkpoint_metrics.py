@@ -68,7 +68,15 @@ def test_round_trip_restores_everything_exactly(tmp_path):
         extra={"loss": 0.5},
     )
     assert path == str(tmp_path / "checkpoint-3")
-    assert sorted(os.listdir(path)) == ["model.pt", "optimizer.pt", "rng-0.pt", "scheduler.pt", "trainer_state.json"]
+    # transformers' Trainer layout (its file names; trainer_state.json with its TrainerState fields) and ours.
+    assert sorted(os.listdir(path)) == [
+        "gaudi_launch_state.json",
+        "model.safetensors",
+        "optimizer.pt",
+        "rng_state.pth",
+        "scheduler.pt",
+        "trainer_state.json",
+    ]
     # What the uninterrupted run sees next: random numbers, then the rest of training.
     expected_rand = (torch.rand(3), random.random(), np.random.rand())
     train_steps(model, opt, sched, 2)
@@ -81,7 +89,12 @@ def test_round_trip_restores_everything_exactly(tmp_path):
     random.seed(1234)
     np.random.seed(1234)
     state = load_checkpoint(path, model=model2, optimizer=opt2, scheduler=sched2)
-    assert state == {"step": 3, "sampler_state": {"epoch": 1, "index": 24}, "extra": {"loss": 0.5}}
+    assert {k: state[k] for k in ("step", "sampler_state", "extra")} == {
+        "step": 3,
+        "sampler_state": {"epoch": 1, "index": 24},
+        "extra": {"loss": 0.5},
+    }
+    assert state["trainer_state"]["global_step"] == 3
     got_rand = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(got_rand[0], expected_rand[0]) and got_rand[1:] == expected_rand[1:]
     train_steps(model2, opt2, sched2, 2)
@@ -157,7 +170,7 @@ def test_hard_crash_mid_save_leaves_previous_checkpoint(tmp_path):
     assert proc.returncode == 17
     leftovers = [n for n in os.listdir(tmp_path) if n != "checkpoint-1"]
     assert len(leftovers) == 1 and leftovers[0].startswith(".tmp-checkpoint-2-")
-    assert "model.pt" in os.listdir(tmp_path / leftovers[0])  # it really died mid-save
+    assert "model.safetensors" in os.listdir(tmp_path / leftovers[0])  # it really died mid-save
     assert latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-1")
 
 
@@ -214,7 +227,13 @@ def test_two_ranks_save_one_checkpoint(tmp_path, monkeypatch):
     for rank in range(2):
         res = torch.load(tmp_path / f"result-{rank}.pt", weights_only=True)
         assert res["path"] == str(tmp_path / "checkpoint-4")
-        assert res["seen"] == ["model.pt", "rng-0.pt", "rng-1.pt", "trainer_state.json"]
+        assert res["seen"] == [
+            "gaudi_launch_state.json",
+            "model.safetensors",
+            "rng_state_0.pth",
+            "rng_state_1.pth",
+            "trainer_state.json",
+        ]
         assert res["restored"] and res["state"]["sampler_state"] == {"rank0": True}
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
 
@@ -263,6 +282,7 @@ def test_throughput_zeros_without_measured_steps():
         "train_steps_per_second": 0.0,
         "train_runtime": 0.0,
         "measured_steps": 0,
+        "measured_samples": 0,
     }
     clock.now = 5.0
     tp.step(8)
@@ -398,17 +418,17 @@ def test_resuming_latest_falls_back_past_a_truncated_newest_checkpoint(tmp_path)
 
     trainer(4).train()
     assert latest_checkpoint(str(tmp_path)).endswith("checkpoint-4")
-    _truncate(tmp_path / "checkpoint-4" / "model.pt")
+    _truncate(tmp_path / "checkpoint-4" / "model.safetensors")
     again = trainer(6, resume="latest")
     with pytest.warns(
         UserWarning,
-        match=r"checkpoint-4/model.pt cannot be loaded.*resuming from the previous "
+        match=r"checkpoint-4/model.safetensors cannot be loaded.*resuming from the previous "
         r"checkpoint .*checkpoint-2 instead",
     ):
         out = again.train()
     assert out.global_step == 6
-    _truncate(tmp_path / "checkpoint-4" / "model.pt")  # the resumed run saved step 4 anew
-    with pytest.raises(CheckpointError, match="checkpoint-4/model.pt cannot be loaded"):
+    _truncate(tmp_path / "checkpoint-4" / "model.safetensors")  # the resumed run saved step 4 anew
+    with pytest.raises(CheckpointError, match="checkpoint-4/model.safetensors cannot be loaded"):
         trainer(6, resume=str(tmp_path / "checkpoint-4")).train()  # a path given: that one, or an error
 
 
@@ -422,7 +442,7 @@ def test_disk_full_during_save_names_the_path_and_keeps_the_previous_checkpoint(
         model = torch.nn.Linear(256, 256)  # 256 KiB of weights: does not
         with pytest.raises(
             CheckpointError,
-            match=r"checkpoint-2 failed writing .*model.pt: No space left on device; "
+            match=r"checkpoint-2 failed writing .*model.safetensors: No space left on device; "
             r"the previous checkpoint .*checkpoint-1 is kept",
         ):
             save_checkpoint(str(disk), 2, model=model, optimizer=None, scheduler=None, sampler_state={})
@@ -433,13 +453,13 @@ def test_disk_full_during_save_names_the_path_and_keeps_the_previous_checkpoint(
 
 
 def test_a_deepspeed_checkpoint_counts_as_complete_and_asks_for_deepspeed_to_resume(tmp_path):
-    # Under --deepspeed, checkpoint-N holds the engine's deepspeed/ directory instead of model.pt.
+    # Under --deepspeed, checkpoint-N holds the engine's deepspeed/ directory instead of the model file.
     path = tmp_path / "checkpoint-3"
     (path / "deepspeed").mkdir(parents=True)
     (path / "trainer_state.json").write_text(json.dumps({"step": 3, "sampler_state": {}, "extra": {}}))
     assert latest_checkpoint(str(tmp_path)) == str(path)
     with pytest.raises(CheckpointError, match="holds a DeepSpeed checkpoint .*resume it with --deepspeed"):
         load_checkpoint(str(path), model=torch.nn.Linear(2, 2))
-    (tmp_path / "checkpoint-4").mkdir()  # neither model.pt nor deepspeed/: not a checkpoint
+    (tmp_path / "checkpoint-4").mkdir()  # neither a model file nor deepspeed/: not a checkpoint
     (tmp_path / "checkpoint-4" / "trainer_state.json").write_text("{}")
     assert latest_checkpoint(str(tmp_path)) == str(path)

@@ -86,6 +86,47 @@ def test_training_lowers_the_loss_on_cpu(tmp_path):
     assert out.metrics["measured_steps"] == 40
 
 
+@pytest.mark.parametrize("warmup, expected", [(0, 52), (2, 52 - 2 * 6)])
+def test_throughput_counts_the_samples_trained(tmp_path, warmup, expected):
+    # 26 samples in batches of 2, accumulation 3: each epoch is 4 steps of 6 samples and a short one of 2.
+    # transformers counts 26 a epoch (Trainer.num_examples x epochs), optimum-habana leaves out the warm-up
+    # steps' samples; a full batch x accumulation per step would count 60.
+    trainer = Trainer(
+        ns["model"](),
+        args(
+            tmp_path,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=3,
+            max_steps=-1,
+            num_train_epochs=2,
+            throughput_warmup_steps=warmup,
+        ),
+        train_dataset=ns["dataset"](26),
+        tokens_per_sample=4,
+        log=lambda s: None,
+    )
+    out = trainer.train()
+    assert out.global_step == 10
+    assert out.metrics["measured_samples"] == expected
+    rate = out.metrics["train_samples_per_second"]
+    assert out.metrics["train_tokens_per_second"] == pytest.approx(4 * rate)
+
+
+def test_samples_in_round_counts_each_sample_once():
+    from gaudi_launch.runtime.sampling import batches_per_rank, samples_in_round
+
+    for n, batch, world in ((26, 2, 1), (26, 2, 2), (7, 2, 2), (9, 4, 3)):
+        rounds = batches_per_rank(n, batch, world)
+        assert sum(samples_in_round(n, batch, world, i) for i in range(rounds)) == n
+    assert samples_in_round(26, 2, 2, 6) == 2  # the last round: 2 left, 2 completed from the start not counted
+    assert samples_in_round(26, 4, 2, 2, drop_last=True) == 8
+
+
+def _no_dropout(model):
+    model.drop.p = 0.0
+    return model
+
+
 @pytest.mark.parametrize(
     "strategy, extra, expected",
     [
@@ -100,10 +141,14 @@ def test_evaluation_during_training_leaves_training_unchanged(tmp_path, strategy
     if strategy == "steps":
         kw.update(max_steps=15 if "eval_steps" in extra else 12)
     plain_kw = {k: v for k, v in kw.items() if k != "eval_steps"}
-    plain = Trainer(ns["model"](), args(tmp_path / "plain", **plain_kw), train_dataset=data, log=lambda s: None)
+    # Without dropout: an evaluation draws one number from the global RNG (its loader's seed, as
+    # transformers' does: the equivalence suite's dropout case), which only dropout would see.
+    plain = Trainer(
+        _no_dropout(ns["model"]()), args(tmp_path / "plain", **plain_kw), train_dataset=data, log=lambda s: None
+    )
     plain.train()
     evaluated = Trainer(
-        ns["model"](),
+        _no_dropout(ns["model"]()),
         args(tmp_path / "eval", eval_strategy=strategy, **kw),
         train_dataset=data,
         eval_dataset=ns["dataset"](16),
@@ -113,7 +158,7 @@ def test_evaluation_during_training_leaves_training_unchanged(tmp_path, strategy
     rows = [json.loads(line) for line in Path(tmp_path / "eval", "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "eval_loss" in r] == expected
     assert out.global_step == expected[-1]
-    assert losses(tmp_path / "eval") == losses(tmp_path / "plain")  # no RNG draw, no weight change
+    assert losses(tmp_path / "eval") == losses(tmp_path / "plain")  # no weight change
 
 
 def test_eval_strategy_arguments():
@@ -381,3 +426,65 @@ def test_two_rank_fast_ddp_with_clipping_trains_as_ddp_does(tmp_path):
     assert len(curves["ddp"]) == len(curves["fast_ddp"]) == 12
     assert curves["fast_ddp"] == pytest.approx(curves["ddp"], abs=2e-4)  # the log rounds to 4 places
     assert curves["fast_ddp"][-1] < curves["fast_ddp"][0]
+
+
+class _LossIsY(torch.nn.Module):
+    """A model whose training losses are `train_losses` in turn and whose eval loss is its batch's y: a nan
+    loss, and no nan gradient."""
+
+    def __init__(self, train_losses):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.zeros(1))
+        self.train_losses = list(train_losses)
+
+    def forward(self, x, y):
+        value = torch.tensor(self.train_losses.pop(0)) if self.training else y.mean()
+        return {"loss": self.p.sum() * 0 + value}
+
+
+def test_nan_losses_are_filtered_as_transformers_filters_them(tmp_path):
+    # transformers (logging_nan_inf_filter): a nan/inf micro-batch loss counts as the mean per
+    # step since the last log (Trainer._run_epoch); an eval batch's nan loss is left out of eval_loss
+    # (evaluation_loop); perplexity is exp(eval_loss), inf where it overflows (run_clm.py).
+    ys = [2.0, float("nan"), 4.0, 6.0]
+    items = [{"x": torch.zeros(1), "y": torch.tensor(y)} for y in ys]
+    targs = args(
+        tmp_path,
+        per_device_train_batch_size=1,
+        per_device_eval_batch_size=1,
+        max_steps=4,
+        logging_steps=2,
+        logging_nan_inf_filter=True,  # transformers' default; optimum-habana's is False
+    )
+    trainer = Trainer(_LossIsY(ys), targs, train_dataset=items, eval_dataset=items, log=lambda s: None)
+    trainer.train()
+    logged = [loss for _, loss in losses(tmp_path)]
+    assert logged == pytest.approx([(2.0 + 2.0 / 2) / 2, (4.0 + 6.0) / 2])
+    metrics = trainer.evaluate()
+    assert metrics["eval_loss"] == pytest.approx(4.0)  # (2 + 4 + 6) / 3
+    from gaudi_launch.runtime.trainer import perplexity
+
+    assert perplexity(800.0) == float("inf") and perplexity(1.0) == pytest.approx(2.718281828)
+
+
+def test_fractional_logging_and_warmup_steps_and_defaults_are_transformers_5s(tmp_path):
+    from transformers import TrainingArguments as HFArgs
+
+    from gaudi_launch.runtime.args import warmup_steps
+
+    hf = HFArgs(output_dir=str(tmp_path), warmup_steps=0.3)
+    ours = TrainingArguments(output_dir=str(tmp_path), warmup_steps=0.3)
+    for total in (1, 7, 10, 33):
+        assert warmup_steps(ours, total) == hf.get_warmup_steps(total)
+    assert TrainingArguments().logging_steps == HFArgs(output_dir=str(tmp_path)).logging_steps == 500
+    with pytest.raises(ValueError, match="integer if bigger than 1"):
+        TrainingArguments(logging_steps=2.5)
+    # logging_steps 0.25 of 8 steps: every 2 (TrainerState.compute_steps rounds up).
+    trainer = Trainer(
+        ns["model"](),
+        args(tmp_path, max_steps=8, logging_steps=0.25),
+        train_dataset=ns["dataset"](),
+        log=lambda s: None,
+    )
+    trainer.train()
+    assert [step for step, _ in losses(tmp_path)] == [2, 4, 6, 8]
