@@ -17,7 +17,6 @@ import torch
 from .args import warmup_steps
 from .device import DeviceInfo
 
-
 # transformers' Trainer.get_decay_parameter_names: a parameter is not decayed when its full name, lower-cased,
 # contains one of these, or when it belongs to a torch LayerNorm. So T5's relative_attention_bias and a norm
 # layer named "norm"/"*_norm"/"*layernorm*"/"*rmsnorm*" are exempt, a BatchNorm named "bn" is decayed.

@@ -59,6 +59,8 @@ def test_batchnorm_is_decayed_and_norm_names_are_not_as_in_transformers():
 
 def test_the_optimizer_gets_those_groups():
     model = Mixed()
-    opt = make_optimizer(model, TrainingArguments(weight_decay=0.1), DeviceInfo("cpu", torch.device("cpu"), "gloo", False, 0), None)
+    opt = make_optimizer(
+        model, TrainingArguments(weight_decay=0.1), DeviceInfo("cpu", torch.device("cpu"), "gloo", False, 0), None
+    )
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
     assert any(p is model.bn.weight for p in opt.param_groups[0]["params"])
