@@ -203,9 +203,12 @@ def parse(lines) -> list[dict]:
 
 
 def _pairs(records: list[dict], stage: str) -> list[Pair]:
-    out = []
+    """The coordinator's pair records of one stage, each (round, a, b) once (a line a relay repeated too)."""
+    out, seen = [], set()
     for r in records:
-        if r.get("step") == "pair" and r.get("stage") == stage:
+        key = (r.get("round"), r.get("a"), r.get("b"))
+        if r.get("step") == "pair" and r.get("stage") == stage and key not in seen:
+            seen.add(key)
             try:
                 out.append(
                     Pair(

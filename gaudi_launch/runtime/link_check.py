@@ -305,7 +305,7 @@ class Coordinator:
                     }
                 )
             v = pair_rounds.verdict(ranks, pairs)
-            self.faulty |= any(p.bad for p in pairs)
+            self.faulty |= any(not p.ok for p in pairs)  # a silent agent: the backend must end it
             if pair_rounds.settled(v, k + 1, len(ranks)):
                 break
         return v.named
@@ -321,7 +321,7 @@ class Coordinator:
                 left = [r for r in self.ranks if r not in named]
                 named |= self._stage("library", left, cfg["lib_timeout"]) if len(left) > 1 else set()
                 left = [r for r in self.ranks if r not in named]
-                if len(left) > 1:
+                if len(left) > 2:  # two hosts left: their pair was the whole cluster
                     got = self._round("confirm", 0, [], cfg["lib_timeout"], group=left)
                     bad = {r: g for r, g in got.items() if not g.get("ok")}
                     self.faulty |= bool(bad)

@@ -14,7 +14,8 @@ one pair's deadline and says which two hosts it was between. Rounds of pairs the
   SLOW_FRACTION x the median of the hosts' best pairs, or under a floor given).
 * A host is *good* once one of its pairs was not bad: a healthy pair proves both ends.
 * A host is *named* when it is not good and one of its bad pairs was with a good host: its partner passed
-  with someone else, so the fault is this host's. Failed if any such pair failed, else slow.
+  with someone else, so the fault is this host's. Failed if such a pair failed; slow if two such pairs
+  were slow (from three hosts on: one slow exchange on a busy machine is not enough).
 * Rounds go on while a host with a bad pair is neither good nor named, up to max_rounds.
 
 One bad host X: round 1 pairs X with A (bad) and the others pass; round 2 pairs X with B, who passed in
@@ -24,7 +25,7 @@ nothing, and the next round pairs each with a good host. With n = 4 and both bad
 When nothing can be told apart (two hosts only; or every pair of a host failed with hosts that failed
 everywhere else, as when most of the cluster is broken) the host is "unpinned", never named: the
 report then says that the fault may be common to all (the interface, a firewall, the environment).
-A bad pair of two good hosts is a fault of the path between them (a switch port, a cable): kept as such.
+A failed pair of two good hosts is a fault of the path between them (a switch port, a cable): kept as such.
 """
 
 from __future__ import annotations
@@ -122,25 +123,32 @@ def classify(pairs: list[Pair], min_bandwidth: Optional[float] = None) -> tuple[
 
 
 def verdict(hosts: list[int], pairs: list[Pair], min_bandwidth: Optional[float] = None) -> Verdict:
-    """Who is good, who is named (failed or slow), who cannot be pinned, from the pairs so far."""
+    """Who is good, who is named (failed or slow), who cannot be pinned, from the pairs so far.
+
+    A failed pair with a good partner names its host at once (a hang or an error is not noise); slowness
+    must show twice, with two good partners, when there are three hosts or more: one slow pair on a busy
+    machine is not enough, and the next round gives the host another partner (as the health screen keeps a
+    node on its watch list for the next round)."""
     v = Verdict()
     v.median_gbs, v.threshold_gbs = classify(pairs, min_bandwidth)
     for p in pairs:
         if not p.bad:
             v.good.update((p.a, p.b))
+    twice = 2 if len(hosts) >= 3 else 1
     for h in hosts:
         if h in v.good:
             continue
         mine = [p for p in pairs if h in (p.a, p.b) and p.bad]
         pinned = [p for p in mine if (p.b if p.a == h else p.a) in v.good]
-        if pinned:
-            if any(not p.ok for p in pinned):
-                v.failed[h] = pinned
-            else:
-                v.slow[h] = pinned
+        if any(not p.ok for p in pinned):
+            v.failed[h] = pinned
+        elif len(pinned) >= twice:
+            v.slow[h] = pinned
         elif mine:
             v.unpinned.add(h)
-    v.path_faults = [p for p in pairs if p.bad and p.a in v.good and p.b in v.good]
+    # a failed pair of two good hosts: the path between them; a slow one is not held against them (a host's
+    # figure is its best pair's, and one slow exchange on a busy CPU is noise)
+    v.path_faults = [p for p in pairs if not p.ok and p.a in v.good and p.b in v.good]
     return v
 
 
