@@ -25,7 +25,7 @@ import shlex
 import stat
 from collections.abc import Iterable, Mapping
 from typing import Optional
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.readfile import read_regular
@@ -38,6 +38,8 @@ __all__ = [
     "is_secret",
     "secrets_in",
     "url_passwords",
+    "value_secrets",
+    "straddling",
     "mask_env",
     "mask_text",
 ]
@@ -352,11 +354,13 @@ def parse_assignments(
         name, sep, value = item.partition("=")
         if not sep and environ is not None and _check_name(name):
             if name not in environ:
-                raise UserError(
-                    f"{name} is not set in this environment",
-                    where=option,
-                    hint=f"export {name} first, or write {option} {name}=VALUE",
+                hint = (  # a secret's value on the command line is in ps for every user of the host
+                    f"export {name} in this shell first, or put {name}=... in an env file of yours (chmod 600) "
+                    "and pass --env-file FILE"
+                    if is_secret(name)
+                    else f"export {name} first, or write {option} {name}=VALUE"
                 )
+                raise UserError(f"{name} is not set in this environment", where=option, hint=hint)
             value = environ[name]
         elif not sep:
             raise UserError(
@@ -384,15 +388,46 @@ _SECRET_PARTS = frozenset(
         "PASSWORD",
         "PASSWD",
         "PASS",
+        "PWD",  # MYSQL_PWD, DB_PWD; not PWD itself, the shell's working directory (_NOT_SECRET)
+        "PASSPHRASE",
         "PAT",  # a personal access token: GITHUB_PAT, AZURE_DEVOPS_EXT_PAT
         "KEY",
         "APIKEY",
         "CREDENTIAL",
         "CREDENTIALS",
         "PRIVATE",
+        "AUTH",  # NPM_AUTH, BASIC_AUTH; not SSH_AUTH_SOCK (_NOT_SECRET)
+        "JWT",
+        "DSN",  # SENTRY_DSN: a URL with its key
+        "WEBHOOK",  # SLACK_WEBHOOK_URL: whoever has it may post
+        "COOKIE",
+        "SESSION",  # SESSION_SECRET, FLASK_SESSION; not the desktop's (_NOT_SECRET)
     }
 )
-_SECRET_SUBSTRINGS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "APIKEY")
+_SECRET_SUBSTRINGS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "APIKEY", "CONNECTIONSTRING")
+# Names with a secret-looking part that hold none: the shell's working directories, and what a desktop or
+# login session exports (masking XDG_SESSION_CLASS=user would hide every "user" in the job's output).
+_NOT_SECRET = frozenset(
+    {
+        "PWD",
+        "OLDPWD",
+        "SSH_AUTH_SOCK",  # a socket path, new at each login: a replayed plan would see a "changed secret"
+        "DESKTOP_SESSION",
+        "SESSION_MANAGER",
+        "GDMSESSION",
+        "DBUS_SESSION_BUS_ADDRESS",
+        "XAUTHORITY",
+    }
+)
+_NOT_SECRET_PREFIXES = ("XDG_SESSION_",)
+# Values that are credentials whatever their variable's name: a bearer token, a JWT, and the key fields of
+# a connection string (Azure's AccountKey=, SharedAccessKey=, SharedAccessSignature=; ADO.NET's Password=).
+_VALUE_SECRETS = re.compile(
+    r"\bBearer\s+(?P<bearer>[A-Za-z0-9._~+/=-]{8,})"
+    r"|(?P<jwt>\beyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*)"
+    r"|(?:^|;)\s*(?:AccountKey|SharedAccessKey|SharedAccessSignature|Password|Pwd)\s*=\s*(?P<field>[^;]+)",
+    re.IGNORECASE,
+)
 MASK = "***"
 # The password of a URL's userinfo, scheme://user:PASSWORD@host (the user may be empty: redis://:pw@h).
 # It ends at the host's last "@" (an unencoded "@" in a password) and never crosses "/", "?" or "#".
@@ -409,13 +444,27 @@ def url_passwords(value: str) -> list[str]:
     return [m.group(1) for m in _URL_PASSWORD.finditer(value)] if "://" in value else []
 
 
+def value_secrets(value: str) -> list[str]:
+    """The credentials in ``value`` whatever its name: URL passwords, a ``Bearer`` token, a JWT, a
+    connection string's AccountKey=/SharedAccessKey=/SharedAccessSignature=/Password=. Pure."""
+    found = url_passwords(value)
+    for m in _VALUE_SECRETS.finditer(value):
+        found.append(next(g for g in m.groups() if g).strip())
+    return found
+
+
 def is_secret(name: str, value: str = "") -> bool:
     """True when the variable looks like it holds a credential: by its name (HF_TOKEN, DB_PASSWORD,
-    GITHUB_PAT, wandbKey, ...) or, whatever its name, when ``value`` holds a URL with a password."""
-    if any(part in _SECRET_PARTS for part in _name_parts(name)):
-        return True
-    upper = name.upper().replace("TOKENIZER", "")  # TOKENIZERS_PARALLELISM holds no token
-    return any(word in upper for word in _SECRET_SUBSTRINGS) or bool(url_passwords(value))
+    GITHUB_PAT, wandbKey, SENTRY_DSN, ...) or, whatever its name, when ``value`` holds a URL with a
+    password, a bearer token, a JWT or a connection string's key (value_secrets)."""
+    upper = name.upper()
+    if upper not in _NOT_SECRET and not upper.startswith(_NOT_SECRET_PREFIXES):
+        if any(part in _SECRET_PARTS for part in _name_parts(name)):
+            return True
+        squeezed = upper.replace("TOKENIZER", "").replace("_", "")  # TOKENIZERS_PARALLELISM holds no token
+        if any(word in squeezed for word in _SECRET_SUBSTRINGS):
+            return True
+    return bool(value) and bool(value_secrets(value))
 
 
 def secrets_in(environ: Mapping[str, str]) -> dict[str, str]:
@@ -443,11 +492,40 @@ def _forms(value: str) -> set[str]:
     as written and percent-decoded."""
     forms = {value, shlex.quote(value), repr(value)[1:-1], json.dumps(value)[1:-1]}
     forms.add(json.dumps(value, ensure_ascii=False)[1:-1])
+    if not value.isascii():  # escaped non-ASCII: ascii()'s \xe4, bytes' \xc3\xa4, a URL's %C3%A4
+        forms.update((ascii(value)[1:-1], repr(value.encode("utf-8", "surrogatepass"))[2:-1], quote(value, safe="")))
+        forms.add(value.encode("unicode_escape").decode("ascii"))
     if "\n" in value or "\r" in value:
         forms.update(re.split(r"\r?\n|\r", value))
-    for password in url_passwords(value):
-        forms.update((password, unquote(password)))
+    for part in value_secrets(value):
+        forms.update((part, unquote(part)))
     return {f for f in forms if len(f.strip()) > _TOO_SHORT}
+
+
+def straddling(data: bytes, env: Mapping[str, str]) -> int:
+    """How many bytes at the end of ``data`` could be the start of a secret's form cut off by a line split
+    (the supervisor and the relay cut lines longer than 1 MiB): they are held back for the next piece, so
+    the secret is masked whole, never printed as two clear halves. Pure."""
+    secrets = frozenset((k, v) for k, v in env.items() if v and is_secret(k, v))
+    starts = _form_starts(secrets)
+    if not starts:
+        return 0
+    longest = max(len(f) for f in starts)
+    tail = data[-longest:]
+    for n in range(min(longest, len(data)), 0, -1):  # the longest suffix that begins some form
+        if any(len(form) > n and form.startswith(tail[-n:]) for form in starts):  # a proper start: cut
+            return n
+    return 0
+
+
+@functools.lru_cache(maxsize=64)
+def _form_starts(secrets: frozenset) -> tuple[bytes, ...]:
+    return tuple(
+        f.encode("utf-8", "surrogatepass")
+        for _, value in secrets
+        if value.strip().lower() not in _SWITCHES
+        for f in _forms(value)
+    )
 
 
 def mask_text(text: str, env: Mapping[str, str]) -> str:

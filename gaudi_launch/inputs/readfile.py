@@ -69,12 +69,12 @@ def read_regular(path: str, limit: int) -> tuple[bytes, os.stat_result]:
 
 
 def check_input(path: str, limit: int, *, where: str, what: str) -> None:
-    """A UserError (exit 2, naming ``where``) unless ``path`` is a readable regular file of at most ``limit``
-    bytes: for a file another program reads later (ssh -F) or a later step reads (--exclude-from)."""
+    """A UserError (exit 2, naming ``where``) when ``path`` is there but not a readable regular file of at most
+    ``limit`` bytes: for a file another program reads later (ssh -F) or a later step reads (--exclude-from)."""
     try:
         data = read_bounded(path, limit)
     except FileNotFoundError:
-        raise UserError(f"{what} {path} does not exist", where=where, hint="check the path") from None
+        return  # said where it is read (ssh -F, the finding): as before
     except OSError as exc:
         raise UserError(
             f"{what} {path} cannot be read: {exc.strerror or exc}", where=where, hint=f"give the {what} itself"

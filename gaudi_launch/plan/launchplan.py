@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from secrets import token_hex
 from typing import TYPE_CHECKING, Optional
 
-from gaudi_launch.inputs.envfile import is_secret, mask_env, mask_text
+from gaudi_launch.inputs.envfile import is_secret, mask_env, mask_text, straddling
 from gaudi_launch.inputs.idranges import id_ranges
 
 if TYPE_CHECKING:
@@ -93,6 +93,10 @@ class LaunchPlan:
 
     def mask(self, text: str) -> str:
         return mask_text(text, self.secret_values())
+
+    def secret_tail(self, data: bytes) -> int:
+        """Bytes at the end of a cut line that may begin a secret: kept for the next piece (envfile.straddling)."""
+        return straddling(data, self.secret_values())
 
     def to_dict(self) -> dict:
         """The JSON form (secrets masked): stable keys that tests and tools may rely on."""

@@ -8,14 +8,18 @@ is what logs and failure summaries keep. ``\\r\\n`` is a line end.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 Piece = tuple[str, bool]  # (text, final)
 
 
 class LineSplitter:
-    def __init__(self, max_line: int = 1 << 20):
+    """``hold``: how many bytes at the end of a too-long line's piece to keep for the next piece (the start
+    of a secret cut off by the split: envfile.straddling), so that a secret is masked whole."""
+
+    def __init__(self, max_line: int = 1 << 20, hold: Optional[Callable[[bytes], int]] = None):
         self.max_line = max_line
+        self.hold = hold
         self._buf = b""
         self._state: Optional[str] = None  # the last progress state of the unfinished line
         self._rewriting = False  # the unfinished line has been rewound with "\r" (a progress bar)
@@ -27,7 +31,8 @@ class LineSplitter:
             cut = [i for i in (self._buf.find(b"\n"), self._buf.find(b"\r")) if i >= 0]
             if not cut:
                 if len(self._buf) >= self.max_line:  # a line without an end: hand it out in pieces
-                    out.append(self._final(self._take(len(self._buf))))
+                    kept = min(self.hold(self._buf), len(self._buf) // 2) if self.hold else 0
+                    out.append(self._final(self._take(len(self._buf) - kept)))
                 elif self._rewriting and self._buf:
                     # a bar writes "\r" first, then its state: show the state now, not at the next "\r"
                     text = self._buf.decode("utf-8", errors="replace")

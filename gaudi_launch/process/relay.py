@@ -27,6 +27,7 @@ import socket
 import time
 from typing import Callable, Optional
 
+from gaudi_launch.inputs.envfile import secrets_in, straddling
 from gaudi_launch.process.progress import LineSplitter, Piece, ProgressPace
 from gaudi_launch.wire import ERROR_MARKER, TORN_DOWN, record_line
 
@@ -74,7 +75,9 @@ def _write_all(fd: int, data: bytes) -> None:
 class _Stream:
     def __init__(self, source: int, sink: int, rank: str, clock: Callable[[], float] = time.monotonic):
         self.source, self.sink, self.rank = source, sink, rank
-        self.splitter = LineSplitter(LINE_MAX)
+        # a secret of the job (its values are in this process's environment) cut by the split is kept whole
+        secrets = secrets_in(os.environ)
+        self.splitter = LineSplitter(LINE_MAX, hold=(lambda data: straddling(data, secrets)) if secrets else None)
         self.pace = ProgressPace()
         self.clock = clock
         self.explained = False  # the rank wrote its error record, or said it was told to stop

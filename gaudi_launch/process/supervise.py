@@ -180,6 +180,7 @@ class Supervisor:
         stderr: Optional[TextIO] = None,
         color: Optional[bool] = None,
         mask: Callable[[str], str] = lambda s: s,
+        hold: Optional[Callable[[bytes], int]] = None,
         handle_signals: bool = True,
         watch_interval: float = 3.0,
         console_ranks: Optional[Sequence[int]] = None,
@@ -198,6 +199,7 @@ class Supervisor:
             color = _isatty(self.out) and not os.environ.get("NO_COLOR")
         self.color = color
         self.mask = mask
+        self.hold = hold  # bytes at the end of a cut long line that may begin a secret (LineSplitter)
         self.handle_signals = handle_signals and threading.current_thread() is threading.main_thread()
         self._events: queue.Queue[tuple[Event, Any]] = queue.Queue()
         self._write_lock = threading.Lock()
@@ -251,8 +253,16 @@ class Supervisor:
             self._pump_live(proc, own, pipe, sink)
             return
         demux = proc.hooks.demux()
+        carry = b""  # the start of a secret a long line's cut split off: read again with the next piece
         for raw in iter(lambda: pipe.readline(LINE_READ_MAX), b""):
+            raw, carry = carry + raw, b""
+            if not raw.endswith(b"\n") and self.hold and len(raw) >= LINE_READ_MAX:
+                kept = min(self.hold(raw), len(raw) // 2)
+                raw, carry = raw[: len(raw) - kept], raw[len(raw) - kept :]
             for rank, text in demux(raw.decode("utf-8", errors="replace").rstrip("\r\n")):
+                self._route(proc, rank, text, sink)
+        if carry:
+            for rank, text in demux(carry.decode("utf-8", errors="replace").rstrip("\r\n")):
                 self._route(proc, rank, text, sink)
         for rank, text in demux(None):
             self._route(proc, rank, text, sink)
@@ -267,7 +277,7 @@ class Supervisor:
 
     def _pump_live(self, proc: _Proc, rank: Optional[int], pipe, sink: TextIO) -> None:
         """One rank's own pipe: lines as they end, and progress states (\r) as they come."""
-        splitter = LineSplitter(LINE_READ_MAX)
+        splitter = LineSplitter(LINE_READ_MAX, hold=self.hold)
         pace = None if _isatty(sink) else ProgressPace()  # a pipe or file: states as lines, a few
         fd = pipe.fileno()
         while True:
@@ -738,6 +748,7 @@ def supervise_job(plan: LaunchPlan, procs: list[ProcSpec], hooks: Hooks = NO_HOO
         log_dir=spec.log_dir,
         console_ranks=spec.console_ranks,
         mask=plan.mask,
+        hold=plan.secret_tail,
         left_out=plan.left_out,
         results=output_dir(plan.program),
         **options,

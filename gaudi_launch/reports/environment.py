@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.devices import detect_local_devices
+from gaudi_launch.inputs.envfile import mask_env
 from gaudi_launch.inputs.hostfile import read_hostfile
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
@@ -195,11 +196,13 @@ def collect() -> dict[str, Any]:
         "scaleout": _scaleout(),
         "reportncheck": _reportncheck(),
         "nics": _nics(),
-        "env": {
-            k: os.environ[k]
-            for k in sorted(os.environ)
-            if k.startswith(("HABANA_VISIBLE", "PT_HPU_LAZY", "HCCL_SOCKET", "HCCL_OVER_OFI"))
-        },
+        "env": mask_env(  # HCCL_SOCKET_TOKEN, a PT_HPU_LAZY_*PASSWORD: never in clear
+            {
+                k: os.environ[k]
+                for k in sorted(os.environ)
+                if k.startswith(("HABANA_VISIBLE", "PT_HPU_LAZY", "HCCL_SOCKET", "HCCL_OVER_OFI"))
+            }
+        ),
     }
 
 

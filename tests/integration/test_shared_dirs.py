@@ -240,3 +240,32 @@ def test_a_grace_the_ranks_watchdog_would_not_take_is_refused(shared):
     res = gaudi_launch("--num_devices", "1", "--grace", "3600", "train.py", cwd=work, env=env)
     assert res.returncode == 2 and "--grace: at most 3599 seconds, got 3600" in res.stderr, res.stderr
     assert "ran" not in res.stdout
+
+
+# ---- item 8: masking gaps ---------------------------------------------------------------------------------
+
+SECRET = "hfSEKRETvalue0123456789"
+
+
+@pytest.mark.parametrize("offset", [5, 11, 17])
+def test_a_secret_cut_by_the_one_mib_line_split_is_masked_whole(shared, offset):
+    work, _, env = shared
+    (work / "long.py").write_text(
+        "import os, sys\n"
+        f"line = 'a' * ((1 << 20) - {offset}) + os.environ['HF_TOKEN'] + 'b' * 300000\n"
+        "sys.stdout.write(line + '\\n')\nsys.stdout.flush()\n"
+    )
+    res = gaudi_launch("--num_devices", "1", "long.py", cwd=work, env={**env, "HF_TOKEN": SECRET}, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.count("***") == 1, [p for p in res.stdout.split("a" * 50) if "***" in p or "SEKRET" in p]
+    assert "SEK" not in res.stdout and "6789" not in res.stdout  # neither half of the cut secret in clear
+
+
+def test_gaudi_launch_env_masks_hccl_and_pt_hpu_secrets(shared):
+    work, _, env = shared
+    res = gaudi_launch(
+        "env", cwd=work, env={**env, "HCCL_SOCKET_TOKEN": "hccl-tok-98765", "PT_HPU_LAZY_DB_PASSWORD": "pw-24680"}
+    )
+    assert res.returncode in (0, 1), res.stderr
+    out = res.stdout + res.stderr
+    assert "HCCL_SOCKET_TOKEN" in out and "hccl-tok-98765" not in out and "pw-24680" not in out

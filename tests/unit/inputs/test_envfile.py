@@ -16,6 +16,7 @@ from gaudi_launch.inputs.envfile import (
     mask_text,
     parse_assignments,
     parse_env_text,
+    straddling,
 )
 
 
@@ -744,3 +745,85 @@ def test_a_found_file_may_not_set_a_loader_variable(dirs, name):
         load(home, cwd)
     assert info.value.where == f"{p}:3" and name in info.value.message
     assert load(home, cwd, explicit=p)[0] == {"A": "1", name: "/x"}  # named with --env-file: as asked
+
+
+# ---------------------------------------------------------------- issue 36 item 8: masking gaps
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "DB_PASSPHRASE",
+        "MYSQL_PWD",
+        "NPM_AUTH",
+        "MY_JWT",
+        "SENTRY_DSN",
+        "SLACK_WEBHOOK_URL",
+        "SESSION_SECRET",
+        "AUTH_COOKIE",
+        "FLASK_SESSION",
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "HCCL_SOCKET_TOKEN",
+        "PT_HPU_DB_PASSWORD",
+    ],
+)
+def test_more_secret_names(name):
+    assert is_secret(name, "value")
+
+
+@pytest.mark.parametrize(
+    "name", ["PWD", "OLDPWD", "XDG_SESSION_CLASS", "DESKTOP_SESSION", "SSH_AUTH_SOCK", "GIT_AUTHOR_NAME", "AUTHOR"]
+)
+def test_the_working_directory_and_the_desktops_session_are_not_secrets(name):
+    assert not is_secret(name, "user")
+
+
+@pytest.mark.parametrize(
+    "value, hidden",
+    [
+        ("Bearer abcdefgh12345678", "abcdefgh12345678"),
+        (
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJl",
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJl",
+        ),
+        (
+            "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Zm9vYmFyYmF6cXV4==;EndpointSuffix=core",
+            "Zm9vYmFyYmF6cXV4==",
+        ),
+        ("Server=db;User Id=sa;Password=S3cretPw;", "S3cretPw"),
+        ("https://user:hunter22@example.com/x", "hunter22"),
+    ],
+)
+def test_secret_values_whatever_the_name(value, hidden):
+    assert is_secret("HEADER", value)
+    assert mask_text(f"said {hidden} here", {"HEADER": value}) == "said *** here"
+
+
+def test_escaped_non_ascii_forms_of_a_secret_are_masked():
+    import json as _json
+    from urllib.parse import quote as _quote
+
+    env = {"DB_PASSWORD": "pässwörd9"}
+    for form in (
+        ascii("pässwörd9")[1:-1],
+        repr("pässwörd9".encode())[2:-1],
+        _quote("pässwörd9"),
+        _json.dumps("pässwörd9")[1:-1],
+        "pässwörd9".encode("unicode_escape").decode(),
+    ):
+        assert mask_text(f"<{form}>", env) == "<***>", form
+
+
+def test_straddling_keeps_the_start_of_a_secret_cut_by_a_split():
+    env = {"HF_TOKEN": "hf_abcdefghijklmnop"}
+    assert straddling(b"x" * 100 + b"hf_abcd", env) == 7
+    assert straddling(b"x" * 100 + b"hf_abcdefghijklmnop", env) == 0  # whole: masked in this piece
+    assert straddling(b"x" * 100, env) == 0
+    assert straddling(b"x" * 100 + b"h", {"A": "1"}) == 0  # no secret
+
+
+def test_an_unset_secret_is_not_suggested_on_the_command_line():
+    with pytest.raises(UserError) as info:
+        parse_assignments(["HF_TOKEN"], "-x", environ={})
+    assert "export HF_TOKEN in this shell first" in info.value.hint and "--env-file" in info.value.hint
+    assert "-x HF_TOKEN=" not in info.value.hint
