@@ -180,9 +180,10 @@ def write_job_dir(plan: LaunchPlan, directory: str, job: bytes) -> None:
         jobdir.create(directory)
     except FileExistsError:
         raise UserError(
-            f"{directory} exists already; a job directory is never reused",
+            f"{directory} exists already ({jobdir.owner_of(directory)}); a job directory is never reused",
             where="TMPDIR",
-            hint="remove it if no job of yours is running, or set TMPDIR elsewhere",
+            hint="remove it if no job of yours is running (another user's: ask them, or set TMPDIR to a "
+            "directory of your own)",
         ) from None
     os.mkdir(os.path.join(directory, "bin"), 0o700)
     jobdir.write_private(os.path.join(directory, "hostfile"), hostfile_text(plan).encode())

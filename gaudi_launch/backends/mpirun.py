@@ -401,9 +401,10 @@ def write_hostfile(plan: LaunchPlan) -> Optional[str]:
         jobdir.create(os.path.dirname(path))
     except FileExistsError:
         raise UserError(
-            f"{os.path.dirname(path)} exists already; a job directory is never reused",
+            f"{os.path.dirname(path)} exists already ({jobdir.owner_of(os.path.dirname(path))}); a job directory is never reused",
             where="TMPDIR",
-            hint="remove it if no job of yours is running, or set TMPDIR elsewhere",
+            hint="remove it if no job of yours is running (another user's: ask them, or set TMPDIR to a "
+            "directory of your own)",
         ) from None
     jobdir.write_private(path, hostfile_text(plan).encode())
     return path

@@ -42,7 +42,7 @@ from gaudi_launch.plan import gaudi
 from gaudi_launch.plan.contract import elastic_env, node_layout, node_of_rank, node_visibility, read_error_file
 from gaudi_launch.process import placement, relay
 from gaudi_launch.process.heartbeats import install_stack_dump
-from gaudi_launch.remote.jobdir import clean_stale, read_job
+from gaudi_launch.remote.jobdir import clean_stale, owner_of, read_job
 from gaudi_launch.remote.teardown import sweep_here
 from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
 from gaudi_launch.wire import (
@@ -146,15 +146,12 @@ def uses_hpu(environ: Mapping[str, str]) -> bool:
 
 
 def _private_job_dir(job: str) -> str:
-    """The per-job directory, made 0700 if absent; OSError for one that is not ours and private."""
+    """The per-job directory, made 0700 if absent; JobDirError for one that is not ours and private."""
     path = path_for(job)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
-        try:
-            check_private_dir(path)
-        except JobDirError as exc:
-            raise OSError(str(exc)) from None
+        check_private_dir(path)
     return path
 
 
@@ -173,6 +170,14 @@ def _hpu_env(script_args: list[str], environ: MutableMapping[str, str]) -> dict[
     try:
         job_dir = _private_job_dir(job) if job else None
         return hpu_env_for_script(script_args, environ, job_dir)
+    except JobDirError as exc:  # made first by someone else: never run without the requested op lists
+        print(
+            f"gaudi-launch worker: error: the job's directory {path_for(job)} is not this user's alone "
+            f"({owner_of(path_for(job))}): {exc}; this rank will not run without its autocast op lists and "
+            "recipe cache. Remove it if it is yours, or set TMPDIR to a directory of your own",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     except OSError as exc:  # e.g. an unwritable TMPDIR: the runtime tries again, later
         print(
             f"gaudi-launch worker: could not write the autocast op lists ({exc}); set TMPDIR to a writable directory",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -52,6 +53,20 @@ def create(path: str) -> None:
     os.mkdir(path, 0o700)
     os.chmod(path, 0o700)  # whatever the umask
     write_private(os.path.join(path, OWNER_FILE), owner_record().encode())
+
+
+def owner_of(path: str) -> str:
+    """Who made ``path``, for a message about a job directory that exists already: 'you' or 'user NAME (uid N)'."""
+    try:
+        uid = os.lstat(path).st_uid
+    except OSError:
+        return "gone since"
+    if uid == os.geteuid():
+        return "made by you"
+    try:
+        return f"made by user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"made by uid {uid}"
 
 
 def owner_record(pid: Optional[int] = None) -> str:

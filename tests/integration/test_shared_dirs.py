@@ -269,3 +269,28 @@ def test_gaudi_launch_env_masks_hccl_and_pt_hpu_secrets(shared):
     assert res.returncode in (0, 1), res.stderr
     out = res.stdout + res.stderr
     assert "HCCL_SOCKET_TOKEN" in out and "hccl-tok-98765" not in out and "pw-24680" not in out
+
+
+# ---- item 4: a job directory another user made first ------------------------------------------------------
+
+RANK_ENV = "import os, sys; from gaudi_launch.process import worker; print(worker._hpu_env([], dict(os.environ)))"
+
+
+def test_a_rank_whose_job_directory_another_user_made_fails_naming_them(tmp_path):
+    squatted = tmp_path / "gaudi-launch-0badc0de"
+    squatted.mkdir(mode=0o777)
+    os.chown(squatted, other_uid(), other_uid())
+    env = {**os.environ, "TMPDIR": str(tmp_path), "GAUDI_LAUNCH_JOB_ID": "0badc0de", "RANK": "0"}
+    res = subprocess.run([sys.executable, "-c", RANK_ENV], capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"{squatted} is not this user's alone (made by user {OTHER_NAME}" in res.stderr
+    assert "will not run without its autocast op lists" in res.stderr
+
+
+def test_a_launcher_job_directory_made_first_by_another_user_names_them(tmp_path):
+    from gaudi_launch.remote import jobdir
+
+    squatted = tmp_path / "gaudi-launch-0badc0de"
+    squatted.mkdir()
+    os.chown(squatted, other_uid(), other_uid())
+    assert jobdir.owner_of(str(squatted)) == f"made by user {OTHER_NAME} (uid {other_uid()})"
