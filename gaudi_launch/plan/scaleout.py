@@ -419,7 +419,7 @@ def link_findings(f: HostFabric) -> list[tuple[str, str]]:
     Health Screen (HabanaAI/Setup_and_Install utils/intel_gaudi_health_screen, IGNodes.py check_link_state)
     marks a card bad for any port DOWN in any of its reads, internal ones too. Pure."""
     out = []
-    if f.internal_down:
+    if f.internal_down and not _pcie_card(f.device_name):
         out.append(
             (
                 f"Gaudi scale-up (internal) port(s) down: {_shown(f.internal_down)}",
@@ -431,6 +431,12 @@ def link_findings(f: HostFabric) -> list[tuple[str, str]]:
     if flaps:
         out.append((f"Gaudi NIC port(s) flapping between reads: {_shown(tuple(flaps))}", "check the cables"))
     return out
+
+
+def _pcie_card(name: Optional[str]) -> bool:
+    """A PCIe card (Gaudi 2 HL-28x, Gaudi 3 HL-338): no scale-up mesh between cards is assumed, so its internal
+    ports' state is not judged (an assumption: docs/multinode.md, "Unproven without hardware")."""
+    return bool(re.match(r"HL-(28|33)\d", (name or "").strip()))
 
 
 def wrapper_finding(f: HostFabric, path: ScaleOutPath) -> Optional[tuple[str, str]]:

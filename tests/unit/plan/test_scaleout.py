@@ -385,3 +385,9 @@ def test_a_bad_gaudinet_json_fails_the_preflight(tmp_path, monkeypatch):
     assert not f.ok and f"{net}: NIC_NET_CONFIG entry 0 has no NIC_IP, SUBNET_MASK, GATEWAY_MAC" in f.reason
     net.write_text(GOOD_NET)
     assert _preflight(["gaudi-a"], tmp_path).facts["gaudi-a"].ok
+
+
+def test_internal_ports_of_a_pcie_card_are_not_judged():
+    down = ("0000:1b:00.0 port 3",)
+    assert scaleout.link_findings(HostFabric("HL-338", internal_down=down)) == []
+    assert scaleout.link_findings(HostFabric("HL-325L", internal_down=down))
