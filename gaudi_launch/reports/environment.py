@@ -117,6 +117,8 @@ def _scaleout() -> dict[str, Any]:
         "libfabric": f.libfabric,
         "rdma_devices": list(f.rdma_devices),
         "gaudi_scaleout_ports": ports,
+        # where HCCL's OFI plugin would find libhccl_ofi_wrapper.so (plan/scaleout.py); None: not looked
+        "ofi_wrapper": None if f.ofi_wrapper is None else list(f.ofi_wrapper),
         "path": path.as_dict(),
     }
 
@@ -247,7 +249,13 @@ def _scaleout_lines(info: dict[str, Any]) -> list[str]:
         f"{'Gaudi scale-out ports':24} {so.get('gaudi_scaleout_ports')}",
         f"{'libfabric':24} {so.get('libfabric') or 'not found (no fi_info)'}",
         f"{'RDMA devices':24} {', '.join(so.get('rdma_devices') or []) or 'none'}",
-        f"{'scale-out path':24} {path.get('path')} {path.get('name')}: {path.get('why')}",
+        f"{'OFI wrapper':24} "
+        + (
+            "-" if so.get("ofi_wrapper") is None else "; ".join(so["ofi_wrapper"]) or "libhccl_ofi_wrapper.so not found"
+        ),
+        f"{'scale-out path':24} {path.get('path')} {path.get('name')}"
+        + (f" if {' and '.join(path['if'])}, else {path.get('else')}" if path.get("if") else "")
+        + f": {path.get('why')}",
     ]
     rnc = info.get("reportncheck")
     lines.append(

@@ -43,3 +43,16 @@ def test_env_report_without_gaudi_tools(tmp_path, monkeypatch):
     if so["device"] is not None:  # a machine with the real hl-smi
         return
     assert so["path"]["path"] in ("?", "P2") and so["gaudi_scaleout_ports"] == "not read"
+
+
+def test_env_report_shows_a_conditional_path_and_the_ofi_wrapper(tmp_path, monkeypatch):
+    """Issue 32: the verbs host's path is "P1 ... if ..., else P2", and where the OFI wrapper resolves from."""
+    gaudi_tools.apply(monkeypatch, "gaudi3-verbs", root=tmp_path)
+    so = environment._scaleout()
+    assert so["ofi_wrapper"] == [f"dir {tmp_path / 'ofi'}"]
+    text = "\n".join(environment._scaleout_lines({"scaleout": so, "reportncheck": None}))
+    assert f"OFI wrapper              dir {tmp_path / 'ofi'}" in text
+    assert (
+        "scale-out path           P1 host NIC Gaudi Direct (verbs) if libfabric was built --with-synapseai and "
+        "PCIe ACS is off, else P2: Gaudi 3 (HL-325L)"
+    ) in text
