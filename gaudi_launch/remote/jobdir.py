@@ -29,6 +29,7 @@ from gaudi_launch.wire import JOB_ID, PREFIX, JobDirError, check_private_dir, pa
 
 JOB_FILE = "job.json"
 OWNER_FILE = "owner"
+RESERVED = "reserved"  # made by reserve(), taken by the backend's create()
 STALE_AFTER_S = 120.0  # a directory this young may belong to a job whose ranks are still starting
 # What a path on DeepSpeed's pdsh line may contain: it is pasted into a remote shell unquoted.
 SAFE_PATH = re.compile(r"[A-Za-z0-9_./-]+")
@@ -49,10 +50,54 @@ def digest(data: bytes) -> str:
 
 
 def create(path: str) -> None:
-    """The launcher's job directory: fresh (an existing one is never reused), 0700, with an owner record."""
-    os.mkdir(path, 0o700)
+    """The launcher's job directory: fresh (an existing one is never reused, unless this very launcher
+    reserved it: ``reserve``), 0700, with an owner record. FileExistsError otherwise."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if reserved_here(path):
+            try:
+                os.unlink(os.path.join(path, RESERVED))  # taken once: a second create fails as ever
+                return
+            except FileNotFoundError:
+                pass
+        raise
     os.chmod(path, 0o700)  # whatever the umask
     write_private(os.path.join(path, OWNER_FILE), owner_record().encode())
+
+
+def reserve(path: str) -> bool:
+    """Make the launcher's job directory before anything shows the job id to other users (the ssh control
+    directory gaudi-launch-<id>-ssh in /tmp does): no one can make it first after seeing the id. False
+    when it exists already (the backend then names its owner)."""
+    try:
+        create(path)
+        write_private(os.path.join(path, RESERVED), b"")
+        return True
+    except FileExistsError:
+        return False
+
+
+def reserved_here(path: str) -> bool:
+    """Whether ``path`` is a private directory of ours whose owner record is this process's."""
+    try:
+        check_private_dir(path)
+        fd = os.open(os.path.join(path, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            return f.read(4096).decode("utf-8", "replace") == owner_record()
+    except (OSError, JobDirError):
+        return False
+
+
+def release(path: str) -> None:
+    """Remove a reserved job directory no backend used (it holds the owner record only)."""
+    try:
+        if reserved_here(path) and sorted(os.listdir(path)) == sorted([OWNER_FILE, RESERVED]):
+            os.unlink(os.path.join(path, RESERVED))
+            os.unlink(os.path.join(path, OWNER_FILE))
+            os.rmdir(path)
+    except OSError:
+        pass
 
 
 def owner_of(path: str) -> str:

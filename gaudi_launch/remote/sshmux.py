@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from gaudi_launch.inputs.hostnames import bare_host
+from gaudi_launch.remote import jobdir
 from gaudi_launch.remote.teardown import AGENT_DONE, KILL_CODE
 
 PERSIST_S = 60  # clean_stale leaves a job's directory younger than twice this alone
@@ -152,6 +153,9 @@ class Connections:
         self.job_id = job_id
         self.ssh_args = list(ssh_args)
         self.dir = control_dir(job_id, tmp)
+        # the job directory first: the control directory's name shows the id to every user of /tmp
+        self.job_dir = jobdir.path_for(job_id)
+        self._reserved = jobdir.reserve(self.job_dir)
         clean_stale(os.path.dirname(self.dir))
         os.mkdir(self.dir, 0o700)  # fresh: an existing path (someone else's) is an error
         self.hosts: list[str] = []  # hosts an ssh was asked to become the master of
@@ -357,6 +361,8 @@ class Connections:
             self.closed = True
             _by_job.pop(self.job_id, None)
             rsh, self._rsh = self._rsh, None
+        if self._reserved:
+            jobdir.release(self.job_dir)  # unless a backend took it (it removes it at the job's end)
         if rsh is not None:
             try:
                 rsh.shutdown(socket.SHUT_RDWR)  # wakes the accept() of serve_rsh's thread

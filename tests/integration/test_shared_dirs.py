@@ -294,3 +294,35 @@ def test_a_launcher_job_directory_made_first_by_another_user_names_them(tmp_path
     squatted.mkdir()
     os.chown(squatted, other_uid(), other_uid())
     assert jobdir.owner_of(str(squatted)) == f"made by user {OTHER_NAME} (uid {other_uid()})"
+
+
+def test_the_job_directory_is_made_before_the_ssh_directory_shows_the_id(tmp_path, monkeypatch):
+    import tempfile
+
+    from gaudi_launch.remote import jobdir, sshmux
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    conn = sshmux.Connections("0badc0de", [], str(tmp_path))
+    try:
+        assert os.path.basename(conn.dir) == "gaudi-launch-0badc0de-ssh"  # what another user of /tmp sees
+        job_dir = tmp_path / "gaudi-launch-0badc0de"
+        assert job_dir.is_dir() and os.stat(job_dir).st_uid == os.geteuid()  # theirs can no longer be made
+        squat = subprocess.run(
+            ["mkdir", str(job_dir)], user=other_uid(), group=other_uid(), extra_groups=[], capture_output=True
+        )
+        assert squat.returncode != 0
+        jobdir.create(str(job_dir))  # the backend takes the directory this launcher reserved
+        jobdir.write_private(str(job_dir / "hostfile"), b"localhost slots=1\n")
+    finally:
+        conn.close()
+    assert job_dir.is_dir()  # a backend took it: it removes it at the job's end, not the connections
+
+
+def test_a_reserved_job_directory_no_backend_used_goes_with_the_connections(tmp_path, monkeypatch):
+    import tempfile
+
+    from gaudi_launch.remote import sshmux
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    sshmux.Connections("0badc0df", [], str(tmp_path)).close()
+    assert not (tmp_path / "gaudi-launch-0badc0df").exists()
