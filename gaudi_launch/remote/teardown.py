@@ -188,10 +188,20 @@ def kill_args(job_id: str, sig: int, since: Optional[float] = None) -> list[str]
 
 
 def remote_argv(
-    host: str, ssh_args: Sequence[str], python: str, job_id: str, sig: int, since: Optional[float] = None
+    host: str,
+    ssh_args: Sequence[str],
+    python: str,
+    job_id: str,
+    sig: int,
+    since: Optional[float] = None,
+    limit: Optional[float] = None,
 ) -> list[str]:
-    """ssh's argv; the one remote command line is built with shlex.quote from a list."""
-    return ["ssh", *ssh_args, host, shlex.join(kill_argv(python, job_id, sig, since))]
+    """ssh's argv; the one remote command line is built with shlex.quote from a list. ``limit``: seconds the
+    sweep may run on the host: coreutils' timeout then kills it with its whole process group (a broken
+    ``--python`` that hangs, and whatever it started), which ending ssh here would not (no terminal: no
+    SIGHUP there)."""
+    bound = ["timeout", "-k", "1", f"{max(1.0, limit):g}"] if limit is not None else []
+    return ["ssh", *ssh_args, host, shlex.join([*bound, *kill_argv(python, job_id, sig, since)])]
 
 
 Via = Callable[[str, list[str], float], Optional[str]]
@@ -223,7 +233,7 @@ def sweep_job(
         argv = (
             kill_argv(sys.executable, job_id, sig, since)
             if is_local(host)
-            else remote_argv(host, ssh_args, python, job_id, sig, since)
+            else remote_argv(host, ssh_args, python, job_id, sig, since, limit=timeout - 2)
         )
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)

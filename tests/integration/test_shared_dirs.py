@@ -326,3 +326,23 @@ def test_a_reserved_job_directory_no_backend_used_goes_with_the_connections(tmp_
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     sshmux.Connections("0badc0df", [], str(tmp_path)).close()
     assert not (tmp_path / "gaudi-launch-0badc0df").exists()
+
+
+def test_a_remote_sweep_with_a_hanging_python_is_bounded_and_leaves_nothing(tmp_path):
+    """The review's broken --python hung the sweep 46 s and left its processes: the remote command line is
+    run here by a shell as sshd runs it (`$SHELL -c LINE`), with a python that starts a child and hangs."""
+    import time
+
+    from gaudi_launch.remote.teardown import remote_argv
+    from tests.helpers import alive, wait_for
+
+    python = tmp_path / "broken-python"
+    python.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {tmp_path}/child.pid\nexec sleep 300\n")
+    python.chmod(0o755)
+    line = remote_argv("host", [], str(python), "0badc0de", 15, limit=2)[-1]
+    start = time.monotonic()
+    done = subprocess.run(["/bin/sh", "-c", line], capture_output=True, timeout=60)
+    assert time.monotonic() - start < 6, "the sweep was not bounded"
+    assert done.returncode in (124, 137), done
+    child = int((tmp_path / "child.pid").read_text())
+    assert wait_for(lambda: not alive(child), timeout=5), "what the broken python started still runs"
