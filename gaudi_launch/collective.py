@@ -141,7 +141,7 @@ def check_deadline(n: int) -> float:
     (and the confirm), each with the coordinator's margin. A backstop: the pairs' deadlines end a hang. Pure."""
     rounds = pair_rounds.max_rounds(n)
     tcp = rounds * (STEP_TIMEOUT_S + MARGIN_S)
-    library = (rounds + 1) * (LIBRARY_TIMEOUT_S + MARGIN_S)
+    library = (rounds + 1) * (LIBRARY_TIMEOUT_S + JOIN_TIMEOUT_S + MARGIN_S)
     return START_TIMEOUT_S + tcp + library
 
 

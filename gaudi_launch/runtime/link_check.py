@@ -30,6 +30,7 @@ import hmac
 import importlib.util
 import json
 import os
+import queue
 import re
 import secrets
 import signal
@@ -262,15 +263,34 @@ class Coordinator:
             master = [self.hellos[group[0]]["addr"], self.lport[group[0]]]
             cards = [cards_of(self.cfg, r) for r in group]
             role = {r: {"group": group, "master": master, "cards": cards} for r in group}
+        early: dict[int, dict] = {}
+        if stage != "tcp" and role:
+            # first every agent's card processes started (torch imported, the card taken), then the jobs'
+            # clocks start together: a partner still starting must not eat into the other's deadline
+            prepare = {r: {"cmd": "prepare", "round": k, "cards": role[r]["cards"]} for r in role}
+            ready = self._ask(k, prepare, self.cfg["join_timeout"])
+            late = {r for r in role if not ready.get(r, {}).get("ok")}
+            for r in late:
+                early[r] = {"ok": False, "error": (ready.get(r) or {}).get("error") or "no answer while its card processes started"}
+            for r in role:
+                if r not in late and (group is not None and late or role[r].get("partner") in late):
+                    early[r] = {"ok": True}  # its part was fine: the job could not run for the other's
+            role = {r: v for r, v in role.items() if r not in early}
+        msgs = {r: {"cmd": "pair", "stage": stage, "round": k, **role.get(r, {"partner": None})} for r in self.conns}
+        results = self._ask(k, msgs, deadline_s)
+        return {**{r: results.get(r, {}) for r in role}, **early}
+
+    def _ask(self, k: int, msgs: dict, wait_s: float) -> dict:
+        """Send each rank its message of round k; {rank: its answer} for those that answered in time."""
         alive = {}
-        for r, c in self.conns.items():
+        for r, msg in msgs.items():
             try:
-                c.send({"cmd": "pair", "stage": stage, "round": k, **role.get(r, {"partner": None})})
-                alive[r] = c
-            except OSError:
+                self.conns[r].send(msg)
+                alive[r] = self.conns[r]
+            except (OSError, KeyError):
                 pass
         results: dict[int, dict] = {}
-        deadline = time.monotonic() + deadline_s + MARGIN_S
+        deadline = time.monotonic() + wait_s + MARGIN_S
         for r, c in alive.items():
             try:
                 res = c.read(deadline, f"rank {r}'s result")
@@ -280,7 +300,7 @@ class Coordinator:
                         self.lport[r] = res["lport"]
             except (PeerTimeout, Refused):
                 pass
-        return {r: results.get(r, {}) for r in role}
+        return results
 
     def _stage(self, stage: str, ranks: list[int], deadline_s: float) -> set:
         """The rounds of one stage over ``ranks``; the ranks it names."""
@@ -318,11 +338,12 @@ class Coordinator:
             cfg = self.cfg
             named = self._stage("tcp", self.ranks, cfg["pair_timeout"])
             if self.library:
+                lib_wait = cfg["lib_timeout"]
                 left = [r for r in self.ranks if r not in named]
-                named |= self._stage("library", left, cfg["lib_timeout"]) if len(left) > 1 else set()
+                named |= self._stage("library", left, lib_wait) if len(left) > 1 else set()
                 left = [r for r in self.ranks if r not in named]
                 if len(left) > 2:  # two hosts left: their pair was the whole cluster
-                    got = self._round("confirm", 0, [], cfg["lib_timeout"], group=left)
+                    got = self._round("confirm", 0, [], lib_wait, group=left)
                     bad = {r: g for r, g in got.items() if not g.get("ok")}
                     self.faulty |= bool(bad)
                     first = got.get(left[0], {})
@@ -379,6 +400,7 @@ class Agent:
         self.listener = socket.create_server((self.addr, 0), family=sock.family)
         self.port = self.listener.getsockname()[1]
         self.deadline_pad = cfg["lib_timeout"] + cfg["join_timeout"] + 2 * MARGIN_S
+        self.workers: Optional[Workers] = None
 
     def rendezvous(self, kind: str) -> dict:
         greet = self.coord.read(time.monotonic() + self.cfg["join_timeout"], "the coordinator's greeting")
@@ -402,10 +424,13 @@ class Agent:
         while True:
             cmd = self.coord.read(time.monotonic() + self.deadline_pad, "the coordinator's next round")
             if cmd.get("cmd") == "end":
+                self.stop_workers()
                 return
             stage, k = cmd.get("stage"), cmd.get("round")
             try:
-                if cmd.get("group") is not None:
+                if cmd.get("cmd") == "prepare":
+                    res = self.prepare(cmd["cards"])
+                elif cmd.get("group") is not None:
                     res = self.library_job(cmd["group"].index(self.rank), cmd["cards"], cmd["master"])
                 elif cmd.get("partner") is None:
                     res = {"ok": True, "idle": True}
@@ -474,47 +499,45 @@ class Agent:
         nodes = self.cfg.get("nodes") or []
         return nodes[self.rank] if self.rank < len(nodes) and isinstance(nodes[self.rank], dict) else {}
 
+    def prepare(self, layout: list) -> dict:
+        """This host's card processes started and ready for a job over ``layout`` (within the start limit)."""
+        cards = cards_of(self.cfg, self.rank)  # as the coordinator's layout counts this host
+        if self.workers is None or len(self.workers.procs) != cards:
+            self.stop_workers()
+            self.workers = Workers(cards, self.node().get("env", {}))
+        started = self.workers.ready(time.monotonic() + float(self.cfg["join_timeout"]))
+        if started:
+            self.stop_workers()
+            return {"ok": False, "error": f"the card processes did not start: {started}"[:400]}
+        return {"ok": True}
+
     def library_job(self, index: int, layout: list, master: list) -> dict:
         """This host's processes of a job over the hosts whose card counts are ``layout`` (this host the
-        ``index``-th): one per card, ranks numbered host by host."""
-        node = self.node()
+        ``index``-th): one per card, ranks numbered host by host; killed when the job passes its deadline."""
         cards, world, base = int(layout[index]), sum(map(int, layout)), sum(map(int, layout[:index]))
         timeout = float(self.cfg["lib_timeout"])
-        confirm = len(layout) > 2
-        worker = {"bytes": self.cfg["lib_bytes"], "loops": self.cfg["confirm_loops" if confirm else "lib_loops"]}
+        deadline = time.monotonic() + timeout
+        loops = self.cfg["confirm_loops" if len(layout) > 2 else "lib_loops"]
+        if self.workers is None or len(self.workers.procs) != cards:
+            self.stop_workers()
+            self.workers = Workers(cards, self.node().get("env", {}))
+        # torch's import and the card's acquisition count against the start limit, not the pair's deadline
+        started = self.workers.ready(time.monotonic() + float(self.cfg["join_timeout"]))
+        if started:
+            self.stop_workers()
+            return {"ok": False, "error": f"the card processes did not start: {started}"[:400], "ranks": world}
+        deadline = time.monotonic() + timeout
         # the process group's own limit past ours: on Gaudi there is none (WorkHCCL::wait), our kill decides
-        worker["timeout"] = 4 * timeout
-        procs = []
-        for i in range(cards):
-            env = dict(
-                os.environ,
-                **{str(k): str(v) for k, v in node.get("env", {}).items()},  # the job's cards on this host
-                MASTER_ADDR=str(master[0]),
-                MASTER_PORT=str(master[1]),
-                WORLD_SIZE=str(world),
-                RANK=str(base + i),
-                LOCAL_RANK=str(i),
-                LOCAL_WORLD_SIZE=str(cards),
-                **{COLLECTIVE: json.dumps(worker)},
-            )
-            env.pop(COLLECTIVE_TOKEN, None)  # the worker joins no rendezvous of ours
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", LIBRARY_MODULE],
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # its own group: the kill below takes whatever it started
-                )
-            )
-        outs = [_collect(p, time.monotonic() + timeout) for p in procs]
+        job = {"bytes": self.cfg["lib_bytes"], "loops": loops, "timeout": 4 * timeout}
+        env = {"MASTER_ADDR": str(master[0]), "MASTER_PORT": str(master[1]), "WORLD_SIZE": str(world)}
+        outs = self.workers.run([{**job, "env": {**env, "RANK": str(base + i)}} for i in range(cards)], deadline)
         failed = [(i, o) for i, o in enumerate(outs) if o.get("error") or not o.get("seconds")]
         if failed:
+            self.stop_workers()  # a group that failed may be stuck: the next job gets fresh processes
             i, o = failed[0]
             return {"ok": False, "error": f"card {i}: {o.get('error') or 'no result'}", "ranks": world}
         secs = max(o["seconds"] for o in outs)  # the slowest card's
         alg, bus = pair_rounds.algbw_busbw(int(outs[0]["bytes"]), secs, world)
-        backend = outs[0].get("backend")
         return {
             "ok": True,
             "gbs": bus,
@@ -522,34 +545,93 @@ class Agent:
             "seconds": secs,
             "bytes": outs[0]["bytes"],
             "ranks": world,
-            "backend": backend,
+            "backend": outs[0].get("backend"),
         }
 
+    def stop_workers(self) -> None:
+        if self.workers is not None:
+            self.workers.kill()
+            self.workers = None
 
-def _collect(proc: subprocess.Popen, deadline: float) -> dict:
-    """The worker's result record; past the deadline its process group is killed and that is the result."""
-    out: list[bytes] = []
-    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
-    reader.start()
-    try:
-        proc.wait(max(0.01, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.wait()
-        return {"error": "timed out: the collective did not finish by the pair's deadline (killed)"}
-    reader.join(5)
-    records = [
-        json.loads(line[len(COLLECTIVE_MARKER) :])
-        for line in (out[0] if out else b"").decode(errors="replace").splitlines()
-        if line.startswith(COLLECTIVE_MARKER)
-    ]
-    result = next((r for r in records if r.get("step") == "allreduce" or "error" in r), None)
-    if result is None:
-        return {"error": f"exited {proc.returncode} without a result"}
-    return result
+
+class Workers:
+    """This host's processes of the library stage, one per card the job uses (LOCAL_RANK = the card's place,
+    the job's card visibility), each in a process group of its own. They import torch once and run one
+    pair's job per line on stdin; a job past its deadline gets them all killed, and the next job starts
+    fresh ones."""
+
+    def __init__(self, cards: int, visible: dict):
+        self.procs: list[subprocess.Popen] = []
+        self.lines: list[queue.Queue] = []
+        for i in range(cards):
+            env = {**os.environ, **{str(k): str(v) for k, v in visible.items()}}
+            env.update(LOCAL_RANK=str(i), LOCAL_WORLD_SIZE=str(cards))
+            env.pop(COLLECTIVE_TOKEN, None)  # the worker joins no rendezvous of ours
+            proc = subprocess.Popen(
+                [sys.executable, "-m", LIBRARY_MODULE],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,  # its own group: the kill takes whatever it started
+            )
+            lines: queue.Queue = queue.Queue()
+            threading.Thread(target=_pump, args=(proc, lines), daemon=True).start()
+            self.procs.append(proc)
+            self.lines.append(lines)
+        self.waiting = list(range(cards))  # not yet "ready"
+
+    def ready(self, deadline: float) -> str:
+        """Wait until every worker has imported torch and taken its card; "" or what went wrong."""
+        while self.waiting:
+            i = self.waiting[0]
+            try:
+                said = self.lines[i].get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return f"card {i}: no answer within the start limit"
+            if said.get("error"):
+                return f"card {i}: {said['error']}"
+            self.waiting.pop(0)
+        return ""
+
+    def run(self, jobs: list[dict], deadline: float) -> list[dict]:
+        """Each worker's result of its job (one each), or an error; all killed past the deadline."""
+        for proc, job in zip(self.procs, jobs):
+            try:
+                proc.stdin.write((json.dumps(job) + "\n").encode())
+                proc.stdin.flush()
+            except OSError:
+                pass  # it has exited: its queue says so
+        outs = []
+        for lines in self.lines:
+            try:
+                outs.append(lines.get(timeout=max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                self.kill()
+                return [{"error": "timed out: the collective did not finish by the pair's deadline (killed)"}] * len(jobs)
+        return outs
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.wait()
+
+
+def _pump(proc: subprocess.Popen, lines: queue.Queue) -> None:
+    """A worker's result records into ``lines``; its other output to ours (stderr); a record when it exits."""
+    for raw in proc.stdout:
+        line = raw.decode(errors="replace").rstrip("\n")
+        if line.startswith(COLLECTIVE_MARKER):
+            try:
+                lines.put(json.loads(line[len(COLLECTIVE_MARKER) :]))
+                continue
+            except ValueError:
+                pass
+        print(line, file=sys.stderr, flush=True)
+    lines.put({"error": f"exited {proc.wait()} without a result"})
 
 
 def _read_line(sock: socket.socket, deadline: float) -> dict:
@@ -630,6 +712,7 @@ def main(environ=os.environ) -> int:
     rank, world = int(environ.get("RANK", "0")), int(environ.get("WORLD_SIZE", "1"))
     step = "start"
     coordinator: Optional[Coordinator] = None
+    me: Optional[Agent] = None
     try:
         cfg = settings(environ)
         token = environ.get(COLLECTIVE_TOKEN, "").encode()
@@ -652,6 +735,8 @@ def main(environ=os.environ) -> int:
         say({"step": "done", "rank": rank, "host": host})
     except Exception as exc:  # the launcher names the step and the host
         say({"step": step, "rank": rank, "host": host, "error": f"{type(exc).__name__}: {exc}"[:500]})
+        if me is not None:
+            me.stop_workers()  # in sessions of their own: the job's teardown of ours would not reach them
         if coordinator is not None:
             coordinator.thread.join(5)
         sys.stdout.flush()
