@@ -52,6 +52,7 @@ TRAIN_BLOCKS = 28  # 14 a rank, 7 micro-batches an epoch: steps of 3, 3 and a sh
 EVAL_BLOCKS = 8
 N = 4  # a checkpoint at N (epoch 1's first step), resumed to 2N
 LR = 3e-3
+DECAY, WARMUP = 0.01, 2
 CLM_EVAL_SAMPLES = 8
 
 
@@ -73,10 +74,12 @@ def ds_config(stage: int, blocks: bool = True, auto: bool = False) -> dict:
         "steps_per_print": 10**6,
     }
     if blocks:
-        config["optimizer"] = {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01, "torch_adam": True}}
+        # Ours: the flags' values as "auto" (a written value that contradicts a flag is refused).
+        lr, decay, warm, total = ("auto",) * 4 if auto else (LR, DECAY, WARMUP, 2 * N)
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "weight_decay": decay, "torch_adam": True}}
         config["scheduler"] = {
             "type": "WarmupDecayLR",
-            "params": {"warmup_min_lr": 0, "warmup_max_lr": LR, "warmup_num_steps": 2, "total_num_steps": 2 * N},
+            "params": {"warmup_min_lr": 0, "warmup_max_lr": lr, "warmup_num_steps": warm, "total_num_steps": total},
         }
     return config
 
@@ -169,7 +172,8 @@ def ours(name: str, config: dict, train, evals, vocab: int, out: str, resume: bo
         save_steps=N,
         logging_steps=1,
         learning_rate=LR,
-        warmup_steps=2,
+        weight_decay=DECAY,
+        warmup_steps=WARMUP,
         seed=SEED,
         device="cpu",
         deepspeed=path,
@@ -219,6 +223,7 @@ def run_clm(out: str) -> dict:
     argv += ["--per_device_train_batch_size", str(BATCH), "--gradient_accumulation_steps", str(ACCUM)]
     argv += ["--max_steps", "3", "--block_size", str(BLOCK), "--max_train_samples", str(TRAIN_BLOCKS)]
     argv += ["--max_eval_samples", str(CLM_EVAL_SAMPLES), "--device", "cpu", "--logging_steps", "1"]
+    argv += ["--learning_rate", str(LR), "--weight_decay", str(DECAY), "--warmup_steps", str(WARMUP)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert script.main(argv) == 0

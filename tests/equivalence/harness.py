@@ -1,18 +1,18 @@
 """One process (one rank) of the differential run: our Trainer and transformers' Trainer on the same model,
-data, seed and flags, fp32, one after the other in the same job (1 rank, or 2 ranks under gaudi-launch).
+data, seed and flags, one after the other in the same job (1 rank, or 2 ranks under gaudi-launch).
 
     python tests/equivalence/harness.py INIT_DIR OUT_DIR          # 1 rank
     python -m gaudi_launch --num_devices 2 tests/equivalence/harness.py INIT_DIR OUT_DIR
 
 INIT_DIR holds the initial weights (written once by ``save_initial_weights``, loaded by both trainers).
-Each rank writes OUT_DIR/rank<R>.json: per case and trainer, the logged per-step losses and learning rates,
-the eval losses, the optimizer step count, the training-set indices it read in order, and the largest
-difference between the two trainers' final weights.
+Each rank writes OUT_DIR/rank<R>.json: per case and trainer, the logged per-step losses, grad norms and
+learning rates, the eval losses, the optimizer step count, the training-set indices it read in order, and
+the largest per-tensor difference between the two trainers' final weights.
 
-Dropout is 0 in all three shipped configs (tiny-gpt2, tiny-bert, tiny-t5), so the comparison needs no common
-RNG stream inside the models. BERT's training set is masked once (run_mlm's collator then stacks it as it
-is, its path for the evaluation set): the collator's random masking draws from the global RNG, which
-transformers' DataLoader also draws from at each epoch's start (torch DataLoader's base seed), ours not.
+fp32 unless a case says bf16. Dropout is 0 in the shipped configs; the GPT-2 "dropout" case sets 0.1: both
+trainers' loaders then draw their seeds from the global RNG in the same order, so dropout's masks agree.
+BERT's training set is masked once (run_mlm's collator then stacks it as it is, its path for the evaluation
+set), which keeps the collator's own random draws out of the comparison.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ it must fail. A suite that still passes with one of them in place cannot see tha
     .venv/bin/python tests/equivalence/mutants.py            # every mutant (about 20 min on 2 busy cores)
     .venv/bin/python tests/equivalence/mutants.py gradients_x2 warmup_off_by_one
 
-Each mutant is applied to a copy of the tree (gaudi_launch/, tests/, scripts/, pyproject.toml) under a temporary
-directory, never to the working tree, and its tests run there with EQUIV_WORLDS=1 (the one-rank job only, to
-save time; the DeepSpeed tests need 2 ranks and run whole). A mutant is caught when pytest reports failed tests
-(exit status 1); any other status (an import error, a collection error) is reported as not run. Prints one line
-per mutant and exits 1 if any was not caught.
+Each mutant is applied to a copy of the tree (gaudi_launch/, tests/, scripts/, pyproject.toml) in a new
+temporary directory, never to the working tree (the copies stay, with each run's pytest output in NAME.log),
+and its tests run there with EQUIV_WORLDS=1 (the one-rank job only, to save time; the DeepSpeed tests need 2
+ranks and run whole). A mutant is caught when pytest reports failed tests and no errors; errors (a job that
+failed or timed out) are no verdict and are reported as not run. Prints one line per mutant and exits 1 if
+any was not caught.
 """
 
 from __future__ import annotations
@@ -115,10 +116,15 @@ def run(mutant: Mutant, base: Path) -> tuple[str, float, str]:
         capture_output=True,
         text=True,
     )
+    (base / f"{mutant.name}.log").write_text(res.stdout + res.stderr)
     failed = [line.split(" ")[1] for line in res.stdout.splitlines() if line.startswith("FAILED ")]
-    verdict = "caught" if res.returncode == 1 and failed else f"NOT CAUGHT (pytest exit {res.returncode})"
-    if res.returncode not in (0, 1):
-        verdict = f"NOT RUN (pytest exit {res.returncode}): {res.stdout[-500:]}"
+    errors = [line for line in res.stdout.splitlines() if line.startswith("ERROR ")]
+    if res.returncode == 1 and failed and not errors:
+        verdict = "caught"
+    elif res.returncode == 0:
+        verdict = "NOT CAUGHT (every test passed)"
+    else:  # errors (a fixture's job that failed or timed out) are no verdict on the mutant
+        verdict = f"NOT RUN (pytest exit {res.returncode}; {len(errors)} errors): {res.stdout[-300:]}"
     return verdict, time.monotonic() - start, ", ".join(failed[:3])
 
 
@@ -129,13 +135,13 @@ def main(names: list[str]) -> int:
         print(f"mutants.py: unknown mutant(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
     missed = 0
-    with tempfile.TemporaryDirectory(prefix="mutants-") as base:
-        for mutant in chosen:
-            verdict, took, failed = run(mutant, Path(base))
-            missed += not verdict.startswith("caught")
-            print(
-                f"{mutant.name}: {verdict} in {took:.0f} s; first failed: {failed or '-'}  ({mutant.why})", flush=True
-            )
+    # The trees and each run's pytest output (NAME.log) stay for a look; the directory is printed.
+    base = tempfile.mkdtemp(prefix="mutants-")
+    print(f"mutants.py: trees and logs in {base}", flush=True)
+    for mutant in chosen:
+        verdict, took, failed = run(mutant, Path(base))
+        missed += not verdict.startswith("caught")
+        print(f"{mutant.name}: {verdict} in {took:.0f} s; first failed: {failed or '-'}  ({mutant.why})", flush=True)
     return 1 if missed else 0
 
 
