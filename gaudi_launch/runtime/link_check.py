@@ -33,6 +33,7 @@ import os
 import queue
 import re
 import secrets
+import selectors
 import signal
 import socket
 import statistics
@@ -475,24 +476,54 @@ class Agent:
             raise PeerTimeout(f"connection refused or timed out by rank {partner}: {exc}") from None
         line = json.dumps({"round": k, "from": self.rank, "mac": mac(self.token, "pair", k, self.rank, partner)})
         _send(sock, (line + "\n").encode(), deadline)
+        _recv_exactly(sock, memoryview(bytearray(1)), 1, deadline)  # the partner took us: nothing before that
         return sock
 
     def _accept(self, k: int, partner: int, deadline: float) -> socket.socket:
-        """The partner's connection of round k; any other (a stale round, a stranger) is closed."""
+        """The partner's connection of round k. Every connection's hello is read at once beside the others,
+        so a stranger that connects and says nothing (or junk, or a stale round) delays nobody: it is
+        closed, and the partner's connection is taken whenever its hello comes."""
         expect = mac(self.token, "pair", k, partner, self.rank)
-        while True:
-            self.listener.settimeout(max(0.01, deadline - time.monotonic()))
+        pending: dict[socket.socket, bytes] = {}
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.listener, selectors.EVENT_READ)
             try:
-                sock, _ = self.listener.accept()
-            except socket.timeout:
-                raise PeerTimeout(f"timed out waiting for rank {partner} to connect") from None
-            try:
-                hello = _read_line(sock, deadline)
-                if hmac.compare_digest(str(hello.get("mac", "")), expect):
-                    return sock
-            except (PeerTimeout, ValueError, AttributeError):
-                pass
-            sock.close()
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise PeerTimeout(f"timed out waiting for rank {partner} to connect")
+                    for key, _ in sel.select(left):
+                        if key.fileobj is self.listener:
+                            try:
+                                conn, _ = self.listener.accept()
+                            except OSError:
+                                continue
+                            conn.setblocking(False)
+                            pending[conn] = b""
+                            sel.register(conn, selectors.EVENT_READ)
+                            continue
+                        conn = key.fileobj
+                        try:
+                            chunk = conn.recv(4096)
+                        except (BlockingIOError, InterruptedError):
+                            continue
+                        except OSError:
+                            chunk = b""
+                        data = pending[conn] + chunk
+                        if chunk and b"\n" not in data and len(data) <= 4096:
+                            pending[conn] = data
+                            continue
+                        sel.unregister(conn)
+                        del pending[conn]
+                        line, _, rest = data.partition(b"\n")
+                        if chunk and not rest and _proves(line, expect):
+                            conn.setblocking(True)
+                            _send(conn, b"K", deadline)
+                            return conn
+                        conn.close()  # junk, too long, closed, a stale round or a stranger
+            finally:
+                for conn in pending:
+                    conn.close()
 
     # ---- the library stage: a job of its own per pair (or the confirm), killed at its deadline
     def node(self) -> dict:
@@ -634,23 +665,13 @@ def _pump(proc: subprocess.Popen, lines: queue.Queue) -> None:
     lines.put({"error": f"exited {proc.wait()} without a result"})
 
 
-def _read_line(sock: socket.socket, deadline: float) -> dict:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        if len(buf) > 4096:
-            raise ValueError("too long")
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
-        try:
-            k = sock.recv(1)
-        except (socket.timeout, OSError):
-            raise PeerTimeout("timed out reading a pair's hello") from None
-        if not k:
-            raise PeerTimeout("closed")
-        buf += k
-    data = json.loads(buf)
-    if not isinstance(data, dict):
-        raise ValueError("not an object")
-    return data
+def _proves(line: bytes, expect: str) -> bool:
+    """Whether a pair connection's hello line carries the MAC ``expect``. Pure; junk is False."""
+    try:
+        hello = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(hello, dict) and hmac.compare_digest(str(hello.get("mac", "")), expect)
 
 
 def _send(sock: socket.socket, data: bytes, deadline: float) -> None:

@@ -202,3 +202,35 @@ def test_the_device_kind_is_told_without_importing_torch(tmp_path):
     assert link_check.device_kind({}, finder("torch"), driver) == "cpu"  # a CPU build
     code = "import sys, gaudi_launch.runtime.link_check; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_a_stranger_at_an_agents_pair_port_delays_nobody():
+    # the partner's hello is taken while a silent connection and a junk one are still open
+    me = object.__new__(link_check.Agent)
+    me.rank, me.token = 1, TOKEN.encode()
+    me.listener = socket.create_server(("127.0.0.1", 0))
+    port = me.listener.getsockname()[1]
+    silent = socket.create_connection(("127.0.0.1", port))
+    junk = socket.create_connection(("127.0.0.1", port))
+    junk.sendall(b"\x00junk\n")
+    stale = socket.create_connection(("127.0.0.1", port))  # a hello of another round
+    stale.sendall((json.dumps({"mac": link_check.mac(TOKEN.encode(), "pair", 6, 0, 1)}) + "\n").encode())
+    answer = []
+
+    def partner():
+        time.sleep(0.3)
+        c = socket.create_connection(("127.0.0.1", port))
+        c.sendall((json.dumps({"mac": link_check.mac(TOKEN.encode(), "pair", 7, 0, 1)}) + "\n").encode())
+        answer.append(c.recv(1))
+        c.close()
+
+    t = threading.Thread(target=partner)
+    t.start()
+    t0 = time.monotonic()
+    conn = me._accept(7, 0, time.monotonic() + 5)
+    t.join(5)
+    assert time.monotonic() - t0 < 2 and answer == [b"K"]
+    conn.close()
+    assert junk.recv(10) == b"" and stale.recv(10) == b""  # closed by the agent
+    for c in (silent, junk, stale, me.listener):
+        c.close()
