@@ -185,6 +185,7 @@ def write_job_dir(plan: LaunchPlan, directory: str, job: bytes) -> None:
             hint="remove it if no job of yours is running (another user's: ask them, or set TMPDIR to a "
             "directory of your own)",
         ) from None
+    jobdir.remove_when_gone(directory, plan.job_id)  # after a SIGKILL too, where no rank runs
     os.mkdir(os.path.join(directory, "bin"), 0o700)
     jobdir.write_private(os.path.join(directory, "hostfile"), hostfile_text(plan).encode())
     jobdir.write_private(os.path.join(directory, "job.env"), f"{JOB_ID}={plan.job_id}\n".encode())
@@ -277,6 +278,7 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], **supervis
         return _supervise(plan, spec, environ, directory, watch, **supervisor_options)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+        jobdir.stop_watch(directory)
         remote = [h for h in remote if not (watch and h in watch.lost)]
         if remote:
             remove_job_dir(remote, spec, directory, plan.ssh_args)

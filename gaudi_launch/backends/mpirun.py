@@ -385,6 +385,7 @@ def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervi
     finally:
         if written is not None:
             shutil.rmtree(os.path.dirname(written), ignore_errors=True)
+            jobdir.stop_watch(os.path.dirname(written))
         if connections is not None:
             connections.close()
 
@@ -406,6 +407,7 @@ def write_hostfile(plan: LaunchPlan) -> Optional[str]:
             hint="remove it if no job of yours is running (another user's: ask them, or set TMPDIR to a "
             "directory of your own)",
         ) from None
+    jobdir.remove_when_gone(os.path.dirname(path), plan.job_id)  # after a SIGKILL too, where no rank runs
     jobdir.write_private(path, hostfile_text(plan).encode())
     return path
 

@@ -17,6 +17,7 @@ import pwd
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -241,9 +242,69 @@ def remove(directories: Iterable[str]) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def main(argv: list[str]) -> int:
-    """``receive DIR DIGEST`` (the job file on stdin) or ``remove DIR``: run on remote hosts over ssh."""
+# How long the watch of a SIGKILLed launcher's job directory waits for the job's processes on this host to
+# end (each rank's own watch ends them within --grace + 10 s: worker.watch_launcher; --grace < 3600).
+WATCH_WAIT_S = 3600 + 60
+
+
+def remove_when_gone(path: str, job_id: str) -> None:
+    """A small process that removes the launcher's job directory ``path`` once this launcher is gone and no
+    process here carries ``job_id`` any more: after a SIGKILL, a host that ran no rank had no one else to
+    remove it (ranks' hosts have their watch). It reads a pipe this process holds open: end of file is
+    the launcher's end, however it came. Not in the job (no job id in its environment: the sweeps spare
+    it) and in a session of its own (Ctrl-C does not reach it)."""
+    read_end, write_end = os.pipe()
+    env = {k: v for k, v in os.environ.items() if k != JOB_ID}
+    subprocess.Popen(
+        [sys.executable, "-m", "gaudi_launch.remote.jobdir", "watch", path, job_id, owner_record()],
+        stdin=read_end,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+        close_fds=True,
+    )
+    os.close(read_end)
+    os.set_inheritable(write_end, False)
+    _WATCH_PIPES[path] = write_end  # open while the job runs: closed by stop_watch, or by the kernel at our end
+
+
+_WATCH_PIPES: dict[str, int] = {}
+
+
+def stop_watch(path: str) -> None:
+    """The job is over and its directory removed here: let its watch go (it finds nothing to remove)."""
+    fd = _WATCH_PIPES.pop(path, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def watch(path: str, job_id: str, owner: str) -> None:
+    """``remove_when_gone``'s process: wait for end of file on stdin, then for the job's processes here to
+    end, then remove ``path`` if it is still ours, private and this launcher's (its owner record)."""
+    while os.read(0, 4096):
+        pass
+    deadline = time.monotonic() + WATCH_WAIT_S
+    while job_id in live_job_ids() and time.monotonic() < deadline:
+        time.sleep(1.0)
     try:
+        check_private_dir(path)
+        fd = os.open(os.path.join(path, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if f.read(4096).decode("utf-8", "replace") != owner:
+                return  # not the directory this launcher made
+    except (OSError, JobDirError):
+        return  # gone already (the launcher's own cleanup), or not ours
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    """``receive DIR DIGEST`` (the job file on stdin) or ``remove DIR``: run on remote hosts over ssh;
+    ``watch DIR JOB OWNER``: remove_when_gone's process."""
+    try:
+        if argv[:1] == ["watch"] and len(argv) == 4:
+            watch(argv[1], argv[2], argv[3])
+            return 0
         if argv[:1] == ["receive"] and len(argv) == 3:
             receive(argv[1], argv[2], sys.stdin.buffer.read())
             return 0

@@ -346,3 +346,70 @@ def test_a_remote_sweep_with_a_hanging_python_is_bounded_and_leaves_nothing(tmp_
     assert done.returncode in (124, 137), done
     child = int((tmp_path / "child.pid").read_text())
     assert wait_for(lambda: not alive(child), timeout=5), "what the broken python started still runs"
+
+
+LAUNCHER = """
+import sys, time
+from gaudi_launch.remote import jobdir
+jobdir.create(sys.argv[1])
+jobdir.remove_when_gone(sys.argv[1], sys.argv[2])
+jobdir.write_private(sys.argv[1] + "/job.json", b"{}")
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_launcher_hosts_job_directory_goes_after_a_sigkill_with_no_rank_there(tmp_path):
+    import signal
+
+    from tests.helpers import wait_for
+
+    path = tmp_path / "gaudi-launch-5ca1ab1e"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(path), "5ca1ab1e"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert launcher.stdout.readline().strip() == "ready"
+        assert (path / "job.json").exists()
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=10)
+        assert wait_for(lambda: not path.exists(), timeout=15), "the job directory stayed after the SIGKILL"
+    finally:
+        launcher.kill()
+
+
+def test_a_finished_jobs_watch_ends_with_the_job(tmp_path):
+    from gaudi_launch.remote import jobdir
+    from tests.helpers import wait_for
+
+    path = tmp_path / "gaudi-launch-5ca1ab1f"
+    jobdir.create(str(path))
+    before = set(os.listdir("/proc"))
+    jobdir.remove_when_gone(str(path), "5ca1ab1f")
+    found: list[int] = []
+    assert wait_for(
+        lambda: (
+            found.extend(int(p) for p in set(os.listdir("/proc")) - before if p.isdigit() and _is_watch(p)) or found
+        ),
+        timeout=15,
+    )
+    watcher = found[0]
+    jobdir.remove([str(path)])
+    jobdir.stop_watch(str(path))
+    assert wait_for(lambda: not os.path.exists(f"/proc/{watcher}") or _zombie(watcher), timeout=15)
+
+
+def _is_watch(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"gaudi_launch.remote.jobdir\0watch" in f.read()
+    except OSError:
+        return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
