@@ -13,7 +13,7 @@ import errno
 import os
 import stat
 from collections.abc import Collection
-from typing import Optional, TextIO
+from typing import Optional, TextIO, cast
 
 from gaudi_launch import safewrite
 from gaudi_launch.errors import UserError
@@ -140,4 +140,4 @@ def _open_dir_trusting_own_links(path: str) -> int:
 def open_log(path: str, dir_fd: Optional[int] = None) -> TextIO:
     """Open ``path`` (relative to the log directory's descriptor ``dir_fd`` when given) for writing from the
     start; OSError if it is a link or not our own plain file."""
-    return safewrite.open_own(path, dir_fd=dir_fd)
+    return cast(TextIO, safewrite.open_own(path, dir_fd=dir_fd))

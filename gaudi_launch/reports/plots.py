@@ -25,9 +25,9 @@ from typing import Any, BinaryIO, Callable, Optional
 
 from gaudi_launch import safewrite
 from gaudi_launch.exitcodes import ExitCode
+from gaudi_launch.inputs.readfile import read_bounded
 from gaudi_launch.reports.collective import is_report as is_collective_report
 from gaudi_launch.reports.collective import pair_matrix
-from gaudi_launch.inputs.readfile import read_bounded
 
 INSTALL_HINT = "pip install 'gaudi-launch[report]'"
 

@@ -32,7 +32,9 @@ SAFE = {
     "remote.sshclient:_append_known_host": "the user's own known_hosts file",
     "runtime.hpu_env:_write_ops": "tempfile.mkstemp (O_EXCL, 0600, a random name)",
     "runtime.checkpoint:_save": "inside .tmp-checkpoint-STEP-PID, made new by os.makedirs (fails if it exists)",
-    "runtime.checkpoint:save_checkpoint": "inside .tmp-checkpoint-STEP-PID, made new by os.makedirs",
+    "runtime.checkpoint:_write_json": "inside .tmp-checkpoint-STEP-PID, made new by os.makedirs",
+    "process.logfiles:walk": "directories opened read-only (O_RDONLY|O_DIRECTORY|O_NOFOLLOW in a variable)",
+    "process.logfiles:_open_dir_trusting_own_links": "the working directory opened read-only (O_DIRECTORY)",
 }
 
 
