@@ -170,13 +170,13 @@ def replay(path: str, *, dry_run: bool = False, json_out: bool = False) -> int:
     saved = read_plan(path)
     check_format(saved, path)
     saved["request"], predated = fill_request(saved["request"])
-    if predated:
+    enter_cwd(saved, path)
+    spec = spec_from_request(saved["request"], os.environ, path)
+    if predated:  # said once the request is known to be a plan's
         print(
             f"gaudi-launch: note: the plan predates the options {', '.join(predated)}: taken at their defaults",
             file=sys.stderr,
         )
-    enter_cwd(saved, path)
-    spec = spec_from_request(saved["request"], os.environ, path)
     check_before_hosts(saved, prepare(spec), path, get_backend)
     return run_spec(spec, dry_run=dry_run, json_out=json_out, same_as=(saved, path))
 

@@ -109,7 +109,7 @@ def fill_request(request: dict) -> tuple[dict, list[str]]:
     """The request with every option it predates (a plan made before the option existed) at its default,
     and those options' flags, to say so. Unknown options are left for spec_from_request to refuse. Pure."""
     defaults = JobSpec(program=[]).as_request(str(request.get("cwd") or "/"))
-    missing = [name for name in defaults if name not in request]
+    missing = [name for name in defaults if name not in request and name not in ("program", "cwd")]  # never new
     flags = sorted(_flag_of(name) for name in missing)
     return {**request, **{name: defaults[name] for name in missing}}, flags
 
