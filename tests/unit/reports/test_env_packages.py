@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 
 from gaudi_launch.reports.environment import PACKAGES
