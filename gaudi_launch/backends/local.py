@@ -49,5 +49,9 @@ def proc_specs(plan: LaunchPlan, environ: Mapping[str, str]) -> list[ProcSpec]:
 def run(plan: LaunchPlan, environ: Optional[Mapping[str, str]] = None, **supervisor_options) -> JobResult:
     environ = os.environ if environ is None else environ
     # A rank's daemon (setsid, double fork) leaves its process group but keeps the job id.
-    sweep = job_sweeper(["localhost"], plan.job_id, ssh_args=[], python=sys.executable, is_local=lambda _: True)
-    return supervise_job(plan, proc_specs(plan, environ), Hooks(sweep=sweep), **supervisor_options)
+    # A rank's `sudo -u` child left in the rank's session after the rank exited is the job's too.
+    sessions: set[int] = set()
+    sweep = job_sweeper(
+        ["localhost"], plan.job_id, ssh_args=[], python=sys.executable, is_local=lambda _: True, groups=sessions
+    )
+    return supervise_job(plan, proc_specs(plan, environ), Hooks(sweep=sweep, sessions=sessions), **supervisor_options)

@@ -102,6 +102,10 @@ class Hooks:
     # The job-id sweep (teardown.job_sweeper): signals every process that carries the job's id on
     # every host, which reaches what left its process group (a rank's setsid/double-fork daemon).
     sweep: Optional[Callable[[int], dict]] = None
+    # Filled by the supervisor with the session id of each process it starts here (each starts a session of
+    # its own): the sweep (job_sweeper's groups) ties another user's process left in one to the job even
+    # once the process that started it has exited (a rank's `sudo -u` orphan).
+    sessions: Optional[set] = None
     # At the start-up deadline: what the backend knows of why ranks have not started, with what to do
     # (mpirun: the hosts whose daemon's start never returned), added to the launch failure's message.
     starting: Optional[Callable[[], Optional[str]]] = None
@@ -228,6 +232,7 @@ class Supervisor:
         self._started_on: dict[int, str] = {}  # rank -> the host it said it started on (placement.py)
         self._placed = False  # whether the placement was checked (once every rank said its host)
         self.sweep = hooks.sweep
+        self.sessions = hooks.sessions
         self.starting = hooks.starting
         self._swept_kill = False
         self._spawn_failed = False  # a process failed to start, or already exited non-zero
@@ -430,6 +435,8 @@ class Supervisor:
             self._events.put((Event.EXITED, proc.index))
             return
         proc.popen, proc.state = popen, ProcState.RUNNING
+        if self.sessions is not None:
+            self.sessions.add(popen.pid)  # start_new_session: its session id is its pid
         for pipe, sink in ((popen.stdout, self.out), (popen.stderr, self.err)):
             t = threading.Thread(target=self._pump, args=(proc, pipe, sink), daemon=True)
             t.start()

@@ -18,7 +18,9 @@ from typing import Callable, NamedTuple, Optional
 
 from gaudi_launch.remote.fanout import per_host
 
-# Run by the remote interpreter; argv: JOB_ID SIGNAL [SINCE]. Prints how many processes it
+# Run by the remote interpreter; argv: JOB_ID SIGNAL [SINCE [IDS]]. IDS: the session/group ids of the job's
+# own processes there, comma-separated (its ranks, each a session of its own): what a rank that has exited
+# left in them is still the job's (a `sudo -u` orphan). Prints how many processes it
 # signalled, then one line "pid<TAB>name<TAB>uid<TAB>why" per process it could not inspect or signal
 # that may be the job's: one of ours whose environment is closed to us (not dumpable: setuid,
 # prctl) and that started after SINCE (epoch seconds); one of another user (its environment is
@@ -32,6 +34,8 @@ needle = b"\0GAUDI_LAUNCH_JOB_ID=" + sys.argv[1].encode() + b"\0"
 sig, me, uid, hit, unseen = int(sys.argv[2]), os.getpid(), os.getuid(), 0, []
 since = float(sys.argv[3]) if len(sys.argv) > 3 else None
 tied, groups, others = set(), set(), []
+if len(sys.argv) > 4:
+    groups.update(g for g in sys.argv[4].split(",") if g.isdigit() and g not in ("0", "1"))
 def facts(pid):
     with open("/proc/%s/stat" % pid) as f:
         stat = f.read()
@@ -176,15 +180,20 @@ def sweep_here(job_id: str, sig: int) -> Sweep:
     return parse_sweep(out.getvalue())
 
 
-def kill_argv(python: str, job_id: str, sig: int, since: Optional[float] = None) -> list[str]:
+def kill_argv(
+    python: str, job_id: str, sig: int, since: Optional[float] = None, groups: Collection[int] = ()
+) -> list[str]:
     # -S: no site module (KILL_CODE needs os and sys only): a third of the interpreter's start-up,
     # on every host at the end of every job
-    return [python, "-S", "-c", KILL_CODE, *kill_args(job_id, sig, since)]
+    return [python, "-S", "-c", KILL_CODE, *kill_args(job_id, sig, since, groups)]
 
 
-def kill_args(job_id: str, sig: int, since: Optional[float] = None) -> list[str]:
-    """KILL_CODE's own arguments. Pure."""
-    return [job_id, str(int(sig))] + ([repr(float(since))] if since is not None else [])
+def kill_args(job_id: str, sig: int, since: Optional[float] = None, groups: Collection[int] = ()) -> list[str]:
+    """KILL_CODE's own arguments. ``groups`` (session/group ids of the job's processes) need ``since``. Pure."""
+    out = [job_id, str(int(sig))] + ([repr(float(since))] if since is not None else [])
+    if groups and since is not None:
+        out.append(",".join(str(g) for g in sorted(groups)))
+    return out
 
 
 def remote_argv(
@@ -218,10 +227,11 @@ def sweep_job(
     timeout: float = 15.0,
     since: Optional[float] = None,
     via: Optional[Via] = None,
+    groups: Collection[int] = (),
 ) -> dict[str, Sweep]:
     """Signal the job's processes on every host at once (this host with our own interpreter).
     ``via(host, args, timeout)``: KILL_CODE's output from a remote agent (AGENT_CODE), or None to
-    use a new ssh session instead."""
+    use a new ssh session instead. ``groups``: session/group ids of the job's processes on this host."""
     if not job_id:
         raise ValueError("a job id is required: without one every process would match")
 
@@ -231,7 +241,7 @@ def sweep_job(
             if out is not None:
                 return parse_sweep(out)
         argv = (
-            kill_argv(sys.executable, job_id, sig, since)
+            kill_argv(sys.executable, job_id, sig, since, groups)
             if is_local(host)
             else remote_argv(host, ssh_args, python, job_id, sig, since, limit=timeout - 2)
         )
@@ -269,14 +279,27 @@ def job_sweeper(
     is_local: Callable[[str], bool],
     lost: Callable[[], Collection[str]] = frozenset,
     via: Optional[Via] = None,
+    groups: Collection[int] = (),
 ) -> Callable[[int], dict[str, Sweep]]:
     """The sweep a Supervisor runs at teardown and at the end of every job, for every backend.
     Processes of ours that are closed to inspection are reported when they started at most a
-    minute before now (clock skew between hosts): older ones cannot be this job's."""
+    minute before now (clock skew between hosts): older ones cannot be this job's. ``groups``: a
+    collection the caller fills as the job runs (Hooks.sessions): the sessions of the processes it
+    started on this host, whose leftovers are the job's even once those processes have exited."""
     since = time.time() - 60
 
     def sweep(sig: int) -> dict[str, Sweep]:
         alive = [h for h in hosts if h not in lost()]
-        return sweep_job(alive, job_id, sig, ssh_args=ssh_args, python=python, is_local=is_local, since=since, via=via)
+        return sweep_job(
+            alive,
+            job_id,
+            sig,
+            ssh_args=ssh_args,
+            python=python,
+            is_local=is_local,
+            since=since,
+            via=via,
+            groups=set(groups),
+        )
 
     return sweep

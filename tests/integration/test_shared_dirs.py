@@ -413,3 +413,54 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+# A rank (uid 65534, a session of its own) whose `sudo -u OTHER` child outlives it, then the rank exits: the
+# child, of another user, carries no readable job id and no job process is left in its session.
+ORPHAN = """
+import os, sys, time
+me, other, pid_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+os.setsid()
+child = os.fork()
+if child == 0:
+    os.setgroups([]); os.setgid(other); os.setuid(other)
+    os.execve("/bin/sleep", ["sleep", "120"], {"GAUDI_LAUNCH_JOB_ID": "0rphan00"})
+with open(pid_file + ".tmp", "w") as f:
+    f.write(f"{os.getpid()} {child}")
+os.replace(pid_file + ".tmp", pid_file)
+os._exit(0)
+"""
+
+
+def test_another_users_process_left_by_an_exited_rank_is_reported_with_the_ranks_session(tmp_path):
+    import time
+
+    from gaudi_launch.remote.teardown import KILL_CODE, kill_args, parse_sweep
+    from tests.helpers import wait_for
+
+    me, other = 65534, other_uid()
+    since = time.time() - 1
+    pid_file = tmp_path / "orphan.pid"
+    subprocess.run([sys.executable, "-c", ORPHAN, str(me), str(other), str(pid_file)], timeout=30, check=True)
+    assert wait_for(pid_file.exists, timeout=30)
+    rank, orphan = map(int, pid_file.read_text().split())
+    try:
+
+        def sweep(groups):
+            res = subprocess.run(
+                ["/usr/bin/python3", "-S", "-c", KILL_CODE, *kill_args("0rphan00", 0, since, groups)],
+                user=me,
+                group=me,
+                extra_groups=[],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert res.returncode == 0, res.stderr
+            return [u for u in parse_sweep(res.stdout).unseen if u.startswith(f"pid {orphan} ")]
+
+        assert sweep([]) == []  # what the review found: passed over in silence
+        (found,) = sweep([rank])  # the rank's session id, handed to the sweep
+        assert "another user's process in the job's session" in found
+    finally:
+        os.kill(orphan, 9)
