@@ -89,8 +89,9 @@ def normalize_env(env: Mapping[str, str], cpu_count: Optional[int] = None) -> di
             if env.get(src, "") != "":
                 out[name] = env[src]
                 break
-    if "NODE_RANK" not in out and node_of_rank({**env, **out}) is not None:  # uneven nodes under mpirun
-        out["NODE_RANK"] = node_of_rank({**env, **out})
+    node = None if "NODE_RANK" in out else node_of_rank({**env, **out})
+    if node is not None:  # uneven nodes under mpirun: the sizes say which node the rank is on
+        out["NODE_RANK"] = node
     out.update(node_layout({**env, **out}))  # uneven nodes under DeepSpeed: its LOCAL_RANK is off
     if "NODE_RANK" not in out and "RANK" in out and "LOCAL_WORLD_SIZE" in out:
         # Homogeneous nodes (mpirun ppr:K:node): node rank follows from the global rank.
