@@ -53,6 +53,39 @@ def port_holder(port: int) -> Optional[str]:
     return None
 
 
+def listener_uid(port: int) -> Optional[int]:
+    """The user id of whoever listens on TCP ``port`` here: /proc/net/tcp shows it for every user's sockets,
+    where their process itself may be hidden from us."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        return int(fields[7])
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue
+    return None
+
+
+def describe_holder(port: int) -> str:
+    """'user NAME (uid N), pid P (comm)' as far as this host tells, for a message about a taken port."""
+    parts = []
+    uid = listener_uid(port)
+    if uid is not None:
+        try:
+            import pwd  # noqa: PLC0415 (POSIX only, and only for this message)
+
+            parts.append(f"user {pwd.getpwuid(uid).pw_name} (uid {uid})")
+        except (ImportError, KeyError):
+            parts.append(f"uid {uid}")
+    holder = port_holder(port)
+    if holder:
+        parts.append(holder)
+    return ", ".join(parts) or "a process this user cannot see"
+
+
 def check_port(port: int, option: str = "--master_port") -> None:
     if not 1 <= port <= 65535:
         raise UserError(f"port {port} is out of range 1-65535", where=option)

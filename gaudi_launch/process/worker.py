@@ -37,6 +37,7 @@ from typing import Optional
 
 from gaudi_launch.inputs import cards
 from gaudi_launch.inputs.idranges import id_ranges
+from gaudi_launch.inputs.ports import describe_holder, port_is_free
 from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
 from gaudi_launch.plan import gaudi
 from gaudi_launch.plan.contract import elastic_env, node_layout, node_of_rank, node_visibility, read_error_file
@@ -154,6 +155,23 @@ def _private_job_dir(job: str) -> str:
     except FileExistsError:
         check_private_dir(path)
     return path
+
+
+def _check_master_port(environ: Mapping[str, str]) -> None:
+    """Under Slurm the master port follows from the job id, which every user of the cluster sees (squeue):
+    another user on the first node may take it first. Rank 0 then fails at once naming who holds it,
+    rather than in torch's rendezvous ("address already in use", naming nobody) or, worse, with every rank
+    talking to someone else's listener."""
+    port = environ.get("MASTER_PORT", "")
+    if environ.get("RANK") != "0" or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return
+    if not port_is_free(int(port)):
+        print(
+            f"gaudi-launch worker: error: the master port {port} is already taken on this node by "
+            f"{describe_holder(int(port))}; give the job another --master_port",
+            file=sys.stderr,
+        )
+        sys.exit(2)
 
 
 def _clean_dead_jobs() -> None:
@@ -593,6 +611,7 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
         pass  # already a session leader (our local backend): nothing to do
     if environ.get(RANKS_FROM) == "slurm":
         wait_alone_in_group()  # the first task of a node leads the group srun put them all in
+        _check_master_port(environ)
     if os.getpgrp() == os.getpid():
         signal.signal(signal.SIGTERM, _term_whole_group)
         if environ.get(JOB_ID):

@@ -464,3 +464,32 @@ def test_another_users_process_left_by_an_exited_rank_is_reported_with_the_ranks
         assert "another user's process in the job's session" in found
     finally:
         os.kill(orphan, 9)
+
+
+def test_a_slurm_master_port_another_user_took_first_is_named_by_rank_0(tmp_path):
+    """Under Slurm the port follows from the public job id: rank 0 names who took it first."""
+    from gaudi_launch.inputs.ports import pick_free_port
+    from tests.helpers import wait_for
+
+    port = pick_free_port()
+    listen = (
+        "import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('', {port}))\ns.listen()\nprint('up', flush=True)\ntime.sleep(120)\n"
+    )
+    squatter = subprocess.Popen(
+        ["/usr/bin/python3", "-S", "-c", listen],
+        user=other_uid(),
+        group=other_uid(),
+        extra_groups=[],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert squatter.stdout.readline().strip() == "up"
+        check = f"from gaudi_launch.process import worker; worker._check_master_port({{'RANK': '0', 'MASTER_PORT': '{port}'}})"
+        res = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert f"master port {port} is already taken on this node by user {OTHER_NAME}" in res.stderr
+        assert wait_for(lambda: squatter.poll() is None, timeout=1)
+    finally:
+        squatter.kill()
