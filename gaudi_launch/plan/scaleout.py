@@ -267,7 +267,8 @@ class ScaleOutPath:
 
     def as_dict(self) -> dict:
         env = {"HCCL_OVER_OFI": "1", **self.env} if self.ofi_recipe else dict(self.env)
-        out = {"path": self.code, "name": self.name, "why": self.why, "env": env, "page": SCALE_OUT_PAGE}
+        out: dict[str, object] = {"path": self.code, "name": self.name, "why": self.why, "env": env}
+        out["page"] = SCALE_OUT_PAGE
         if self.unless:
             out["if"], out["else"] = list(self.unless), self.otherwise
         return out
