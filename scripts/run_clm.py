@@ -78,8 +78,7 @@ def main(argv=None) -> int:
     margs, dargs, targs = parse_args((ModelArguments, DataArguments, TrainingArguments), argv)
     from gaudi_launch.runtime import data
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
-    from gaudi_launch.runtime.ds_config import DeepSpeedConfigError
-    from gaudi_launch.runtime.examples import saved_tokenizer, train_and_evaluate
+    from gaudi_launch.runtime.examples import refusing_bad_configs, saved_tokenizer, train_and_evaluate
     from gaudi_launch.runtime.trainer import Trainer, set_seed
     from gaudi_launch.runtime.zero_init import prepare_deepspeed
 
@@ -100,7 +99,7 @@ def main(argv=None) -> int:
         train_blocks = train_blocks[: dargs.max_train_samples]
     if dargs.max_eval_samples:
         eval_blocks = eval_blocks[: dargs.max_eval_samples]
-    try:
+    with refusing_bad_configs("run_clm.py"):  # a config that contradicts the flags: exit 2 before training
         prepare_deepspeed(targs)  # --deepspeed with ZeRO-3: the model is built partitioned (zero.Init)
         set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
         model = build_model(margs, len(tokenizer))
@@ -117,9 +116,6 @@ def main(argv=None) -> int:
             data_collator=data.causal_lm_collator,
             tokens_per_sample=dargs.block_size,
         )
-    except DeepSpeedConfigError as exc:  # a config that contradicts the flags: refused before any training
-        print(f"run_clm.py: error: {exc}", file=sys.stderr)
-        return 2
     train_and_evaluate(trainer, tokenizer, targs)
     return 0
 

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     margs, dargs, targs = parse_args((ModelArguments, DataArguments, TrainingArguments), argv)
     from gaudi_launch.runtime import data, mlm
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
-    from gaudi_launch.runtime.examples import saved_tokenizer, train_and_evaluate
+    from gaudi_launch.runtime.examples import refusing_bad_configs, saved_tokenizer, train_and_evaluate
     from gaudi_launch.runtime.trainer import Trainer, set_seed
     from gaudi_launch.runtime.zero_init import prepare_deepspeed
 
@@ -98,18 +98,19 @@ def main(argv=None) -> int:
     if dargs.max_eval_samples:
         eval_blocks = eval_blocks[: dargs.max_eval_samples]
     eval_blocks = mlm.premask(eval_blocks, mask_id, len(tokenizer), dargs.mlm_probability, specials)
-    prepare_deepspeed(targs)  # --deepspeed with ZeRO-3: the model is built partitioned (zero.Init)
-    set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
-    model = build_model(margs, len(tokenizer))
-    trainer = Trainer(
-        model,
-        targs,
-        train_dataset=data.BlockDataset(train_blocks),
-        eval_dataset=data.BlockDataset(eval_blocks),
-        data_collator=mlm.MLMCollator(mask_id, len(tokenizer), dargs.mlm_probability, specials),
-        tokens_per_sample=dargs.max_seq_length,
-        eval_metrics=mlm.masked_accuracy,
-    )
+    with refusing_bad_configs("run_mlm.py"):  # a config that contradicts the flags: exit 2 before training
+        prepare_deepspeed(targs)  # --deepspeed with ZeRO-3: the model is built partitioned (zero.Init)
+        set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
+        model = build_model(margs, len(tokenizer))
+        trainer = Trainer(
+            model,
+            targs,
+            train_dataset=data.BlockDataset(train_blocks),
+            eval_dataset=data.BlockDataset(eval_blocks),
+            data_collator=mlm.MLMCollator(mask_id, len(tokenizer), dargs.mlm_probability, specials),
+            tokens_per_sample=dargs.max_seq_length,
+            eval_metrics=mlm.masked_accuracy,
+        )
     train_and_evaluate(trainer, tokenizer, targs)
     return 0
 

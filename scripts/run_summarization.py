@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     margs, dargs, sargs, targs = parse_args((ModelArguments, DataArguments, Seq2SeqArguments, TrainingArguments), argv)
     from gaudi_launch.runtime import data, summarization
     from gaudi_launch.runtime.device import DeviceUnavailable, select_device
-    from gaudi_launch.runtime.examples import saved_tokenizer, train_and_evaluate
+    from gaudi_launch.runtime.examples import refusing_bad_configs, saved_tokenizer, train_and_evaluate
     from gaudi_launch.runtime.trainer import Trainer, set_seed
     from gaudi_launch.runtime.zero_init import prepare_deepspeed
 
@@ -171,18 +171,19 @@ def main(argv=None) -> int:
         dargs.max_target_length if fixed else 0,
         label_pad=summarization.IGNORE if dargs.ignore_pad_token_for_loss else tokenizer.pad_token_id,
     )
-    prepare_deepspeed(targs)  # --deepspeed with ZeRO-3: the model is built partitioned (zero.Init)
-    set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
-    model = build_model(margs, len(tokenizer))
-    model.config.use_cache = margs.use_cache
-    trainer = Trainer(
-        model,
-        targs,
-        train_dataset=summarization.ListDataset(train),
-        eval_dataset=summarization.ListDataset(evals),
-        data_collator=collator,
-        tokens_per_sample=dargs.max_source_length,
-    )
+    with refusing_bad_configs("run_summarization.py"):  # a config that contradicts the flags: exit 2 before training
+        prepare_deepspeed(targs)  # --deepspeed with ZeRO-3: the model is built partitioned (zero.Init)
+        set_seed(targs.seed)  # the same initial weights in every run, as HF's examples do
+        model = build_model(margs, len(tokenizer))
+        model.config.use_cache = margs.use_cache
+        trainer = Trainer(
+            model,
+            targs,
+            train_dataset=summarization.ListDataset(train),
+            eval_dataset=summarization.ListDataset(evals),
+            data_collator=collator,
+            tokens_per_sample=dargs.max_source_length,
+        )
     results = {
         "activation_memory (MB)": round(
             activation_bytes(

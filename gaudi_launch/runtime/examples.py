@@ -3,9 +3,11 @@ evaluate before, train, save the model and tokenizer, evaluate after, write resu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from gaudi_launch import safewrite
@@ -15,6 +17,19 @@ def note(text: str) -> None:
     """A notice about the whole run (not one rank's): written once, by rank 0, to stderr."""
     if os.environ.get("RANK", "0") in ("", "0"):
         print(text, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def refusing_bad_configs(script: str) -> Iterator[None]:
+    """A --deepspeed config that contradicts the flags (ds_config.DeepSpeedConfigError, raised before any
+    training) ends the script with its message and exit status 2, not a traceback."""
+    from gaudi_launch.runtime.ds_config import DeepSpeedConfigError
+
+    try:
+        yield
+    except DeepSpeedConfigError as exc:
+        print(f"{script}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def saved_tokenizer(model_dir: Optional[str]) -> Optional[str]:
