@@ -493,3 +493,44 @@ def test_a_slurm_master_port_another_user_took_first_is_named_by_rank_0(tmp_path
         assert wait_for(lambda: squatter.poll() is None, timeout=1)
     finally:
         squatter.kill()
+
+
+# ---- item 2: the review's writers, against another user's planted link ----------------------------------
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """A shared (1777) directory and a root-owned file another user's link points at."""
+    shared_dir, victim = tmp_path / "team", tmp_path / "etc-file"
+    shared_dir.mkdir()
+    os.chmod(shared_dir, 0o1777)
+    victim.write_text("root's\n")
+
+    def plant(name: str):
+        link = shared_dir / name
+        link.symlink_to(victim)
+        os.lchown(link, other_uid(), other_uid())
+        return link
+
+    return shared_dir, victim, plant
+
+
+def test_collective_check_json_replaces_a_planted_link(planted):
+    from gaudi_launch.collective import write_finding
+    from gaudi_launch.reports.collective import CollectiveReport
+
+    shared_dir, victim, plant = planted
+    link = plant("collective-check.json")
+    report = CollectiveReport([], None, None, None, None, None, 0, "tcp")
+    assert write_finding(report, str(shared_dir)) == str(link)
+    assert victim.read_text() == "root's\n" and not link.is_symlink() and '"hosts"' in link.read_text()
+
+
+def test_metrics_jsonl_is_not_written_through_a_planted_link(planted):
+    from gaudi_launch.runtime.metrics import MetricsWriter
+
+    shared_dir, victim, plant = planted
+    plant("metrics.jsonl")
+    with pytest.raises(OSError):
+        MetricsWriter(str(shared_dir), tensorboard=False)
+    assert victim.read_text() == "root's\n"
