@@ -1,6 +1,7 @@
-"""Issue 25 under Slurm: the collective check's ranks started as one srun step, one task per node of the
-allocation. The 3 nodes are network namespaces, so one node's link is throttled both ways with tc's token
-bucket as in tests/cluster/test_collective_check.py. Assertions on orders of magnitude, never absolute times."""
+"""Issues 25 and 33 under Slurm: the collective check's agents started as one srun step, one task per node of
+the allocation. The 3 nodes are network namespaces, so one node's link is throttled both ways with tc's token
+bucket, or made to hang (an iptables connbytes rule: its connections stop after 2 MB), as in
+tests/cluster/test_collective_check.py. Assertions on orders of magnitude, never absolute times."""
 
 from __future__ import annotations
 
@@ -25,6 +26,33 @@ def throttled(cluster, i: int):
     finally:
         subprocess.run(["tc", "qdisc", "del", "dev", cluster.veths[i], "root"], check=False)
         subprocess.run([*netns, "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
+
+
+@contextlib.contextmanager
+def hung(cluster, i: int):
+    """Node i's connections stop carrying data after their first 2 MB, both ways."""
+    rule = ["-p", "tcp", "-m", "connbytes", "--connbytes", f"{2 << 20}:", "--connbytes-dir", "both"]
+    rule += ["--connbytes-mode", "bytes", "-j", "DROP"]
+    ns = ["ip", "netns", "exec", cluster.names[i], "iptables"]
+    for chain in ("INPUT", "OUTPUT"):
+        subprocess.run([*ns, "-A", chain, *rule], check=True)
+    try:
+        yield
+    finally:
+        for chain in ("INPUT", "OUTPUT"):
+            subprocess.run([*ns, "-D", chain, *rule], check=False)
+
+
+def test_a_hung_node_is_named_failed_alone(slurm_cluster):
+    env = dict(slurm_cluster.env(), GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT="3")
+    with hung(slurm_cluster, 2):
+        r = launch(
+            slurm_cluster, ["salloc", "-N3", "--ntasks-per-node=1", *LAUNCH, "check", "--collective", "--json"], env=env
+        )
+    assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
+    data = json.loads(r.stdout[r.stdout.index("{") :])
+    assert data["failed"] == ["gls-n2"] and data["slow"] == [] and data["backend"] == "slurm", data
+    assert {h["host"]: h["status"] for h in data["hosts"]} == {"gls-n0": "ok", "gls-n1": "ok", "gls-n2": "failed"}
 
 
 def test_a_healthy_allocation_passes_with_a_figure_per_node(slurm_cluster):
