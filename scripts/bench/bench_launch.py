@@ -535,6 +535,14 @@ def print_start_up(res: dict[str, object]) -> None:
     print(f"load average at the start {res.get('load_average_at_start')}, now {load} (budgets are for an idle machine)")
 
 
+def write_json(res: dict, path: Optional[str]) -> None:
+    """The results as JSON (for `gaudi-launch report`), with --start-up-only too."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(res, f, indent=2)
+        print(f"wrote {path}")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5, help="measured launches per configuration (default 5)")
@@ -577,6 +585,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         res["start_up"] = measure_start_up(args, env, workdir)
         if args.start_up_only:
             print_start_up(res)
+            write_json(res, args.json)
             return 1 if any("error" in e for e in res["start_up"].values()) else 0
         res["results"]["1 host"] = measure_scope(Ctx(args.ranks, job, workdir), args, env)
         if args.hosts > 1:
@@ -592,10 +601,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 if cluster is not None:
                     cluster.down()
     print_tables(res)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
-        print(f"wrote {args.json}")
+    write_json(res, args.json)
     failed = any("error" in e for table in res["results"].values() for e in table.values())
     failed = failed or any("error" in e for e in res["start_up"].values())
     return 1 if failed else 0

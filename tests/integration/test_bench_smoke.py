@@ -291,3 +291,11 @@ def test_bench_scale_tiny(tmp_path):
     assert positive(data["costs"]["handshake"]) and positive(data["costs"]["mux_session"])
     assert positive(data["costs"]["rsh_agent"])
     assert set(data["model"]["predicted"]["gaudi-launch (ControlMaster)"]) == {"16", "128", "1024"}
+
+
+def test_bench_launch_start_up_only_writes_its_json(tmp_path):
+    out = tmp_path / "start-up.json"
+    stdout = run_bench("bench_launch.py", "--start-up-only", "--cold-repeats", "1", "--json", str(out))
+    assert table_rows(stdout, START_UP_ROWS) == START_UP_ROWS, stdout
+    data = json.loads(out.read_text())
+    assert data["results"] == {} and all(positive(data["start_up"][name]["median"]) for name in START_UP_ROWS)
