@@ -42,7 +42,7 @@ from gaudi_launch.process.logfiles import prepare_log_dir
 from gaudi_launch.remote import sshmux
 from gaudi_launch.reports.collective import MARKER, CollectiveReport, judge, parse
 from gaudi_launch.runtime import pair_rounds
-from gaudi_launch.runtime.link_check import MARGIN_S
+from gaudi_launch.runtime.pair_rounds import MARGIN_S
 from gaudi_launch.safewrite import write_whole
 from gaudi_launch.wire import (
     COLLECTIVE,

@@ -50,7 +50,7 @@ LIBRARY_MODULE = "gaudi_launch.runtime.collective_check"
 LATENCY_ROUNDS = 10
 CHUNK = 64 << 10  # one recv at most: the first piece's arrival starts a large message's clock
 MAX_LINE = 1 << 16  # a control line longer than this is junk
-MARGIN_S = 3.0  # the coordinator's wait for a round's results past the pair deadline
+MARGIN_S = pair_rounds.MARGIN_S
 # Defaults when the launcher sends none (runtime tests): see collective.py for the launcher's.
 DEFAULTS = {
     "bytes": 4 << 20,

@@ -39,6 +39,7 @@ from typing import Optional
 # (the launcher's own host shared 2 cores with DeepSpeed's runner: 0.37x); a link throttled with tc's tbf
 # measures about 0.01x.
 SLOW_FRACTION = 0.25
+MARGIN_S = 3.0  # the coordinator's wait for a round's results past the pairs' deadline
 
 
 def round_robin(n: int) -> list[list[tuple[int, int]]]:
