@@ -306,7 +306,8 @@ def test_bf16_autocast_gives_hfs_numbers(runs, world):
     # its ops: measured 2e-5 on the losses, 3e-4 on grad_norm, 4e-2 on a weight). Same tolerance as fp32.
     entry = runs[world][0]["gpt2"]["bf16"]
     assert_same_run(entry["ours"], entry["hf"])
-    assert entry["ours"]["loss"] != pytest.approx(runs[world][0]["gpt2"]["hf"]["loss"], rel=1e-4)  # bf16 acted
+    # bf16 acted: on this tiny model it moves the losses by about 3e-5 and grad_norm by about 1e-3 against fp32.
+    assert entry["ours"]["grad_norm"] != pytest.approx(runs[world][0]["gpt2"]["hf"]["grad_norm"], rel=1e-4)
 
 
 def _after(run: dict, start: int) -> dict:
