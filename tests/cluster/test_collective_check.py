@@ -108,20 +108,22 @@ def test_a_throttled_host_and_only_it_is_named_slow(cluster4, tmp_path):
     assert "slow: glf-n2" in res.stderr and "--exclude glf-n2" in res.stderr
 
 
-def test_a_hung_host_is_named_failed_alone_within_the_stated_bound(cluster4, tmp_path):
+@pytest.mark.parametrize("bad", [2, 0])  # 0: the coordinator's host, where the launcher runs too
+def test_a_hung_host_is_named_failed_alone_within_the_stated_bound(cluster4, tmp_path, bad):
     env = dict(os.environ, GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT=PAIR_TIMEOUT)
+    name = cluster4.names[bad]
     t0 = time.monotonic()
-    with hung(cluster4, 2):
+    with hung(cluster4, bad):
         res = check(cluster4, tmp_path, "--json", env=env)
     took = time.monotonic() - t0
     assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads(res.stdout)
-    assert data["failed"] == ["glf-n2"] and data["slow"] == [], res.stdout
+    assert data["failed"] == [name] and data["slow"] == [], res.stdout
     status = {h["host"]: h["status"] for h in data["hosts"]}
-    assert status == {"glf-n0": "ok", "glf-n1": "ok", "glf-n2": "failed", "glf-n3": "ok"}
+    assert status == {h: ("failed" if h == name else "ok") for h in cluster4.names}
     failed_pairs = [p["hosts"] for p in data["pairs"] if not p["ok"]]
-    assert failed_pairs and all("glf-n2" in p for p in failed_pairs), data["pairs"]
-    assert "timed out" in {h["host"]: h["reason"] for h in data["hosts"]}["glf-n2"]
+    assert failed_pairs and all(name in p for p in failed_pairs), data["pairs"]
+    assert "timed out" in {h["host"]: h["reason"] for h in data["hosts"]}[name]
     # the bound: two rounds, each at most the pair's 3 s deadline and the coordinator's 3 s margin, plus
     # the start (torch-free agents); never the 60 s start limit, nor a deadline per host
     assert took < 2 * (3 + 3) + 25, took
