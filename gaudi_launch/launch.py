@@ -21,7 +21,7 @@ from gaudi_launch.collective import apply_exclusions, check_before_job, check_ho
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs import habits
-from gaudi_launch.inputs.backend_options import SlurmOptions
+from gaudi_launch.inputs.backend_options import AUTO, SlurmOptions, capabilities
 from gaudi_launch.inputs.commandline import EXTRA_OPTIONS, NOT_IN_CONFIG, convert, launch_options, spec_from_values
 from gaudi_launch.inputs.config import load_config, normalize_key
 from gaudi_launch.inputs.envfile import parse_assignments
@@ -139,7 +139,8 @@ def _run_values(v: dict[str, Any]) -> int:
         raise UserError("--json only applies to --dry-run (and to check --collective)", where="--json")
     program, cwd = spec.program, os.getcwd()
     if program and not v["dry_run"]:
-        local = not spec.hostfile and spec.backend in ("auto", "local") and not os.environ.get("SLURM_JOB_ID")
+        one_host = spec.backend == AUTO or not capabilities(spec.backend).multi_host
+        local = not spec.hostfile and one_host and not os.environ.get("SLURM_JOB_ID")
         if local:  # this machine runs the ranks: a script that is not here fails now, not once per rank
             habits.check_program(program, module=spec.module, no_python=spec.no_python, cwd=cwd)
         for note in habits.notes(
@@ -194,9 +195,10 @@ def run_spec(
     spec = prepare(spec)
     if check_only:
         plan = build_plan(spec, require_program=False, backends=get_backend)
-        if plan.backend == "slurm" and spec.collective_check:  # srun probed the nodes: the check itself is next
+        scheduled = capabilities(plan.backend).scheduler
+        if scheduled and spec.collective_check:  # srun probed the nodes: the check itself is next
             return collective_only(spec, plan, json_out)
-        if plan.backend == "slurm":  # no hostfile, no ssh: the nodes are probed through srun
+        if scheduled:  # no hostfile, no ssh: the nodes are probed through srun
             raise UserError(
                 "the pre-flight checks a hostfile's hosts over ssh; a Slurm job has neither",
                 where="--check-only",
@@ -230,7 +232,7 @@ def run_spec(
             return ExitCode.PREFLIGHT
         return 0
     if spec.options(SlurmOptions).sbatch:  # a batch script for the job, nothing started
-        if plan.backend != "slurm":
+        if not capabilities(plan.backend).batch_script:
             raise UserError("--sbatch writes a Slurm batch script", where="--sbatch", hint="add --backend slurm")
         written = sbatch.write(plan, spec, os.environ)
         print(

@@ -6,7 +6,8 @@ planning (it records what it found in the plan); a pure ``commands(plan, environ
 start: the dry run shows it); and ``run(plan, environ=None, **supervisor_options)``, the I/O: starts
 the commands under the supervisor (``process.supervise.supervise_job``, with the backend's ``Hooks``),
 tears the job down and returns a JobResult. Modules are imported on first use, so a job pays only
-for its own backend.
+for its own backend. Which backends there are, and what each can do, the registry says
+(inputs/backend_options.py ``BACKENDS``): a new backend is a module here and an entry there.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Optional, Protocol, cast
 
+from gaudi_launch.inputs.backend_options import BACKENDS
+
 if TYPE_CHECKING:
     from gaudi_launch.plan.launchplan import Command, LaunchPlan
     from gaudi_launch.process.supervise import JobResult
 
-NAMES = ("local", "mpirun", "deepspeed", "slurm")
+NAMES = tuple(BACKENDS)  # those shipped (a test may register more)
 
 
 class Backend(Protocol):
@@ -31,6 +34,6 @@ class Backend(Protocol):
 
 
 def get_backend(name: str) -> Backend:
-    if name not in NAMES:
+    if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}")
-    return cast(Backend, importlib.import_module(f"gaudi_launch.backends.{name}"))
+    return cast(Backend, importlib.import_module(BACKENDS[name].module))

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Callable, Optional, TextIO
 
 from gaudi_launch.backends import get_backend
+from gaudi_launch.inputs.backend_options import capabilities
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
@@ -23,14 +24,12 @@ from gaudi_launch.process.supervise import JobResult
 from gaudi_launch.remote.hostchecks import default_preflight
 from gaudi_launch.remote.hostwait import before
 
-DEFAULT_START_TIMEOUT = 900.0  # seconds for every rank to start, unless --start-timeout says otherwise
-
 
 def start_timeout_for(spec: JobSpec, backend: str) -> Optional[float]:
-    """The start-up deadline of one attempt: --start-timeout, else 900 s; none for 0, nor by default
-    with srun, whose wait in the queue for an allocation has no bound of ours. Pure."""
+    """The start-up deadline of one attempt: --start-timeout, else the backend's default (900 s; none with
+    srun, whose wait in the queue for an allocation has no bound of ours); none for 0. Pure."""
     if spec.start_timeout is None:
-        return None if backend == "slurm" else DEFAULT_START_TIMEOUT
+        return capabilities(backend).start_timeout
     return spec.start_timeout or None
 
 

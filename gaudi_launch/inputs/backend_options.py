@@ -1,5 +1,10 @@
-"""Options that belong to one backend, declared by it (as torchx's runopts): DeepSpeed's runner, srun's
-allocation and the batch script. Declared with the same ``opt(...)`` metadata as JobSpec's own options,
+"""The backend registry: what each backend can do (``Capabilities``, as torchx's scheduler registry) and the
+options that belong to it (as torchx's runopts: DeepSpeed's runner, srun's allocation and the batch script).
+The core (planner, pre-flight, hang watch, the command line) asks a backend's capabilities, never its name:
+a new backend is a module in gaudi_launch/backends/ and one entry in ``BACKENDS`` (tests/unit/test_backend_caps.py).
+Here, in the inputs layer, so that planning reads it without importing a backend.
+
+Backend options are declared with the same ``opt(...)`` metadata as JobSpec's own options,
 so the command line lists them in the backend's --help panel, the options reference documents them and
 DistributedRunner takes them as keywords; their flags and job-file keys are the user's as before.
 
@@ -13,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional, TypeVar
+from typing import Any, Callable, ClassVar, Optional, TypeVar
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.options import Option, opt, option_fields
@@ -94,8 +99,103 @@ class SlurmOptions(BackendOptions):
     )
 
 
-# backend name -> the class of its options; local and mpirun declare none.
-REGISTRY: dict[str, type[BackendOptions]] = {"deepspeed": DeepSpeedOptions, "slurm": SlurmOptions}
+AUTO = "auto"  # --backend auto: not a backend, a choice made while planning (AUTO_* below)
+DEFAULT_START_TIMEOUT = 900.0  # seconds for every rank to start, unless --start-timeout says otherwise
+
+
+def _never(options: Optional[BackendOptions]) -> bool:
+    return False
+
+
+def _always(options: Optional[BackendOptions]) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one backend can do: the only thing the core asks of a backend's name."""
+
+    module: str  # the module of its Backend (backends/__init__.py: detect, commands, run)
+    multi_host: bool  # may run ranks on other hosts than this one
+    one_command: bool  # one command starts every node: each node's device subset travels in job variables
+    ssh_preflight: bool  # reaches its hosts over ssh: ssh options, and the pre-flight unless --no-ssh-check
+    rewrites_visibility: bool = False  # its per-node launcher sets CUDA_VISIBLE_DEVICES to slot numbers
+    scheduler: bool = False  # a scheduler places the ranks on its allocation (no hostfile, no ssh, nodes
+    # probed through it); the launcher owns no rank process on its own host
+    batch_script: bool = False  # writes a batch script for the job instead of running it (--sbatch)
+    start_timeout: Optional[float] = DEFAULT_START_TIMEOUT  # --start-timeout's default (None: no bound of ours)
+    options: Optional[type[BackendOptions]] = None  # the options it takes (BackendOptions above)
+    openmpi: Callable[[Optional[BackendOptions]], bool] = _never  # OpenMPI starts its ranks (with these
+    # options): one OpenMPI major version on every host, checked by the pre-flight
+
+
+def _deepspeed_openmpi(options: Optional[BackendOptions]) -> bool:
+    return options_of(options, DeepSpeedOptions).launcher == "openmpi"
+
+
+# backend name -> what it can do, in the order --help lists them.
+BACKENDS: dict[str, Capabilities] = {
+    "local": Capabilities("gaudi_launch.backends.local", multi_host=False, one_command=False, ssh_preflight=False),
+    "mpirun": Capabilities(
+        "gaudi_launch.backends.mpirun", multi_host=True, one_command=True, ssh_preflight=True, openmpi=_always
+    ),
+    "deepspeed": Capabilities(
+        "gaudi_launch.backends.deepspeed",
+        multi_host=True,
+        one_command=True,
+        ssh_preflight=True,
+        rewrites_visibility=True,  # DeepSpeed's launch.py, even for whole hosts
+        options=DeepSpeedOptions,
+        openmpi=_deepspeed_openmpi,
+    ),
+    "slurm": Capabilities(
+        "gaudi_launch.backends.slurm",
+        multi_host=True,
+        one_command=True,
+        ssh_preflight=False,
+        scheduler=True,
+        batch_script=True,
+        start_timeout=None,  # srun may wait in the queue for its allocation
+        options=SlurmOptions,
+    ),
+}
+# --backend auto's choice: this host alone; several hosts (or another one); inside an allocation, no hostfile.
+AUTO_ONE_HOST, AUTO_HOSTS, AUTO_IN_ALLOCATION = "local", "mpirun", "slurm"
+
+
+def capabilities(backend: str) -> Capabilities:
+    """The capabilities of a backend by name (not auto: it has chosen one by the time anything asks)."""
+    try:
+        return BACKENDS[backend]
+    except KeyError:
+        raise ValueError(f"unknown backend {backend!r}") from None
+
+
+def choices() -> tuple[str, ...]:
+    """What --backend takes: auto, then every registered backend."""
+    return (AUTO, *BACKENDS)
+
+
+def register(name: str, caps: Capabilities) -> Callable[[], None]:
+    """Add a backend (and its options); returns what takes it out again (a test's backend)."""
+    if name in BACKENDS or name == AUTO:
+        raise ValueError(f"backend {name!r} exists already")
+    BACKENDS[name] = caps
+    if caps.options is not None:
+        REGISTRY[name] = caps.options
+        OWNER.update({f.name: name for f, _ in option_fields(caps.options)})
+
+    def undo() -> None:
+        del BACKENDS[name]
+        if REGISTRY.pop(name, None) is not None:
+            for key in [k for k, v in OWNER.items() if v == name]:
+                del OWNER[key]
+
+    return undo
+
+
+# backend name -> the class of its options (those that declare some).
+REGISTRY: dict[str, type[BackendOptions]] = {n: c.options for n, c in BACKENDS.items() if c.options is not None}
 
 T = TypeVar("T", bound=BackendOptions)
 
@@ -136,7 +236,7 @@ def options_from(backend: str, values: Mapping[str, Any]) -> Optional[BackendOpt
     if not owners:
         return None
     options = REGISTRY[owners[0]](**chosen)
-    if backend != "auto":
+    if backend != AUTO:
         check_backend(options, backend)
     return options
 

@@ -11,12 +11,15 @@ from typing import Any, Optional, TypeVar
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.backend_options import (
+    AUTO,
     OWNER,
     REGISTRY,
     BackendOptions,
     SlurmOptions,
     backend_option_fields,
+    capabilities,
     check_backend,
+    choices,
     options_from,
     options_of,
 )
@@ -24,7 +27,6 @@ from gaudi_launch.inputs.options import Option, opt, option_fields, via
 from gaudi_launch.inputs.restartopts import MAX_RESTARTS, parse_restart_on
 from gaudi_launch.wire import HEARTBEAT_DIR, MAX_RESTARTS_VAR, RESTART_COUNT
 
-BACKENDS = ("auto", "local", "mpirun", "deepspeed", "slurm")
 # Variables a job sets for its own ranks (prepare/attempt_spec), not options the user gave.
 JOB_OWN_VARS = (HEARTBEAT_DIR, RESTART_COUNT, MAX_RESTARTS_VAR)
 MAX_DEVICES = 65536  # per node: far above any real host, low enough that a plan fits in memory
@@ -84,7 +86,7 @@ class JobSpec:
         default="auto",
         metadata=opt(
             "--backend",
-            help="auto, local, mpirun, deepspeed or slurm. auto: slurm inside a Slurm allocation without "
+            help=", ".join(choices()[:-1]) + f" or {choices()[-1]}. auto: slurm inside a Slurm allocation without "
             "--hostfile, local for this host alone, else mpirun.",
             panel="Hosts",
         ),
@@ -411,9 +413,9 @@ class JobSpec:
             )
         if self.module and self.no_python:
             raise UserError("--module and --no_python cannot be used together", where="--module")
-        if self.backend not in BACKENDS:
+        if self.backend not in choices():
             raise UserError(
-                f"unknown backend {self.backend!r}", where="--backend", hint="one of: " + ", ".join(BACKENDS)
+                f"unknown backend {self.backend!r}", where="--backend", hint="one of: " + ", ".join(choices())
             )
         for option, value in (("--num_nodes", self.num_nodes), ("--num_devices", self.num_devices)):
             if value is not None and value < 1:
@@ -445,7 +447,7 @@ class JobSpec:
             raise UserError(f"unknown CPU binding {self.cpu_bind!r}", where="--cpu-bind", hint="numa or none")
         if self.backend_options is not None:
             self.backend_options.validate()
-            if self.backend != "auto":  # auto: once it has chosen (the planner)
+            if self.backend != AUTO:  # auto: once it has chosen (the planner)
                 check_backend(self.backend_options, self.backend)
         if self.grace < 0:
             raise UserError(f"must not be negative, got {self.grace}", where="--grace")
@@ -459,7 +461,8 @@ class JobSpec:
         if bw is not None and (isinstance(bw, bool) or not isinstance(bw, (int, float)) or not 0 < bw < math.inf):
             raise UserError(f"a positive number of GB/s, got {bw!r}", where="--min-bandwidth")
         # (under Slurm, and auto inside an allocation, the allocation's nodes are the hosts)
-        if self.collective_check and not self.hostfile and self.backend not in ("auto", "slurm"):
+        scheduled = self.backend == AUTO or capabilities(self.backend).scheduler
+        if self.collective_check and not self.hostfile and not scheduled:
             raise UserError(
                 "the collective check measures the links between hosts: give a --hostfile", where="--collective-check"
             )
@@ -531,7 +534,7 @@ def resolve_compat(
         raise UserError("--use_mpi and --use_deepspeed cannot be used together", where="--use_mpi")
     wanted = "mpirun" if use_mpi else "deepspeed" if use_deepspeed else None
     if wanted:
-        if backend not in ("auto", wanted):
+        if backend not in (AUTO, wanted):
             flag = "--use_mpi" if use_mpi else "--use_deepspeed"
             raise UserError(f"{flag} contradicts --backend {backend}", where=flag)
         backend = wanted

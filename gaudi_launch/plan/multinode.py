@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
+from gaudi_launch.inputs.backend_options import capabilities
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.inputs.sshconfig import SshConfig, SshConfigError, host_key_policy
@@ -131,8 +132,9 @@ def apply_facts(plan: LaunchPlan, facts: Mapping[str, Any], environ: Mapping[str
 
 def host_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, report=None) -> None:
     """What several hosts add to a plan: the ssh options, and the interface and CPU budget from the
-    pre-flight's report (or notes saying what is left to defaults without one). Nothing for a local job."""
-    if plan.backend == "local":
+    pre-flight's report (or notes saying what is left to defaults without one). Nothing for a backend
+    that reaches no host over ssh (local)."""
+    if not capabilities(plan.backend).ssh_preflight:
         return
     plan.ssh_args = ssh_args(spec, configured_host_keys([n.host for n in plan.nodes], spec.ssh_config))
     if report is not None:

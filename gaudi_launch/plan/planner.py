@@ -8,7 +8,15 @@ from typing import Callable, Optional, Protocol
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs import cards
-from gaudi_launch.inputs.backend_options import check_backend
+from gaudi_launch.inputs.backend_options import (
+    AUTO,
+    AUTO_HOSTS,
+    AUTO_IN_ALLOCATION,
+    AUTO_ONE_HOST,
+    BACKENDS,
+    capabilities,
+    check_backend,
+)
 from gaudi_launch.inputs.devices import DeviceCount, detect_local_devices
 from gaudi_launch.inputs.hostfile import Host, read_hostfile
 from gaudi_launch.inputs.hostnames import bare_host, is_local_host
@@ -69,16 +77,17 @@ def resolve_hosts(
 
 def choose_backend(spec: JobSpec, selected, hosts: list[Host]) -> str:
     all_local = all(is_local_host(h) for h, _ in selected)
-    if spec.backend == "auto":
-        return "local" if len(selected) == 1 and all_local else "mpirun"
-    if spec.backend == "local" and not all_local:
+    if spec.backend == AUTO:
+        return AUTO_ONE_HOST if len(selected) == 1 and all_local else AUTO_HOSTS
+    if not capabilities(spec.backend).multi_host and not all_local:
         remote = next(h for h, _ in selected if not is_local_host(h))
         line = next((x.line for x in hosts if x.name == remote), 0)
         where = f"{spec.hostfile}:{line}" if spec.hostfile and line else "--backend"
+        several = " or ".join(f"--backend {n}" for n, c in BACKENDS.items() if c.ssh_preflight)
         raise UserError(
-            f"the local backend runs on this host only, but '{remote}' is another host",
+            f"the {spec.backend} backend runs on this host only, but '{remote}' is another host",
             where=where,
-            hint="use --backend mpirun or --backend deepspeed for several hosts",
+            hint=f"use {several} for several hosts",
         )
     return spec.backend
 
@@ -102,16 +111,18 @@ def build_plan(
     environ = os.environ if environ is None else environ
     spec.validate(require_program)
     if slurm.wanted(spec, environ):  # the allocation (or srun's) is the hostfile: no ssh, no pre-flight
-        check_backend(spec.backend_options, "slurm", auto=spec.backend == "auto")
+        name = AUTO_IN_ALLOCATION if spec.backend == AUTO else spec.backend
+        check_backend(spec.backend_options, name, auto=spec.backend == AUTO)
         plan = slurm.draft(spec, environ)
         # srun --export=ALL: every rank inherits the launcher's whole environment
-        return assemble(plan, spec, environ, backends("slurm"), parents=[dict(environ)] * len(plan.nodes))
+        return assemble(plan, spec, environ, backends(name), parents=[dict(environ)] * len(plan.nodes))
     selected, hosts, notes, spares = resolve_hosts(spec, detect)
     backend = choose_backend(spec, selected, hosts)
-    check_backend(spec.backend_options, backend, auto=spec.backend == "auto")  # (--backend NAME: validate's)
+    check_backend(spec.backend_options, backend, auto=spec.backend == AUTO)  # (--backend NAME: validate's)
+    caps = capabilities(backend)
     if spec.master_addr:
         master_addr = spec.master_addr
-    elif backend == "local":
+    elif not caps.multi_host:
         master_addr = "127.0.0.1"
     else:
         master_addr = bare_host(selected[0][0])
@@ -126,7 +137,7 @@ def build_plan(
         master_port = pick_remote_port()
     plan = new_plan(backend, layout(selected), master_addr, master_port, spec, environ, notes, spares)
     report = None
-    if backend != "local" and spec.ssh_check and preflight is not None:
+    if caps.ssh_preflight and spec.ssh_check and preflight is not None:
         report = preflight(plan, spec)
         if not report.ok and not keep_failed_preflight:
             raise PreflightFailed(report)
@@ -176,7 +187,9 @@ def gaudi_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], 
     of the hosts that are this machine are read here; the pre-flight checks the others'."""
     plan.env.update(gaudi.cpu_bind_env(spec.cpu_bind))
     local = [n for n in plan.nodes if is_local_host(n.host)]
-    facts = cards.read_host() if local and spec.backend != "slurm" else cards.HostCards()
+    # (--backend auto inside an allocation reads them: spec.backend, as before the registry)
+    scheduled = spec.backend != AUTO and capabilities(spec.backend).scheduler
+    facts = cards.read_host() if local and not scheduled else cards.HostCards()
     lines: list[str] = []
     for node in local if facts.cards else []:
         modules = _node_modules(plan, node, environ)

@@ -8,6 +8,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
+from gaudi_launch.inputs.backend_options import capabilities
 from gaudi_launch.inputs.envfile import load_env_files, secrets_in
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fabric
@@ -59,14 +60,15 @@ def export_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str])
     """The launcher's variables the ranks on other hosts get (--export prefixes; srun takes them all),
     and every secret-looking one, masked in all output whether exported or inherited."""
     plan.exported_secrets = secrets_in(environ)
-    if plan.backend != "local":
+    if capabilities(plan.backend).multi_host:
         plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
 
 
 def fabric_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, report=None) -> None:
     """The fabric's variables: each host's scale-out path from the pre-flight's report when there is one,
     else EFA as --efa/--no-efa say or as this host's devices show."""
-    paths = scaleout_paths(report, spec.efa) if report is not None and plan.backend != "local" else {}
+    multi_host = capabilities(plan.backend).multi_host
+    paths = scaleout_paths(report, spec.efa) if report is not None and multi_host else {}
     efa = False  # with a pre-flight, the recipe, where a host needs it, is set by apply_scaleout
     if paths:  # decided per host from what the pre-flight found (plan/scaleout.py)
         apply_scaleout(plan, paths, environ, spec.hccl_ofi_wrapper)
@@ -74,7 +76,7 @@ def fabric_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str],
         efa_here = fabric.efa_present() if spec.efa is None else False
         gen = fabric.local_generation() if spec.efa or efa_here else None
         efa, note = fabric.ofi_recipe_without_facts(spec.efa, efa_here, gen)
-        if note and (efa or plan.backend != "local"):
+        if note and (efa or multi_host):
             plan.notes.append(note)
     plan.env.update(
         fabric.fabric_env({**environ, **plan.env}, efa=efa, ifname=plan.ifname, wrapper_dir=spec.hccl_ofi_wrapper)
@@ -83,10 +85,11 @@ def fabric_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str],
 
 def device_settings(plan: LaunchPlan, parents: Sequence[Mapping[str, str]]) -> None:
     """Each node's device subset in job variables, when one command starts every node (not the local
-    backend), mapped onto the visibility its ranks inherit (``parents``, one per node): a selected index is
+    backend's way), mapped onto the visibility its ranks inherit (``parents``, one per node): a selected index is
     the same device whatever the backend."""
     subset = any(n.devices != list(range(len(n.devices))) for n in plan.nodes)
+    caps = capabilities(plan.backend)
     # DeepSpeed's launch.py sets CUDA_VISIBLE_DEVICES to slot numbers even for whole hosts.
-    rewritten = plan.backend == "deepspeed" and any(p.get("CUDA_VISIBLE_DEVICES", "").strip() for p in parents)
-    if plan.backend != "local" and (subset or rewritten):
+    rewritten = caps.rewrites_visibility and any(p.get("CUDA_VISIBLE_DEVICES", "").strip() for p in parents)
+    if caps.one_command and (subset or rewritten):
         plan.env.update(node_device_env([n.devices for n in plan.nodes], list(parents)))

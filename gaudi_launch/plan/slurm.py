@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs import slurm
-from gaudi_launch.inputs.backend_options import SlurmOptions
+from gaudi_launch.inputs.backend_options import AUTO, SlurmOptions, capabilities
 from gaudi_launch.inputs.hostfile import Host
 from gaudi_launch.inputs.hostselect import select
 from gaudi_launch.inputs.spec import JobSpec
@@ -47,10 +47,10 @@ CONTRACT = (
 
 
 def wanted(spec: JobSpec, environ: Mapping[str, str]) -> bool:
-    """--backend slurm, or auto inside an allocation without a hostfile. Pure."""
-    return spec.backend == "slurm" or (
-        spec.backend == "auto" and spec.hostfile is None and slurm.in_allocation(environ)
-    )
+    """--backend slurm (a scheduler's backend), or auto inside an allocation without a hostfile. Pure."""
+    if spec.backend != AUTO:
+        return capabilities(spec.backend).scheduler
+    return spec.hostfile is None and slurm.in_allocation(environ)
 
 
 def step_name(plan: LaunchPlan) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.backend_options import capabilities
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.idranges import rank_words
 from gaudi_launch.process.heartbeats import DUMP_SIGNAL, start_time
@@ -176,8 +177,9 @@ def with_heartbeats(spec):
 
 
 def check_watchable(plan) -> None:
-    """Heartbeats and stacks are read on this host: some rank must run here. Pure."""
-    if plan.backend == "slurm" or not any(is_local_host(n.host) for n in plan.nodes):
+    """Heartbeats and stacks are read on this host: some rank must run here, and not under a scheduler
+    (srun's ranks on this node are not the launcher's). Pure."""
+    if capabilities(plan.backend).scheduler or not any(is_local_host(n.host) for n in plan.nodes):
         raise UserError(
             "--hang-timeout watches the ranks on this host, and none runs here",
             where="--hang-timeout",

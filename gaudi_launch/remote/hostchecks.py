@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gaudi_launch.inputs.backend_options import DeepSpeedOptions
+from gaudi_launch.inputs.backend_options import capabilities
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import visible_subset
@@ -55,9 +55,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         progress=progress,
         connections=connections,
     )
-    if plan.backend == "mpirun" or (
-        plan.backend == "deepspeed" and spec.options(DeepSpeedOptions).launcher == "openmpi"
-    ):
+    if capabilities(plan.backend).openmpi(spec.backend_options):
         openmpi.judge(report, openmpi.local_version())  # one major version on every host (before the spares)
     versions.judge(report, spec.allow_version_mismatch)  # the same software everywhere (issues 25, 32)
     partialnodes.judge(report, modules, spec.allow_partial_nodes)  # every card of each host in scale-out
