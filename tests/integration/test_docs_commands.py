@@ -55,7 +55,8 @@ def workdir(tmp_path_factory):
     for name in ("train.py", "run_clm.py", "scripts/run_clm.py", "my_pkg/__init__.py", "my_pkg/train.py"):
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_text("")
-    (work / "H").write_text("worker-0 slots=8\nworker-1 slots=8\n")
+    for hostfile in ("H", "hosts"):
+        (work / hostfile).write_text("worker-0 slots=8\nworker-1 slots=8\n")
     (work / "hostfiles").mkdir()
     (work / "hostfiles" / "two-dl1-nodes").write_text((ROOT / "hostfiles" / "two-dl1-nodes").read_text())
     (work / "job.yaml").write_text("num_devices: 2\n")
@@ -101,3 +102,15 @@ def test_the_docs_hold_the_commands_a_newcomer_tries():
     lines = [line for _doc, line in commands()]
     assert len(lines) >= 20
     assert any("--include" in line for line in lines) and any(line.startswith("gaudi-launch run ") for line in lines)
+
+
+def test_the_readmes_own_script_trains_on_two_ranks(tmp_path):
+    # The README's "Your own training script" example, as printed there, through the launcher on CPU.
+    blocks = re.findall(r"```python\n(# train\.py\n.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) == 1
+    (tmp_path / "train.py").write_text(blocks[0])
+    argv = [sys.executable, "-m", "gaudi_launch", "--num_devices", "2", "--device", "cpu", "train.py"]
+    res = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    losses = [float(m) for m in re.findall(r"\[rank 0\] step \d+: loss ([0-9.]+)", res.stdout)]
+    assert len(losses) == 2 and losses[1] < losses[0], res.stdout[-2000:]
