@@ -43,7 +43,7 @@ an option with a keyword is also that `DistributedRunner` keyword. What a one-li
 
 def flag_list(option: Option) -> list[str]:
     """Each spelling of an option; '--efa/--no-efa' is two."""
-    return [part for flag in option.flags for part in flag.split("/")]
+    return [part for flag in option.flags for part in flag.split("/") if part.strip()]
 
 
 def _backend_options() -> list[tuple[dataclasses.Field, Option]]:

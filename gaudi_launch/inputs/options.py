@@ -25,8 +25,35 @@ class Option:
 
 
 def opt(*flags: str, help: str, panel: str = "") -> dict[str, Option]:
-    """Field metadata of an option: ``field(default=..., metadata=opt("--x", "--x_y", help="...", panel="SSH"))``."""
-    return {KEY: Option(flags=flags, help=help, panel=panel)}
+    """Field metadata of an option: ``field(default=..., metadata=opt("--x-y", help="...", panel="SSH"))``; the
+    other spelling of each long flag (``--x_y``) is added here, so every option takes both."""
+    return {KEY: Option(flags=both_spellings(flags), help=help, panel=panel)}
+
+
+def _other_spelling(flag: str) -> str:
+    """``--a-b`` for ``--a_b`` and back; '' for a short flag or a name of one word. Pure."""
+    name = flag[2:]
+    if not flag.startswith("--") or not ("-" in name or "_" in name):
+        return ""
+    return "--" + (name.replace("-", "_") if "-" in name else name.replace("_", "-"))
+
+
+def both_spellings(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags with each long one's other spelling where it is missing; for an on/off pair
+    (``--efa/--no-efa``) the missing off spelling as click's off-only declaration (`` /--no_efa``). Pure."""
+    given = {part for flag in flags for part in flag.split("/")}
+    extra = []
+    for flag in flags:
+        on, _, off = flag.partition("/")
+        alt_on, alt_off = (_other_spelling(f) for f in (on, off))
+        alt_on = alt_on if alt_on and alt_on not in given else ""
+        alt_off = alt_off if alt_off and alt_off not in given else ""
+        if off and (alt_on or alt_off):
+            extra.append(f"{alt_on or ' '}/{alt_off or ' '}" if alt_off else f"{alt_on}/{off}")
+        elif not off and alt_on:
+            extra.append(alt_on)
+        given |= {alt_on, alt_off}
+    return (*flags, *extra)
 
 
 def via(flag: str) -> dict[str, Option]:

@@ -50,11 +50,25 @@ def test_the_command_line_takes_every_spelling_for_its_own_field(monkeypatch):
         kind, many = kind_of(o.hint)
         for spelling in o.option.flags:
             for i, flag in enumerate(spelling.split("/")):  # --efa/--no-efa: True, then False
+                if not flag.strip():  # ' /--no_efa': click's declaration of an off spelling alone
+                    continue
                 assert cli.main([flag] if kind is bool else [flag, "7"]) == 0, flag
                 expected = (i == 0) if kind is bool else ["7"] if many else "7"
                 assert seen.pop() == {o.name: expected}, flag
     assert cli.main(["check", "--num_devices", "2", "t.py", "-x"]) == 0
     assert seen.pop() == {"num_devices": "2", "check_only": True, "script": "t.py", "script_args": ["-x"]}
+
+
+def test_every_long_flag_is_taken_in_both_spellings():
+    # --strict-host-keys and --no-efa had no underscore spelling while every other option had both.
+    for o in launch_options():
+        flags = {f.strip() for s in o.option.flags for f in s.split("/") if f.strip().startswith("--")}
+        for flag in flags:
+            name = flag[2:]
+            if "-" in name or "_" in name:
+                other = "--" + (name.replace("-", "_") if "-" in name else name.replace("_", "-"))
+                assert other in flags, (o.name, flag)
+    assert cli.main(["--strict_host_keys", "--no_efa", "--dry-run", "--num_devices", "1", "t.py"]) is not None
 
 
 def test_ctrl_c_while_a_command_runs_is_said_and_exits_130(monkeypatch, capsys):
