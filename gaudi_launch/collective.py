@@ -145,24 +145,27 @@ def check_deadline(n: int) -> float:
     return START_TIMEOUT_S + tcp + library
 
 
-def job_cards(plan: Optional[LaunchPlan], hosts: list[str]) -> list[dict]:
-    """Per check host, what the job will use there: {"cards": its ranks, "env": the card visibility its
-    ranks get (--include h:4,5 -> HABANA_VISIBLE_MODULES=4,5)}. A spare gets the job's largest node and no
-    restriction (it would take a whole node's place). Pure."""
+def job_cards(plan: Optional[LaunchPlan], hosts: list[str]) -> tuple[int, dict[str, dict]]:
+    """What the job will use on each check host: (the usual count of its processes on a host, {check rank
+    (str): {"cards": its count, "env": the card visibility its ranks get}} for the hosts that differ), e.g.
+    --include h:4,5 -> HABANA_VISIBLE_MODULES=4,5. A spare would take a whole node's place: the usual count
+    and no restriction. Pure."""
     if plan is None:
-        return [{"cards": 1, "env": {}} for _ in hosts]
+        return 1, {}
     nodes = {n.host: n for n in plan.nodes}
-    most = max((len(n.ranks) for n in plan.nodes), default=1)
+    counts = [len(n.ranks) for n in plan.nodes] or [1]
+    usual = max(set(counts), key=counts.count)
     inherited = {**os.environ, **plan.env}
-    out = []
-    for h in hosts:
+    out: dict[str, dict] = {}
+    for r, h in enumerate(hosts):
         node = nodes.get(h)
         if node is None:
-            out.append({"cards": most, "env": {}})
-        else:
-            visible = {k: v for k, v in contract.node_visibility_env(node, inherited).items() if v}
-            out.append({"cards": max(1, len(node.ranks)), "env": visible})
-    return out
+            continue
+        visible = {k: v for k, v in contract.node_visibility_env(node, inherited).items() if v}
+        cards = max(1, len(node.ranks))
+        if cards != usual or visible:
+            out[str(r)] = {"cards": cards, "env": visible}
+    return usual, out
 
 
 def inherited_env(plan: Optional[LaunchPlan]) -> dict[str, str]:
@@ -183,13 +186,15 @@ def check_spec(
     the job uses on each host, with the job's card visibility there. Pure but for the token and Slurm's
     job id. ``hostfile`` None: a Slurm allocation's nodes, one srun task on each of ``hosts``."""
     lib_bytes, lib_loops = library_size()
+    cards, nodes = job_cards(job_plan, hosts)
     settings = {
         "bytes": TCP_BYTES,
         "loops": TCP_LOOPS,
         "lib_bytes": lib_bytes,
         "lib_loops": lib_loops,
         "confirm_loops": min(CONFIRM_LOOPS, lib_loops),
-        "nodes": job_cards(job_plan, hosts),
+        "cards": cards,
+        "nodes": nodes,
         "pair_timeout": STEP_TIMEOUT_S,
         "lib_timeout": LIBRARY_TIMEOUT_S,
         "join_timeout": JOIN_TIMEOUT_S,

@@ -23,6 +23,7 @@ from gaudi_launch.wire import COLLECTIVE_MARKER
 MARKER = COLLECTIVE_MARKER  # what a check agent prints before its findings (runtime/link_check.py)
 TCP = "tcp"  # the first stage's name, in its records ("stage") and as the report's library
 LIBRARY = "library"
+REFUSED_SHOWN = 10  # refused connections the table lists: a flood of them must not bury the verdict
 # Scale-out line rate per card and direction, GB/s, by Gaudi generation. Gaudi 3: three scale-out ports at
 # 200 Gb/s, "75 GB/s in each direction" (Habana's page "Intel Gaudi Network Configuration"). No Habana page
 # read here gives Gaudi 2's: the rule is left out there (the median rule still holds).
@@ -117,8 +118,10 @@ class CollectiveReport:
                 lines.append(f"  pair {p.hosts[0]} - {p.hosts[1]} ({p.stage}, round {p.round + 1}): {what}: {why}")
         for f in self.path_faults:
             lines.append(f"pair {f} failed while both hosts passed with others: the path between them (a switch port, a cable)")
-        for r in self.refused:
+        for r in self.refused[:REFUSED_SHOWN]:
             lines.append(f"the rendezvous refused a connection from {r}")
+        if len(self.refused) > REFUSED_SHOWN:
+            lines.append(f"... and {len(self.refused) - REFUSED_SHOWN} more refused connections (--json lists them)")
         if self.median_gbs is not None:
             rule = f"under {SLOW_FRACTION:g} x the median pair"
             if self.min_bandwidth is not None:

@@ -53,12 +53,15 @@ MAX_LINE = 1 << 16  # a control line longer than this is junk
 MARGIN_S = pair_rounds.MARGIN_S
 # Defaults when the launcher sends none (runtime tests): see collective.py for the launcher's.
 DEFAULTS = {
+    "cards": 1,
     "bytes": 4 << 20,
     "loops": 5,
     "lib_bytes": 32 << 20,
     "lib_loops": 1000,
     "confirm_loops": 10,
-    "nodes": [],  # per rank: {"cards": the job's processes on that host, "env": its card visibility}
+    # The job's processes per host ("cards"), and per rank (str) where a host differs: {"cards", "env": its
+    # card visibility}; sparse, so that a variable of a thousand hosts stays far under Linux's 128 KB a string.
+    "nodes": {},
     "pair_timeout": 10.0,
     "lib_timeout": 130.0,
     "join_timeout": 60.0,
@@ -120,10 +123,15 @@ def card_name(run=subprocess.run) -> Optional[str]:
 
 
 def cards_of(cfg: dict, rank: int) -> int:
-    """The job's processes on rank ``rank``'s host (settings "nodes"), 1 when not said."""
-    nodes = cfg.get("nodes") or []
-    node = nodes[rank] if rank < len(nodes) and isinstance(nodes[rank], dict) else {}
-    return max(1, int(node.get("cards", 1)))
+    """The job's processes on rank ``rank``'s host (settings "nodes", else "cards"), 1 when not said."""
+    return max(1, int(node_of(cfg, rank).get("cards", cfg.get("cards", 1))))
+
+
+def node_of(cfg: dict, rank: int) -> dict:
+    """What the settings say of rank ``rank``'s host alone ({} when it is like the others)."""
+    nodes = cfg.get("nodes")
+    node = nodes.get(str(rank)) if isinstance(nodes, dict) else None
+    return node if isinstance(node, dict) else {}
 
 
 def free_port(addr: str, family) -> int:
@@ -527,8 +535,7 @@ class Agent:
 
     # ---- the library stage: a job of its own per pair (or the confirm), killed at its deadline
     def node(self) -> dict:
-        nodes = self.cfg.get("nodes") or []
-        return nodes[self.rank] if self.rank < len(nodes) and isinstance(nodes[self.rank], dict) else {}
+        return node_of(self.cfg, self.rank)
 
     def prepare(self, layout: list) -> dict:
         """This host's card processes started and ready for a job over ``layout`` (within the start limit)."""

@@ -199,9 +199,12 @@ def test_the_check_job_is_built_from_the_jobs_plan_cards_variables_and_a_fresh_t
     job = check_spec(spec, ["h0", "h1", "h2"], "hf2", plan)
     settings = json.loads(job.env["GAUDI_LAUNCH_COLLECTIVE"])
     # one process per card the job uses, on the job's cards (--include h1:4,5: modules 4 and 5, not 0)
-    assert settings["nodes"][0] == {"cards": 8, "env": {}}
-    assert settings["nodes"][1]["cards"] == 2 and settings["nodes"][1]["env"]["HABANA_VISIBLE_MODULES"] == "4,5"
-    assert settings["nodes"][2] == {"cards": 8, "env": {}}  # a spare takes a whole node's place
+    # (8 cards usual; only the host that differs is listed, so a thousand hosts stay a short variable)
+    assert settings["cards"] == 8 and list(settings["nodes"]) == ["1"]  # the spare h2: a whole node's place
+    assert settings["nodes"]["1"] == {"cards": 2, "env": {"HABANA_VISIBLE_MODULES": "4,5", "CUDA_VISIBLE_DEVICES": "4,5"}}
+    from gaudi_launch.runtime.link_check import cards_of, node_of
+
+    assert [cards_of(settings, r) for r in range(3)] == [8, 2, 8] and node_of(settings, 0) == {}
     assert settings["lib_bytes"] == 32 << 20 and settings["lib_loops"] == 1000  # hccl_demo's screen
     # the job's planned variables (its interface), not its rank contract; the user's on top
     assert job.env["HCCL_SOCKET_IFNAME"] == "eth1" and "MASTER_ADDR" not in job.env and job.env["FOO"] == "1"
