@@ -16,7 +16,7 @@ from typing import Optional
 
 from gaudi_launch.inputs import cards
 from gaudi_launch.inputs.idranges import id_ranges
-from gaudi_launch.runtime.hpu_env import LAZY_VAR, lazy_mode_setting, script_hpu_flags
+from gaudi_launch.scriptflags import LAZY_VAR, lazy_mode_setting, script_hpu_flags
 from gaudi_launch.wire import CPU_BIND
 
 CPU_BIND_VAR = CPU_BIND  # "none": ranks are not bound (--cpu-bind none)
@@ -146,7 +146,7 @@ def execution_mode(
     environ: Mapping[str, str], script_args: Sequence[str], version: Optional[tuple[int, int]]
 ) -> tuple[str, str]:
     """("lazy" or "eager", why) for ranks running this script: the user's PT_HPU_LAZY_MODE, else the script's
-    flags (the worker sets the variable from them, runtime/hpu_env.py), else the installed stack's own
+    flags (the worker sets the variable from them, scriptflags.py), else the installed stack's own
     default. Pure."""
     if environ.get(LAZY_VAR):
         return ("eager" if environ[LAZY_VAR] == "0" else "lazy"), f"{LAZY_VAR}={environ[LAZY_VAR]} as you set it"

@@ -45,7 +45,7 @@ from gaudi_launch.process import placement, relay
 from gaudi_launch.process.heartbeats import install_stack_dump
 from gaudi_launch.remote.jobdir import clean_stale, owner_of, read_job
 from gaudi_launch.remote.teardown import sweep_here
-from gaudi_launch.runtime.hpu_env import hpu_env_for_script  # torch-free; only on Gaudi hosts
+from gaudi_launch.scriptflags import hpu_env_for_script  # torch-free; only on Gaudi hosts
 from gaudi_launch.wire import (
     DEVICE,
     GRACE,

@@ -1,4 +1,5 @@
-"""Training arguments, an HfArgumentParser-style parser and the Gaudi config, without torch.
+"""Training arguments, an HfArgumentParser-style parser and the Gaudi config, without torch (the parser's
+rules and GaudiConfig live in gaudi_launch/scriptflags.py, shared with the rank bootstrap; named here too).
 
 Scripts written for optimum-habana (run_clm.py and friends) keep their command lines: the field
 names and defaults are GaudiTrainingArguments'. Torch is not imported here so that argument errors
@@ -7,19 +8,20 @@ show up in a fraction of a second, before any rank pays for importing torch.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
-import os
 import sys
-import types
-import typing
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
+
+from gaudi_launch.scriptflags import (  # noqa: F401  (part of this module's API)
+    CONFIG_NAME,
+    GaudiConfig,
+    build_parser,
+    shipped_gaudi_configs,
+)
 
 
 def _opt(default: Any, help: str = "", choices: Optional[Sequence[Any]] = None) -> Any:
@@ -317,97 +319,7 @@ class TrainingArguments:
 
 
 # ----------------------------------------------------------------------------------------------
-# Parser
-
-
-def _str2bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("true", "t", "yes", "y", "1", "on"):
-        return True
-    if low in ("false", "f", "no", "n", "0", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {text!r}")
-
-
-def _type_hints(cls: type) -> dict[str, Any]:
-    # `from __future__ import annotations` makes every annotation a string; a script may use
-    # Optional/List without importing them at runtime, so fall back to typing's namespace.
-    try:
-        return typing.get_type_hints(cls)
-    except NameError:
-        return typing.get_type_hints(cls, localns=dict(vars(typing)))
-
-
-def _unwrap_optional(tp: Any) -> Any:
-    union_types = (typing.Union,) + ((types.UnionType,) if hasattr(types, "UnionType") else ())
-    if typing.get_origin(tp) in union_types:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
-
-
-def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any) -> None:
-    names = [f"--{f.name}"]
-    if "_" in f.name:
-        names.append(f"--{f.name.replace('_', '-')}")
-    kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help") or None}
-    if f.default is not dataclasses.MISSING:
-        kwargs["default"] = f.default
-    elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        kwargs["default"] = f.default_factory()  # type: ignore[misc]
-    else:
-        kwargs["required"] = True
-    tp = _unwrap_optional(tp)
-    choices = f.metadata.get("choices")
-    if typing.get_origin(tp) is typing.Literal:
-        choices = typing.get_args(tp)
-        tp = type(choices[0])
-    if tp is bool:
-        # `--flag`, `--flag true|false` and `--no_flag`, as HfArgumentParser accepts them.
-        parser.add_argument(*names, type=_str2bool, nargs="?", const=True, metavar="BOOL", **kwargs)
-        no_names = [f"--no_{f.name}", f"--no-{f.name.replace('_', '-')}"]
-        parser.add_argument(
-            *dict.fromkeys(no_names),
-            dest=f.name,
-            action="store_false",
-            default=argparse.SUPPRESS,
-            help=f"set {f.name} to False",
-        )
-        return
-    if typing.get_origin(tp) in (list, list) or tp is list:
-        item = (typing.get_args(tp) or (str,))[0]
-        kwargs.update(nargs="+", type=item)
-    elif tp in (int, float, str):
-        kwargs["type"] = tp
-    elif tp in (dict, dict) or typing.get_origin(tp) is dict:
-        kwargs["type"] = json.loads
-    else:
-        kwargs["type"] = str
-    if choices:
-        kwargs["choices"] = list(choices)
-    parser.add_argument(*names, **kwargs)
-
-
-def build_parser(
-    dataclass_types: Sequence[type], prog: Optional[str] = None, add_help: bool = True
-) -> argparse.ArgumentParser:
-    # allow_abbrev=False: `--learning 1` must not silently mean --learning_rate.
-    parser = argparse.ArgumentParser(prog=prog, allow_abbrev=False, add_help=add_help)
-    owner: dict[str, str] = {}
-    for cls in dataclass_types:
-        if not dataclasses.is_dataclass(cls):
-            raise TypeError(f"{cls!r} is not a dataclass")
-        hints = _type_hints(cls)
-        group = parser.add_argument_group(cls.__name__)
-        for f in dataclasses.fields(cls):
-            if not f.init:
-                continue
-            if f.name in owner:
-                raise ValueError(f"argument --{f.name} is defined by both {owner[f.name]} and {cls.__name__}")
-            owner[f.name] = cls.__name__
-            _add_field(group, f, hints.get(f.name, str))  # type: ignore[arg-type]
-    return parser
+# Parser (build_parser and GaudiConfig: gaudi_launch/scriptflags.py, which the rank bootstrap reads too)
 
 
 def parse_args(dataclass_types: tuple[type, ...], argv: Optional[list[str]] = None) -> tuple:
@@ -427,63 +339,3 @@ def parse_args(dataclass_types: tuple[type, ...], argv: Optional[list[str]] = No
         except ValueError as exc:
             parser.error(str(exc))
     return tuple(out)
-
-
-# ----------------------------------------------------------------------------------------------
-# Gaudi config
-
-CONFIG_NAME = "gaudi_config.json"
-_SHIPPED = Path(__file__).resolve().parent / "gaudi_configs"
-
-
-@dataclass
-class GaudiConfig:
-    """optimum-habana's gaudi_config.json: which Gaudi-specific accelerations to use."""
-
-    use_torch_autocast: bool = False
-    autocast_bf16_ops: Optional[list[str]] = None
-    autocast_fp32_ops: Optional[list[str]] = None
-    use_dynamic_shapes: bool = False
-    use_fused_adam: bool = False
-    use_fused_clip_norm: bool = False
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> GaudiConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            # Hub configs carry keys of other optimum-habana versions (hmp_*, ...): not fatal.
-            warnings.warn(f"{source}: ignoring unknown gaudi config keys: {', '.join(unknown)}", stacklevel=3)
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike) -> GaudiConfig:
-        path = Path(name_or_path)
-        if path.is_dir():
-            path = path / CONFIG_NAME
-            if not path.is_file():
-                raise FileNotFoundError(f"{name_or_path}: no {CONFIG_NAME} in this directory")
-        elif not path.is_file():
-            name = str(name_or_path).strip("/")
-            if name not in shipped_gaudi_configs():
-                raise FileNotFoundError(
-                    f"gaudi config {str(name_or_path)!r} is neither a file, a directory with {CONFIG_NAME}, "
-                    f"nor a shipped name ({', '.join(shipped_gaudi_configs()) or 'none'}); the Hugging Face "
-                    f"Hub is not consulted, so download the file and pass its path"
-                )
-            path = _SHIPPED / name / CONFIG_NAME
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a JSON object")
-        return cls.from_dict(data, source=str(path))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def shipped_gaudi_configs() -> list[str]:
-    """Names like 'Habana/gpt2' that ship with the package."""
-    return sorted(str(p.parent.relative_to(_SHIPPED)) for p in _SHIPPED.glob(f"*/*/{CONFIG_NAME}"))
