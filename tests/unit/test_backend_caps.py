@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Optional
 
 import pytest
 
 from gaudi_launch.backends.job import start_timeout_for
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs import backend_options
-from gaudi_launch.inputs.backend_options import BACKENDS, Capabilities, register
+from gaudi_launch.inputs.backend_options import (
+    BACKENDS,
+    OWNER,
+    BackendOptions,
+    Capabilities,
+    options_from,
+    register,
+)
+from gaudi_launch.inputs.options import opt
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.wire import NODE_DEVICES
 from tests.unit.cli_helpers import plan_of, user_error
@@ -137,3 +147,22 @@ def test_an_unknown_backend_names_the_registered_ones():
     with pytest.raises(UserError) as info:
         JobSpec(program=["t.py"], backend="pdsh").validate()
     assert info.value.hint == "one of: auto, local, mpirun, deepspeed, slurm"
+
+
+@dataclass(frozen=True)
+class PdshLikeOptions(BackendOptions):
+    panel: ClassVar[str] = "pdsh-like"
+
+    fanout: Optional[int] = field(default=None, metadata=opt("--pdsh-fanout", help="pdsh's -f.", panel="pdsh-like"))
+
+
+def test_the_options_a_registered_backend_takes_are_its_own():
+    undo = register("pdsh-like", dataclasses.replace(PDSH_LIKE, options=PdshLikeOptions))
+    try:
+        assert options_from("pdsh-like", {"fanout": 32}) == PdshLikeOptions(fanout=32)
+        with pytest.raises(UserError) as info:
+            options_from("mpirun", {"fanout": 32})
+        assert info.value.message == "--pdsh-fanout is an option of --backend pdsh-like, not of --backend mpirun"
+    finally:
+        undo()
+    assert "fanout" not in OWNER and "pdsh-like" not in backend_options.REGISTRY
