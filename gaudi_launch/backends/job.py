@@ -73,10 +73,11 @@ def launch(
                 file=stderr or sys.stderr,
                 flush=True,
             )
-            for note in p.notes:  # every run says which env files set the job's variables, not only a dry run
-                if note.startswith(ENV_FILES_NOTE):
-                    print(f"gaudi-launch: {note}", file=stderr or sys.stderr, flush=True)
         supervisor_options.setdefault("start_timeout", start_timeout_for(p.job, p.backend))
         return get_backend(p.backend).run(p, **streams, **supervisor_options)
 
-    return run_job(spec, plan if plan is not None else plan_job(spec), build=plan_job, start=start, err=stderr)
+    first = plan if plan is not None else plan_job(spec)
+    for note in first.notes:  # every run (the CLI's, DistributedRunner's) says which env files it read
+        if note.startswith(ENV_FILES_NOTE):
+            print(f"gaudi-launch: {note}", file=stderr or sys.stderr, flush=True)
+    return run_job(spec, first, build=plan_job, start=start, err=stderr)
