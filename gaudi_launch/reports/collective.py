@@ -111,8 +111,10 @@ class CollectiveReport:
         for h in self.hosts:
             if h.reason:
                 lines.append(f"{h.host}: {h.reason}")
+        status = {h.host: h.status for h in self.hosts}
         for p in self.pairs:
-            if not p.ok or p.slow:
+            # failed pairs, and slow ones of a host not cleared (a good host's one slow pair is no finding)
+            if not p.ok or (p.slow and any(status.get(h) != "ok" for h in p.hosts)):
                 what = "slow" if p.ok else "failed"
                 why = f"{p.gbs:.3g} GB/s" if p.ok and p.gbs is not None else p.reason
                 lines.append(f"  pair {p.hosts[0]} - {p.hosts[1]} ({p.stage}, round {p.round + 1}): {what}: {why}")
@@ -123,12 +125,12 @@ class CollectiveReport:
         if len(self.refused) > REFUSED_SHOWN:
             lines.append(f"... and {len(self.refused) - REFUSED_SHOWN} more refused connections (--json lists them)")
         if self.median_gbs is not None:
-            rule = f"under {SLOW_FRACTION:g} x the median pair"
+            rule = f"a pair under {SLOW_FRACTION:g} x the median host (its best pair)"
             if self.min_bandwidth is not None:
                 rule += f" or under --min-bandwidth {self.min_bandwidth:g}"
             if self.line_floor_gbs is not None:
                 rule += f" or under {LINE_FRACTION:g} x the cards' scale-out line rate ({self.line_floor_gbs:.3g} GB/s)"
-            lines.append(f"median {self.median_gbs:.3g} GB/s; slow: {rule} ({self.threshold_gbs:.3g} GB/s)")
+            lines.append(f"median {self.median_gbs:.3g} GB/s; slow: {rule} ({self.threshold_gbs:.3g} GB/s), twice")
         rounds = {(p.stage, p.round) for p in self.pairs}
         if self.pairs:
             stages = sorted({p.stage for p in self.pairs}, key=[TCP, LIBRARY].index)
