@@ -164,11 +164,14 @@ AUTO_ONE_HOST, AUTO_HOSTS, AUTO_IN_ALLOCATION = "local", "mpirun", "slurm"
 
 
 def capabilities(backend: str) -> Capabilities:
-    """The capabilities of a backend by name (not auto: it has chosen one by the time anything asks)."""
+    """The capabilities of a backend by name (not auto: it has chosen one by the time anything asks); an
+    unknown name is the user's --backend, wherever it is asked first."""
     try:
         return BACKENDS[backend]
     except KeyError:
-        raise ValueError(f"unknown backend {backend!r}") from None
+        raise UserError(
+            f"unknown backend {backend!r}", where="--backend", hint="one of: " + ", ".join(choices())
+        ) from None
 
 
 def choices() -> tuple[str, ...]:

@@ -413,10 +413,8 @@ class JobSpec:
             )
         if self.module and self.no_python:
             raise UserError("--module and --no_python cannot be used together", where="--module")
-        if self.backend not in choices():
-            raise UserError(
-                f"unknown backend {self.backend!r}", where="--backend", hint="one of: " + ", ".join(choices())
-            )
+        if self.backend != AUTO:
+            capabilities(self.backend)  # an unknown name: a UserError naming the choices
         for option, value in (("--num_nodes", self.num_nodes), ("--num_devices", self.num_devices)):
             if value is not None and value < 1:
                 raise UserError(f"must be at least 1, got {value}", where=option)

@@ -166,3 +166,14 @@ def test_the_options_a_registered_backend_takes_are_its_own():
     finally:
         undo()
     assert "fanout" not in OWNER and "pdsh-like" not in backend_options.REGISTRY
+
+
+@pytest.mark.usefixtures("isolated")
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_an_unknown_backend_is_a_user_error_before_and_in_planning(capsys, dry_run):
+    (Path.cwd() / "t.py").write_text("")
+    err = user_error(capsys, "--backend", "pdsh", *dry_run, "t.py")
+    assert (
+        err
+        == "gaudi-launch: error: --backend: unknown backend 'pdsh'\n  hint: one of: auto, local, mpirun, deepspeed, slurm\n"
+    )
