@@ -41,10 +41,11 @@ class Mutant:
 MUTANTS = [
     Mutant(
         "loss_scaling_dropped",
-        "each micro-batch's mean loss is back-propagated as it is: no token weighting, no division over the step",
+        "each micro-batch's mean loss back-propagated as it is (no token weighting, no division over the "
+        "step), while the loss logged stays right",
         "gaudi_launch/runtime/trainer.py",
-        "        loss = raw * scale if scale is not None else raw / accum\n",
-        "        loss = raw\n",
+        "        loss.backward()\n",
+        "        raw.backward()\n",
     ),
     Mutant(
         "gradients_x2",
@@ -65,10 +66,11 @@ MUTANTS = [
     ),
     Mutant(
         "decay_group_lost",
-        "the no-decay group lost: biases and norm weights decayed too",
+        "the no-decay group lost: biases and norm weights decayed too (the two groups kept, so that optimizer.pt "
+        "still fits transformers' groups)",
         "gaudi_launch/runtime/optim.py",
-        "(decay if decays(name, owner) else no_decay).append(p)",
-        "decay.append(p)",
+        '{"params": no_decay, "weight_decay": 0.0}',
+        '{"params": no_decay, "weight_decay": weight_decay}',
     ),
     Mutant(
         "eval_not_sample_weighted",
