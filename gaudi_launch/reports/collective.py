@@ -23,6 +23,8 @@ from gaudi_launch.wire import COLLECTIVE_MARKER
 MARKER = COLLECTIVE_MARKER  # what a check agent prints before its findings (runtime/link_check.py)
 TCP = "tcp"  # the first stage's name, in its records ("stage") and as the report's library
 LIBRARY = "library"
+# What an agent says when another process, not itself, stopped it.
+_PEER_WORDS = ("timed out", "timeout", "connection reset", "connection closed", "broken pipe", "connection refused")
 REFUSED_SHOWN = 10  # refused connections the table lists: a flood of them must not bury the verdict
 # Scale-out line rate per card and direction, GB/s, by Gaudi generation. Gaudi 3: three scale-out ports at
 # 200 Gb/s, "75 GB/s in each direction" (Habana's page "Intel Gaudi Network Configuration"). No Habana page
@@ -350,21 +352,25 @@ def _not_started(records: list[dict], hosts: list[HostResult], rank_hosts: dict,
     missing = next((r.get("missing") for r in records if r.get("step") == "rendezvous"), None)
     spoke = {r["rank"] for r in records}
     errors = {r["rank"]: r for r in records if "error" in r and r.get("step") != "pair"}
+    # an agent that failed by itself (not waiting on another): its host is the one to name
+    own = {r: e for r, e in errors.items() if not any(w in str(e.get("error", "")).lower() for w in _PEER_WORDS)}
     for h in hosts:
         if h.status != "ok" or (have_pairs and h.partners):
             continue
         if missing is not None and h.rank in missing:
             h.status, h.reason = "failed", "did not join the rendezvous in time (its agent never came, or was refused)"
-        elif h.rank not in spoke:
+        elif h.rank in own and not have_pairs:
+            err = own[h.rank]
+            h.status, h.reason = "failed", f"failed at {err.get('step')}: {err.get('error')}"
+        elif h.rank not in spoke and not own:
             h.status, h.reason = "failed", "did not answer (no output within the check's deadline)"
-        elif h.rank in errors and not have_pairs and missing is None:
-            err = errors[h.rank]
-            h.status, h.reason = "not measured", f"stopped at {err.get('step')}: {err.get('error')}"
         elif not have_pairs and len(rank_hosts) > 1:
+            err = errors.get(h.rank)
             h.status = "not measured"
+            h.reason = f"stopped at {err.get('step')}: {err.get('error')}" if err else "stopped with the check job"
     # nobody could reach the rendezvous: rank 0's host is the one they all waited on
     others = [h for h in hosts if h.rank != 0]
-    if not have_pairs and missing is None and others and all(
+    if not have_pairs and missing is None and not own and others and all(
         "rendezvous" in str(errors.get(h.rank, {}).get("error", "")) for h in others
     ):
         first = next((h for h in hosts if h.rank == 0), None)

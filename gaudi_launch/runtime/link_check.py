@@ -123,6 +123,16 @@ def card_name(run=subprocess.run) -> Optional[str]:
         return None
 
 
+def own_address(sock: socket.socket) -> tuple[str, int]:
+    """(address, family) this end of ``sock`` has. A v4-mapped IPv6 address (MASTER_ADDR resolved to
+    ::ffff:a.b.c.d, as the test clusters' hosts files offer) is its IPv4 address: binding a listener to the
+    mapped form fails (EINVAL), and a peer dials the plain one all the same."""
+    addr = sock.getsockname()[0]
+    if sock.family == socket.AF_INET6 and addr.lower().startswith("::ffff:") and "." in addr:
+        return addr[7:], socket.AF_INET
+    return addr, sock.family
+
+
 def cards_of(cfg: dict, rank: int) -> int:
     """The job's processes on rank ``rank``'s host (settings "nodes", else "cards"), 1 when not said."""
     return max(1, int(node_of(cfg, rank).get("cards", cfg.get("cards", 1))))
@@ -408,9 +418,8 @@ class Agent:
                 time.sleep(0.05)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.coord = Line(sock)
-        self.addr = sock.getsockname()[0]  # the interface this host reaches the master on: the job's
-        self.family = sock.family
-        self.listener = socket.create_server((self.addr, 0), family=sock.family)
+        self.addr, self.family = own_address(sock)  # the interface this host reaches the master on: the job's
+        self.listener = socket.create_server((self.addr, 0), family=self.family)
         self.port = self.listener.getsockname()[1]
         self.deadline_pad = cfg["lib_timeout"] + cfg["join_timeout"] + 2 * MARGIN_S
         self.workers: Optional[Workers] = None

@@ -235,3 +235,13 @@ def test_a_stranger_at_an_agents_pair_port_delays_nobody():
     assert junk.recv(10) == b"" and stale.recv(10) == b""  # closed by the agent
     for c in (silent, junk, stale, me.listener):
         c.close()
+
+
+def test_an_agent_reached_over_a_v4_mapped_address_listens_on_the_ipv4_one():
+    server = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    c = socket.create_connection(("::ffff:127.0.0.1", server.getsockname()[1]))
+    addr, family = link_check.own_address(c)
+    assert (addr, family) == ("127.0.0.1", socket.AF_INET)
+    socket.create_server((addr, 0), family=family).close()  # the mapped form gave EINVAL here
+    c.close()
+    server.close()

@@ -278,3 +278,14 @@ def test_on_gaudi_3_nics_a_pair_under_half_the_line_rate_names_its_host_slow():
         if r["step"] == "start":
             r["device"] = "HL-225"
     assert not judge(recs, hosts(4), scaleout=p0).bad
+
+
+def test_an_agent_that_failed_by_itself_is_named_and_those_it_stopped_are_not():
+    # glq-n9's agent could not bind its pair port; the job ended before any pair: the others only saw
+    # their rendezvous close
+    recs = [{"step": "rendezvous", "rank": r, "host": f"h{r}", "error": "PeerTimeout: connection closed waiting for the rendezvous"} for r in (1, 2, 3)]
+    recs.append({"step": "start", "rank": 2, "host": "h2", "error": "OSError: [Errno 22] Invalid argument"})
+    recs = [r for r in recs if not (r["rank"] == 2 and "closed" in r["error"])]
+    rep = judge(recs, hosts(4))
+    assert rep.to_json()["failed"] == ["h2"], rep.render_table()
+    assert {h.host: h.status for h in rep.hosts} == {"h0": "not measured", "h1": "not measured", "h2": "failed", "h3": "not measured"}
