@@ -15,6 +15,7 @@ import json
 import os
 import pwd
 import re
+import select
 import shutil
 import socket
 import subprocess
@@ -282,8 +283,12 @@ def stop_watch(path: str) -> None:
 def watch(path: str, job_id: str, owner: str) -> None:
     """``remove_when_gone``'s process: wait for end of file on stdin, then for the job's processes here to
     end, then remove ``path`` if it is still ours, private and this launcher's (its owner record)."""
-    while os.read(0, 4096):
-        pass
+    while True:
+        if select.select([0], [], [], 5.0)[0]:
+            if not os.read(0, 4096):
+                break  # the launcher is gone
+        elif not os.path.lexists(path):
+            return  # removed already (the job ended): nothing left to watch
     deadline = time.monotonic() + WATCH_WAIT_S
     while job_id in live_job_ids() and time.monotonic() < deadline:
         time.sleep(1.0)

@@ -534,3 +534,25 @@ def test_metrics_jsonl_is_not_written_through_a_planted_link(planted):
     with pytest.raises(OSError):
         MetricsWriter(str(shared_dir), tensorboard=False)
     assert victim.read_text() == "root's\n"
+
+
+def test_a_watch_whose_directory_went_ends_without_being_told(tmp_path):
+    from gaudi_launch.remote import jobdir
+    from tests.helpers import wait_for
+
+    path = tmp_path / "gaudi-launch-5ca1ab20"
+    jobdir.create(str(path))
+    before = set(os.listdir("/proc"))
+    jobdir.remove_when_gone(str(path), "5ca1ab20")
+    found: list[int] = []
+    assert wait_for(
+        lambda: (
+            found.extend(int(p) for p in set(os.listdir("/proc")) - before if p.isdigit() and _is_watch(p)) or found
+        ),
+        timeout=15,
+    )
+    jobdir.remove([str(path)])  # as a test's clean-up does, with the launcher (this process) still alive
+    try:
+        assert wait_for(lambda: not os.path.exists(f"/proc/{found[0]}") or _zombie(found[0]), timeout=15)
+    finally:
+        jobdir.stop_watch(str(path))
