@@ -62,15 +62,15 @@ def open_log_dir(path: str) -> int:
             hint="give the real path of a directory of your own (no other user's link on the way)",
         ) from None
     except OSError as exc:
-        why = (
-            "is a symbolic link (not followed)"
-            if exc.errno == errno.ELOOP
-            else f"cannot be opened: {exc.strerror or exc}"
-        )
+        link = exc.errno == errno.ELOOP
         raise UserError(
-            f"the log directory {why}",
+            "the log directory is a symbolic link (not followed)"
+            if link
+            else f"the log directory cannot be created or opened: {exc.strerror or exc}",
             where=where,
-            hint="give the directory itself (mkdir -m 700 DIR), not a link to it",
+            hint="give the directory itself (mkdir -m 700 DIR), not a link to it"
+            if link
+            else "give a directory of yours, or a path where one can be made (a file may be in the way)",
         ) from None
     try:
         if made:
