@@ -233,7 +233,9 @@ def test_worker_imports_no_torch_off_gaudi(tmp_path):
     assert out.stdout.strip() == "[]"
 
 
-def test_stand_in_worker_that_cannot_write_op_lists_says_so_and_runs_the_script(tmp_path, config_dir):
+def test_stand_in_worker_that_cannot_get_its_job_directory_stops_before_the_script(tmp_path, config_dir):
+    # Issue 36 item 4: a rank without its job directory would run without the user's bf16 op lists and
+    # recipe cache; it stops (exit 2) saying what is in the way, never running the script without them.
     script = tmp_path / "train.py"
     script.write_text("print('ran')\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PT_HPU_")}
@@ -246,6 +248,7 @@ def test_stand_in_worker_that_cannot_write_op_lists_says_so_and_runs_the_script(
         text=True,
         timeout=60,
     )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ran"
-    assert "could not write the autocast op lists" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2, out.stderr
+    assert "ran" not in out.stdout
+    assert "exists and is not a directory" in out.stderr and "will not run without its autocast op lists" in out.stderr
+    assert "Traceback" not in out.stderr
