@@ -2,7 +2,7 @@
 
 The check is a job of its own: one agent per host (the job's hosts and its spares), started by the job's
 backend (local, mpirun, deepspeed, srun) with the job's interface, interpreter and environment, running
-gaudi_launch.runtime.link_check. The agents pair the hosts in rounds (runtime/pair_rounds.py), each pair with
+gaudi_launch.runtime.link_check. The agents pair the hosts in rounds (pairrounds.py), each pair with
 a deadline of its own, first over TCP and then, on Gaudi or a GPU, with the library's all-reduce on every
 card the job uses, each pair's processes killed by their hosts' agents at its deadline; then the hosts left
 run one short all-reduce together. This process only reads the agents' marker lines (it never imports
@@ -25,14 +25,16 @@ import threading
 import time
 from typing import Optional
 
+from gaudi_launch import pairrounds
 from gaudi_launch.backends import get_backend
 from gaudi_launch.backends.job import launch, plan_job
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs import slurm as slurm_inputs
-from gaudi_launch.inputs.backend_options import SlurmOptions
+from gaudi_launch.inputs.backend_options import SlurmOptions, capabilities
 from gaudi_launch.inputs.readfile import MAX_INPUT_BYTES, read_bounded
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.pairrounds import MARGIN_S
 from gaudi_launch.plan import contract
 from gaudi_launch.plan import slurm as slurm_plan
 from gaudi_launch.plan.launchplan import LaunchPlan
@@ -41,8 +43,6 @@ from gaudi_launch.process.failures import LEFT_OUT
 from gaudi_launch.process.logfiles import prepare_log_dir
 from gaudi_launch.remote import sshmux
 from gaudi_launch.reports.collective import MARKER, CollectiveReport, judge, parse
-from gaudi_launch.runtime import pair_rounds
-from gaudi_launch.runtime.pair_rounds import MARGIN_S
 from gaudi_launch.safewrite import write_whole
 from gaudi_launch.wire import (
     COLLECTIVE,
@@ -89,7 +89,7 @@ class CollectiveCheckFailed(UserError):
 
 def check_hosts_of(plan: LaunchPlan) -> list[str]:
     """The hosts to measure: the job's, then its spares (a spare must be fit to take a place)."""
-    if plan.backend == "slurm":
+    if capabilities(plan.backend).scheduler:
         return slurm_nodes(plan.job)
     hosts = [n.host for n in plan.nodes]
     return hosts + [h for h in plan.spares if h not in hosts]
@@ -139,7 +139,7 @@ def library_size(environ=os.environ) -> tuple[int, int]:
 def check_deadline(n: int) -> float:
     """The whole check job's limit: its start, then every round the stages may run at their deadlines
     (and the confirm), each with the coordinator's margin. A backstop: the pairs' deadlines end a hang. Pure."""
-    rounds = pair_rounds.max_rounds(n)
+    rounds = pairrounds.max_rounds(n)
     tcp = rounds * (STEP_TIMEOUT_S + MARGIN_S)
     library = (rounds + 1) * (LIBRARY_TIMEOUT_S + JOIN_TIMEOUT_S + MARGIN_S)
     return START_TIMEOUT_S + tcp + library
@@ -395,7 +395,7 @@ def check_before_job(spec: JobSpec, plan: LaunchPlan) -> tuple[JobSpec, LaunchPl
     print(report.render_table(), flush=True)
     if not report.bad and not report.ok:  # hosts not measured, none named: nothing to swap
         raise CollectiveCheckFailed(report, written)
-    if plan.backend == "slurm":
+    if capabilities(plan.backend).scheduler:
         new_spec, left_out = leave_out_slurm_nodes(spec, plan, hosts, report)
     else:
         new_spec, left_out = replace_bad_hosts(spec, plan, report)

@@ -3,7 +3,7 @@ per-pair table of bandwidth, latency and status. Pure: no I/O, no torch.
 
 The coordinator prints one record per pair of hosts and round ("step": "pair"), per stage ("tcp": the
 torch-free links; "library": the pair's all-reduce on every card, hccl on Gaudi), and one for the confirm of
-the hosts left. Who is named follows runtime/pair_rounds.py: a host whose pairs failed (or were slow) while
+the hosts left. Who is named follows pairrounds.py: a host whose pairs failed (or were slow) while
 its partners passed with others. A host's bandwidth is its best pair's: a healthy host paired once with a
 slow one has a fast partner in another round. The library stage's figures, when it ran, are the ones shown
 (nccl-tests' bus bandwidth of the pair's all-reduce); the TCP stage's named hosts count in both.
@@ -15,9 +15,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from gaudi_launch import pairrounds
+from gaudi_launch.inputs.backend_options import BACKENDS
+from gaudi_launch.pairrounds import SLOW_FRACTION, Pair
 from gaudi_launch.plan.scaleout import generation_of
-from gaudi_launch.runtime import pair_rounds
-from gaudi_launch.runtime.pair_rounds import SLOW_FRACTION, Pair
 from gaudi_launch.wire import COLLECTIVE_MARKER
 
 MARKER = COLLECTIVE_MARKER  # what a check agent prints before its findings (runtime/link_check.py)
@@ -80,14 +81,18 @@ class CollectiveReport:
     line_floor_gbs: Optional[float] = None  # LINE_FRACTION x the cards' scale-out line rate, when it applied
 
     @property
+    def scheduler(self) -> bool:
+        """The agents were placed by a scheduler (Slurm): spares are its nodes, not a hostfile's."""
+        caps = BACKENDS.get(self.backend)
+        return caps is not None and caps.scheduler
+
+    @property
     def bad(self) -> list[HostResult]:
         return [h for h in self.hosts if h.status in ("slow", "failed")]
 
     @property
     def ok(self) -> bool:
-        return (
-            all(h.status == "ok" for h in self.hosts) and not self.path_faults and not self.confirm
-        )
+        return all(h.status == "ok" for h in self.hosts) and not self.path_faults and not self.confirm
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -121,7 +126,9 @@ class CollectiveReport:
                 why = f"{p.gbs:.3g} GB/s" if p.ok and p.gbs is not None else p.reason
                 lines.append(f"  pair {p.hosts[0]} - {p.hosts[1]} ({p.stage}, round {p.round + 1}): {what}: {why}")
         for f in self.path_faults:
-            lines.append(f"pair {f} failed while both hosts passed with others: the path between them (a switch port, a cable)")
+            lines.append(
+                f"pair {f} failed while both hosts passed with others: the path between them (a switch port, a cable)"
+            )
         for r in self.refused[:REFUSED_SHOWN]:
             lines.append(f"the rendezvous refused a connection from {r}")
         if len(self.refused) > REFUSED_SHOWN:
@@ -184,12 +191,12 @@ class CollectiveReport:
             parts.append("not every host was measured")
         bad = slow + failed
         # under Slurm the spares are the allocation's nodes past --num_nodes (--spare-hosts needs a hostfile)
-        spare = "--num_nodes below the allocation's node count" if self.backend == "slurm" else "--spare-hosts N"
+        spare = "--num_nodes below the allocation's node count" if self.scheduler else "--spare-hosts N"
         return (
             f"collective check failed ({'; '.join(parts)})\n"
             "  hint: check that host's link and card (ip -s link, tc qdisc show, hl-smi / the switch port), or "
             f"leave it out: --exclude {','.join(bad) or 'HOST'}, or let a spare take its place: "
-            f"--collective-check {spare}" + ("" if self.backend == "slurm" else " --max-restarts M")
+            f"--collective-check {spare}" + ("" if self.scheduler else " --max-restarts M")
         )
 
 
@@ -247,12 +254,12 @@ def judge(
     ranks = sorted(rank_hosts)
     name = lambda r: rank_hosts.get(r, str(r))  # noqa: E731
     tcp, lib = _pairs(records, TCP), _pairs(records, LIBRARY)
-    v_tcp = pair_rounds.verdict(ranks, tcp, min_bandwidth)
+    v_tcp = pairrounds.verdict(ranks, tcp, min_bandwidth)
     lib_ranks = [r for r in ranks if r not in v_tcp.named]
     floor = line_floor(records, rank_hosts, scaleout or {}) if lib else None
     lib_floor = max(min_bandwidth or 0.0, floor) if floor is not None else min_bandwidth
-    v_lib = pair_rounds.verdict(lib_ranks, lib, lib_floor) if lib else None
-    shown, v_shown = (lib, v_lib) if lib else (tcp, v_tcp)
+    v_lib = pairrounds.verdict(lib_ranks, lib, lib_floor) if lib else None
+    shown, v_shown = (lib, v_lib) if lib and v_lib is not None else (tcp, v_tcp)
     hosts: list[HostResult] = []
     for r in ranks:
         res = HostResult(host=name(r), rank=r, status="ok")
@@ -260,7 +267,7 @@ def judge(
         res.partners = sorted({name(p.b if p.a == r else p.a) for p in mine})
         fine = [p for p in mine if p.ok and p.gbs is not None]
         if fine:
-            res.bandwidth_gbs = max(p.gbs for p in fine)
+            res.bandwidth_gbs = max(p.gbs for p in fine if p.gbs is not None)
             lat = [p.latency_s for p in fine if p.latency_s is not None]
             res.latency_us = min(lat) * 1e6 if lat else None
         for v, stage in ((v_tcp, TCP), (v_lib, LIBRARY)):
@@ -279,7 +286,9 @@ def judge(
             elif r in v.unpinned:
                 res.status = "unpinned"
                 bad = [p for p in (tcp if stage == TCP else lib) if r in (p.a, p.b) and p.bad]
-                res.reason = f"its pairs failed ({stage}) and none of its partners passed elsewhere: " + _why(bad, r, name)
+                res.reason = f"its pairs failed ({stage}) and none of its partners passed elsewhere: " + _why(
+                    bad, r, name
+                )
         hosts.append(res)
     _not_started(records, hosts, rank_hosts, have_pairs=bool(tcp or lib))
     report = CollectiveReport(
@@ -330,10 +339,14 @@ def line_floor(records: list[dict], rank_hosts: dict, scaleout: dict) -> Optiona
     every host scales out over its Gaudi NICs (P0); else None. Pure."""
     devices = {r["rank"]: r.get("device") for r in records if r.get("step") == "start" and "device" in r}
     gens = {generation_of(devices.get(r)) for r in rank_hosts}
-    paths = {scaleout.get(h, {}).get("path") if isinstance(scaleout.get(h), dict) else scaleout.get(h) for h in rank_hosts.values()}
+    paths = {
+        scaleout.get(h, {}).get("path") if isinstance(scaleout.get(h), dict) else scaleout.get(h)
+        for h in rank_hosts.values()
+    }
     if len(gens) != 1 or paths != {"P0"}:
         return None
-    rate = LINE_RATE_GBS.get(gens.pop())
+    gen = gens.pop()
+    rate = None if gen is None else LINE_RATE_GBS.get(gen)
     return None if rate is None else LINE_FRACTION * rate
 
 
@@ -365,13 +378,19 @@ def _not_started(records: list[dict], hosts: list[HostResult], rank_hosts: dict,
         elif h.rank not in spoke and not own:
             h.status, h.reason = "failed", "did not answer (no output within the check's deadline)"
         elif not have_pairs and len(rank_hosts) > 1:
-            err = errors.get(h.rank)
+            stopped = errors.get(h.rank)
             h.status = "not measured"
-            h.reason = f"stopped at {err.get('step')}: {err.get('error')}" if err else "stopped with the check job"
+            h.reason = (
+                f"stopped at {stopped.get('step')}: {stopped.get('error')}" if stopped else "stopped with the check job"
+            )
     # nobody could reach the rendezvous: rank 0's host is the one they all waited on
     others = [h for h in hosts if h.rank != 0]
-    if not have_pairs and missing is None and not own and others and all(
-        "rendezvous" in str(errors.get(h.rank, {}).get("error", "")) for h in others
+    if (
+        not have_pairs
+        and missing is None
+        and not own
+        and others
+        and all("rendezvous" in str(errors.get(h.rank, {}).get("error", "")) for h in others)
     ):
         first = next((h for h in hosts if h.rank == 0), None)
         if first is not None:

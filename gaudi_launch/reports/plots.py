@@ -675,7 +675,10 @@ def plot_collective_matrix(data: dict[str, Any], out: str, stem: str) -> list[st
     side = min(12.0, 2.5 + 0.45 * n)
     fig, ax = _figure(side + 1.2, side)
     ax.grid(False)
-    values = [[v if v is not None and state[i][j] != "failed" else math.nan for j, v in enumerate(row)] for i, row in enumerate(gbs)]
+    values = [
+        [v if v is not None and state[i][j] != "failed" else math.nan for j, v in enumerate(row)]
+        for i, row in enumerate(gbs)
+    ]
     image = ax.imshow(values, cmap="viridis", vmin=0)
     fig.colorbar(image, ax=ax, label="GB/s")
     ax.set_xticks(range(n), hosts, rotation=90, fontsize=8)
@@ -684,12 +687,18 @@ def plot_collective_matrix(data: dict[str, Any], out: str, stem: str) -> list[st
         for j in range(n):
             if state[i][j] == "failed":
                 ax.text(j, i, "x", ha="center", va="center", color="red", fontsize=12, fontweight="bold")
-            elif state[i][j] and n <= 16 and gbs[i][j] is not None:
+            elif state[i][j] and n <= 16 and (figure := gbs[i][j]) is not None:
                 colour = "red" if state[i][j] == "slow" else "black"
-                ax.text(j, i, _fmt(gbs[i][j]), ha="center", va="center", color=colour, fontsize=7)
+                ax.text(j, i, _fmt(figure), ha="center", va="center", color=colour, fontsize=7)
     named = [f"{h} {what}" for what in ("failed", "slow") for h in data.get(what, []) if isinstance(h, str)]
-    stage = "all-reduce bus bandwidth" if any(p.get("stage") == "library" for p in data.get("pairs", []) if isinstance(p, dict)) else "TCP link"
-    ax.set_title(f"collective check: pairs of hosts ({stage})" + (f"\n{', '.join(named)}" if named else ""), fontsize=10)
+    stage = (
+        "all-reduce bus bandwidth"
+        if any(p.get("stage") == "library" for p in data.get("pairs", []) if isinstance(p, dict))
+        else "TCP link"
+    )
+    ax.set_title(
+        f"collective check: pairs of hosts ({stage})" + (f"\n{', '.join(named)}" if named else ""), fontsize=10
+    )
     written: list[str] = []
     _save(fig, os.path.join(out, f"{stem}-pairs.png"), written)
     return written

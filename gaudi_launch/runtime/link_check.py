@@ -9,7 +9,7 @@ it is the part of the check that can be trusted to come back. Rank 0 also runs t
    job variable, never on a command line) by an HMAC over the coordinator's fresh nonce; the coordinator
    proves the same over the agent's nonce in its answer. A rank out of range, taken twice, a wrong MAC or
    junk closes that connection alone (it is reported, the check goes on).
-2. Stage "tcp" (torch-free): the pairs of runtime/pair_rounds.py's schedule exchange SIZE bytes LOOPS times
+2. Stage "tcp" (torch-free): the pairs of pairrounds.py's schedule exchange SIZE bytes LOOPS times
    both ways at once over TCP on the interface the agent reaches the master on (the job's); rounds go on
    until every host with a bad pair is told apart (pinned) or cleared. On a CPU gloo's transport is such
    TCP connections: this stage is the verdict.
@@ -43,14 +43,14 @@ import threading
 import time
 from typing import Optional
 
-from gaudi_launch.runtime import pair_rounds
+from gaudi_launch import pairrounds
 from gaudi_launch.wire import COLLECTIVE, COLLECTIVE_LIBRARY, COLLECTIVE_MARKER, COLLECTIVE_TOKEN, DEVICE
 
 LIBRARY_MODULE = "gaudi_launch.runtime.collective_check"
 LATENCY_ROUNDS = 10
 CHUNK = 64 << 10  # one recv at most: the first piece's arrival starts a large message's clock
 MAX_LINE = 1 << 16  # a control line longer than this is junk
-MARGIN_S = pair_rounds.MARGIN_S
+MARGIN_S = pairrounds.MARGIN_S
 RETRY = 1000  # a slow pair's second measurement goes as round RETRY + k (its connections are told apart)
 # Defaults when the launcher sends none (runtime tests): see collective.py for the launcher's.
 DEFAULTS = {
@@ -291,7 +291,10 @@ class Coordinator:
             ready = self._ask(k, prepare, self.cfg["join_timeout"])
             late = {r for r in role if not ready.get(r, {}).get("ok")}
             for r in late:
-                early[r] = {"ok": False, "error": (ready.get(r) or {}).get("error") or "no answer while its card processes started"}
+                early[r] = {
+                    "ok": False,
+                    "error": (ready.get(r) or {}).get("error") or "no answer while its card processes started",
+                }
             for r in role:
                 if r not in late and (group is not None and late or role[r].get("partner") in late):
                     early[r] = {"ok": True}  # its part was fine: the job could not run for the other's
@@ -326,19 +329,19 @@ class Coordinator:
         """The rounds of one stage over ``ranks``; the ranks it names. A pair slow in its round is measured
         once more at once and keeps its better figure: a link really slow is slow every time, a pair that
         met a busy CPU is not (a failed pair is not retried: a hang is no noise, and costs a deadline)."""
-        schedule = pair_rounds.round_robin(len(ranks))
-        pairs: list[pair_rounds.Pair] = []
-        v = pair_rounds.verdict(ranks, [])
-        for k, rnd in enumerate(schedule[: pair_rounds.max_rounds(len(ranks))]):
+        schedule = pairrounds.round_robin(len(ranks))
+        pairs: list[pairrounds.Pair] = []
+        v = pairrounds.verdict(ranks, [])
+        for k, rnd in enumerate(schedule[: pairrounds.max_rounds(len(ranks))]):
             mapped = [(ranks[a], ranks[b]) for a, b in rnd]
             got = self._round(stage, k, mapped, deadline_s)
-            mine = [pair_rounds.pair_of(got.get(a, {}), got.get(b, {}), k, a, b) for a, b in mapped]
-            pair_rounds.classify(pairs + mine)
+            mine = [pairrounds.pair_of(got.get(a, {}), got.get(b, {}), k, a, b) for a, b in mapped]
+            pairrounds.classify(pairs + mine)
             slow = [p for p in mine if p.ok and p.slow]
             if slow:
                 again = self._round(stage, RETRY + k, [(p.a, p.b) for p in slow], deadline_s)
                 for p in slow:
-                    q = pair_rounds.pair_of(again.get(p.a, {}), again.get(p.b, {}), k, p.a, p.b)
+                    q = pairrounds.pair_of(again.get(p.a, {}), again.get(p.b, {}), k, p.a, p.b)
                     if q.ok and (q.gbs or 0) > (p.gbs or 0):
                         p.gbs, p.latency_s = q.gbs, q.latency_s
                         got[p.a] = {**got.get(p.a, {}), **again.get(p.a, {})}
@@ -346,10 +349,19 @@ class Coordinator:
                 pairs.append(p)
                 side = got.get(p.a, {})
                 record = {k2: v2 for k2, v2 in p.__dict__.items() if k2 != "slow"}  # the judge decides that
-                say({"step": "pair", "stage": stage, "rank": 0, **record, "ranks": side.get("ranks"), "backend": side.get("backend")})
-            v = pair_rounds.verdict(ranks, pairs)
+                say(
+                    {
+                        "step": "pair",
+                        "stage": stage,
+                        "rank": 0,
+                        **record,
+                        "ranks": side.get("ranks"),
+                        "backend": side.get("backend"),
+                    }
+                )
+            v = pairrounds.verdict(ranks, pairs)
             self.faulty |= any(not p.ok for p in pairs)  # a silent agent: the backend must end it
-            if pair_rounds.settled(v, k + 1, len(ranks)):
+            if pairrounds.settled(v, k + 1, len(ranks)):
                 break
         return v.named
 
@@ -588,7 +600,7 @@ class Agent:
             i, o = failed[0]
             return {"ok": False, "error": f"card {i}: {o.get('error') or 'no result'}", "ranks": world}
         secs = max(o["seconds"] for o in outs)  # the slowest card's
-        alg, bus = pair_rounds.algbw_busbw(int(outs[0]["bytes"]), secs, world)
+        alg, bus = pairrounds.algbw_busbw(int(outs[0]["bytes"]), secs, world)
         return {
             "ok": True,
             "gbs": bus,
@@ -658,7 +670,9 @@ class Workers:
                 outs.append(lines.get(timeout=max(0.01, deadline - time.monotonic())))
             except queue.Empty:
                 self.kill()
-                return [{"error": "timed out: the collective did not finish by the pair's deadline (killed)"}] * len(jobs)
+                return [{"error": "timed out: the collective did not finish by the pair's deadline (killed)"}] * len(
+                    jobs
+                )
         return outs
 
     def kill(self) -> None:

@@ -83,7 +83,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             for n in counts:
                 hf = cluster.hostfile(slots=1, hosts=list(range(n)))
                 common = ["--hostfile", hf, "--ssh-config", cluster.ssh_config]
-                times: dict[str, list[float]] = {"launch": [], "check": [], "check+slow": [], "check+hung": [], "check+gloo": []}
+                times: dict[str, list[float]] = {
+                    "launch": [],
+                    "check": [],
+                    "check+slow": [],
+                    "check+hung": [],
+                    "check+gloo": [],
+                }
                 slow_host = cluster.names[n - 1]
                 for _ in range(args.repeats):
                     took, res = run_on_0(cluster, gl + common + ["--no_python", "/bin/true"], workdir)

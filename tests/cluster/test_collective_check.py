@@ -87,7 +87,12 @@ def test_healthy_fabric_passes_with_a_figure_per_host(cluster4, tmp_path):
     # a veth pair moves well over 50 MB/s
     # two rounds of pairs: (0,3) (1,2), then (0,2) (1,3); a third only if a pair was slow on the busy machine
     pairs = sorted((p["round"], p["hosts"]) for p in data["pairs"] if p["round"] < 2)
-    assert pairs == [(0, ["glf-n0", "glf-n3"]), (0, ["glf-n1", "glf-n2"]), (1, ["glf-n0", "glf-n2"]), (1, ["glf-n1", "glf-n3"])]
+    assert pairs == [
+        (0, ["glf-n0", "glf-n3"]),
+        (0, ["glf-n1", "glf-n2"]),
+        (1, ["glf-n0", "glf-n2"]),
+        (1, ["glf-n1", "glf-n3"]),
+    ]
     assert all(len(h["partners"]) >= 2 for h in hosts)
     assert all(p["ok"] and p["stage"] == "tcp" for p in data["pairs"]), data["pairs"]
     assert all(h["bandwidth_gbs"] > 0.05 and 0 < h["latency_us"] < 1e5 for h in hosts), hosts

@@ -30,11 +30,6 @@ from tests.unit.cli_helpers import plan_of, user_error
 PKG = Path(__file__).resolve().parents[2] / "gaudi_launch"
 # Where a backend may be named: its own package and the registry.
 MAY_NAME = ("backends/", "inputs/backend_options.py")
-# Temporary: converted by the lead after issue 33 lands (its helper is editing these files).
-STILL_BY_NAME = {
-    "collective.py": 2,  # plan.backend == "slurm" twice: capabilities(...).scheduler
-    "reports/collective.py": 2,  # self.backend == "slurm" twice (the remedy's wording): .scheduler
-}
 
 
 def comparisons_by_name(source: str, names) -> list[int]:
@@ -74,8 +69,8 @@ def test_no_module_outside_backends_and_the_registry_compares_a_backend_by_name(
             continue
         lines = comparisons_by_name(path.read_text(encoding="utf-8"), BACKENDS)
         if lines:
-            found[rel] = len(lines)
-    assert found == STILL_BY_NAME  # (a file converted: drop it from STILL_BY_NAME)
+            found[rel] = lines
+    assert found == {}, "ask inputs/backend_options.capabilities(...), not the backend's name"
 
 
 def test_the_shipped_backends_declare_what_the_core_did_by_name():

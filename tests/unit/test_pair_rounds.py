@@ -1,4 +1,4 @@
-"""The collective check's pair schedule and verdict (runtime/pair_rounds.py): a simulated cluster where some
+"""The collective check's pair schedule and verdict (pairrounds.py): a simulated cluster where some
 hosts are bad, run round by round as the coordinator does, must name exactly those hosts."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from gaudi_launch.runtime.pair_rounds import (
+from gaudi_launch.pairrounds import (
     Pair,
     algbw_busbw,
     max_rounds,
@@ -35,7 +35,9 @@ def simulate(n, failed=(), slow=(), min_bandwidth=None):
         for a, b in rnd:
             bad = a in failed or b in failed
             gbs = 0.01 if (a in slow or b in slow) else 1.0
-            pairs.append(Pair(round=k, a=a, b=b, ok=not bad, gbs=None if bad else gbs, reason="timed out" if bad else ""))
+            pairs.append(
+                Pair(round=k, a=a, b=b, ok=not bad, gbs=None if bad else gbs, reason="timed out" if bad else "")
+            )
         done = k + 1
         v = verdict(list(range(n)), pairs, min_bandwidth)
         if settled(v, done, n):

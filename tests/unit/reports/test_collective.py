@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from gaudi_launch import pairrounds
 from gaudi_launch.collective import (
     CollectiveCheckFailed,
     leave_out_slurm_nodes,
@@ -20,7 +21,6 @@ from gaudi_launch.inputs import slurm
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.reports.collective import MARKER, judge, parse
-from gaudi_launch.runtime import pair_rounds
 
 MB4 = 4 << 20
 
@@ -32,7 +32,7 @@ def records(n: int, slow=(), failed=(), gbs: float = 1.0, slow_gbs: float = 0.02
     if missing:
         return out + [{"step": "rendezvous", "rank": 0, "missing": list(missing)}]
     pairs = []
-    for k, rnd in enumerate(pair_rounds.round_robin(n)[: pair_rounds.max_rounds(n)]):
+    for k, rnd in enumerate(pairrounds.round_robin(n)[: pairrounds.max_rounds(n)]):
         for a, b in rnd:
             res = {}
             for r in (a, b):
@@ -42,13 +42,13 @@ def records(n: int, slow=(), failed=(), gbs: float = 1.0, slow_gbs: float = 0.02
                     res[r] = {"ok": False, "error": "PeerTimeout: timed out receiving (0 of 4194304 bytes)"}
                 else:
                     res[r] = {"ok": True, "gbs": slow_gbs if {a, b} & set(slow) else gbs, "latency_s": 1e-4}
-            p = pair_rounds.pair_of(res[a], res[b], k, a, b)
+            p = pairrounds.pair_of(res[a], res[b], k, a, b)
             pairs.append(p)
             rec = {"step": "pair", "stage": stage, "rank": 0, **p.__dict__}
             if stage != "tcp":
                 rec.update(ranks=2, backend="gloo")
             out.append(rec)
-        if pair_rounds.settled(pair_rounds.verdict(list(range(n)), pairs), k + 1, n):
+        if pairrounds.settled(pairrounds.verdict(list(range(n)), pairs), k + 1, n):
             break
     return out
 
@@ -67,7 +67,12 @@ def test_a_healthy_fabric_passes_with_a_record_per_pair():
     assert rep.ok and [h.status for h in rep.hosts] == ["ok"] * 4
     assert rep.hosts[0].partners == ["h2", "h3"]  # two rounds: (0,3) (1,2), then (0,2) (1,3)
     assert rep.median_gbs == pytest.approx(1.0) and rep.hosts[0].latency_us == pytest.approx(100)
-    assert [(p.round, p.hosts) for p in rep.pairs] == [(0, ["h0", "h3"]), (0, ["h1", "h2"]), (1, ["h0", "h2"]), (1, ["h1", "h3"])]
+    assert [(p.round, p.hosts) for p in rep.pairs] == [
+        (0, ["h0", "h3"]),
+        (0, ["h1", "h2"]),
+        (1, ["h0", "h2"]),
+        (1, ["h1", "h3"]),
+    ]
     assert rep.verdict() == "" and rep.library == "tcp"
     data = rep.to_json()
     assert len(data["pairs"]) == 4 and data["pairs"][0]["gbs"] == 1.0 and data["pairs"][0]["stage"] == "tcp"
@@ -123,7 +128,15 @@ def test_an_agent_missing_at_the_rendezvous_is_failed():
 
 
 def test_when_nobody_reaches_the_rendezvous_its_host_is_named():
-    recs = [{"step": "rendezvous", "rank": r, "host": f"h{r}", "error": "PeerTimeout: timed out connecting to the rendezvous at h0:1"} for r in (1, 2, 3)]
+    recs = [
+        {
+            "step": "rendezvous",
+            "rank": r,
+            "host": f"h{r}",
+            "error": "PeerTimeout: timed out connecting to the rendezvous at h0:1",
+        }
+        for r in (1, 2, 3)
+    ]
     rep = judge(recs, hosts(4))
     assert rep.to_json()["failed"] == ["h0"], rep.render_table()
 
@@ -182,7 +195,9 @@ def test_the_library_stage_is_shown_when_it_ran_and_a_host_named_over_tcp_stays_
     recs = records(4, slow={3}) + [
         r for r in records(3, failed={1}, stage="library") if r["step"] == "pair"
     ]  # the library stage ran on h0-h2 (h3 was named slow over TCP)
-    recs.append({"step": "confirm", "rank": 0, "members": [0, 2], "ok": True, "gbs": 2.0, "seconds": 0.01, "bytes": 1 << 20})
+    recs.append(
+        {"step": "confirm", "rank": 0, "members": [0, 2], "ok": True, "gbs": 2.0, "seconds": 0.01, "bytes": 1 << 20}
+    )
     rep = judge(recs, hosts(4))
     assert rep.library == "gloo" and rep.to_json()["slow"] == ["h3"] and rep.to_json()["failed"] == ["h1"]
     assert rep.allreduce_gbs == 2.0 and rep.allreduce_ms == pytest.approx(10)
@@ -193,7 +208,9 @@ def test_the_check_job_is_built_from_the_jobs_plan_cards_variables_and_a_fresh_t
     from gaudi_launch.collective import check_spec
 
     nodes = [NodePlan("h0", 0, [0, 1, 2, 3, 4, 5, 6, 7], list(range(8))), NodePlan("h1", 1, [4, 5], [8, 9])]
-    plan = LaunchPlan("mpirun", 10, "h0", 29500, nodes, {"HCCL_SOCKET_IFNAME": "eth1", "MASTER_ADDR": "x"}, [], ["t.py"])
+    plan = LaunchPlan(
+        "mpirun", 10, "h0", 29500, nodes, {"HCCL_SOCKET_IFNAME": "eth1", "MASTER_ADDR": "x"}, [], ["t.py"]
+    )
     plan.spares = {"h2": 8}
     spec = JobSpec(program=["t.py"], hostfile="hf", env={"FOO": "1"})
     job = check_spec(spec, ["h0", "h1", "h2"], "hf2", plan)
@@ -201,7 +218,10 @@ def test_the_check_job_is_built_from_the_jobs_plan_cards_variables_and_a_fresh_t
     # one process per card the job uses, on the job's cards (--include h1:4,5: modules 4 and 5, not 0)
     # (8 cards usual; only the host that differs is listed, so a thousand hosts stay a short variable)
     assert settings["cards"] == 8 and list(settings["nodes"]) == ["1"]  # the spare h2: a whole node's place
-    assert settings["nodes"]["1"] == {"cards": 2, "env": {"HABANA_VISIBLE_MODULES": "4,5", "CUDA_VISIBLE_DEVICES": "4,5"}}
+    assert settings["nodes"]["1"] == {
+        "cards": 2,
+        "env": {"HABANA_VISIBLE_MODULES": "4,5", "CUDA_VISIBLE_DEVICES": "4,5"},
+    }
     from gaudi_launch.runtime.link_check import cards_of, node_of
 
     assert [cards_of(settings, r) for r in range(3)] == [8, 2, 8] and node_of(settings, 0) == {}
@@ -283,9 +303,22 @@ def test_on_gaudi_3_nics_a_pair_under_half_the_line_rate_names_its_host_slow():
 def test_an_agent_that_failed_by_itself_is_named_and_those_it_stopped_are_not():
     # glq-n9's agent could not bind its pair port; the job ended before any pair: the others only saw
     # their rendezvous close
-    recs = [{"step": "rendezvous", "rank": r, "host": f"h{r}", "error": "PeerTimeout: connection closed waiting for the rendezvous"} for r in (1, 2, 3)]
+    recs = [
+        {
+            "step": "rendezvous",
+            "rank": r,
+            "host": f"h{r}",
+            "error": "PeerTimeout: connection closed waiting for the rendezvous",
+        }
+        for r in (1, 2, 3)
+    ]
     recs.append({"step": "start", "rank": 2, "host": "h2", "error": "OSError: [Errno 22] Invalid argument"})
     recs = [r for r in recs if not (r["rank"] == 2 and "closed" in r["error"])]
     rep = judge(recs, hosts(4))
     assert rep.to_json()["failed"] == ["h2"], rep.render_table()
-    assert {h.host: h.status for h in rep.hosts} == {"h0": "not measured", "h1": "not measured", "h2": "failed", "h3": "not measured"}
+    assert {h.host: h.status for h in rep.hosts} == {
+        "h0": "not measured",
+        "h1": "not measured",
+        "h2": "failed",
+        "h3": "not measured",
+    }
