@@ -13,6 +13,8 @@ Scenarios, each on both ranks, recorded (errors too) so that one failure leaves 
   zero{1,2,3}/resumed    a fresh Trainer and model (another seed) in another output_dir holding a copy of
                          that checkpoint-N only, resumed with "latest" (what --max-restarts does) to 2N
   zero2-own/{ours,resumed}  optimum-habana's config style: no optimizer or scheduler block (ours go in)
+  zero2/hf               transformers' own Trainer with TrainingArguments(deepspeed=<ZeRO-2 dict>), the
+                         config ours gets ("auto" filled from the same flags), through accelerate, 2N steps
   zero3/clm              scripts/run_clm.py's main() under ZeRO-3 (it saves the model, then evaluates),
                          first, before anything else has started DeepSpeed in the process
 Rank 0 writes them to argv[1]/results.json.
@@ -208,6 +210,47 @@ def ours(name: str, config: dict, train, evals, vocab: int, out: str, resume: bo
     return res
 
 
+def hf_trainer(config: dict, train, vocab: int, out: str) -> dict:
+    """transformers' Trainer itself under DeepSpeed (accelerate's DeepSpeed path), same flags as ours."""
+    from transformers import Trainer as HfTrainer
+    from transformers import TrainerCallback
+    from transformers import TrainingArguments as HfArguments
+
+    args = HfArguments(
+        output_dir=os.path.join(out, "zero2-hf"),
+        per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=ACCUM,
+        max_steps=2 * N,
+        logging_steps=1,
+        learning_rate=LR,
+        weight_decay=DECAY,
+        warmup_steps=WARMUP,
+        seed=SEED,
+        deepspeed=json.loads(json.dumps(config)),  # a copy: transformers fills its "auto" values in place
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        dataloader_pin_memory=False,
+        disable_tqdm=True,
+        ddp_backend="gloo",
+    )
+    model = build_model(vocab, SEED)
+    rec = Recorder(model)
+    global_steps: list[int] = []
+
+    class Steps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            rec.step_done()
+            global_steps.append(trainer.model_wrapped.global_steps)
+
+    trainer = HfTrainer(
+        model=model, args=args, train_dataset=train, data_collator=data.causal_lm_collator, callbacks=[Steps()]
+    )
+    result = trainer.train()
+    logged = [r["loss"] for r in trainer.state.log_history if "loss" in r]
+    return {"steps": rec.steps, "global_steps": global_steps, "step": result.global_step, "logged": logged}
+
+
 def run_clm(out: str) -> dict:
     """The shipped script end to end under ZeRO-3; any warning it raises is recorded."""
     path = os.path.join(out, "clm-zero3.json")
@@ -251,6 +294,7 @@ def main() -> None:
             (f"{name}/ours", lambda n=name, c=config: ours(n, c, train, evals, vocab, out)),
             (f"{name}/resumed", lambda n=name, c=config: ours(n, c, train, evals, vocab, out, resume=True)),
         ]
+    scenarios.append(("zero2/hf", lambda: hf_trainer(ds_config(2, auto=True), train, vocab, out)))
     own = ds_config(2, blocks=False, auto=True)
     scenarios += [
         ("zero2-own/ours", lambda: ours("zero2-own", own, train, evals, vocab, out)),

@@ -2,7 +2,8 @@
 accelerate 1.15 drives it for transformers' Trainer (5.24): the shipped tiny GPT-2, fp32, 2 CPU ranks
 (gloo), ZeRO stages 1, 2 and 3, gradient accumulation 3 over epochs of 7 micro-batches (each epoch
 ends in a short step), clipping, DeepSpeed's AdamW and warm-up/decay schedule. One launch runs every
-scenario (tests/equivalence/ds_ranks.py); each test reads its part.
+scenario (tests/equivalence/ds_ranks.py); each test reads its part. transformers' own Trainer runs there
+too, under the same ZeRO-2 config, and is compared with our ZeRO-2 run.
 
 Tolerance: 1e-5 on every micro-batch's loss, on each rank. Both sides run the same kernels in the
 same order on the same data, so they agree to float32 rounding (observed: identical to 1e-6); 1e-5
@@ -133,3 +134,22 @@ def test_a_model_saved_by_a_zero3_run_loads_in_plain_transformers_with_the_same_
         loss = model(input_ids=evals.input_ids, labels=evals.labels).loss.item()
     assert math.isfinite(loss) and abs(loss - reported) <= TOL, (loss, reported)
     assert reported < json.loads((out / "results.json").read_text())["eval_before"]["eval_loss"]
+
+
+def test_transformers_trainer_itself_under_zero2_logs_our_losses(runs):
+    # transformers' own Trainer with TrainingArguments(deepspeed=<the ZeRO-2 dict ours gets>), through
+    # accelerate, on the same 2-rank world, model, data, seed and flags. Its forward divides each
+    # micro-batch's token sum by the tokens of the whole step on all ranks (num_items_in_batch, averaged
+    # across devices); every block is full, so that is our micro-batch mean / (micro-batches x ranks).
+    ours, hf = scenario(runs, "zero2/ours"), scenario(runs, "zero2/hf")
+    for rank in range(2):
+        assert hf[rank]["step"] == ours[rank]["step"] == 2 * N
+        assert hf[rank]["global_steps"] == list(range(1, 2 * N + 1))
+        scaled = [[x * len(step) * 2 for x in step] for step in hf[rank]["steps"]]
+        assert_losses_equal(ours[rank]["steps"], scaled, f"transformers' Trainer ZeRO-2 rank {rank}")
+    # Its logged loss at every step: the mean over both ranks' micro-batches of ours.
+    mean = [sum(a + b) / len(a + b) for a, b in zip(ours[0]["steps"], ours[1]["steps"])]
+    logged = hf[0]["logged"]
+    assert len(logged) == len(mean) == 2 * N
+    for i, (x, y) in enumerate(zip(mean, logged)):
+        assert abs(x - y) <= TOL, f"logged loss at step {i + 1}: ours {x} against transformers' {y}"
