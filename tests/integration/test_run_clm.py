@@ -138,6 +138,8 @@ def test_run_clm_with_deepspeed_zero_on_cpu(tmp_path):
         "20",
         "--logging_steps",
         "5",
+        "--learning_rate",  # as the config says: a value contradicting it is refused (transformers' rule)
+        "4e-3",
         "--deepspeed",
         str(ds),
     ]

@@ -177,7 +177,7 @@ def test_shell_completion_completes_options(tmp_path):
     exe = shutil.which("gaudi-launch", path=os.path.dirname(sys.executable))
     env = dict(os.environ, COMP_WORDS="gaudi-launch --hostf", COMP_CWORD="1", _GAUDI_LAUNCH_COMPLETE="complete_bash")
     res = subprocess.run([exe], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=60)
-    assert res.returncode == 0 and res.stdout.split() == ["--hostfile", "--hostfile_path"]
+    assert res.returncode == 0 and res.stdout.split() == ["--hostfile", "--hostfile_path", "--hostfile-path"]
     shown = subprocess.run(
         [exe, "--show-completion", "bash"],
         capture_output=True,
