@@ -401,9 +401,10 @@ _SECRET_PARTS = frozenset(
         "DSN",  # SENTRY_DSN: a URL with its key
         "WEBHOOK",  # SLACK_WEBHOOK_URL: whoever has it may post
         "COOKIE",
-        "SESSION",  # SESSION_SECRET, FLASK_SESSION; not the desktop's (_NOT_SECRET)
     }
 )
+# SESSION holds a secret as the name's last word or before ID (FLASK_SESSION, SESSION_ID; SESSION_SECRET and
+# SESSION_KEY by their own words), not in the middle of a setting's name (TEST_SESSION_DEADLINE_S, CI's own).
 _SECRET_SUBSTRINGS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "APIKEY", "CONNECTIONSTRING")
 # Names with a secret-looking part that hold none: the shell's working directories, and what a desktop or
 # login session exports (masking XDG_SESSION_CLASS=user would hide every "user" in the job's output).
@@ -459,7 +460,10 @@ def is_secret(name: str, value: str = "") -> bool:
     password, a bearer token, a JWT or a connection string's key (value_secrets)."""
     upper = name.upper()
     if upper not in _NOT_SECRET and not upper.startswith(_NOT_SECRET_PREFIXES):
-        if any(part in _SECRET_PARTS for part in _name_parts(name)):
+        parts = _name_parts(name)
+        if any(part in _SECRET_PARTS for part in parts):
+            return True
+        if parts[-1] == "SESSION" or any(a == "SESSION" and b in ("ID", "SID") for a, b in zip(parts, parts[1:])):
             return True
         squeezed = upper.replace("TOKENIZER", "").replace("_", "")  # TOKENIZERS_PARALLELISM holds no token
         if any(word in squeezed for word in _SECRET_SUBSTRINGS):

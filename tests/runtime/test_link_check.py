@@ -68,7 +68,9 @@ def test_four_agents_pair_in_rounds_without_torch():
 def test_an_agent_that_never_comes_is_named_missing_not_waited_on():
     lines = _ranks(3, [0, 1], timeout=1)
     rep = judge(parse(lines), {0: "a", 1: "b", 2: "c"})
-    assert rep.to_json()["failed"] == ["c"] and rep.to_json()["slow"] == [], rep.render_table()
+    # Only the hang is judged here: 64 KiB pairs of the stand-in on 2 busy cores measure noise, and CI once
+    # saw a healthy host's two pairs just under the slow floor (0.025 against 0.026 GB/s).
+    assert rep.to_json()["failed"] == ["c"] and "c" not in rep.to_json()["slow"], rep.render_table()
     assert "did not join the rendezvous" in rep.hosts[2].reason
 
 
@@ -149,7 +151,9 @@ def test_stand_in_hpu_a_card_that_never_returns_is_killed_at_the_pair_deadline_a
     records = parse(_lines(_start(4, [0, 1, 2, 3], _free_port(), env_of=env_of, cfg=cfg)))
     took = time.monotonic() - t0
     rep = judge(records, {0: "a", 1: "b", 2: "c", 3: "d"})
-    assert rep.to_json()["failed"] == ["c"] and rep.to_json()["slow"] == [], rep.render_table()
+    # Only the hang is judged here: 64 KiB pairs of the stand-in on 2 busy cores measure noise, and CI once
+    # saw a healthy host's two pairs just under the slow floor (0.025 against 0.026 GB/s).
+    assert rep.to_json()["failed"] == ["c"] and "c" not in rep.to_json()["slow"], rep.render_table()
     lib = [p for p in rep.pairs if p.stage == "library"]
     assert all(p.ok for p in rep.pairs if p.stage == "tcp") and lib, rep.render_table()
     assert all(("c" in p.hosts) != p.ok for p in lib), rep.render_table()  # exactly the pairs with c failed

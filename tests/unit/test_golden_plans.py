@@ -15,6 +15,7 @@ import tempfile
 import pytest
 
 from gaudi_launch.cli import main
+from gaudi_launch.inputs.envfile import is_secret
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden")
 HOSTS = "gaudi-a slots=4\ngaudi-b slots=4\n"
@@ -44,6 +45,9 @@ def isolated(tmp_path, monkeypatch):
             "PYTHONPATH",
         ):
             monkeypatch.delenv(name, raising=False)
+    for name, value in list(os.environ.items()):  # a plan keeps a digest of each secret of this shell
+        if is_secret(name, value):
+            monkeypatch.delenv(name)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")  # exported by prefix
     monkeypatch.setenv("HF_TOKEN", "hf_secret_value")  # never printed
