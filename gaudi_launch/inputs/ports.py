@@ -26,20 +26,25 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def port_holder(port: int) -> Optional[str]:
-    """'pid 123 (python)' for the process listening on ``port``, when /proc tells (best effort)."""
-    inodes = set()
+def _listening(port: int) -> list[list[str]]:
+    """The rows of /proc/net/tcp and tcp6 that listen on ``port`` (every user's sockets show there)."""
+    rows = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
                 next(f)
                 for line in f:
                     fields = line.split()
-                    local, state, inode = fields[1], fields[3], fields[9]
-                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
-                        inodes.add(f"socket:[{inode}]")
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A = LISTEN
+                        rows.append(fields)
         except (OSError, StopIteration, IndexError, ValueError):
             continue
+    return rows
+
+
+def port_holder(port: int) -> Optional[str]:
+    """'pid 123 (python)' for the process listening on ``port``, when /proc tells (best effort)."""
+    inodes = {f"socket:[{fields[9]}]" for fields in _listening(port) if len(fields) > 9}
     if not inodes:
         return None
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -56,17 +61,8 @@ def port_holder(port: int) -> Optional[str]:
 def listener_uid(port: int) -> Optional[int]:
     """The user id of whoever listens on TCP ``port`` here: /proc/net/tcp shows it for every user's sockets,
     where their process itself may be hidden from us."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f)
-                for line in f:
-                    fields = line.split()
-                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                        return int(fields[7])
-        except (OSError, StopIteration, IndexError, ValueError):
-            continue
-    return None
+    uids = [fields[7] for fields in _listening(port) if len(fields) > 7 and fields[7].isdigit()]
+    return int(uids[0]) if uids else None
 
 
 def describe_holder(port: int) -> str:
