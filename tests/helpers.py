@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -56,3 +57,19 @@ def run_whole(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedP
         out, err = proc.communicate()
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@contextlib.contextmanager
+def links_hang_after(netns: str, after_bytes: int):
+    """In network namespace ``netns``, every TCP connection stops carrying data after its first ``after_bytes``
+    bytes, both ways (iptables connbytes): a link that accepts and then hangs, as a dead Gaudi link does."""
+    rule = ["-p", "tcp", "-m", "connbytes", "--connbytes", f"{after_bytes}:", "--connbytes-dir", "both"]
+    rule += ["--connbytes-mode", "bytes", "-j", "DROP"]
+    ns = ["ip", "netns", "exec", netns, "iptables"]
+    for chain in ("INPUT", "OUTPUT"):
+        subprocess.run([*ns, "-A", chain, *rule], check=True)
+    try:
+        yield
+    finally:
+        for chain in ("INPUT", "OUTPUT"):
+            subprocess.run([*ns, "-D", chain, *rule], check=False)

@@ -20,6 +20,7 @@ import pytest
 
 from tests.cluster.conftest import require_cluster_support, running
 from tests.cluster.netcluster import NetCluster
+from tests.helpers import links_hang_after
 
 RATE = "200mbit"  # 25 MB/s: tens of times under a veth pair here, and 4 MiB still moves in 0.2 s
 
@@ -49,19 +50,9 @@ HANG_AFTER = 2 << 20  # bytes a connection of the hung host carries before it st
 PAIR_TIMEOUT = "3"  # GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT for the hang tests: each pair's deadline
 
 
-@contextlib.contextmanager
 def hung(c: NetCluster, i: int):
     """Host i's connections stop carrying data after their first HANG_AFTER bytes, both ways."""
-    rule = ["-p", "tcp", "-m", "connbytes", "--connbytes", f"{HANG_AFTER}:", "--connbytes-dir", "both"]
-    rule += ["--connbytes-mode", "bytes", "-j", "DROP"]
-    ns = ["ip", "netns", "exec", c.hosts[i].netns, "iptables"]
-    for chain in ("INPUT", "OUTPUT"):
-        subprocess.run([*ns, "-A", chain, *rule], check=True)
-    try:
-        yield
-    finally:
-        for chain in ("INPUT", "OUTPUT"):
-            subprocess.run([*ns, "-D", chain, *rule], check=False)
+    return links_hang_after(c.hosts[i].netns, HANG_AFTER)
 
 
 def gaudi_launch(c: NetCluster, tmp_path, *args, timeout=180, env=None):

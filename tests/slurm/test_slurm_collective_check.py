@@ -9,6 +9,7 @@ import contextlib
 import json
 import subprocess
 
+from tests.helpers import links_hang_after
 from tests.slurm.test_slurm_backend import LAUNCH, launch
 
 RATE = "200mbit"  # 25 MB/s: tens of times under a veth pair here
@@ -28,19 +29,9 @@ def throttled(cluster, i: int):
         subprocess.run([*netns, "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
 
 
-@contextlib.contextmanager
 def hung(cluster, i: int):
     """Node i's connections stop carrying data after their first 2 MB, both ways."""
-    rule = ["-p", "tcp", "-m", "connbytes", "--connbytes", f"{2 << 20}:", "--connbytes-dir", "both"]
-    rule += ["--connbytes-mode", "bytes", "-j", "DROP"]
-    ns = ["ip", "netns", "exec", cluster.names[i], "iptables"]
-    for chain in ("INPUT", "OUTPUT"):
-        subprocess.run([*ns, "-A", chain, *rule], check=True)
-    try:
-        yield
-    finally:
-        for chain in ("INPUT", "OUTPUT"):
-            subprocess.run([*ns, "-D", chain, *rule], check=False)
+    return links_hang_after(cluster.names[i], 2 << 20)
 
 
 def test_a_hung_node_is_named_failed_alone(slurm_cluster):
