@@ -14,7 +14,7 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import visible_subset
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.multinode import configured_host_keys, master_host, ssh_args, visible_modules
-from gaudi_launch.remote import openmpi, partialnodes, sshmux, versions
+from gaudi_launch.remote import openmpi, partialnodes, samemachine, sshmux, versions
 from gaudi_launch.remote.preflight import CheckReport, SshOptions, check_hosts
 from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
 from gaudi_launch.wire import SSH_SHARE
@@ -59,6 +59,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         openmpi.judge(report, openmpi.local_version())  # one major version on every host (before the spares)
     versions.judge(report, spec.allow_version_mismatch)  # the same software everywhere (issues 25, 32)
     partialnodes.judge(report, modules, spec.allow_partial_nodes)  # every card of each host in scale-out
+    samemachine.judge(report)  # two names of one machine: named before mpirun's daemons collide there
     return spares_apart(report, hosts)
 
 

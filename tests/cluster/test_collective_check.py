@@ -205,25 +205,41 @@ def test_ranks_sent_to_one_machine_by_an_ssh_alias_stop_the_job_with_both_lists(
     config.write_text(f"Host glf-n9\n    HostName {cluster4.hosts[1].addr}\n\n" + open(cluster4.ssh_config).read())
     (tmp_path / "hostfile").write_text("glf-n1 slots=1\nglf-n9 slots=1\n")
     (tmp_path / "job.py").write_text("import time\nprint('JOB RAN', flush=True)\ntime.sleep(30)\n")
+    # the pre-flight names it before anything starts (under mpirun, two orteds of one machine may collide in
+    # its /tmp/ompi.HOST.UID and the one that dies after detaching leaves mpirun waiting: remote/samemachine.py)
     res = gaudi_launch(cluster4, tmp_path, "--hostfile", "hostfile", "--ssh-config", str(config), "job.py")
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"the same machine as glf-n1 (hostname glf-n1, address {cluster4.hosts[1].addr})" in res.stderr
+    assert "JOB RAN" not in res.stdout
+    # without the pre-flight, the ranks' own report stops the job (DeepSpeed's per-host launchers: no orted)
+    res = gaudi_launch(
+        cluster4, tmp_path, "--hostfile", "hostfile", "--ssh-config", str(config), "--no-ssh-check",
+        "--backend", "deepspeed", "job.py",
+    )  # fmt: skip
     assert res.returncode == 127, res.stdout[-3000:] + res.stderr[-3000:]
     assert (
         "the ranks do not run where the plan put them: planned rank 0 on glf-n1; rank 1 on glf-n9; "
         f"they reported ranks 0-1 on glf-n1 ({cluster4.hosts[1].addr})"
     ) in res.stderr
-    # two machines that share a hostname (cloned images) are two machines: glf-n2 calls itself glf-n1
+    # two machines that share a hostname (cloned images) are two machines: glf-n2 calls itself glf-n1. Each
+    # machine has its own /tmp, where OpenMPI keeps /tmp/ompi.HOSTNAME.UID; the namespace hosts share one, so
+    # glf-n2's sessions get a TMPDIR of their own (sshd here accepts any variable)
+    (tmp_path / "n2-tmp").mkdir()
+    config2 = tmp_path / "ssh_config2"
+    config2.write_text(f"Host glf-n2\n    SetEnv TMPDIR={tmp_path / 'n2-tmp'}\n\n" + open(cluster4.ssh_config).read())
     (tmp_path / "hostfile2").write_text("glf-n1 slots=1\nglf-n2 slots=1\n")
-    (tmp_path / "job2.py").write_text("import socket\nprint('JOBHOST', socket.gethostname())\n")
+    (tmp_path / "job2.py").write_text(
+        "import os, socket\nprint('JOBHOST', os.environ.get('TMPDIR'), socket.gethostname())\n"
+    )
     rename = ["nsenter", "-t", str(cluster4._anchor_pid(cluster4.hosts[2])), "-u", "hostname"]
     subprocess.run([*rename, "glf-n1"], check=True)
     try:
-        res = gaudi_launch(
-            cluster4, tmp_path, "--hostfile", "hostfile2", "--ssh-config", cluster4.ssh_config, "job2.py"
-        )
+        res = gaudi_launch(cluster4, tmp_path, "--hostfile", "hostfile2", "--ssh-config", str(config2), "job2.py")
     finally:
         subprocess.run([*rename, "glf-n2"], check=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert [line.split()[-1] for line in res.stdout.splitlines() if "JOBHOST" in line] == ["glf-n1", "glf-n1"]
+    assert f"JOBHOST {tmp_path / 'n2-tmp'} glf-n1" in res.stdout, "glf-n2's sessions did not take their own TMPDIR"
 
 
 def _rank_pids_on(c: NetCluster, i: int) -> list[int]:
