@@ -71,11 +71,14 @@ def _markup(text: str) -> str:
     return text.replace("[", "\\[")
 
 
-def _parameters(helps: Optional[dict[str, str]] = None) -> list[inspect.Parameter]:
-    """The launch command's signature: one keyword per option field, then SCRIPT and SCRIPT_ARGS.
-    Every option is text (or a flag): launch.py checks it against its field's type, as for the job file."""
+def _parameters(helps: Optional[dict[str, str]] = None, only: Optional[set[str]] = None) -> list[inspect.Parameter]:
+    """The launch command's signature: one keyword per option field (those named in ``only``, when given),
+    then SCRIPT and SCRIPT_ARGS. Every option is text (or a flag): launch.py checks it against its field's
+    type, as for the job file."""
     params = []
     for o in launch_options():
+        if only is not None and o.name not in only:
+            continue
         kind, many = kind_of(o.hint)
         shown = (helps or {}).get(o.name, o.option.help)
         if o.default is not None and kind is not bool and "default" not in shown.lower():
@@ -102,6 +105,17 @@ def _parameters(helps: Optional[dict[str, str]] = None) -> list[inspect.Paramete
     script = typer.Argument(metavar="SCRIPT", hidden=True, show_default=False)
     rest = typer.Argument(metavar="SCRIPT_ARGS", hidden=True, show_default=False)
     return params + [_keyword("script", Optional[str], script), _keyword("script_args", Optional[list[str]], rest)]
+
+
+def _named_in(argv: list[str]) -> Optional[set[str]]:
+    """The options whose flags occur in ``argv`` (a word, or its part before '='), or None (all) when help may be
+    asked for. Typer 0.29 builds a pydantic adapter for every option of a command, given or not (0.1 s for this
+    one's 70): a command made of the given options alone parses the same argv the same way. Words of the
+    script's own may name an option too: one more parameter, never one fewer. Pure."""
+    words = {w.split("=", 1)[0] for w in argv} | {w[:2] for w in argv if w[:1] == "-" and w[:2] != "--"}  # -xA=B
+    if words & set(SETTINGS["help_option_names"]):
+        return None
+    return {o.name for o in launch_options() if words & {s for f in o.option.flags for s in f.split("/")}}
 
 
 def _keyword(name: str, annotation, info) -> inspect.Parameter:
@@ -243,13 +257,15 @@ def _checked() -> set[str]:
     return {*wanted, "python", "config", "json_out", "version", *_ARGS} - {"check_only", "no_ssh_check"}
 
 
-def app() -> typer.Typer:
-    """The app: the launch command (also the default one, see main), check, run, env, report, completion."""
+def app(only: Optional[set[str]] = None) -> typer.Typer:
+    """The app: the launch command (also the default one, see main), check, run, env, report, completion
+    (``only``: the options launch and check declare, see _named_in)."""
     commands = typer.Typer(name=PROG, add_completion=False, context_settings=SETTINGS, rich_markup_mode="rich")
     script_first = {**SETTINGS, "allow_interspersed_args": False}  # after SCRIPT, every word is the script's
-    commands.command("launch", context_settings=script_first, help=HELP)(_with_signature(_launch, _parameters()))
+    launch = _with_signature(_launch, _parameters(only=only))
+    commands.command("launch", context_settings=script_first, help=HELP)(launch)
     json_help = {"json_out": "With --collective: its results as one JSON object."}
-    check_params = [p for p in _parameters(json_help) if p.name in _checked()]
+    check_params = [p for p in _parameters(json_help, only) if p.name in _checked()]
     commands.command("check", context_settings=script_first, help=CHECK_HELP)(_with_signature(_check, check_params))
     commands.command("run")(run_plan)
     commands.command("env")(env)
@@ -258,28 +274,38 @@ def app() -> typer.Typer:
     return commands
 
 
-def _app_command():
-    """The launch command alone, as ``gaudi-launch [OPTIONS] SCRIPT [SCRIPT_ARGS]...`` runs it."""
+def _app_command(only: Optional[set[str]] = None):
+    """The launch command alone, as ``gaudi-launch [OPTIONS] SCRIPT [SCRIPT_ARGS]...`` runs it (``only``: its
+    options, see _named_in)."""
     alone = typer.Typer(
         name=PROG,
         add_completion=True,  # Typer's --install-completion/--show-completion (the shell found), its answers
         rich_markup_mode="rich",
         context_settings={**SETTINGS, "allow_interspersed_args": False},
     )
-    alone.command(help=HELP)(_with_signature(_launch, _parameters()))
+    alone.command(help=HELP)(_with_signature(_launch, _parameters(only=only)))
     return typer.main.get_command(alone)
+
+
+def _command(argv: list[str], only: Optional[set[str]]):
+    if argv[:1] and argv[0] in COMMANDS:
+        return typer.main.get_command(app(only))
+    return _app_command(only)  # gaudi-launch [OPTIONS] SCRIPT [SCRIPT_ARGS]...: the launch command
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] and argv[0] in COMMANDS:
-        command, prog = typer.main.get_command(app()), PROG
-    else:  # gaudi-launch [OPTIONS] SCRIPT [SCRIPT_ARGS]...: the launch command
-        if completion.old_request():
-            return 1
-        command, prog = _app_command(), PROG
+    if not (argv[:1] and argv[0] in COMMANDS) and completion.old_request():
+        return 1
+    only = None if completion.requested() else _named_in(argv)
     try:
-        return command.main(args=argv, prog_name=prog, standalone_mode=False) or 0
+        try:
+            return _command(argv, only).main(args=argv, prog_name=PROG, standalone_mode=False) or 0
+        except typer.TyperException:
+            if only is None:
+                raise
+            # the command line's own error: said by the whole command, whose words it suggests from
+            return _command(argv, None).main(args=argv, prog_name=PROG, standalone_mode=False) or 0
     except UserError as exc:
         print(f"gaudi-launch: error: {exc}", file=sys.stderr)
         return exc.exit_code

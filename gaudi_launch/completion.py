@@ -76,6 +76,11 @@ def install(command: Any, shell: Optional[str]) -> int:
     return 0
 
 
+def requested() -> bool:
+    """Whether the shell asks for completions now (they need every option of the command)."""
+    return bool(os.environ.get(VAR))
+
+
 def old_request() -> bool:
     """A completion request from a script the click-based versions installed: say to install again."""
     if os.environ.get(VAR) not in ("bash_complete", "zsh_complete", "fish_complete"):
