@@ -52,8 +52,9 @@ def node_var(name: str) -> str:
 # - An error record: ERROR_MARKER + one JSON object (rank, host, exit code, exception, traceback) on one
 #   line, written by the rank bootstrap when the script fails (read by process/supervise.py).
 # - TORN_DOWN: the rank was stopped by the job's teardown, not failing on its own (process/relay.py).
-# - STARTED + the rank and its machine (hostname@address it reaches the master from): the rank bootstrap
-#   runs (the start-up deadline, --start-timeout, counts these; process/placement.py checks the machines).
+# - STARTED + the rank, its machine (hostname@address it reaches the master from) and the process group it
+#   leads: the rank bootstrap runs (the start-up deadline, --start-timeout, counts these; process/placement.py
+#   checks the machines; the job-end sweep on that host ties what is left in the group to the job).
 # - COLLECTIVE_MARKER + JSON: a collective check rank's findings on its stdout (runtime/collective_check.py).
 # And what the launcher tells the rank bootstrap on its command line: NO_PYTHON_FLAG first means the
 # program is an executable (--no_python), run as the bootstrap's child; the job file's path and digest.

@@ -152,9 +152,20 @@ def srun_env(plan: LaunchPlan, environ: Mapping[str, str]) -> dict[str, str]:
     return {**base, **plan.env, **plan.commands[0].env}
 
 
-def sweep_argv(plan: LaunchPlan, spec: JobSpec, job: str, nodes: list[str], sig: int, since: float) -> list[str]:
+def sweep_argv(
+    plan: LaunchPlan,
+    spec: JobSpec,
+    job: str,
+    nodes: list[str],
+    sig: int,
+    since: float,
+    groups: Optional[Mapping[str, Collection[int]]] = None,
+) -> list[str]:
     """One task per node of the job, beside its step (--overlap), signalling the processes that
-    carry the job's id there: what left the step's process tracking (a rank's setsid daemon). Pure."""
+    carry the job's id there: what left the step's process tracking (a rank's setsid daemon); and reporting
+    another user's process left in the process groups the ranks led (``groups``: {node: ids}; one argv for
+    every task, so each takes its node's list, task i being the i-th node). Pure."""
+    per_task = [sorted((groups or {}).get(node, ())) for node in nodes]
     return [
         "srun",
         "--overlap",
@@ -166,7 +177,7 @@ def sweep_argv(plan: LaunchPlan, spec: JobSpec, job: str, nodes: list[str], sig:
         "--nodelist=" + ",".join(nodes),
         "--label",
         "--export=ALL",
-        *kill_argv(spec.python, plan.job_id, sig, since),
+        *kill_argv(spec.python, plan.job_id, sig, since, per_task=per_task),
     ]
 
 
@@ -220,8 +231,8 @@ def sweeper(
     env = srun_env(plan, environ)
     since = time.time() - 60
 
-    def sweep(sig: int):
-        nodes = where.known()  # (sets where.job with the nodes)
+    def sweep(sig: int, ranks_groups: Optional[Callable[[], Mapping[str, Collection[int]]]] = None):
+        nodes = where.known()  # (sets where.job with the nodes, and the ranks' nodes)
         job = where.job
         if nodes is None or job is None:
             return {}
@@ -230,7 +241,7 @@ def sweeper(
             return {}
         try:
             out = subprocess.run(
-                sweep_argv(plan, spec, job, alive, sig, since),
+                sweep_argv(plan, spec, job, alive, sig, since, ranks_groups() if ranks_groups else None),
                 env=env,
                 capture_output=True,
                 text=True,

@@ -51,6 +51,7 @@ TAIL_KEEP = 200  # lines of output remembered per process for the summary
 TAIL_LINE_CHARS = 2000  # each remembered line is cut to this: tails stay bounded in bytes too
 LINE_READ_MAX = 1 << 20  # bytes read as one line at most (a line without newline never ends)
 RECORDS_KEEP = 1024  # error records kept per process (one per failing rank; a loop could print more)
+RANK_GROUPS_KEEP = 64  # process groups remembered per rank for the sweep (one per restart; a loop could print more)
 _COLORS = ["36", "33", "35", "32", "34", "31", "96", "93"]
 
 
@@ -100,8 +101,10 @@ class Hooks:
     # The host watch (watch.py): a message once a host of the job stops answering.
     watch: Optional[Callable[[], Optional[str]]] = None
     # The job-id sweep (teardown.job_sweeper): signals every process that carries the job's id on
-    # every host, which reaches what left its process group (a rank's setsid/double-fork daemon).
-    sweep: Optional[Callable[[int], dict]] = None
+    # every host, which reaches what left its process group (a rank's setsid/double-fork daemon). Called as
+    # sweep(sig, groups): groups() is {host: the process groups its ranks lead} (wire.STARTED), asked once the
+    # sweep knows the hosts (srun's); what is left in those groups is reported too.
+    sweep: Optional[Callable[..., dict]] = None
     # Filled by the supervisor with the session id of each process it starts here (each starts a session of
     # its own): the sweep (job_sweeper's groups) ties another user's process left in one to the job even
     # once the process that started it has exited (a rank's `sudo -u` orphan).
@@ -230,6 +233,7 @@ class Supervisor:
         self.not_started: Optional[str] = None
         self._waiting: list[int] = []
         self._started_on: dict[int, str] = {}  # rank -> the host it said it started on (placement.py)
+        self._rank_groups: dict[int, set[int]] = {}  # rank -> the process groups it led (wire.STARTED), for the sweep
         self._placed = False  # whether the placement was checked (once every rank said its host)
         self.sweep = hooks.sweep
         self.sessions = hooks.sessions
@@ -375,6 +379,10 @@ class Supervisor:
                 self._started.add(started)
                 if len(said) > 1:
                     self._started_on[started] = said[1]
+                if len(said) > 2 and said[2].isdigit():  # each (re)start's group; bounded: the line is the rank's
+                    led = self._rank_groups.setdefault(started, set())
+                    if len(led) < RANK_GROUPS_KEEP:
+                        led.add(int(said[2]))
                 check = not self._placed and set(self._expected) <= set(self._started_on)
                 self._placed = self._placed or check
             wrong = placement.misplaced(self._expected, self._started_on) if check else None
@@ -485,7 +493,7 @@ class Supervisor:
             return 0
 
         hits = 0
-        for host, found in sorted(self.sweep(sig).items()):
+        for host, found in sorted(self.sweep(sig, self._groups_by_host).items()):
             hits += max(found.hit, 0)
             new = [u for u in found.unseen if (host, u.split(" (")[0]) not in self._unseen_reported]
             self._unseen_reported.update((host, u.split(" (")[0]) for u in new)
@@ -496,6 +504,16 @@ class Supervisor:
                 except (OSError, ValueError):
                     pass
         return hits
+
+    def _groups_by_host(self) -> dict[str, set[int]]:
+        """{host: the process groups its ranks led}, the host as the plan (or srun, once known) names it."""
+        out: dict[str, set[int]] = {}
+        with self._write_lock:
+            for proc in self.procs:
+                for rank, host in list(proc.spec.rank_hosts.items()):
+                    if host and rank in self._rank_groups:
+                        out.setdefault(host, set()).update(self._rank_groups[rank])
+        return out
 
     def _final_sweep(self) -> None:
         """After every process we started is reaped: whatever still carries the job's id goes too,

@@ -596,19 +596,21 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
         return 2
     threads_set = bool(environ.get("OMP_NUM_THREADS"))  # the user's, before normalize_env sets one
     environ.update(normalize_env(environ, os.cpu_count()))
-    if environ.get(JOB_ID):  # to the launcher: this rank started (its start-up deadline)
+    try:
+        os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
+    except OSError:
+        pass  # already a session leader (our local backend): nothing to do
+    if environ.get(JOB_ID):  # to the launcher: this rank started (its start-up deadline), where
+        # (process/placement.py), and the group it leads: the job-end sweep on this host ties to the job what
+        # the rank leaves in it, another user's process included (a `sudo -u` orphan; remote/teardown.py)
         where = placement.machine(socket.gethostname(), route_source(environ.get("MASTER_ADDR", "")))
-        sys.stderr.write(f"{STARTED}{environ.get('RANK', '')} {where}\n")  # and where (process/placement.py)
+        sys.stderr.write(f"{STARTED}{environ.get('RANK', '')} {where} {os.getpgrp()}\n")
         sys.stderr.flush()
     if environ.get(JOB_ID) and environ.get("LOCAL_RANK") == "0":
         _clean_dead_jobs()
     environ.update(_error_file(environ))
     if environ.get(HEARTBEAT_DIR):  # --hang-timeout: the launcher may ask for this rank's stacks
         install_stack_dump(environ)
-    try:
-        os.setpgid(0, 0)  # lead a group of our own (mpirun/deepspeed start ranks inside theirs)
-    except OSError:
-        pass  # already a session leader (our local backend): nothing to do
     if environ.get(RANKS_FROM) == "slurm":
         wait_alone_in_group()  # the first task of a node leads the group srun put them all in
         _check_master_port(environ)

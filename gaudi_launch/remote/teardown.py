@@ -13,21 +13,23 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from types import MappingProxyType
 from typing import Callable, NamedTuple, Optional
 
 from gaudi_launch.remote.fanout import per_host
 
 # Run by the remote interpreter; argv: JOB_ID SIGNAL [SINCE [IDS]]. IDS: the session/group ids of the job's
-# own processes there, comma-separated (its ranks, each a session of its own): what a rank that has exited
-# left in them is still the job's (a `sudo -u` orphan). Prints how many processes it
-# signalled, then one line "pid<TAB>name<TAB>uid<TAB>why" per process it could not inspect or signal
-# that may be the job's: one of ours whose environment is closed to us (not dumpable: setuid,
-# prctl) and that started after SINCE (epoch seconds); one of another user (its environment is
-# always closed to us) that started after SINCE and is tied to the job: the child, or in the process
-# group or session, of a process of the job or of such a closed one of ours (a rank's `sudo -E -u`),
-# and not what started it (slurmstepd, sshd); or a match it was not allowed to signal. Signal 0 only
-# counts.
+# own processes there, comma-separated (its ranks: each leads a group, the local backend's a session): what a
+# rank that has exited left in them is still the job's (a `sudo -u` orphan). Under srun, one argv serves every
+# node: IDS is then one such list per node, '/'-separated, and the node's task ($SLURM_PROCID) takes its own.
+# Prints how many processes it signalled, then one line "pid<TAB>name<TAB>uid<TAB>why" per process it could
+# not inspect or signal that may be the job's: one of ours whose environment is closed to us (not dumpable:
+# setuid, prctl) and that started after SINCE (epoch seconds); one of another user (its environment is
+# closed to us, or open but without the job id: run as root, a `sudo -u` that reset the environment) that
+# started after SINCE and is tied to the job: the child, or in the process group or session, of a process of
+# the job or of such a closed one of ours (a rank's `sudo -E -u`), and not what started it (slurmstepd,
+# sshd); or a match it was not allowed to signal. Signal 0 only counts.
 KILL_CODE = r"""
 import os, sys
 needle = b"\0GAUDI_LAUNCH_JOB_ID=" + sys.argv[1].encode() + b"\0"
@@ -35,7 +37,10 @@ sig, me, uid, hit, unseen = int(sys.argv[2]), os.getpid(), os.getuid(), 0, []
 since = float(sys.argv[3]) if len(sys.argv) > 3 else None
 tied, groups, others = set(), set(), []
 if len(sys.argv) > 4:
-    groups.update(g for g in sys.argv[4].split(",") if g.isdigit() and g not in ("0", "1"))
+    ids = sys.argv[4].split("/")
+    task = os.environ.get("SLURM_PROCID", "0") if len(ids) > 1 else "0"
+    ids = ids[int(task)] if task.isdigit() and int(task) < len(ids) else ""
+    groups.update(g for g in ids.split(",") if g.isdigit() and g not in ("0", "1"))
 def facts(pid):
     with open("/proc/%s/stat" % pid) as f:
         stat = f.read()
@@ -65,26 +70,34 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
                 unseen.append("%s\t%s\t%d\tits environment cannot be read" % (pid, f[0], f[1]))
                 tie(pid, f)
             else:
-                others.append((pid, f))
+                others.append((pid, f, "its environment cannot be read"))
         continue
     except OSError:
         continue
-    if needle in env or env.endswith(needle[:-1]):
-        try:
-            tie(pid, facts(pid))  # before the signal ends it
+    if not (needle in env or env.endswith(needle[:-1])):
+        try:  # root reads every environment: another user's process without the job id may still be tied
+            if since is not None and os.stat("/proc/" + pid).st_uid != uid:
+                f = facts(pid)
+                if f[1] != uid and f[2] >= since and f[3] != "Z":
+                    others.append((pid, f, "its environment has no job id"))
         except (OSError, StopIteration, ValueError, IndexError):
-            tied.add(pid)
-        try:
-            os.kill(int(pid), sig)
-            hit += 1
-        except PermissionError:
-            try:
-                name, ruid = facts(pid)[:2]
-            except (OSError, StopIteration, ValueError, IndexError):
-                name, ruid = "?", -1
-            unseen.append("%s\t%s\t%d\tnot allowed to signal it" % (pid, name, ruid))
-        except OSError:
             pass
+        continue
+    try:
+        tie(pid, facts(pid))  # before the signal ends it
+    except (OSError, StopIteration, ValueError, IndexError):
+        tied.add(pid)
+    try:
+        os.kill(int(pid), sig)
+        hit += 1
+    except PermissionError:
+        try:
+            name, ruid = facts(pid)[:2]
+        except (OSError, StopIteration, ValueError, IndexError):
+            name, ruid = "?", -1
+        unseen.append("%s\t%s\t%d\tnot allowed to signal it" % (pid, name, ruid))
+    except OSError:
+        pass
 def ancestors(pids):
     seen = set()
     for pid in pids:
@@ -102,9 +115,9 @@ above = ancestors(list(tied)) if others else set()  # what started the job (slur
 grew = True
 while grew:  # a child of a tied process is tied too
     grew = False
-    for pid, f in others:
+    for pid, f, closed in others:
         if pid not in tied and pid not in above and (f[4] in tied or f[5] in groups or f[6] in groups):
-            why = "another user's process in the job's session; its environment cannot be read"
+            why = "another user's process in the job's session; " + closed
             unseen.append("%s\t%s\t%d\t%s" % (pid, f[0], f[1], why))
             tie(pid, f)
             grew = True
@@ -181,18 +194,32 @@ def sweep_here(job_id: str, sig: int) -> Sweep:
 
 
 def kill_argv(
-    python: str, job_id: str, sig: int, since: Optional[float] = None, groups: Collection[int] = ()
+    python: str,
+    job_id: str,
+    sig: int,
+    since: Optional[float] = None,
+    groups: Collection[int] = (),
+    per_task: Sequence[Collection[int]] = (),
 ) -> list[str]:
     # -S: no site module (KILL_CODE needs os and sys only): a third of the interpreter's start-up,
     # on every host at the end of every job
-    return [python, "-S", "-c", KILL_CODE, *kill_args(job_id, sig, since, groups)]
+    return [python, "-S", "-c", KILL_CODE, *kill_args(job_id, sig, since, groups, per_task)]
 
 
-def kill_args(job_id: str, sig: int, since: Optional[float] = None, groups: Collection[int] = ()) -> list[str]:
-    """KILL_CODE's own arguments. ``groups`` (session/group ids of the job's processes) need ``since``. Pure."""
+def kill_args(
+    job_id: str,
+    sig: int,
+    since: Optional[float] = None,
+    groups: Collection[int] = (),
+    per_task: Sequence[Collection[int]] = (),
+) -> list[str]:
+    """KILL_CODE's own arguments. ``groups`` (session/group ids of the job's processes), or ``per_task``: such
+    ids for each srun task (node) of one argv, in task order; both need ``since``. Pure."""
     out = [job_id, str(int(sig))] + ([repr(float(since))] if since is not None else [])
-    if groups and since is not None:
-        out.append(",".join(str(g) for g in sorted(groups)))
+    if since is not None and any(per_task):
+        out.append("/".join(",".join(str(int(i)) for i in sorted(ids)) for ids in per_task))
+    elif since is not None and groups:
+        out.append(",".join(str(int(g)) for g in sorted(groups)))
     return out
 
 
@@ -204,13 +231,14 @@ def remote_argv(
     sig: int,
     since: Optional[float] = None,
     limit: Optional[float] = None,
+    groups: Collection[int] = (),
 ) -> list[str]:
     """ssh's argv; the one remote command line is built with shlex.quote from a list. ``limit``: seconds the
     sweep may run on the host: coreutils' timeout then kills it with its whole process group (a broken
     ``--python`` that hangs, and whatever it started), which ending ssh here would not (no terminal: no
     SIGHUP there)."""
     bound = ["timeout", "-k", "1", f"{max(1.0, limit):g}"] if limit is not None else []
-    return ["ssh", *ssh_args, host, shlex.join([*bound, *kill_argv(python, job_id, sig, since)])]
+    return ["ssh", *ssh_args, host, shlex.join([*bound, *kill_argv(python, job_id, sig, since, groups)])]
 
 
 Via = Callable[[str, list[str], float], Optional[str]]
@@ -227,23 +255,24 @@ def sweep_job(
     timeout: float = 15.0,
     since: Optional[float] = None,
     via: Optional[Via] = None,
-    groups: Collection[int] = (),
+    groups: Mapping[str, Collection[int]] = MappingProxyType({}),
 ) -> dict[str, Sweep]:
     """Signal the job's processes on every host at once (this host with our own interpreter).
     ``via(host, args, timeout)``: KILL_CODE's output from a remote agent (AGENT_CODE), or None to
-    use a new ssh session instead. ``groups``: session/group ids of the job's processes on this host."""
+    use a new ssh session instead. ``groups``: {host: session/group ids of the job's processes there}."""
     if not job_id:
         raise ValueError("a job id is required: without one every process would match")
 
     def one(host: str) -> Sweep:
+        ids = groups.get(host, ())
         if via is not None and not is_local(host):
-            out = via(host, kill_args(job_id, sig, since), timeout)
+            out = via(host, kill_args(job_id, sig, since, ids), timeout)
             if out is not None:
                 return parse_sweep(out)
         argv = (
-            kill_argv(sys.executable, job_id, sig, since, groups)
+            kill_argv(sys.executable, job_id, sig, since, ids)
             if is_local(host)
-            else remote_argv(host, ssh_args, python, job_id, sig, since, limit=timeout - 2)
+            else remote_argv(host, ssh_args, python, job_id, sig, since, limit=timeout - 2, groups=ids)
         )
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
@@ -280,16 +309,22 @@ def job_sweeper(
     lost: Callable[[], Collection[str]] = frozenset,
     via: Optional[Via] = None,
     groups: Collection[int] = (),
-) -> Callable[[int], dict[str, Sweep]]:
-    """The sweep a Supervisor runs at teardown and at the end of every job, for every backend.
-    Processes of ours that are closed to inspection are reported when they started at most a
-    minute before now (clock skew between hosts): older ones cannot be this job's. ``groups``: a
-    collection the caller fills as the job runs (Hooks.sessions): the sessions of the processes it
-    started on this host, whose leftovers are the job's even once those processes have exited."""
+) -> Callable[..., dict[str, Sweep]]:
+    """The sweep a Supervisor runs at teardown and at the end of every job, for every backend, as
+    ``sweep(sig, ranks_groups)``. Processes of ours that are closed to inspection are reported when they
+    started at most a minute before now (clock skew between hosts): older ones cannot be this job's.
+    ``groups``: a collection the caller fills as the job runs (Hooks.sessions): the sessions of the
+    processes it started on this host; ``ranks_groups()``: {host: the process groups the ranks there lead}
+    (from their wire.STARTED lines). What is left in either is the job's even once those processes have
+    exited (a `sudo -u` orphan)."""
     since = time.time() - 60
 
-    def sweep(sig: int) -> dict[str, Sweep]:
+    Groups = Callable[[], Mapping[str, Collection[int]]]
+
+    def sweep(sig: int, ranks_groups: Optional[Groups] = None) -> dict[str, Sweep]:
         alive = [h for h in hosts if h not in lost()]
+        led = ranks_groups() if ranks_groups is not None else {}
+        ids = {h: set(led.get(h, ())) | (set(groups) if is_local(h) else set()) for h in alive}
         return sweep_job(
             alive,
             job_id,
@@ -299,7 +334,7 @@ def job_sweeper(
             is_local=is_local,
             since=since,
             via=via,
-            groups=set(groups),
+            groups=ids,
         )
 
     return sweep

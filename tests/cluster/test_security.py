@@ -231,3 +231,52 @@ def test_a_remote_ranks_daemon_does_not_outlive_the_job(cluster, backend, code, 
     finally:
         if alive(daemon):
             os.kill(daemon, 9)
+
+
+# ---- issue 36 item 9: another user's process a remote rank left behind is reported -----------------------
+
+# Rank 1 (on gl-n1) starts a process of another user in its process group, as `sudo -u OTHER` does with a
+# reset environment (no job id in it), and exits at once (os._exit: nothing of the bootstrap's ends its
+# group). No process of the job is left there to tie it to the job: only the group the rank led, which the
+# rank's start-up line gave the launcher.
+ORPHAN = (
+    "import os, sys, time\n"
+    "if os.environ['RANK'] == '1':\n"
+    "    child = os.fork()\n"
+    "    if child == 0:\n"
+    "        null = os.open(os.devnull, os.O_RDWR)\n"
+    "        for fd in (0, 1, 2):\n"
+    "            os.dup2(null, fd)\n"
+    "        os.closerange(3, 4096)\n"  # mpirun waits for EOF on its stddiag pipe (fd 3)
+    "        os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[2]))\n"
+    "        os.execve('/bin/sleep', ['sleep', '120'], {})\n"
+    "    open(sys.argv[1] + '.tmp', 'w').write(str(child))\n"
+    "    os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+    "    os._exit(0)\n"
+    "time.sleep(1)\n"
+)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_another_users_process_left_by_an_exited_remote_rank_is_reported(cluster, backend, tmp_path):
+    from tests.helpers import alive
+    from tests.other_user import other_uid
+
+    other = other_uid()
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN)
+    pid_file = tmp_path / "orphan.pid"
+    hostfile = cluster.hostfile(slots=1, hosts=[0, 1])
+    argv = launch_argv(cluster, backend, hostfile, str(script), str(pid_file), str(other))
+    res = cluster.run_on(0, argv, env=cluster.env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=180)
+    orphan = int(pid_file.read_text())
+    try:
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        assert alive(orphan)  # another user's: not ours to end, but named
+        found = [line for line in res.stderr.splitlines() if line.startswith("gaudi-launch: on gl-n1,")]
+        assert any(
+            f"pid {orphan} (sleep, uid {other}): another user's process in the job's session" in line for line in found
+        ), res.stderr[-3000:]
+    finally:
+        if alive(orphan):
+            os.kill(orphan, 9)

@@ -466,6 +466,41 @@ def test_another_users_process_left_by_an_exited_rank_is_reported_with_the_ranks
         os.kill(orphan, 9)
 
 
+# The same orphan, its environment reset (`sudo -u` keeps no job id), the rank exited: as root, the sweep reads
+# every environment and found no job id in it, so it was passed over even with the rank's group handed in.
+ORPHAN_NO_ID = ORPHAN.replace('{"GAUDI_LAUNCH_JOB_ID": "0rphan00"}', "{}")
+
+
+def test_another_users_process_left_by_an_exited_rank_is_reported_to_a_root_sweep(tmp_path):
+    import time
+
+    from gaudi_launch.remote.teardown import KILL_CODE, kill_args, parse_sweep
+    from tests.helpers import wait_for
+
+    if os.geteuid() != 0:
+        pytest.skip("the sweep must run as root")
+    since = time.time() - 1
+    pid_file = tmp_path / "orphan.pid"
+    subprocess.run([sys.executable, "-c", ORPHAN_NO_ID, "0", str(other_uid()), str(pid_file)], timeout=30, check=True)
+    assert wait_for(pid_file.exists, timeout=30)
+    rank, orphan = map(int, pid_file.read_text().split())
+    try:
+        res = subprocess.run(
+            [sys.executable, "-S", "-c", KILL_CODE, *kill_args("0rphan00", 0, since, [rank])],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert res.returncode == 0, res.stderr
+        found = [u for u in parse_sweep(res.stdout).unseen if u.startswith(f"pid {orphan} ")]
+        assert found == [
+            f"pid {orphan} (sleep, uid {other_uid()}): another user's process in the job's session; "
+            "its environment has no job id"
+        ]
+    finally:
+        os.kill(orphan, 9)
+
+
 def test_a_slurm_master_port_another_user_took_first_is_named_by_rank_0(tmp_path):
     """Under Slurm the port follows from the public job id: rank 0 names who took it first."""
     from gaudi_launch.inputs.ports import pick_free_port
