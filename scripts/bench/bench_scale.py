@@ -1,4 +1,4 @@
-"""Launch cost against the number of hosts: gaudi-launch next to raw mpirun (and pdsh/DeepSpeed), 2..16 hosts.
+"""Launch cost against the number of hosts: gaudi-launch (tree and flat fan-out) next to raw mpirun, 16..64 hosts.
 
 Every configuration starts one rank per host running `/bin/true` (`--no_python`), so nothing is
 measured but launching: ssh, the pre-flight, mpirun's daemons, the end-of-job sweep. The hosts are a
@@ -6,21 +6,28 @@ namespace cluster this script builds (tests/cluster/netcluster.py, prefix "glb",
 one sshd per host; never the tests' clusters) and every launcher runs "on" its first host with the
 cluster's ssh wrapper first on PATH, as a user on a login node that is also host 0 would.
 
-    .venv/bin/python scripts/bench/bench_scale.py [--hosts 2,4,8,16] [--repeats 3] [--deepspeed] [--json out.json]
+    .venv/bin/python scripts/bench/bench_scale.py [--hosts 16,32,64] [--repeats 3] [--all-rows] [--json out.json]
 
-Rows of each round are interleaved (every host count and configuration once per round, the order of
-the configurations rotated each round), so load on this shared machine hits them alike. Printed: the
-median of the rounds per host count, its ratio to raw mpirun at the same host count, and per
-configuration the least-squares slope in seconds per host. Then the per-host costs measured on
-the cluster (handshake, a session over an open connection, the pre-flight's probe), the plan's
-scale (dry run of 1,000 and 10,000 hosts x 8, the longest mpirun argument) and a model of launch
-time at 128 and 1,024 hosts built from those costs, with its assumptions. A benchmark, not a test:
-it passes or fails on nothing but a launch that did not exit 0 (exit status 1 then).
+The rows (issue 34): gaudi-launch with `--fan-out tree` (the pre-flight as one probe per node through
+mpirun's daemon tree, the job's mpirun with its tree spawn) and `--fan-out flat` (one ssh per host from
+the launcher), both with the pre-flight, against raw `mpirun --host` with its defaults (tree spawn,
+radix 64). `--all-rows` adds the older rows (`--check-only`, `--no-ssh-check`, no sharing, daemons by
+ssh, a Python rank, raw pdsh; `--deepspeed` DeepSpeed's). Rows of each round are interleaved (every
+host count and configuration once per round, the order rotated each round), so load on this shared
+machine hits them alike. Printed: the median of the rounds per host count, its ratio to raw mpirun at
+the same host count, per configuration the least-squares slope in seconds per host, the memory the
+cluster holds, the issue's targets (met or not), then per-host costs measured on the cluster (a
+handshake, a session over an open connection, the pre-flight's probe, one level of OpenMPI's tree: a
+chain of daemons, routed_radix 1), the plan's scale (dry runs of 1,000 and 10,000 hosts x 8) and a model
+of launch time at 16..4,096 hosts built from those costs, with its assumptions and the host count where
+the tree overtakes the flat path (plan/fanoutmode.py TREE_FROM_HOSTS). A benchmark, not a test: it
+passes or fails on nothing but a launch that did not exit 0 (exit status 1 then).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -30,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from typing import Optional
@@ -42,7 +50,10 @@ sys.path.insert(0, ROOT)
 from bench_launch import environment, environment_line, timed, venv_tool  # noqa: E402
 
 BASELINE = "mpirun (raw)"
+TREE, FLAT = "gaudi-launch, tree", "gaudi-launch, flat"
+CORE_ROWS = (TREE, FLAT, BASELINE)
 PREFIX, OCTET = "glb", 221
+MODEL_SIZES = (16, 64, 128, 1024, 4096)
 
 
 def gl_argv() -> list[str]:
@@ -50,8 +61,17 @@ def gl_argv() -> list[str]:
     return [sys.executable, "-m", "gaudi_launch"]
 
 
-def configs(deepspeed: bool) -> list[tuple[str, callable]]:
-    """(name, build(cluster, hostfile, n, workdir) -> argv)."""
+def fan_out_option() -> bool:
+    """This checkout's gaudi-launch has --fan-out (issue 34's tree)."""
+    try:
+        from gaudi_launch.inputs.spec import FAN_OUT_MODES  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def configs(deepspeed: bool = False, all_rows: bool = False) -> list[tuple[str, callable]]:
+    """(name, build(cluster, hostfile, n, workdir) -> argv): the core rows, then with all_rows the older ones."""
 
     def gl(*extra):
         return lambda c, hf, n, wd: gl_argv() + ["--hostfile", hf, "--ssh-config", c.ssh_config, *extra]
@@ -67,26 +87,29 @@ def configs(deepspeed: bool) -> list[tuple[str, callable]]:
     def raw_pdsh(c, hf, n, wd):
         return ["pdsh", "-R", "ssh", "-w", ",".join(h.name for h in c.hosts[:n]), "/bin/true"]
 
-    out = [
+    job = ("--backend", "mpirun", "--no_python", "/bin/true")
+    out = []
+    if fan_out_option():
+        out += [(TREE, gl("--fan-out", "tree", *job)), (FLAT, gl("--fan-out", "flat", *job))]
+    else:  # before issue 34: one path, today's flat one
+        out += [(FLAT, gl(*job))]
+    out += [(BASELINE, raw_mpirun_of("/bin/true"))]
+    if not all_rows:
+        return out
+    out += [
         ("gaudi-launch --check-only", gl("--check-only")),
-        ("gaudi-launch mpirun", gl("--backend", "mpirun", "--no_python", "/bin/true")),
+        ("gaudi-launch mpirun", gl(*job)),
         ("gaudi-launch mpirun --no-ssh-check", gl("--backend", "mpirun", "--no-ssh-check", "--no_python", "/bin/true")),
         # the same job without the shared connections: a handshake for every ssh, as before issue 18
         (
             "gaudi-launch mpirun, no sharing",
-            lambda c, hf, n, wd: (
-                ["env", "GAUDI_LAUNCH_SSH_SHARE=0"]
-                + gl("--backend", "mpirun", "--no_python", "/bin/true")(c, hf, n, wd)
-            ),
+            lambda c, hf, n, wd: ["env", "GAUDI_LAUNCH_SSH_SHARE=0"] + gl(*job)(c, hf, n, wd),
         ),
         # mpirun's daemons by its own ssh over the shared connections (a session, so a login shell, of
         # their own per host), not through the pre-flight's session: a user's OMPI_MCA_plm_rsh_agent is kept
         (
             "gaudi-launch mpirun, daemons by ssh",
-            lambda c, hf, n, wd: (
-                ["env", "OMPI_MCA_plm_rsh_agent=ssh"]
-                + gl("--backend", "mpirun", "--no_python", "/bin/true")(c, hf, n, wd)
-            ),
+            lambda c, hf, n, wd: ["env", "OMPI_MCA_plm_rsh_agent=ssh"] + gl(*job)(c, hf, n, wd),
         ),
         # A Python rank (an empty script) on both sides: what a training job's launch pays. Ours starts
         # it through the rank bootstrap as every rank does; /bin/true above starts through it too
@@ -95,7 +118,6 @@ def configs(deepspeed: bool) -> list[tuple[str, callable]]:
             "gaudi-launch mpirun, a Python rank",
             lambda c, hf, n, wd: gl("--backend", "mpirun")(c, hf, n, wd) + [os.path.join(wd, "noop.py")],
         ),
-        (BASELINE, raw_mpirun_of("/bin/true")),
         ("mpirun (raw), a Python rank", raw_mpirun_of(sys.executable, "noop.py")),
         ("pdsh (raw)", raw_pdsh),
     ]
@@ -137,22 +159,57 @@ def slope(points: Sequence[tuple[float, float]]) -> Optional[float]:
 # Launches
 
 
+class MemoryWatch:
+    """The machine's MemAvailable, sampled every `every` s on a thread while the launches run: the lowest
+    seen tells what the cluster and the launches on it cost at most."""
+
+    def __init__(self, every: float = 0.25):
+        self.every, self.lowest_kib = every, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def available_kib() -> Optional[int]:
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = self.available_kib()
+            if now is not None and (self.lowest_kib is None or now < self.lowest_kib):
+                self.lowest_kib = now
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def measure(
     cluster,
     counts: list[int],
     rounds: int,
     warmup: int,
-    deepspeed: bool,
+    cfgs: list[tuple[str, callable]],
     workdir: str,
     env: dict[str, str],
     timeout: float,
 ) -> dict[str, dict[int, dict]]:
-    cfgs = configs(deepspeed)
     hostfiles = {n: cluster.hostfile(slots=1, hosts=range(n)) for n in counts}
     results: dict[str, dict[int, dict]] = {name: {n: {"seconds": []} for n in counts} for name, _ in cfgs}
     for r in range(warmup + rounds):
         order = cfgs[r % len(cfgs) :] + cfgs[: r % len(cfgs)]
-        for n in counts:
+        for n in counts if r % 2 == 0 else counts[::-1]:  # host counts alternate up and down, rounds alike
             for name, build in order:
                 argv = build(cluster, hostfiles[n], n, workdir)
                 seconds, code, out = timed(argv, env, workdir, timeout, cluster)
@@ -194,7 +251,9 @@ def per_host_costs(cluster, env: dict[str, str], workdir: str, samples: int = 5)
     ssh = ["ssh", "-F", cluster.ssh_config]
     mux = ["-o", f"ControlPath={ctl}/%C"]
     probe_line = probe.command(sys.executable, None, ROOT, cluster.hosts[0].name, 22, None)
+    tree_hop = importlib.util.find_spec("gaudi_launch.remote.treehop") is not None
     rows: dict[str, list[float]] = {"session": [], "handshake": [], "mux_session": [], "probe": [], "rsh_agent": []}
+    rows.update({"tree_hop": []} if tree_hop else {})
     cpu: dict[str, list[float]] = {k: [] for k in rows}
     targets = [h.name for h in cluster.hosts[1:]][:samples] or [cluster.hosts[0].name]
 
@@ -216,6 +275,8 @@ def per_host_costs(cluster, env: dict[str, str], workdir: str, samples: int = 5)
             # what a daemon's start through the pre-flight's session costs this side: our rsh agent's
             # interpreter and imports (gaudi_launch/remote/rshagent.py; its request is one line over a socket)
             one("rsh_agent", [sys.executable, "-S", "-I", "-c", "import _socket, os, sys"])
+            if tree_hop:  # the tree pre-flight's ssh on each host with children: a Python start and imports
+                one("tree_hop", [sys.executable, "-c", "import gaudi_launch.remote.treehop"])
     finally:
         for host in targets:
             cluster.run_on(0, ssh + mux + ["-O", "exit", host], env=env, capture_output=True)
@@ -223,6 +284,33 @@ def per_host_costs(cluster, env: dict[str, str], workdir: str, samples: int = 5)
     out = {k: statistics.median(v) for k, v in rows.items() if v}
     out.update({f"{k}_local_cpu": statistics.median(v) for k, v in cpu.items() if v})
     return out
+
+
+def tree_level(cluster, env: dict[str, str], workdir: str, samples: int = 3) -> dict:
+    """Seconds one level of OpenMPI's daemon tree adds: raw mpirun over a chain of k hosts (routed_radix 1,
+    so each daemon starts the next by ssh: k - 1 levels below mpirun on host 0), k = 2, 4, 8 (as many as
+    the cluster has), median of `samples`; the least-squares slope over the levels. A chain keeps one
+    handshake at a time, so the 2 shared cores are not what it measures. The daemons' own ssh reads the
+    cluster's config (plm_rsh_args, passed down the tree)."""
+    ks = sorted({k for k in (2, 4, 8) if k <= cluster.n} | ({cluster.n} if 2 <= cluster.n < 8 else set()))
+    by_k: dict[int, float] = {}
+    for k in ks:
+        argv = (
+            ["mpirun"]
+            + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+            + ["-n", str(k), "--host", ",".join(f"{h.name}:1" for h in cluster.hosts[:k])]
+            + ["--mca", "routed", "radix", "--mca", "routed_radix", "1"]
+            + ["--mca", "plm_rsh_args", f"-F {cluster.ssh_config}", "/bin/true"]
+        )
+        times = []
+        for _ in range(samples):
+            seconds, code, out = timed(argv, env, workdir, 120, cluster)
+            if code != 0:
+                raise RuntimeError(f"{shlex.join(argv)}: exit {code}: {out[-300:]}")
+            times.append(seconds)
+        by_k[k] = statistics.median(times)
+    per_level = slope([(k - 1, t) for k, t in by_k.items()])
+    return {"chain_seconds": {str(k): t for k, t in by_k.items()}, "per_level": per_level}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,69 +358,165 @@ def plan_scale(workdir: str, env: dict[str, str], sizes=(1000, 10000), per_host:
 # The model
 
 
+def tree_depth(hosts: int, radix: int) -> int:
+    """Levels of ssh hops below mpirun for `hosts` daemons in OpenMPI's radix tree (mpirun's children are
+    vpids 1..r, theirs the next r*r, ...): 1 up to r hosts, 2 up to r + r*r. Pure."""
+    levels, reach, width = 0, 0, 1
+    while reach < hosts:
+        width *= radix
+        reach += width
+        levels += 1
+    return levels
+
+
 def model(
     costs: dict[str, float],
     fit: dict[str, tuple[float, float]],
-    sizes=(16, 128, 1024),
+    sizes=MODEL_SIZES,
     pool: int = 512,
     radix: int = 64,
-    launcher_cores: int = 8,
-) -> tuple[list[str], dict[str, dict[int, float]]]:
+    cores: int = 8,
+    tree_sweep: str = "ssh",
+) -> tuple[list[str], dict[str, dict[int, float]], Optional[int]]:
     """Launch time against hosts on a real cluster (every host its own machine), from costs measured here.
 
     Assumptions, printed with the result:
     - remote work runs in parallel on the hosts (here it shares 2 cores: the measured slopes are
       mostly that, and do not carry over);
-    - what grows with the host count is the launcher's own CPU per host (the ssh clients' crypto and
-      process starts, `*_local_cpu`), spread over `launcher_cores`, plus rounds of a bounded pool;
-    - raw mpirun (OpenMPI 4, rsh tree spawn, routed radix `radix`): the launcher starts up to
-      `radix` daemons, each of them the next level; every level costs one full ssh session and a
-      daemon start; the fixed part is mpirun's own start-up (intercept of the fit);
-    - gaudi-launch: the pre-flight opens one ControlMaster per host in rounds of `pool` (handshake +
-      probe), mpirun's daemons start through the pre-flight's session on each host (our rsh agent
-      here, one line to the interpreter the session left running there: no handshake, no new
-      session, no tree: one level), the end-of-job sweep is one more line to it (taken as 0.05 s),
-      then the connections close; fixed part: our start-up.
+    - what grows with the host count is CPU on the host that starts others: per child an ssh client
+      (`handshake_local_cpu`) and, on the launcher's flat path, a multiplexed session and our rsh agent,
+      spread over `cores` cores, plus rounds of the pre-flight's bounded pool;
+    - OpenMPI's tree (radix `radix`, depth 1 up to radix hosts, 2 up to radix + radix^2): each level costs
+      one level of the chain measured here (a daemon's ssh, login shell, orted start and call back:
+      `tree_level`) plus its parent's CPU for its other children; the levels run one after the other;
+    - raw mpirun: its fixed part (intercept of its fit here) and one pass down the tree;
+    - gaudi-launch, flat: our fixed part (the flat fit's intercept over raw mpirun's), the pre-flight
+      (one ControlMaster and probe per host, rounds of `pool`), mpirun's daemons through the pre-flight's
+      sessions (our rsh agent: one level, no new handshake), the end-of-job sweep over the open sessions
+      (0.05 s);
+    - gaudi-launch, tree: our fixed part, the pre-flight as its own mpirun (its fixed part, a pass down
+      the tree with our tree hop (a Python start, `tree_hop_local_cpu`) beside each child's ssh, the
+      probe on the hosts), then the job's mpirun (its fixed part and a pass down the tree), then the
+      end-of-job sweep `tree_sweep`: "ssh", one new ssh session per host from the launcher (a session's
+      time, and a handshake's CPU per host over `cores`), "tree", one more pass down the tree with
+      mpirun's fixed part, or "none";
+    - our fixed part is what makes the flat model meet the flat fit's intercept here: that intercept
+      less raw mpirun's, less the flat path's own fixed pieces (one round of handshake and probe, an rsh
+      agent, the sweep);
+    - the crossover is the fewest hosts from which the tree is never slower than the flat path (the
+      model, scanned host by host to 8,192), what auto's TREE_FROM_HOSTS should be.
     """
     hs, sess, mux, probe = costs["handshake"], costs["session"], costs["mux_session"], costs["probe"]
     c_hs = costs.get("handshake_local_cpu", 0.0)
     c_mux = costs.get("mux_session_local_cpu", 0.0)
     rsh, c_rsh = costs.get("rsh_agent", 0.0), costs.get("rsh_agent_local_cpu", 0.0)
+    c_hop = costs.get("tree_hop_local_cpu", 0.0)
+    level = costs.get("tree_level") or sess + mux  # the chain's slope; else a session and a daemon's shell
     mpirun_fixed = max(0.0, fit[BASELINE][0]) if BASELINE in fit else 0.3
-    ours_fixed = max(0.0, fit["gaudi-launch mpirun"][0] - fit[BASELINE][0]) if "gaudi-launch mpirun" in fit else 0.3
-    daemon = max(0.0, mux)  # a session's shell; the daemon's own start is inside mpirun's fixed part
+    flat_pieces = hs + probe + rsh + 0.05
+    ours_fixed = max(0.0, fit[FLAT][0] - fit[BASELINE][0] - flat_pieces) if FLAT in fit and BASELINE in fit else 0.3
     lines = [
         f"measured per host here (median, from host 0): full ssh session {sess:.3f} s, handshake "
         f"(ControlMaster open) {hs:.3f} s, session over an open connection {mux:.3f} s, pre-flight probe "
-        f"over it {probe:.3f} s, our rsh agent (a daemon's start through the session) {rsh:.3f} s; launcher-side "
-        f"CPU per handshake {c_hs:.3f} s, per multiplexed session {c_mux:.3f} s, per rsh agent {c_rsh:.3f} s",
+        f"over it {probe:.3f} s, our rsh agent (a daemon's start through the session) {rsh:.3f} s, one level of "
+        f"OpenMPI's tree (a chain of daemons, routed_radix 1) {level:.3f} s; CPU on the starting side per "
+        f"handshake {c_hs:.3f} s, per multiplexed session {c_mux:.3f} s, per rsh agent {c_rsh:.3f} s, per tree "
+        f"hop {c_hop:.3f} s",
         f"fixed parts (intercepts of the fits here): raw mpirun {mpirun_fixed:.2f} s, gaudi-launch's own "
         f"start-up over that {ours_fixed:.2f} s",
-        f"assumed: every host its own machine (remote work in parallel), a launcher with {launcher_cores} cores, "
-        f"pre-flight pool {pool} (fanout.pool_size with an open-file limit of 4,160 or more), OpenMPI tree "
-        f"spawn radix {radix}",
+        f"assumed: every host its own machine (remote work in parallel), {cores} cores on every host that "
+        f"starts others (the launcher, a tree's inner daemons), pre-flight pool {pool}, OpenMPI tree radix "
+        f"{radix}, the tree path's end-of-job sweep: {tree_sweep}",
     ]
+
+    def tree_pass(n: int, child_cpu: float) -> float:
+        depth = tree_depth(n, radix)
+        return depth * (level + (min(n, radix) - 1) * child_cpu / cores)
+
+    def raw(n: int) -> float:
+        return mpirun_fixed + tree_pass(n, c_hs)
+
+    def flat(n: int) -> float:
+        pre = math.ceil(n / pool) * (hs + probe) + n * (c_hs + c_mux) / cores
+        job = rsh + n * c_rsh / cores  # daemons through the pre-flight's sessions
+        return mpirun_fixed + ours_fixed + pre + job + 0.05
+
+    def tree(n: int) -> float:
+        pre = mpirun_fixed + tree_pass(n, c_hs + c_hop) + probe
+        job = tree_pass(n, c_hs)
+        sweep = {
+            "ssh": sess + n * c_hs / cores,
+            "tree": mpirun_fixed + tree_pass(n, c_hs),
+            "none": 0.0,
+        }[tree_sweep]
+        return mpirun_fixed + ours_fixed + pre + job + sweep
+
     out: dict[str, dict[int, float]] = {
-        "mpirun (raw, tree spawn)": {},
-        "gaudi-launch (ControlMaster)": {},
-        "gaudi-launch (no ControlMaster)": {},
+        "mpirun (raw, tree spawn)": {n: raw(n) for n in sizes},
+        "gaudi-launch, flat": {n: flat(n) for n in sizes},
+        "gaudi-launch, tree": {n: tree(n) for n in sizes},
     }
-    for n in sizes:
-        levels = max(1, math.ceil(math.log(max(n, 2), radix)))
-        direct = min(n, radix)
-        out["mpirun (raw, tree spawn)"][n] = mpirun_fixed + levels * (sess + daemon) + direct * c_hs / launcher_cores
-        rounds = math.ceil(n / pool)
-        pre = rounds * (hs + probe) + n * (c_hs + c_mux) / launcher_cores
-        job = rsh + n * c_rsh / launcher_cores  # daemons through the pre-flight's sessions
-        sweep = 0.05
-        out["gaudi-launch (ControlMaster)"][n] = mpirun_fixed + ours_fixed + pre + job + sweep
-        # today's shape without sharing: a handshake for every one of them, and mpirun's tree
-        pre0 = rounds * (sess + probe) + n * c_hs / launcher_cores
-        sweep0 = sess + n * c_hs / launcher_cores
-        out["gaudi-launch (no ControlMaster)"][n] = (
-            mpirun_fixed + ours_fixed + pre0 + levels * (sess + daemon) + direct * c_hs / launcher_cores + sweep0
+    crossover = None
+    for n in range(8192, 1, -1):  # the fewest hosts from which the tree is never slower
+        if tree(n) > flat(n):
+            crossover = n + 1 if n < 8192 else None
+            break
+    else:
+        crossover = 2
+    return lines, out, crossover
+
+
+def targets(res: dict, tree_from: Optional[int]) -> list[dict]:
+    """The issue's three targets against this run: what each compares, the figures, met or not. Pure.
+    The mode at a host count is auto's (flat below `tree_from` hosts, tree from it) when both were run."""
+    launches, fits = res["launches"], res["fits"]
+    counts = res["config"]["hosts"]
+
+    def median(name: str, n: int) -> Optional[float]:
+        return launches.get(name, {}).get(str(n), {}).get("median")
+
+    def auto(n: int) -> str:
+        if TREE not in launches:
+            return FLAT
+        return TREE if tree_from is not None and n - 1 >= tree_from else FLAT  # remote hosts: all but host 0
+
+    out = []
+    if 16 in counts:
+        mode = auto(16)
+        ours, raw = median(mode, 16), median(BASELINE, 16)
+        if ours and raw:
+            out.append(
+                {
+                    "target": "16 hosts, pre-flight included: <= 1.25x raw mpirun",
+                    "mode": mode,
+                    "figure": f"{ours / raw:.2f}x ({ours:.2f} s against {raw:.2f} s)",
+                    "met": ours / raw <= 1.25,
+                }
+            )
+    if len(counts) >= 2 and BASELINE in fits:
+        mode = auto(counts[-1])
+        if mode in fits:
+            ours, raw = fits[mode][1], fits[BASELINE][1]
+            out.append(
+                {
+                    "target": f"{counts[-1]} hosts: slope per host <= raw mpirun's",
+                    "mode": mode,
+                    "figure": f"{ours:.3f} s/host against {raw:.3f} (hosts {','.join(map(str, counts))})",
+                    "met": ours <= raw,
+                }
+            )
+    pred = res.get("model", {}).get("predicted", {})
+    ours, raw = pred.get("gaudi-launch, tree", {}).get(1024), pred.get("mpirun (raw, tree spawn)", {}).get(1024)
+    if ours and raw:
+        out.append(
+            {
+                "target": "1,024 hosts in the model: <= 2x raw mpirun",
+                "mode": TREE,
+                "figure": f"{ours / raw:.2f}x ({ours:.1f} s against {raw:.1f} s)",
+                "met": ours / raw <= 2,
+            }
         )
-    return lines, out
+    return out
 
 
 def _bullets(doc: str) -> list[str]:
@@ -356,9 +540,12 @@ def print_report(res: dict) -> None:
     launches = res["launches"]
     print(
         f"launch cost vs hosts: 1 rank per host running /bin/true, launcher on host 0, median of "
-        f"{res['config']['repeats']} interleaved rounds"
+        f"{res['config']['repeats']} interleaved rounds, pre-flight included"
     )
-    print(environment_line(res) + f"; load at start {res.get('load_average_at_start')}")
+    print(
+        environment_line(res)
+        + f"; load at start {res.get('load_average_at_start')}, at end {res.get('load_average_at_end')}"
+    )
     names = list(launches)
     w = max(len(n) for n in names)
     print(f"\n{'configuration':<{w}}  " + "  ".join(f"{n:>6} h" for n in counts) + "   s/host  ratio@max")
@@ -381,12 +568,40 @@ def print_report(res: dict) -> None:
             e, b = launches[name][str(n)], launches.get(BASELINE, {}).get(str(n), {})
             cells.append(f"{e['median'] / b['median']:6.2f}x" if "median" in e and b.get("median") else "     -")
         print(f"  {name:<{w}}  " + "  ".join(cells))
+    if TREE in launches and FLAT in launches:
+        faster = [
+            n
+            for n in counts
+            if launches[TREE][str(n)].get("median", math.inf) < launches[FLAT][str(n)].get("median", 0)
+        ]
+        print(
+            "\nmeasured here, the tree faster than flat at: "
+            + (", ".join(map(str, faster)) + " hosts" if faster else "none of the host counts run")
+        )
+    mem = res.get("memory")
+    if mem:
+        print(
+            f"\nmemory: the {mem['hosts']} hosts idle hold {mem['idle_pss_kib'] / 1024:.0f} MiB (PSS, "
+            f"{mem['idle_pss_kib'] / mem['hosts']:.0f} KiB a host; RSS {mem['idle_rss_kib'] / 1024:.0f} MiB); MemAvailable "
+            f"{mem['available_before_kib'] / 1024:.0f} MiB before the cluster, lowest during the launches "
+            f"{mem['lowest_available_kib'] / 1024:.0f} MiB of {mem['total_kib'] / 1024:.0f} MiB"
+        )
+    if res.get("targets"):
+        print(f"\ntargets (auto: tree from {res.get('tree_from_hosts')} remote hosts):")
+        for t in res["targets"]:
+            print(f"  {'MET    ' if t['met'] else 'NOT MET'} {t['target']}: {t['mode']} {t['figure']}")
     if res.get("costs"):
         print("\nper-host costs and model (launch time in s at N hosts):")
         for line in res["model"]["assumptions"]:
             print("  " + line)
         for name, by_n in res["model"]["predicted"].items():
-            print(f"  {name:<32} " + "  ".join(f"{n:>5} h: {t:6.2f} s" for n, t in by_n.items()))
+            print(f"  {name:<26} " + "  ".join(f"{n:>5} h: {t:6.2f} s" for n, t in by_n.items()))
+        x = res["model"].get("crossover")
+        print(
+            f"  the tree is never slower than flat from {x} hosts on (model)"
+            if x
+            else "  the tree stays slower than flat up to 8,192 hosts (model)"
+        )
     if res.get("plans"):
         print("\nplans at scale (mpirun backend, 8 ranks per host, --dry-run --json, median of 3):")
         for n, p in res["plans"].items():
@@ -399,19 +614,37 @@ def print_report(res: dict) -> None:
                 )
 
 
+def tree_from_hosts() -> Optional[int]:
+    """auto's threshold in this checkout (plan/fanoutmode.py), None before issue 34."""
+    try:
+        from gaudi_launch.plan.fanoutmode import TREE_FROM_HOSTS
+    except ImportError:
+        return None
+    return TREE_FROM_HOSTS
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hosts", default="2,4,8,16", help="host counts, comma-separated (default 2,4,8,16)")
+    p.add_argument("--hosts", default="16,32,64", help="host counts, comma-separated (default 16,32,64)")
     p.add_argument("--repeats", type=int, default=3, help="measured rounds (default 3)")
     p.add_argument("--warmup-rounds", type=int, default=1)
-    p.add_argument("--deepspeed", action="store_true", help="also gaudi-launch --backend deepspeed and raw DeepSpeed")
+    p.add_argument("--all-rows", action="store_true", help="also the older rows (--check-only, no sharing, ...)")
+    p.add_argument(
+        "--deepspeed", action="store_true", help="with --all-rows: gaudi-launch --backend deepspeed, raw DeepSpeed"
+    )
     p.add_argument("--no-plans", action="store_true", help="skip the 1,000/10,000-host dry runs")
+    p.add_argument(
+        "--tree-sweep",
+        choices=("ssh", "tree", "none"),
+        default="ssh",
+        help="how the tree path's end-of-job sweep reaches the hosts, for the model (default ssh: a session per host)",
+    )
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     counts = sorted({int(x) for x in args.hosts.split(",")})
-    if not counts or counts[0] < 1 or counts[-1] > 100:
-        p.error("--hosts: counts from 1 to 100")
+    if not counts or counts[0] < 1 or counts[-1] > 200:
+        p.error("--hosts: counts from 1 to 200 (the namespace cluster's most)")
 
     from tests.cluster.netcluster import NetCluster
 
@@ -422,21 +655,34 @@ def main(argv: Optional[list[str]] = None) -> int:
     res: dict = {
         "bench": "scale",
         **environment(),
-        "config": {"hosts": counts, "repeats": args.repeats, "deepspeed": args.deepspeed},
+        "config": {"hosts": counts, "repeats": args.repeats, "deepspeed": args.deepspeed, "all_rows": args.all_rows},
+        "tree_from_hosts": tree_from_hosts(),
     }
+    cfgs = configs(args.deepspeed, args.all_rows)
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as workdir:
         with open(os.path.join(workdir, "noop.py"), "w") as f:
             f.write("pass\n")
         if not args.no_plans:
             print("plans at scale ...", file=sys.stderr, flush=True)
             res["plans"] = plan_scale(workdir, env)
+        available_before = MemoryWatch.available_kib()
         cluster = NetCluster(counts[-1], os.path.join(workdir, "cluster"), prefix=PREFIX, subnet_octet=OCTET)
         cluster.up()
         try:
+            idle = cluster.memory_kib()
             cenv = cluster.env(env)
-            launches = measure(
-                cluster, counts, args.repeats, args.warmup_rounds, args.deepspeed, workdir, cenv, args.timeout
-            )
+            with MemoryWatch() as watch:
+                launches = measure(cluster, counts, args.repeats, args.warmup_rounds, cfgs, workdir, cenv, args.timeout)
+            with open("/proc/meminfo") as f:
+                total = int(f.readline().split()[1])
+            res["memory"] = {
+                "hosts": cluster.n,
+                "idle_pss_kib": idle["pss"],
+                "idle_rss_kib": idle["rss"],
+                "available_before_kib": available_before,
+                "lowest_available_kib": watch.lowest_kib,
+                "total_kib": total,
+            }
             res["launches"] = {name: {str(n): e for n, e in per.items()} for name, per in launches.items()}
             fits = {}
             for name, per in launches.items():
@@ -447,11 +693,23 @@ def main(argv: Optional[list[str]] = None) -> int:
                     fits[name] = (intercept, s)
             res["fits"] = fits
             if counts[-1] >= 2:
+                print("per-host costs and one level of the tree ...", file=sys.stderr, flush=True)
                 res["costs"] = per_host_costs(cluster, cenv, workdir)
-                lines, predicted = model(res["costs"], fits)
-                res["model"] = {"assumptions": lines + _bullets(model.__doc__), "predicted": predicted}
+                res["tree_level"] = tree_level(cluster, cenv, workdir)
+                res["costs"]["tree_level"] = res["tree_level"]["per_level"]
+                lines, predicted, crossover = model(res["costs"], fits, tree_sweep=args.tree_sweep)
+                res["model"] = {
+                    "assumptions": lines + _bullets(model.__doc__),
+                    "predicted": predicted,
+                    "crossover": crossover,
+                }
         finally:
             cluster.down()
+    try:
+        res["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    res["targets"] = targets(res, res["tree_from_hosts"])
     print_report(res)
     if args.json:
         with open(args.json, "w") as f:

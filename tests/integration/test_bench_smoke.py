@@ -250,22 +250,13 @@ def test_bench_seed_torch_compile_adds_our_compiled_column(tmp_path):
     assert set(row["runs"]) == {"ours", "transformers", "plain loop", "ours, compiled"}  # every run, not only medians
 
 
-SCALE_ROWS = [
-    "gaudi-launch --check-only",
-    "gaudi-launch mpirun",
-    "gaudi-launch mpirun --no-ssh-check",
-    "gaudi-launch mpirun, no sharing",
-    "gaudi-launch mpirun, daemons by ssh",
-    "gaudi-launch mpirun, a Python rank",
-    "mpirun (raw)",
-    "mpirun (raw), a Python rank",
-    "pdsh (raw)",
-]
+SCALE_ROWS = ["gaudi-launch, tree", "gaudi-launch, flat", "mpirun (raw)"]
 
 
 def test_bench_scale_tiny(tmp_path):
-    """bench_scale.py on 2 and 3 hosts of its namespace cluster, one round: every row, a slope, the
-    per-host costs and the model (needs what the cluster tests need)."""
+    """bench_scale.py on 2 and 3 hosts of its namespace cluster, one round: the tree, the flat path and raw
+    mpirun, a slope each, the memory, one level of the tree, the per-host costs, the model to 4,096 hosts
+    with its crossover, and the targets (needs what the cluster tests need)."""
     from tests.cluster.conftest import require_cluster_support
 
     require_cluster_support()
@@ -285,12 +276,36 @@ def test_bench_scale_tiny(tmp_path):
     assert table_rows(out, SCALE_ROWS) == SCALE_ROWS
     data = json.loads((tmp_path / "scale.json").read_text())
     assert_environment(data)
+    assert list(data["launches"]) == SCALE_ROWS  # the core rows only, without --all-rows
     for name in SCALE_ROWS:
         assert all(positive(data["launches"][name][n]["median"]) for n in ("2", "3")), name
         assert name in data["fits"]
+    assert "--fan-out tree" in data["launches"]["gaudi-launch, tree"]["3"]["command"]
+    assert "--fan-out flat" in data["launches"]["gaudi-launch, flat"]["3"]["command"]
+    assert "--fan-out" not in data["launches"]["mpirun (raw)"]["3"]["command"]
+    mem = data["memory"]
+    assert mem["hosts"] == 3 and positive(mem["idle_pss_kib"]) and 0 < mem["lowest_available_kib"] <= mem["total_kib"]
     assert positive(data["costs"]["handshake"]) and positive(data["costs"]["mux_session"])
-    assert positive(data["costs"]["rsh_agent"])
-    assert set(data["model"]["predicted"]["gaudi-launch (ControlMaster)"]) == {"16", "128", "1024"}
+    assert positive(data["costs"]["rsh_agent"]) and positive(data["costs"]["tree_hop"])
+    # one level of OpenMPI's tree: raw mpirun over a chain of 2 and 3 hosts (routed_radix 1)
+    assert set(data["tree_level"]["chain_seconds"]) == {"2", "3"}
+    assert data["costs"]["tree_level"] == data["tree_level"]["per_level"]
+    predicted = data["model"]["predicted"]
+    assert set(predicted) == {"mpirun (raw, tree spawn)", "gaudi-launch, flat", "gaudi-launch, tree"}
+    assert all(set(by_n) == {"16", "64", "128", "1024", "4096"} for by_n in predicted.values())
+    # the model's shape: raw mpirun's tree costs the same from 128 to 4,096 hosts (depth 2 at radix 64)
+    # and the flat path grows with every host
+    raw, flat = predicted["mpirun (raw, tree spawn)"], predicted["gaudi-launch, flat"]
+    assert raw["128"] == pytest.approx(raw["4096"]) and flat["4096"] > flat["1024"] > flat["128"]
+    crossover = data["model"]["crossover"]
+    assert crossover is None or 2 <= crossover <= 8192
+    assert "the tree is never slower than flat from" in out or "the tree stays slower than flat" in out
+    assert [t["target"] for t in data["targets"]] == [
+        "3 hosts: slope per host <= raw mpirun's",
+        "1,024 hosts in the model: <= 2x raw mpirun",
+    ]
+    assert all(isinstance(t["met"], bool) for t in data["targets"])
+    assert "1,024 hosts in the model: <= 2x raw mpirun" in out
 
 
 def test_bench_launch_start_up_only_writes_its_json(tmp_path):
