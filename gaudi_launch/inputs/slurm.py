@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import time
@@ -90,8 +91,16 @@ def parse_tasks_per_node(text: str) -> list[int]:
     return counts
 
 
+def draw_port() -> int:
+    """The job's rendezvous port, drawn at random in the span. Not derived from the Slurm job id: squeue shows
+    that to every user, who could take a port that follows from it first. The launcher's draw reaches the ranks
+    in srun's environment, which no other user can read; the node probe and rank 0 check it is free."""
+    return PORT_BASE + secrets.randbelow(PORT_SPAN)
+
+
 def port_for_job(job_id: str) -> int:
-    """A rendezvous port derived from the Slurm job id: jobs sharing a node get different ports. Pure."""
+    """A rendezvous port derived from the Slurm job id: only for ranks srun started without gaudi-launch's
+    MASTER_PORT (the worker's fallback), and the collective check's own port. Pure."""
     n = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
     return PORT_BASE + n % PORT_SPAN
 
@@ -151,8 +160,8 @@ def _first(env: Mapping[str, str], *names: str) -> Optional[str]:
 def rank_layout(env: Mapping[str, str]) -> dict[str, str]:
     """torchrun's names from srun's task variables, for a rank srun started. Pure.
 
-    MASTER_ADDR/MASTER_PORT only when the launcher could not know them (srun allocated the nodes):
-    the step's first node and the port derived from the job id."""
+    MASTER_ADDR/MASTER_PORT only when the launcher did not give them: the step's first node (srun allocated
+    the nodes) and, for a worker srun started without gaudi-launch's port, one derived from the job id."""
     out: dict[str, str] = {}
     pairs = (
         ("RANK", ("SLURM_PROCID",)),

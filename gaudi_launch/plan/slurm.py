@@ -4,8 +4,8 @@ Inside an allocation (salloc, sbatch: SLURM_JOB_ID set) the allocation is the ho
 come from ``scontrol show hostnames $SLURM_JOB_NODELIST`` and --include/--exclude/--num_nodes select
 among them as among a hostfile's hosts. From a login node srun allocates the nodes itself
 (--num_nodes, --partition, --time, --account, --slurm-args), so the ranks find the master (the
-step's first node) and the port (derived from the job id) themselves, in the worker. Pure but for
-scontrol's name expansion and the env files; the nodes are probed by the backend (its detect).
+step's first node) themselves, in the worker; the port is drawn at random either way (inputs/slurm.draw_port).
+Pure but for scontrol's name expansion and the env files; the nodes are probed by the backend (its detect).
 """
 
 from __future__ import annotations
@@ -106,10 +106,7 @@ def select_nodes(
     k = spec.num_devices or 1
     if not spec.num_devices:
         notes.append("1 rank per node: give --num_devices N for N ranks (devices) per node")
-    notes.append(
-        "srun allocates the nodes; each rank sets MASTER_ADDR to the step's first node and "
-        "MASTER_PORT from the Slurm job id"
-    )
+    notes.append("srun allocates the nodes; each rank sets MASTER_ADDR to the step's first node")
     return [(named[i] if named else LATER, list(range(k))) for i in range(count)], notes, False
 
 
@@ -234,9 +231,8 @@ def draft(
             where="--include" if spec.include else "--exclude",
             hint=f"add --num_devices {min(len(n.ranks) for n in nodes)}",
         )
-    job_id = environ.get("SLURM_JOB_ID", "")
     master_addr = spec.master_addr or (nodes[0].host if inside else FIRST_NODE)
-    master_port = spec.master_port or (slurm.port_for_job(job_id) if inside else 0)
+    master_port = spec.master_port or slurm.draw_port()  # never from the job id, which squeue shows to all
     return new_plan("slurm", nodes, master_addr, master_port, spec, environ, notes)
 
 

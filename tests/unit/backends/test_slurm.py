@@ -67,6 +67,19 @@ def test_tasks_per_node_and_port():
         slurm.parse_tasks_per_node("2(y3)")
 
 
+def test_the_master_port_is_not_derived_from_the_public_job_id():
+    """Issue 36 item 9: squeue shows every job's id to every user; a port that follows from it can be taken first.
+    The launcher draws it at random, inside an allocation and from a login node, and srun's environment (which
+    no other user can read) carries it to the ranks."""
+    inside = [plan_for() for _ in range(3)]
+    assert {p.master_port for p in inside} != {slurm.port_for_job("4242")}
+    login = [plan_for(environ={"PATH": "/bin"}, num_nodes=2) for _ in range(3)]  # srun allocates the nodes
+    for plan in inside + login:
+        assert slurm.PORT_BASE <= plan.master_port < slurm.PORT_BASE + slurm.PORT_SPAN
+        assert plan.commands[0].env["MASTER_PORT"] == str(plan.master_port)
+        assert str(plan.master_port) not in " ".join(plan.commands[0].argv)  # not on srun's argv (ps)
+
+
 def test_auto_is_slurm_inside_an_allocation_only():
     spec = JobSpec(program=["t.py"], num_devices=1)
     assert plan_slurm.wanted(spec, ALLOC)
@@ -79,7 +92,7 @@ def test_plan_inside_allocation_from_slurm_facts():
     plan = plan_for()
     assert [n.host for n in plan.nodes] == ["gn01", "gn02", "gn03"]
     assert [n.ranks for n in plan.nodes] == [[0, 1], [2, 3], [4, 5]]
-    assert (plan.master_addr, plan.master_port) == ("gn01", 24242)
+    assert plan.master_addr == "gn01" and slurm.PORT_BASE <= plan.master_port < slurm.PORT_BASE + slurm.PORT_SPAN
     cmd = plan.commands[0]
     assert cmd.argv[:9] == [
         "srun",
@@ -93,7 +106,7 @@ def test_plan_inside_allocation_from_slurm_facts():
         f"--export=ALL,GAUDI_LAUNCH_JOB_ID={plan.job_id}",
     ]
     assert cmd.argv[9:] == [sys.executable, "-u", "-m", "gaudi_launch.process.worker", "train.py", "--bf16"]
-    assert cmd.env["MASTER_ADDR"] == "gn01" and cmd.env["MASTER_PORT"] == "24242"
+    assert cmd.env["MASTER_ADDR"] == "gn01" and cmd.env["MASTER_PORT"] == str(plan.master_port)
     # sbatch --cpus-per-task reaches the ranks' step (srun no longer inherits it since Slurm 22.05)
     argv = plan_for(environ={**ALLOC, "SLURM_CPUS_PER_TASK": "10"}).commands[0].argv
     assert argv[6] == "--cpus-per-task=10" and "--cpus-per-task=10" not in cmd.argv
@@ -279,6 +292,7 @@ def test_dry_run_json_matches_golden(name, args, environ, monkeypatch, tmp_path)
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    monkeypatch.setattr(slurm, "draw_port", lambda: 21234)  # drawn at random per run
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".deepspeed_env").write_text("NCCL_DEBUG=INFO\n")
     out, err = io.StringIO(), io.StringIO()
@@ -381,7 +395,7 @@ def test_a_node_without_the_script_or_interpreter_stops_the_job_before_it_starts
     with pytest.raises(plan_slurm.NodeCheckFailed, match="train.py does not exist on gn02") as exc:
         plan_for(facts={"gn01": ok, "gn02": {**ok, "script": False}, "gn03": ok})
     assert exc.value.exit_code == 3 and exc.value.where == "gn02"
-    with pytest.raises(plan_slurm.NodeCheckFailed, match="port 24242 is in use on gn01"):
+    with pytest.raises(plan_slurm.NodeCheckFailed, match=r"port \d+ is in use on gn01"):
         plan_for(facts={"gn01": {**ok, "port_free": False}, "gn02": ok, "gn03": ok})
     with pytest.raises(plan_slurm.NodeCheckFailed, match="hl-smi sees 1 Gaudi device.s. on gn03, 2 needed"):
         plan_for(facts={"gn01": {**ok, "devices": 8}, "gn02": ok, "gn03": {**ok, "devices": 1}})
