@@ -39,6 +39,7 @@ COLLECTIVE_STEP_TIMEOUT = "GAUDI_LAUNCH_COLLECTIVE_STEP_TIMEOUT"
 COLLECTIVE_LIBRARY = "GAUDI_LAUNCH_COLLECTIVE_LIBRARY"  # "1": the check runs gloo's stage on a CPU too
 COLLECTIVE_SIZE = "GAUDI_LAUNCH_COLLECTIVE_SIZE"  # "BYTES,LOOPS" of each pair's all-reduce (default 32m,1000)
 SSH_SHARE = "GAUDI_LAUNCH_SSH_SHARE"  # "0": no shared ssh connections
+TREE_RADIX = "GAUDI_LAUNCH_TREE_RADIX"  # the radix of OpenMPI's daemon tree under --fan-out tree (plan/fanoutmode.py)
 DEBUG = "GAUDI_LAUNCH_DEBUG"  # tracebacks instead of one-line errors
 COMPLETE = "GAUDI_LAUNCH_COMPLETE"  # shell completion's request
 

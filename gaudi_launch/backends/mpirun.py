@@ -18,23 +18,18 @@ from typing import Callable, Optional
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.hostnames import bare_host, is_local_host
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan import fanoutmode
 from gaudi_launch.plan.contract import node_sizes_env, worker_argv
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.process.failures import Culprit, signal_name
 from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
 from gaudi_launch.remote import jobdir, openmpi, sshmux
-from gaudi_launch.remote.hostchecks import host_watch
+from gaudi_launch.remote.hostchecks import fan_out, host_watch
+from gaudi_launch.remote.openmpi import OPENMPI_HOMES, OmpiDemux, local_mpirun, mpirun_and_prefix  # noqa: F401 (here before)
 from gaudi_launch.remote.teardown import job_sweeper
 from gaudi_launch.wire import JOB_ID, NODE_SIZES
 
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", JOB_ID)
-# The tag before each piece of a rank's output: OpenMPI 4 (ORTE) writes "[1,0]<stdout>:text";
-# OpenMPI 5 (PMIx's iof) writes "[1,0]<stdout>: text" (one space, part of the tag), and its job
-# part is a namespace's suffix, a number unless the namespace has no '@'.
-_TAGS = {
-    4: re.compile(r"\[(\d+),(\d+)\]<(?:stdout|stderr)>:"),
-    5: re.compile(r"\[([^,\[\]]+),(\d+)\]<(?:stdout|stderr|stddiag)>: "),
-}
 
 
 def openmpi_major(mpirun: str = "mpirun") -> Optional[int]:
@@ -76,27 +71,6 @@ def mca(version: Optional[int], what: str) -> list[str]:
 # one argument over 128 KiB (MAX_ARG_STRLEN): about 9,800 hosts x 8 with short names.
 HOST_ARG_MAX = 16 * 1024
 HOSTFILE = "mpirun-hosts"
-
-
-# Where OpenMPI lives outside the system's directories: Habana's RHEL-family images (HabanaAI/Setup_and_Install
-# dockerfiles/base: MPI_ROOT=/opt/habanalabs/openmpi) and AWS's DLAMIs. Their PATH comes from Docker's ENV or a
-# login profile, which the ssh session that starts a remote daemon does not read.
-OPENMPI_HOMES = ("/opt/habanalabs/openmpi", "/opt/amazon/openmpi")
-_SYSTEM_BIN = ("/usr/bin", "/bin", "/usr/local/bin")
-
-
-def mpirun_and_prefix(on_path: Optional[str], installed: Sequence[str]) -> tuple[str, Optional[str]]:
-    """(the mpirun to run, its --prefix or None). ``on_path``: PATH's mpirun (resolved); ``installed``: the
-    OPENMPI_HOMES that hold bin/mpirun. An OpenMPI outside the system directories gets --prefix, so each
-    remote daemon (orted/prted) is run from that prefix with its libraries (mpirun(1): "--prefix <dir>: prefix
-    directory that will be used to set the PATH and LD_LIBRARY_PATH on the remote node"); without one on PATH,
-    the first home that has it. Pure."""
-    if on_path is None:
-        return (os.path.join(installed[0], "bin", "mpirun"), installed[0]) if installed else ("mpirun", None)
-    directory = os.path.dirname(on_path)
-    if directory in _SYSTEM_BIN or os.path.basename(directory) != "bin":
-        return "mpirun", None
-    return on_path, os.path.dirname(directory)
 
 
 def host_list(plan: LaunchPlan) -> str:
@@ -230,6 +204,14 @@ def through_sessions(argv: list[str], agent: Callable[[int], Optional[str]]) -> 
     return argv[: i + 1] + ["--mca", "plm_rsh_agent", value] + argv[i + 1 :]
 
 
+def with_radix(argv: list[str], radix: Optional[int]) -> list[str]:
+    """mpirun's argv with its daemon tree's radix (OpenMPI 4's routed radix component), or as it is for
+    OpenMPI's own (64). Pure."""
+    if not radix:
+        return list(argv)
+    return [argv[0], "--mca", "routed", "radix", "--mca", "routed_radix", str(radix), *argv[1:]]
+
+
 # A user's own rsh agent for mpirun (environment; also under its older names) is theirs to keep.
 _USER_AGENT = ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_orte_rsh_agent", "OMPI_MCA_pls_rsh_agent")
 
@@ -241,12 +223,6 @@ def exported_names(plan: LaunchPlan, extra: Sequence[str] = ()) -> list[str]:
 def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
     """This host's OpenMPI (4 or 5: their flags differ), into the plan; None when there is none."""
     plan.openmpi = openmpi_major(local_mpirun()[0])
-
-
-def local_mpirun() -> tuple[str, Optional[str]]:
-    """This host's mpirun and its --prefix (mpirun_and_prefix)."""
-    homes = [h for h in OPENMPI_HOMES if os.access(os.path.join(h, "bin", "mpirun"), os.X_OK)]
-    return mpirun_and_prefix(shutil.which("mpirun"), homes)
 
 
 def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
@@ -297,35 +273,6 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
             "sessions do not get the PATH that found it here)"
         )
     return [Command(host=plan.nodes[0].host, argv=argv, env=env)]
-
-
-class OmpiDemux:
-    """Reassembles per-rank lines from mpirun's tagged output.
-
-    OpenMPI 4 tags chunks, not lines: a rank's line can arrive in pieces, interleaved with other
-    ranks' pieces on one physical line, e.g. ``[1,0]<stdout>:hi[1,1]<stdout>:other``. Every
-    piece starts with a tag, and the physical newline ends the last piece's line. OpenMPI 5 tags
-    whole lines, but a last line without a newline still runs into the next tag. A physical line
-    without a leading tag is mpirun's own message.
-    """
-
-    def __init__(self, major: Optional[int] = 4):
-        self.tag = _TAGS[5 if (major or 4) >= 5 else 4]
-        self.partial: dict[int, str] = {}
-
-    def __call__(self, line: Optional[str]) -> list[tuple[Optional[int], str]]:
-        if line is None:
-            out: list[tuple[Optional[int], str]] = [(r, t) for r, t in sorted(self.partial.items()) if t]
-            self.partial.clear()
-            return out
-        if not self.tag.match(line):
-            return [(None, line)]
-        pieces = self.tag.split(line)  # ['', job, rank, data, job, rank, data, ...]
-        last = -1  # (the tag matched at the start: the loop runs at least once)
-        for i in range(1, len(pieces) - 2, 3):
-            last = int(pieces[i + 1])
-            self.partial[last] = self.partial.get(last, "") + pieces[i + 2]
-        return [(last, self.partial.pop(last))]
 
 
 def explain(lines: list[str], rank_hosts: Mapping[int, str]) -> Optional[Culprit]:
@@ -425,6 +372,8 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
         if plan.openmpi == 4 and not any(env.get(name) for name in _USER_AGENT):
             connections.serve_rsh()
             argv = through_sessions(argv, connections.rsh_agent)
+    elif fan_out(plan, spec, len({n.host for n in plan.nodes if not is_local_host(n.host)})) == "tree":
+        argv = with_radix(argv, fanoutmode.radix(environ))  # OpenMPI's own tree starts the daemons
     hosts = rank_hosts(plan)
     watch = host_watch(plan, spec, is_local_host)
     proc = ProcSpec(

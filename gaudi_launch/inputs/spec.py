@@ -29,6 +29,7 @@ from gaudi_launch.wire import HEARTBEAT_DIR, MAX_RESTARTS_VAR, RESTART_COUNT
 
 # Variables a job sets for its own ranks (prepare/attempt_spec), not options the user gave.
 JOB_OWN_VARS = (HEARTBEAT_DIR, RESTART_COUNT, MAX_RESTARTS_VAR)
+FAN_OUT_MODES = ("auto", "tree", "flat")  # plan/fanoutmode.py decides
 MAX_DEVICES = 65536  # per node: far above any real host, low enough that a plan fits in memory
 T = TypeVar("T", bound=BackendOptions)
 
@@ -208,6 +209,17 @@ class JobSpec:
             "--wait_hosts",
             help="Wait up to S seconds for every host's sshd to answer before the "
             "pre-flight (hosts that start with the job, e.g. containers).",
+            panel="SSH",
+        ),
+    )
+    fan_out: str = field(
+        default="auto",
+        metadata=opt(
+            "--fan-out",
+            "--fan_out",
+            help="How the pre-flight and mpirun's daemons reach the hosts: flat, one ssh per host from here; tree, "
+            "through OpenMPI's own daemon tree (mpirun backend, OpenMPI 4); auto: flat for a few hosts, tree for "
+            "many. Default: auto.",
             panel="SSH",
         ),
     )
@@ -441,6 +453,8 @@ class JobSpec:
             )
         if self.ssh_timeout <= 0:
             raise UserError(f"must be positive, got {self.ssh_timeout}", where="--ssh-timeout")
+        if self.fan_out not in FAN_OUT_MODES:
+            raise UserError(f"unknown fan-out {self.fan_out!r}", where="--fan-out", hint=", ".join(FAN_OUT_MODES))
         if self.cpu_bind not in ("numa", "none"):
             raise UserError(f"unknown CPU binding {self.cpu_bind!r}", where="--cpu-bind", hint="numa or none")
         if self.backend_options is not None:

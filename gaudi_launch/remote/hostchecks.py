@@ -11,10 +11,11 @@ import sys
 from gaudi_launch.inputs.backend_options import capabilities
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan import fanoutmode
 from gaudi_launch.plan.contract import visible_subset
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.multinode import configured_host_keys, master_host, ssh_args, visible_modules
-from gaudi_launch.remote import openmpi, partialnodes, samemachine, sshmux, versions
+from gaudi_launch.remote import openmpi, partialnodes, probe, samemachine, sshmux, treeprobe, versions
 from gaudi_launch.remote.preflight import CheckReport, SshOptions, check_hosts
 from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
 from gaudi_launch.wire import SSH_SHARE
@@ -25,7 +26,10 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
     the job's connection to it (sshmux), used by every later ssh of the job and closed at its end."""
     connections = None
     hosts = [n.host for n in plan.nodes]
-    if share and any(not local(h) for h in hosts) and os.environ.get(SSH_SHARE, "1") != "0":
+    probed = hosts + [h for h in plan.spares if h not in hosts]  # a spare that cannot run the job: said now
+    remote = [h for h in probed if not local(h)]
+    tree = fan_out(plan, spec, len(remote)) == "tree"
+    if not tree and share and remote and os.environ.get(SSH_SHARE, "1") != "0":
         connections = sshmux.open_for(plan.job_id, ssh_args(spec, configured_host_keys(hosts, spec.ssh_config)))
     script = spec.program[0] if spec.program and not spec.module else None
     # module ids: the slots through the HABANA_VISIBLE_MODULES the ranks inherit there ("Gaudi-to-process
@@ -35,7 +39,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         for n in plan.nodes
     }
     report = check_hosts(
-        hosts + [h for h in plan.spares if h not in hosts],  # a spare that cannot run the job: said now
+        probed,
         python=spec.python,  # --no_python ranks start through our bootstrap too
         script=script,
         cwd=os.getcwd(),
@@ -54,6 +58,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         local=local,
         progress=progress,
         connections=connections,
+        tree=(lambda port: _probe_through_tree(plan, spec, remote, script, port)) if tree else None,
     )
     if capabilities(plan.backend).openmpi(spec.backend_options):
         openmpi.judge(report, openmpi.local_version())  # one major version on every host (before the spares)
@@ -61,6 +66,34 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
     partialnodes.judge(report, modules, spec.allow_partial_nodes)  # every card of each host in scale-out
     samemachine.judge(report)  # two names of one machine: named before mpirun's daemons collide there
     return spares_apart(report, hosts)
+
+
+def fan_out(plan: LaunchPlan, spec: JobSpec, remote_hosts: int) -> str:
+    """ "tree" or "flat" for this plan (plan/fanoutmode.py): the tree where OpenMPI 4's mpirun starts the ranks."""
+    possible = plan.backend == "mpirun" and openmpi.major(openmpi.local_version()) == 4  # (before detect)
+    return fanoutmode.choose(spec.fan_out, remote_hosts, possible)
+
+
+def _probe_through_tree(plan: LaunchPlan, spec: JobSpec, remote: list[str], script, master_ssh_port: int):
+    """The probe on the remote hosts through mpirun's daemon tree (treeprobe.py), with the commands the flat
+    path would run (a remote master's also checks the master port); ``master_ssh_port``: what the hosts
+    TCP-connect to for "master reachable" (check_hosts)."""
+    master = master_host(plan)
+
+    def command(check_port):
+        return probe.command(spec.python, script, os.getcwd(), plan.master_addr, master_ssh_port, check_port)
+
+    return treeprobe.run_tree(
+        remote,
+        python=spec.python,
+        ssh_args=ssh_args(spec, configured_host_keys(remote, spec.ssh_config)),
+        ssh_timeout=spec.ssh_timeout,
+        radix=fanoutmode.radix(),
+        tcp_cidr=plan.tcp_cidr,
+        master_host=master if master in remote else None,
+        master_command=command(plan.master_port),
+        command=command(None),
+    )
 
 
 def spares_apart(report: CheckReport, hosts: list[str]) -> CheckReport:

@@ -9,10 +9,11 @@ flags differ too (backends/mpirun.py's table).
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Optional
 
 _VERSION = re.compile(r"Open MPI\)?\s+(\d+)\.")
@@ -73,3 +74,68 @@ def judge(report, launcher: Optional[str]) -> None:
         facts = report.facts[host]
         if facts.ok:
             facts.ok, facts.reason, facts.fix = False, reason, fix
+
+
+# The tag before each piece of a rank's output: OpenMPI 4 (ORTE) writes "[1,0]<stdout>:text";
+# OpenMPI 5 (PMIx's iof) writes "[1,0]<stdout>: text" (one space, part of the tag), and its job
+# part is a namespace's suffix, a number unless the namespace has no '@'.
+_TAGS = {
+    4: re.compile(r"\[(\d+),(\d+)\]<(?:stdout|stderr)>:"),
+    5: re.compile(r"\[([^,\[\]]+),(\d+)\]<(?:stdout|stderr|stddiag)>: "),
+}
+
+
+# Where OpenMPI lives outside the system's directories: Habana's RHEL-family images (HabanaAI/Setup_and_Install
+# dockerfiles/base: MPI_ROOT=/opt/habanalabs/openmpi) and AWS's DLAMIs. Their PATH comes from Docker's ENV or a
+# login profile, which the ssh session that starts a remote daemon does not read.
+OPENMPI_HOMES = ("/opt/habanalabs/openmpi", "/opt/amazon/openmpi")
+_SYSTEM_BIN = ("/usr/bin", "/bin", "/usr/local/bin")
+
+
+def mpirun_and_prefix(on_path: Optional[str], installed: Sequence[str]) -> tuple[str, Optional[str]]:
+    """(the mpirun to run, its --prefix or None). ``on_path``: PATH's mpirun (resolved); ``installed``: the
+    OPENMPI_HOMES that hold bin/mpirun. An OpenMPI outside the system directories gets --prefix, so each
+    remote daemon (orted/prted) is run from that prefix with its libraries (mpirun(1): "--prefix <dir>: prefix
+    directory that will be used to set the PATH and LD_LIBRARY_PATH on the remote node"); without one on PATH,
+    the first home that has it. Pure."""
+    if on_path is None:
+        return (os.path.join(installed[0], "bin", "mpirun"), installed[0]) if installed else ("mpirun", None)
+    directory = os.path.dirname(on_path)
+    if directory in _SYSTEM_BIN or os.path.basename(directory) != "bin":
+        return "mpirun", None
+    return on_path, os.path.dirname(directory)
+
+
+def local_mpirun() -> tuple[str, Optional[str]]:
+    """This host's mpirun and its --prefix (mpirun_and_prefix)."""
+    homes = [h for h in OPENMPI_HOMES if os.access(os.path.join(h, "bin", "mpirun"), os.X_OK)]
+    return mpirun_and_prefix(shutil.which("mpirun"), homes)
+
+
+class OmpiDemux:
+    """Reassembles per-rank lines from mpirun's tagged output.
+
+    OpenMPI 4 tags chunks, not lines: a rank's line can arrive in pieces, interleaved with other
+    ranks' pieces on one physical line, e.g. ``[1,0]<stdout>:hi[1,1]<stdout>:other``. Every
+    piece starts with a tag, and the physical newline ends the last piece's line. OpenMPI 5 tags
+    whole lines, but a last line without a newline still runs into the next tag. A physical line
+    without a leading tag is mpirun's own message.
+    """
+
+    def __init__(self, major: Optional[int] = 4):
+        self.tag = _TAGS[5 if (major or 4) >= 5 else 4]
+        self.partial: dict[int, str] = {}
+
+    def __call__(self, line: Optional[str]) -> list[tuple[Optional[int], str]]:
+        if line is None:
+            out: list[tuple[Optional[int], str]] = [(r, t) for r, t in sorted(self.partial.items()) if t]
+            self.partial.clear()
+            return out
+        if not self.tag.match(line):
+            return [(None, line)]
+        pieces = self.tag.split(line)  # ['', job, rank, data, job, rank, data, ...]
+        last = -1  # (the tag matched at the start: the loop runs at least once)
+        for i in range(1, len(pieces) - 2, 3):
+            last = int(pieces[i + 1])
+            self.partial[last] = self.partial.get(last, "") + pieces[i + 2]
+        return [(last, self.partial.pop(last))]

@@ -164,6 +164,19 @@ def _master_run(connections, host: str, command: str, opts: SshOptions) -> tuple
     return out, err
 
 
+def hop_timeout(ssh_said: str) -> Optional[Exception]:
+    """The exception the flat path would have met for a tree hop's ssh that timed out (its last error line),
+    so it is classified the same way (sshfailures.py); None for any other failure. Pure."""
+    low = ssh_said.lower()
+    if "banner exchange" in low:  # connected, but no SSH greeting came (see _master_run)
+        import paramiko
+
+        return paramiko.SSHException("Error reading SSH protocol banner")
+    if "connection timed out" in low or "operation timed out" in low:
+        return socket.timeout("timed out")
+    return None
+
+
 def _local_run(command: str) -> tuple[str, str, int]:
     done = subprocess.run(["sh", "-c", command], stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT)
     return (done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace"), done.returncode)
@@ -370,13 +383,19 @@ def check_hosts(
     local: Callable[[str], bool],
     progress: Optional[Callable[[str, str], None]] = None,
     connections=None,
+    tree=None,
 ) -> CheckReport:
     """Probe every host in parallel (threads): over SSH (paramiko, keys only, never a prompt), or
     with ``sh -c`` for hosts where ``local(host)`` is true. See the module docstring.
 
     With ``connections`` (sshmux.Connections) the probe runs through the job's own ssh, whose
     connection stays open for the rest of the job; when that ssh fails before the probe ran,
-    paramiko connects again to tell why (a failure costs a second attempt, a success nothing)."""
+    paramiko connects again to tell why (a failure costs a second attempt, a success nothing).
+
+    With ``tree`` (called with the port the hosts check the master on, it gives treeprobe.TreeResult: the
+    probe run through mpirun's daemon tree before the per-host checks) a host's answer is
+    judged as it came; a host the tree's hop could not reach for a timeout is reported so, without a
+    second wait; any other host (another failure, or not answered) is probed the flat way, which tells why."""
     quiet_paramiko()
     reader = SshConfig(ssh.config)  # each config file read once for every host
     targets: dict[str, Target] = {}
@@ -420,7 +439,14 @@ def check_hosts(
                 where = host
                 try:
                     out = None
-                    if connections is not None:  # the job's own ssh, left open as its connection
+                    if through_tree is not None and host in through_tree.outputs:  # answered through mpirun's tree
+                        out, err = through_tree.outputs[host], ""
+                        t0 -= through_tree.elapsed_s  # (its time is the tree's)
+                    elif through_tree is not None and host in through_tree.failed:
+                        hung = hop_timeout(through_tree.failed[host][1])
+                        if hung is not None:  # said once, not waited for again
+                            raise hung
+                    if out is None and connections is not None:  # the job's own ssh, left open as its connection
                         out, err = _master_run(
                             connections,
                             host,
@@ -498,7 +524,10 @@ def check_hosts(
         if progress is not None:
             progress(host, "OK" if f.ok else f"failed: {f.reason}")
 
+    through_tree = None
     try:
+        if tree is not None:  # every remote host's answer at once, before the per-host checks judge them
+            through_tree = tree(master_probe_port)
         facts_by_host = per_host(hosts, one, on_done=done, name="preflight")
     finally:
         if listener is not None:

@@ -1,0 +1,190 @@
+"""The pre-flight's probe through OpenMPI's daemon tree (``--fan-out tree``, plan/fanoutmode.py): one mpirun runs
+the probe (probe.py, the same command line the flat path runs over ssh) as one rank per host, its daemons started
+the way mpirun starts them, each starting its children (radix 64, or GAUDI_LAUNCH_TREE_RADIX). The launcher opens
+no connection per host; the hosts' answers come back through mpirun's tagged output, one rank per host in the
+order of the hosts given.
+
+OpenMPI 4 starts no rank before every daemon is up, so one host that cannot be reached stops the round. Each hop's
+ssh is our tree hop (treehop.py), which names the host it failed to reach; the round is run again without the
+hosts named (at most MAX_ROUNDS rounds), so a host that hangs costs ssh's ConnectTimeout once, at any depth. What
+the tree could not tell (a host not named when a round failed for another reason) is left to the flat path.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Optional
+
+from gaudi_launch.inputs.hostnames import bare_host
+from gaudi_launch.plan import fanoutmode
+from gaudi_launch.remote import probe, treehop
+from gaudi_launch.remote.openmpi import OmpiDemux, local_mpirun
+from gaudi_launch.remote.preflight import PROBE_TIMEOUT
+
+MAX_ROUNDS = 3
+HOSTFILE = "tree-hosts"
+# Picks each rank's probe: the master's also checks the master port (the rank given in $1).
+_PICK = 'if [ "${OMPI_COMM_WORLD_RANK:-}" = "$1" ]; then eval "$2"; else eval "$3"; fi'
+
+
+@dataclass
+class TreeResult:
+    outputs: dict[str, str] = field(default_factory=dict)  # host -> the probe's whole output (its end marker seen)
+    failed: dict[str, tuple[int, str]] = field(default_factory=dict)  # host -> (ssh's status, its last line)
+    rounds: int = 0
+    elapsed_s: float = 0.0
+    error: str = ""  # the last failed round's mpirun error output (tail), for a host neither answered nor named
+
+
+def argv(
+    hosts: Sequence[str],
+    *,
+    hostfile: str,
+    mpirun: str,
+    prefix: Optional[str],
+    python: str,
+    ssh_args: Sequence[str],
+    radix: Optional[int],
+    tcp_cidr: Optional[str],
+    root: bool,
+    master_rank: int,
+    master_command: str,
+    command: str,
+) -> list[str]:
+    """mpirun's command line for one round over ``hosts`` (listed in ``hostfile``, one slot each). Pure."""
+    out = [mpirun, *(["--prefix", prefix] if prefix else [])]
+    if root:
+        out.append("--allow-run-as-root")
+    out += ["-n", str(len(hosts)), "--hostfile", hostfile, "--map-by", "ppr:1:node", "--bind-to", "none"]
+    out += ["--tag-output"]
+    out += ["--mca", "plm_rsh_agent", f"{python} -m gaudi_launch.remote.treehop"]
+    if ssh_args:
+        out += ["--mca", "plm_rsh_args", " ".join(ssh_args)]
+    if radix:
+        out += ["--mca", "routed", "radix", "--mca", "routed_radix", str(radix)]
+    if tcp_cidr:
+        out += ["--mca", "oob_tcp_if_include", tcp_cidr]
+    out += ["sh", "-c", _PICK, "sh", str(master_rank), master_command, command]
+    return out
+
+
+def split_output(text: str, hosts: Sequence[str]) -> dict[str, str]:
+    """Each host's probe output from mpirun's tagged output (rank i is hosts[i]); only complete ones. Pure."""
+    demux = OmpiDemux(4)
+    by_rank: dict[int, list[str]] = {}
+    for line in [*text.split("\n"), None]:
+        if line == "":
+            continue
+        for rank, piece in demux(line):
+            if rank is not None:
+                by_rank.setdefault(rank, []).append(piece)
+    out = {}
+    for rank, lines in by_rank.items():
+        body = "\n".join(lines) + "\n"
+        if 0 <= rank < len(hosts) and probe.END in body:
+            out[hosts[rank]] = body
+    return out
+
+
+def round_timeout(hosts: int, radix: Optional[int], ssh_timeout: float) -> float:
+    """A round's backstop: the probe's own limit, and each level's ssh once. Pure."""
+    return PROBE_TIMEOUT + ssh_timeout * (fanoutmode.depth(hosts, radix) + 1) + 10.0
+
+
+def run_tree(
+    hosts: Sequence[str],
+    *,
+    python: str,
+    ssh_args: Sequence[str],
+    ssh_timeout: float,
+    radix: Optional[int],
+    tcp_cidr: Optional[str],
+    master_host: Optional[str],
+    master_command: str,
+    command: str,
+) -> TreeResult:
+    """The probe on ``hosts`` through mpirun's tree, in rounds (module docstring)."""
+    result = TreeResult()
+    t0 = time.monotonic()
+    mpirun, prefix = local_mpirun()
+    left = list(dict.fromkeys(hosts))
+    with tempfile.TemporaryDirectory(prefix="gaudi-launch-tree-") as tmp:  # 0700
+        while left and result.rounds < MAX_ROUNDS:
+            result.rounds += 1
+            hostfile = os.path.join(tmp, f"{HOSTFILE}-{result.rounds}")
+            with open(hostfile, "w", encoding="utf-8") as f:  # user@host: only the hostfile takes it apart
+                f.writelines(f"{h} slots=1\n" for h in left)
+            master_rank = left.index(master_host) if master_host in left else -1
+            cmd = argv(
+                left,
+                hostfile=hostfile,
+                mpirun=mpirun,
+                prefix=prefix,
+                python=python,
+                ssh_args=ssh_args,
+                radix=radix,
+                tcp_cidr=tcp_cidr,
+                root=os.geteuid() == 0,
+                master_rank=master_rank,
+                master_command=master_command,
+                command=command,
+            )
+            rc, out, err = _run(cmd, round_timeout(len(left), radix, ssh_timeout))
+            answered = split_output(out, left)
+            result.outputs.update(answered)
+            named = {h: v for h, v in treehop.parse_failures(err).items() if h in left and h not in answered}
+            # the hop names a host as ssh was given it (user@host as the hostfile has it, or the bare name)
+            for entry in left:
+                if entry not in named and bare_host(entry) in named and entry not in answered:
+                    named[entry] = named.pop(bare_host(entry))
+            result.failed.update(named)
+            left = [h for h in left if h not in answered and h not in named]
+            if rc == 0 or not named:
+                if left:
+                    result.error = _tail(err)
+                break
+    result.elapsed_s = time.monotonic() - t0
+    return result
+
+
+def _tail(text: str, lines: int = 6) -> str:
+    kept = [line for line in text.splitlines() if line.strip() and not line.startswith(treehop.FAILED)]
+    return "\n".join(kept[-lines:])
+
+
+def _run(cmd: list[str], timeout: float) -> tuple[int, str, str]:
+    """mpirun, its output and error output; stopped (TERM, then KILL) at ``timeout``."""
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        out, err = proc.communicate()
+        err += f"\nmpirun did not finish within {timeout:g} s\n".encode()
+    except BaseException:
+        _stop(proc)
+        proc.communicate()
+        raise
+    return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """mpirun tears its daemons down on SIGTERM; what is left of its session gets SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
