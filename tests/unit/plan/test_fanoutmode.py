@@ -1,0 +1,69 @@
+"""--fan-out's decisions (plan/fanoutmode.py) and the tree's pure pieces (remote/treehop.py, remote/treeprobe.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gaudi_launch.backends.mpirun import with_radix
+from gaudi_launch.errors import UserError
+from gaudi_launch.plan import fanoutmode
+from gaudi_launch.remote import probe, treehop, treeprobe
+
+
+def test_auto_is_flat_below_the_threshold_and_tree_from_it():
+    n = fanoutmode.TREE_FROM_HOSTS
+    assert fanoutmode.choose("auto", n - 1, True) == "flat"
+    assert fanoutmode.choose("auto", n, True) == "tree"
+    assert fanoutmode.choose("tree", 2, True) == "tree"
+    assert fanoutmode.choose("flat", 10_000, True) == "flat"
+    # no engine for this backend, or no remote host: flat whatever was asked
+    assert fanoutmode.choose("tree", 100, False) == "flat"
+    assert fanoutmode.choose("tree", 0, True) == "flat"
+
+
+def test_depth_of_a_radix_tree():
+    assert fanoutmode.depth(2, 2) == 1
+    assert fanoutmode.depth(6, 2) == 2  # 2 + 4
+    assert fanoutmode.depth(7, 2) == 3
+    assert fanoutmode.depth(64, None) == 1
+    assert fanoutmode.depth(1024, None) == 2
+
+
+def test_radix_from_the_environment():
+    assert fanoutmode.radix({}) is None
+    assert fanoutmode.radix({fanoutmode.RADIX_ENV: "2"}) == 2
+    with pytest.raises(UserError):
+        fanoutmode.radix({fanoutmode.RADIX_ENV: "0"})
+    assert with_radix(["mpirun", "-n", "2"], 2)[:7] == [
+        "mpirun",
+        "--mca",
+        "routed",
+        "radix",
+        "--mca",
+        "routed_radix",
+        "2",
+    ]
+    assert with_radix(["mpirun", "-n", "2"], None) == ["mpirun", "-n", "2"]
+
+
+def test_the_hop_reads_ssh_s_command_line_as_ssh_does():
+    argv = ["-o", "BatchMode=yes", "-F", "/c", "-oConnectTimeout=3", "-x", "host-a", " orted", "-mca", "x"]
+    assert treehop.split(argv) == (argv[:6], "host-a", [" orted", "-mca", "x"])
+    with pytest.raises(ValueError):
+        treehop.split(["-o", "X=1", "host-only"])
+
+
+def test_a_failed_hop_is_named_and_read_back():
+    line = treehop.failure_line("host-b", 255, "noise\nConnection timed out during banner exchange\n")
+    text = "ORTE was unable to reliably start one or more daemons.\n" + line + "other\n"
+    assert treehop.parse_failures(text) == {"host-b": (255, "Connection timed out during banner exchange")}
+
+
+def test_each_rank_s_output_goes_to_its_host_only_when_complete():
+    out = (
+        f"[1,0]<stdout>:{probe.BEGIN}\n[1,1]<stdout>:{probe.BEGIN}\n[1,0]<stdout>:hostname=a\n"
+        f"[1,0]<stdout>:{probe.END}\n[1,1]<stdout>:hostname=b\n"
+    )
+    got = treeprobe.split_output(out, ["a", "b"])
+    assert list(got) == ["a"]
+    assert probe.parse(got["a"]).hostname == "a" and probe.parse(got["a"]).complete
