@@ -209,7 +209,9 @@ def measure(
     results: dict[str, dict[int, dict]] = {name: {n: {"seconds": []} for n in counts} for name, _ in cfgs}
     for r in range(warmup + rounds):
         order = cfgs[r % len(cfgs) :] + cfgs[: r % len(cfgs)]
-        for n in counts if r % 2 == 0 else counts[::-1]:  # host counts alternate up and down, rounds alike
+        # host counts alternate up and down, rounds alike; a warm-up round (caches, compiled modules) runs
+        # the smallest count only
+        for n in counts[:1] if r < warmup else counts if r % 2 == 0 else counts[::-1]:
             for name, build in order:
                 argv = build(cluster, hostfiles[n], n, workdir)
                 seconds, code, out = timed(argv, env, workdir, timeout, cluster)
@@ -283,6 +285,26 @@ def per_host_costs(cluster, env: dict[str, str], workdir: str, samples: int = 5)
         subprocess.run(["rm", "-rf", ctl])
     out = {k: statistics.median(v) for k, v in rows.items() if v}
     out.update({f"{k}_local_cpu": statistics.median(v) for k, v in cpu.items() if v})
+    return out
+
+
+def fixed_parts(cluster, env: dict[str, str], workdir: str, samples: int = 3) -> dict[str, float]:
+    """The launchers' own start-up, which no host count changes: raw mpirun with host 0 alone (no ssh, one
+    local daemon-less rank) and gaudi-launch's flat path on host 0 alone (no pre-flight for this host, the
+    same mpirun under it), median of `samples`, from host 0."""
+    hf = cluster.hostfile(slots=1, hosts=[0])
+    cfgs = dict(configs())
+    out = {}
+    for key, name in (("mpirun_fixed", BASELINE), ("gaudi_launch_one_host", FLAT)):
+        argv = cfgs[name](cluster, hf, 1, workdir)
+        times = []
+        for _ in range(samples):
+            seconds, code, text = timed(argv, env, workdir, 120, cluster)
+            if code != 0:
+                raise RuntimeError(f"{shlex.join(argv)}: exit {code}: {text[-300:]}")
+            times.append(seconds)
+        out[key] = statistics.median(times)
+    out["ours_fixed"] = max(0.0, out["gaudi_launch_one_host"] - out["mpirun_fixed"])
     return out
 
 
@@ -400,9 +422,8 @@ def model(
       end-of-job sweep `tree_sweep`: "ssh", one new ssh session per host from the launcher (a session's
       time, and a handshake's CPU per host over `cores`), "tree", one more pass down the tree with
       mpirun's fixed part, or "none";
-    - our fixed part is what makes the flat model meet the flat fit's intercept here: that intercept
-      less raw mpirun's, less the flat path's own fixed pieces (one round of handshake and probe, an rsh
-      agent, the sweep);
+    - the fixed parts: raw mpirun's and gaudi-launch's (over raw mpirun's) time with host 0 alone, no
+      ssh (without that measurement: the fits' intercepts);
     - the crossover is the fewest hosts from which the tree is never slower than the flat path (the
       model, scanned host by host to 8,192), what auto's TREE_FROM_HOSTS should be.
     """
@@ -412,9 +433,13 @@ def model(
     rsh, c_rsh = costs.get("rsh_agent", 0.0), costs.get("rsh_agent_local_cpu", 0.0)
     c_hop = costs.get("tree_hop_local_cpu", 0.0)
     level = costs.get("tree_level") or sess + mux  # the chain's slope; else a session and a daemon's shell
-    mpirun_fixed = max(0.0, fit[BASELINE][0]) if BASELINE in fit else 0.3
-    flat_pieces = hs + probe + rsh + 0.05
-    ours_fixed = max(0.0, fit[FLAT][0] - fit[BASELINE][0] - flat_pieces) if FLAT in fit and BASELINE in fit else 0.3
+    if "mpirun_fixed" in costs:  # measured on host 0 alone (fixed_parts)
+        mpirun_fixed, ours_fixed, where = costs["mpirun_fixed"], costs["ours_fixed"], "measured on host 0 alone"
+    else:  # the intercepts of the fits, our part less the flat path's own fixed pieces
+        mpirun_fixed = max(0.0, fit[BASELINE][0]) if BASELINE in fit else 0.3
+        flat_pieces = hs + probe + rsh + 0.05
+        ours_fixed = max(0.0, fit[FLAT][0] - fit[BASELINE][0] - flat_pieces) if FLAT in fit and BASELINE in fit else 0.3
+        where = "intercepts of the fits here"
     lines = [
         f"measured per host here (median, from host 0): full ssh session {sess:.3f} s, handshake "
         f"(ControlMaster open) {hs:.3f} s, session over an open connection {mux:.3f} s, pre-flight probe "
@@ -422,8 +447,8 @@ def model(
         f"OpenMPI's tree (a chain of daemons, routed_radix 1) {level:.3f} s; CPU on the starting side per "
         f"handshake {c_hs:.3f} s, per multiplexed session {c_mux:.3f} s, per rsh agent {c_rsh:.3f} s, per tree "
         f"hop {c_hop:.3f} s",
-        f"fixed parts (intercepts of the fits here): raw mpirun {mpirun_fixed:.2f} s, gaudi-launch's own "
-        f"start-up over that {ours_fixed:.2f} s",
+        f"fixed parts ({where}): raw mpirun {mpirun_fixed:.2f} s, gaudi-launch's own start-up over that "
+        f"{ours_fixed:.2f} s",
         f"assumed: every host its own machine (remote work in parallel), {cores} cores on every host that "
         f"starts others (the launcher, a tree's inner daemons), pre-flight pool {pool}, OpenMPI tree radix "
         f"{radix}, the tree path's end-of-job sweep: {tree_sweep}",
@@ -697,6 +722,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 res["costs"] = per_host_costs(cluster, cenv, workdir)
                 res["tree_level"] = tree_level(cluster, cenv, workdir)
                 res["costs"]["tree_level"] = res["tree_level"]["per_level"]
+                res["costs"].update(fixed_parts(cluster, cenv, workdir))
                 lines, predicted, crossover = model(res["costs"], fits, tree_sweep=args.tree_sweep)
                 res["model"] = {
                     "assumptions": lines + _bullets(model.__doc__),

@@ -290,6 +290,11 @@ def test_bench_scale_tiny(tmp_path):
     # one level of OpenMPI's tree: raw mpirun over a chain of 2 and 3 hosts (routed_radix 1)
     assert set(data["tree_level"]["chain_seconds"]) == {"2", "3"}
     assert data["costs"]["tree_level"] == data["tree_level"]["per_level"]
+    # the launchers' own start-up, measured with host 0 alone
+    costs = data["costs"]
+    assert positive(costs["mpirun_fixed"]) and positive(costs["gaudi_launch_one_host"])
+    assert costs["ours_fixed"] == pytest.approx(max(0.0, costs["gaudi_launch_one_host"] - costs["mpirun_fixed"]))
+    assert "fixed parts (measured on host 0 alone)" in out
     predicted = data["model"]["predicted"]
     assert set(predicted) == {"mpirun (raw, tree spawn)", "gaudi-launch, flat", "gaudi-launch, tree"}
     assert all(set(by_n) == {"16", "64", "128", "1024", "4096"} for by_n in predicted.values())
