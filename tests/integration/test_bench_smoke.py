@@ -269,11 +269,16 @@ def test_bench_scale_tiny(tmp_path):
         "--warmup-rounds",
         "0",
         "--no-plans",
+        "--markdown",
         "--json",
         str(tmp_path / "scale.json"),
         timeout=600,
     )
     assert table_rows(out, SCALE_ROWS) == SCALE_ROWS
+    assert "| hosts | gaudi-launch, tree | gaudi-launch, flat | mpirun (raw) |" in out  # docs/performance.md's table
+    # the report again from the saved result, without a cluster
+    again = run_bench("bench_scale.py", "--from-json", str(tmp_path / "scale.json"), "--markdown")
+    assert again.splitlines()[2:] == out.splitlines()[2 : len(again.splitlines())]
     data = json.loads((tmp_path / "scale.json").read_text())
     assert_environment(data)
     assert list(data["launches"]) == SCALE_ROWS  # the core rows only, without --all-rows
