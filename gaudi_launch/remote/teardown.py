@@ -22,7 +22,8 @@ from gaudi_launch.remote.fanout import per_host
 # Run by the remote interpreter; argv: JOB_ID SIGNAL [SINCE [IDS]]. IDS: the session/group ids of the job's
 # own processes there, comma-separated (its ranks: each leads a group, the local backend's a session): what a
 # rank that has exited left in them is still the job's (a `sudo -u` orphan). Under srun, one argv serves every
-# node: IDS is then one such list per node, '/'-separated, and the node's task ($SLURM_PROCID) takes its own.
+# node: IDS is then one such list per node, '/'-separated, and the node's task takes its own ($SLURM_PROCID; under
+# mpirun's tree, --fan-out tree, $OMPI_COMM_WORLD_RANK).
 # Prints how many processes it signalled, then one line "pid<TAB>name<TAB>uid<TAB>why" per process it could
 # not inspect or signal that may be the job's: one of ours whose environment is closed to us (not dumpable:
 # setuid, prctl) and that started after SINCE (epoch seconds); one of another user (its environment is
@@ -38,7 +39,7 @@ since = float(sys.argv[3]) if len(sys.argv) > 3 else None
 tied, groups, others = set(), set(), []
 if len(sys.argv) > 4:
     ids = sys.argv[4].split("/")
-    task = os.environ.get("SLURM_PROCID", "0") if len(ids) > 1 else "0"
+    task = (os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID", "0")) if len(ids) > 1 else "0"
     ids = ids[int(task)] if task.isdigit() and int(task) < len(ids) else ""
     groups.update(g for g in ids.split(",") if g.isdigit() and g not in ("0", "1"))
 def facts(pid):
