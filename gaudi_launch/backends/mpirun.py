@@ -12,7 +12,9 @@ import ipaddress
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+import tempfile
+import time
+from collections.abc import Collection, Mapping, Sequence
 from typing import Callable, Optional
 
 from gaudi_launch.errors import UserError
@@ -20,13 +22,15 @@ from gaudi_launch.inputs.hostnames import bare_host, is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fanoutmode
 from gaudi_launch.plan.contract import node_sizes_env, worker_argv
+from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.process.failures import Culprit, signal_name
 from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
-from gaudi_launch.remote import jobdir, openmpi, sshmux
+from gaudi_launch.remote import jobdir, openmpi, sshmux, treeprobe
 from gaudi_launch.remote.hostchecks import fan_out, host_watch
+from gaudi_launch.remote.hostprobe import facts_here
 from gaudi_launch.remote.openmpi import OPENMPI_HOMES, OmpiDemux, local_mpirun, mpirun_and_prefix  # noqa: F401 (here before)
-from gaudi_launch.remote.teardown import job_sweeper
+from gaudi_launch.remote.teardown import Sweep, job_sweeper, kill_argv, parse_sweep, sweep_job
 from gaudi_launch.wire import JOB_ID, NODE_SIZES
 
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", JOB_ID)
@@ -220,9 +224,11 @@ def exported_names(plan: LaunchPlan, extra: Sequence[str] = ()) -> list[str]:
     return sorted(set(plan.env) | set(CONTRACT) | set(extra))
 
 
-def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
-    """This host's OpenMPI (4 or 5: their flags differ), into the plan; None when there is none."""
+def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> dict[str, HostFacts]:
+    """This host's OpenMPI (4 or 5: their flags differ), into the plan (None when there is none); the facts of
+    the hosts that are this machine when no pre-flight read them (remote/hostprobe.py)."""
     plan.openmpi = openmpi_major(local_mpirun()[0])
+    return facts_here(plan)
 
 
 def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
@@ -305,6 +311,68 @@ def daemons_not_started(hosts: Sequence[str]) -> Optional[str]:
     )
 
 
+def tree_sweeper(
+    hosts: Sequence[str],
+    job_id: str,
+    *,
+    ssh_args: Sequence[str],
+    python: str,
+    is_local: Callable[[str], bool],
+    lost: Callable[[], Collection[str]],
+    radix: Optional[int],
+    ssh_timeout: float,
+    tcp_cidr: Optional[str],
+) -> Callable[..., dict[str, Sweep]]:
+    """``--fan-out tree``: the job's sweep (teardown.job_sweeper's contract) as one mpirun over OpenMPI's daemon
+    tree, one rank per remote host still up, each running teardown's KILL_CODE with the process groups of its own
+    host (one argv for all: $OMPI_COMM_WORLD_RANK picks them, as $SLURM_PROCID does under srun). This host, and a
+    host the tree gave no answer for (a daemon that did not start), are swept as before (teardown.sweep_job)."""
+    since = time.time() - 60  # (job_sweeper's: clock skew between hosts)
+
+    def sweep(sig: int, ranks_groups=None) -> dict[str, Sweep]:
+        alive = [h for h in hosts if h not in lost()]
+        led = ranks_groups() if ranks_groups is not None else {}
+        ids = {h: set(led.get(h, ())) for h in alive}
+        remote = [h for h in alive if not is_local(h)]
+        done: dict[str, Sweep] = {}
+        if remote:
+            argv = kill_argv(python, job_id, sig, since, per_task=[sorted(ids[h]) for h in remote])
+            limit = 15.0 + ssh_timeout * (fanoutmode.depth(len(remote), radix) + 1)
+            with tempfile.TemporaryDirectory(prefix="gaudi-launch-sweep-") as tmp:
+                _, outputs, _ = treeprobe.run_round(
+                    remote,
+                    argv,
+                    tmp=tmp,
+                    name="sweep-hosts",
+                    hop_python=None,
+                    ssh_args=ssh_args,
+                    radix=radix,
+                    tcp_cidr=tcp_cidr,
+                    timeout=limit,
+                )
+            for host, text in outputs.items():
+                found = parse_sweep(text)
+                if found.hit >= 0:
+                    done[host] = found
+        rest = [h for h in alive if h not in done]
+        if rest:
+            done.update(
+                sweep_job(
+                    rest,
+                    job_id,
+                    sig,
+                    ssh_args=ssh_args,
+                    python=python,
+                    is_local=is_local,
+                    since=since,
+                    groups={h: ids[h] for h in rest},
+                )
+            )
+        return {h: done[h] for h in alive if h in done}
+
+    return sweep
+
+
 def rank_hosts(plan: LaunchPlan) -> dict[int, str]:
     return {r: n.host for n in plan.nodes for r in n.ranks}
 
@@ -372,7 +440,11 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
         if plan.openmpi == 4 and not any(env.get(name) for name in _USER_AGENT):
             connections.serve_rsh()
             argv = through_sessions(argv, connections.rsh_agent)
-    elif fan_out(plan, spec, len({n.host for n in plan.nodes if not is_local_host(n.host)})) == "tree":
+    tree = (
+        connections is None
+        and fan_out(plan, spec, len({n.host for n in plan.nodes if not is_local_host(n.host)})) == "tree"
+    )
+    if tree:
         argv = with_radix(argv, fanoutmode.radix(environ))  # OpenMPI's own tree starts the daemons
     hosts = rank_hosts(plan)
     watch = host_watch(plan, spec, is_local_host)
@@ -394,6 +466,18 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
         lost=lambda: watch.lost if watch else (),
         via=connections.agent_run if connections is not None else None,
     )
+    if tree:  # the sweep through the same tree; a host it did not answer for by its own ssh
+        sweep = tree_sweeper(
+            list(dict.fromkeys(hosts.values())),
+            plan.job_id,
+            ssh_args=ssh_args,
+            python=spec.python,
+            is_local=is_local_host,
+            lost=lambda: watch.lost if watch else (),
+            radix=fanoutmode.radix(environ),
+            ssh_timeout=spec.ssh_timeout,
+            tcp_cidr=plan.tcp_cidr,
+        )
     hooks = Hooks(
         demux=functools.partial(OmpiDemux, plan.openmpi),
         explain=lambda lines: explain(lines, hosts),

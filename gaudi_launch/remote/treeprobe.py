@@ -48,48 +48,86 @@ def argv(
     hostfile: str,
     mpirun: str,
     prefix: Optional[str],
-    python: str,
+    hop_python: Optional[str],
     ssh_args: Sequence[str],
     radix: Optional[int],
     tcp_cidr: Optional[str],
     root: bool,
-    master_rank: int,
-    master_command: str,
-    command: str,
+    rank_argv: Sequence[str],
 ) -> list[str]:
-    """mpirun's command line for one round over ``hosts`` (listed in ``hostfile``, one slot each). Pure."""
+    """mpirun's command line for one round over ``hosts`` (listed in ``hostfile``, one slot each), each rank
+    running ``rank_argv``; ``hop_python``: the Python that runs our hop (treehop.py) as mpirun's ssh. Pure."""
     out = [mpirun, *(["--prefix", prefix] if prefix else [])]
     if root:
         out.append("--allow-run-as-root")
     out += ["-n", str(len(hosts)), "--hostfile", hostfile, "--map-by", "ppr:1:node", "--bind-to", "none"]
     out += ["--tag-output"]
-    out += ["--mca", "plm_rsh_agent", f"{python} -m gaudi_launch.remote.treehop"]
+    if hop_python:
+        out += ["--mca", "plm_rsh_agent", f"{hop_python} -m gaudi_launch.remote.treehop"]
     if ssh_args:
         out += ["--mca", "plm_rsh_args", " ".join(ssh_args)]
     if radix:
         out += ["--mca", "routed", "radix", "--mca", "routed_radix", str(radix)]
     if tcp_cidr:
         out += ["--mca", "oob_tcp_if_include", tcp_cidr]
-    out += ["sh", "-c", _PICK, "sh", str(master_rank), master_command, command]
-    return out
+    return out + list(rank_argv)
 
 
-def split_output(text: str, hosts: Sequence[str]) -> dict[str, str]:
-    """Each host's probe output from mpirun's tagged output (rank i is hosts[i]); only complete ones. Pure."""
+def probe_argv(master_rank: int, master_command: str, command: str) -> list[str]:
+    """Each rank's probe: the master's (rank ``master_rank``, -1 for none) also checks the master port. Pure."""
+    return ["sh", "-c", _PICK, "sh", str(master_rank), master_command, command]
+
+
+def by_rank(text: str, hosts: Sequence[str]) -> dict[str, str]:
+    """Each host's output from mpirun's tagged output (rank i is hosts[i]). Pure."""
     demux = OmpiDemux(4)
-    by_rank: dict[int, list[str]] = {}
+    lines: dict[int, list[str]] = {}
     for line in [*text.split("\n"), None]:
         if line == "":
             continue
         for rank, piece in demux(line):
             if rank is not None:
-                by_rank.setdefault(rank, []).append(piece)
-    out = {}
-    for rank, lines in by_rank.items():
-        body = "\n".join(lines) + "\n"
-        if 0 <= rank < len(hosts) and probe.END in body:
-            out[hosts[rank]] = body
-    return out
+                lines.setdefault(rank, []).append(piece)
+    return {hosts[r]: "\n".join(ls) + "\n" for r, ls in lines.items() if 0 <= r < len(hosts)}
+
+
+def run_round(
+    hosts: Sequence[str],
+    rank_argv: Sequence[str],
+    *,
+    tmp: str,
+    name: str,
+    hop_python: Optional[str],
+    ssh_args: Sequence[str],
+    radix: Optional[int],
+    tcp_cidr: Optional[str],
+    timeout: float,
+) -> tuple[int, dict[str, str], str]:
+    """One mpirun over ``hosts`` (one rank each, running ``rank_argv``): its status, each host's output
+    (by_rank) and its error output. The hostfile goes in ``tmp`` (private)."""
+    mpirun, prefix = local_mpirun()
+    hostfile = os.path.join(tmp, name)
+    with open(hostfile, "w", encoding="utf-8") as f:  # user@host: only the hostfile takes it apart
+        f.writelines(f"{h} slots=1\n" for h in hosts)
+    cmd = argv(
+        hosts,
+        hostfile=hostfile,
+        mpirun=mpirun,
+        prefix=prefix,
+        hop_python=hop_python,
+        ssh_args=ssh_args,
+        radix=radix,
+        tcp_cidr=tcp_cidr,
+        root=os.geteuid() == 0,
+        rank_argv=rank_argv,
+    )
+    rc, out, err = _run(cmd, timeout)
+    return rc, by_rank(out, hosts), err
+
+
+def split_output(text: str, hosts: Sequence[str]) -> dict[str, str]:
+    """Each host's probe output from mpirun's tagged output (rank i is hosts[i]); only complete ones. Pure."""
+    return {h: body for h, body in by_rank(text, hosts).items() if probe.END in body}
 
 
 def round_timeout(hosts: int, radix: Optional[int], ssh_timeout: float) -> float:
@@ -112,31 +150,23 @@ def run_tree(
     """The probe on ``hosts`` through mpirun's tree, in rounds (module docstring)."""
     result = TreeResult()
     t0 = time.monotonic()
-    mpirun, prefix = local_mpirun()
     left = list(dict.fromkeys(hosts))
     with tempfile.TemporaryDirectory(prefix="gaudi-launch-tree-") as tmp:  # 0700
         while left and result.rounds < MAX_ROUNDS:
             result.rounds += 1
-            hostfile = os.path.join(tmp, f"{HOSTFILE}-{result.rounds}")
-            with open(hostfile, "w", encoding="utf-8") as f:  # user@host: only the hostfile takes it apart
-                f.writelines(f"{h} slots=1\n" for h in left)
             master_rank = left.index(master_host) if master_host in left else -1
-            cmd = argv(
+            rc, outputs, err = run_round(
                 left,
-                hostfile=hostfile,
-                mpirun=mpirun,
-                prefix=prefix,
-                python=python,
+                probe_argv(master_rank, master_command, command),
+                tmp=tmp,
+                name=f"{HOSTFILE}-{result.rounds}",
+                hop_python=python,
                 ssh_args=ssh_args,
                 radix=radix,
                 tcp_cidr=tcp_cidr,
-                root=os.geteuid() == 0,
-                master_rank=master_rank,
-                master_command=master_command,
-                command=command,
+                timeout=round_timeout(len(left), radix, ssh_timeout),
             )
-            rc, out, err = _run(cmd, round_timeout(len(left), radix, ssh_timeout))
-            answered = split_output(out, left)
+            answered = {h: body for h, body in outputs.items() if probe.END in body}
             result.outputs.update(answered)
             named = {h: v for h, v in treehop.parse_failures(err).items() if h in left and h not in answered}
             # the hop names a host as ssh was given it (user@host as the hostfile has it, or the bare name)

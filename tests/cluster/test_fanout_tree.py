@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -25,7 +26,10 @@ TIMEOUT = 3
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     require_cluster_support()
-    with running(NetCluster(7, str(tmp_path_factory.mktemp("treecluster")), prefix="glt", subnet_octet=227)) as c:
+    c = NetCluster(
+        7, str(tmp_path_factory.mktemp("treecluster")), prefix="glt", subnet_octet=227, sshd_log_level="VERBOSE"
+    )
+    with running(c):
         yield c
 
 
@@ -101,7 +105,33 @@ def test_a_dead_and_a_hanging_host_at_depth_2_are_named(cluster):
     assert "did not answer the ssh handshake" in found["glt-n6"][1].lower(), found["glt-n6"]
 
 
-def test_a_job_starts_through_the_tree(cluster):
-    res, _ = run(cluster, "--backend", "mpirun", "--no_python", "/bin/hostname")
+def logins_from(cluster, i) -> list:
+    """The addresses host i's sshd accepted a key from, in order (VERBOSE: "Accepted publickey ... from ADDR")."""
+    with open(cluster.hosts[i].sshd_log, errors="replace") as f:
+        return [line.split(" from ", 1)[1].split()[0] for line in f if "Accepted publickey" in line]
+
+
+def test_a_job_starts_and_is_swept_through_the_tree_with_no_login_from_the_launcher_below_depth_1(cluster):
+    """The pre-flight, the start and the sweep: the hosts at depth 2 are only ever logged into by their parents
+    (glt-n1 and glt-n2), never by the launcher on glt-n0; and the sweep
+    through the tree still ends what a rank left behind there (a setsid daemon)."""
+    before = [len(logins_from(cluster, i)) for i in range(7)]
+    marker = "313.25"  # a daemon a rank leaves behind, on every host
+    res, _ = run(
+        cluster,
+        "--backend",
+        "mpirun",
+        "--no_python",
+        "/bin/sh",
+        "-c",
+        f"setsid sleep {marker} >/dev/null 2>&1 </dev/null & hostname",
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert sorted(line.split()[-1] for line in res.stdout.splitlines()) == [f"glt-n{i}" for i in range(7)]
+    for i in (3, 4, 5, 6):  # depth 2: their parents (OpenMPI's radix routing picks which), never the launcher
+        new = logins_from(cluster, i)[before[i] :]
+        assert new and set(new) <= {"10.227.0.11", "10.227.0.12"}, (i, new)
+    for i in (1, 2):
+        assert set(logins_from(cluster, i)[before[i] :]) == {"10.227.0.10"}
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
+    assert left == [], left
