@@ -6,6 +6,7 @@ the composition root and plans from its report (plan/multinode.py's finish_plan)
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 from gaudi_launch.inputs.backend_options import capabilities
@@ -38,6 +39,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         n.host: [int(m) for m in visible_subset(visible_modules(plan, n.host), n.devices).split(",")]
         for n in plan.nodes
     }
+    through: dict = {}  # the tree's result, when the probe went through it
     report = check_hosts(
         probed,
         python=spec.python,  # --no_python ranks start through our bootstrap too
@@ -58,8 +60,12 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         local=local,
         progress=progress,
         connections=connections,
-        tree=(lambda port: _probe_through_tree(plan, spec, remote, script, port)) if tree else None,
+        tree=(lambda port: through.setdefault("tree", _probe_through_tree(plan, spec, remote, script, port)))
+        if tree
+        else None,
     )
+    if through.get("tree") is not None and through["tree"].error:
+        report.warnings.append(tree_warning(through["tree"], remote))
     if capabilities(plan.backend).openmpi(spec.backend_options):
         openmpi.judge(report, openmpi.local_version())  # one major version on every host (before the spares)
     versions.judge(report, spec.allow_version_mismatch)  # the same software everywhere (issues 25, 32)
@@ -83,16 +89,29 @@ def _probe_through_tree(plan: LaunchPlan, spec: JobSpec, remote: list[str], scri
     def command(check_port):
         return probe.command(spec.python, script, os.getcwd(), plan.master_addr, master_ssh_port, check_port)
 
-    return treeprobe.run_tree(
-        remote,
-        python=spec.python,
-        ssh_args=ssh_args(spec, configured_host_keys(remote, spec.ssh_config)),
-        ssh_timeout=spec.ssh_timeout,
-        radix=fanoutmode.radix(),
-        tcp_cidr=plan.tcp_cidr,
-        master_host=master if master in remote else None,
-        master_command=command(plan.master_port),
-        command=command(None),
+    try:
+        return treeprobe.run_tree(
+            remote,
+            python=spec.python,
+            ssh_args=ssh_args(spec, configured_host_keys(remote, spec.ssh_config)),
+            ssh_timeout=spec.ssh_timeout,
+            radix=fanoutmode.radix(),
+            tcp_cidr=plan.tcp_cidr,
+            master_host=master if master in remote else None,
+            master_command=command(plan.master_port),
+            command=command(None),
+        )
+    except (OSError, subprocess.SubprocessError) as exc:  # mpirun would not run: every host the flat way
+        return treeprobe.TreeResult(error=f"{type(exc).__name__}: {exc}")
+
+
+def tree_warning(result, remote: list[str]) -> str:
+    """What the daemon tree could not tell, and so went one ssh per host, said once. Pure."""
+    flat = [h for h in remote if h not in result.outputs and h not in result.failed]
+    said = " | ".join(result.error.splitlines()[-3:])
+    return (
+        f"mpirun's daemon tree gave no answer for {len(flat)} host(s), checked one ssh each instead "
+        f"(mpirun said: {said}); --fan-out flat skips the tree"
     )
 
 

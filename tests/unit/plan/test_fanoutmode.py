@@ -67,3 +67,11 @@ def test_each_rank_s_output_goes_to_its_host_only_when_complete():
     got = treeprobe.split_output(out, ["a", "b"])
     assert list(got) == ["a"]
     assert probe.parse(got["a"]).hostname == "a" and probe.parse(got["a"]).complete
+
+
+def test_what_the_tree_could_not_tell_is_said_once():
+    from gaudi_launch.remote.hostchecks import tree_warning
+
+    result = treeprobe.TreeResult(outputs={"a": "x"}, failed={"b": (255, "refused")}, error="one\ntwo\nlast words")
+    text = tree_warning(result, ["a", "b", "c", "d"])
+    assert "no answer for 2 host(s)" in text and "last words" in text and "--fan-out flat" in text
