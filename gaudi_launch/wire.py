@@ -18,6 +18,10 @@ from typing import Optional
 # ---------------------------------------------------------------- variables in a rank's environment
 
 JOB_ID = "GAUDI_LAUNCH_JOB_ID"  # the job's id: its private directory, the ranks' watch, TORCHELASTIC_RUN_ID
+# Random per job, a job variable like any other (never on argv): the last part of the name of the directory each
+# rank makes on its host (path_for). The job id is shown first (the ssh control directory in /tmp, srun's argv), so
+# a name made from it alone could be made first by another user of a rank's host.
+JOB_DIR_SUFFIX = "GAUDI_LAUNCH_JOB_DIR_SUFFIX"
 GRACE = "GAUDI_LAUNCH_GRACE"  # seconds between SIGTERM and SIGKILL (the ranks' watchdog)
 DEVICE = "GAUDI_LAUNCH_DEVICE"  # hpu, cuda or cpu: --device, for the bootstrap and the runtime
 RANKS_FROM = "GAUDI_LAUNCH_RANKS_FROM"  # "slurm": the bootstrap reads the rank layout from srun's variables
@@ -106,8 +110,10 @@ class JobDirError(ValueError):
     """The per-job directory or file is not what this job created: refuse to use it."""
 
 
-def path_for(job_id: str, tmp: Optional[str] = None) -> str:
-    return os.path.join(tmp or tempfile.gettempdir(), PREFIX + job_id)
+def path_for(job_id: str, tmp: Optional[str] = None, suffix: str = "") -> str:
+    """``$TMPDIR/gaudi-launch-<id>``, or ``...-<id>-<suffix>`` (a rank's, JOB_DIR_SUFFIX: hex only, else ignored)."""
+    name = PREFIX + job_id + (f"-{suffix}" if suffix and all(c in "0123456789abcdef" for c in suffix) else "")
+    return os.path.join(tmp or tempfile.gettempdir(), name)
 
 
 def check_private_dir(path: str) -> None:

@@ -29,6 +29,7 @@ from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
 from gaudi_launch.plan.multinode import PreflightFailed, findings, host_settings, pick_remote_port
 from gaudi_launch.plan.restarthosts import hosts_for_attempt
 from gaudi_launch.plan.shared import device_settings, export_settings, fabric_settings, new_plan
+from gaudi_launch.wire import JOB_DIR_SUFFIX
 from gaudi_launch.wire import path_for as jobdir_path
 
 
@@ -206,7 +207,7 @@ def gaudi_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], 
         if found is not None and found.cards:
             lines += gaudi.binding_lines(node.host, _node_modules(plan, node, environ), found)
     job_env = {**environ, **plan.env}
-    tmp_dir = jobdir_path(plan.job_id)
+    tmp_dir = jobdir_path(plan.job_id, suffix=plan.env.get(JOB_DIR_SUFFIX, ""))  # the ranks' (worker._job_dir_path)
     version = gaudi.stack_version()
     if not facts.cards and version is None and len(local) == len(plan.nodes):
         return plan  # this machine alone, and no Gaudi here: nothing of this applies

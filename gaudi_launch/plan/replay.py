@@ -34,7 +34,14 @@ from gaudi_launch.inputs.envfile import MASK, parse_assignments
 from gaudi_launch.inputs.spec import JOB_OWN_VARS, JobSpec, job_option_fields, option_types
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import BackendPlanning, build_plan
-from gaudi_launch.wire import HEARTBEAT_DIR, JOB_DIGEST_FLAG, JobDirError, check_private_dir, write_private
+from gaudi_launch.wire import (
+    HEARTBEAT_DIR,
+    JOB_DIGEST_FLAG,
+    JOB_DIR_SUFFIX,
+    JobDirError,
+    check_private_dir,
+    write_private,
+)
 
 # Per run, not compared: the job id, the notes and the pre-flight's findings (the port too, unless
 # the request fixed it). Every other field of either plan is.
@@ -391,6 +398,9 @@ def _per_run(plan: dict, fixed_port: bool) -> list[tuple[re.Pattern, str]]:
     beat = env.get(HEARTBEAT_DIR) if isinstance(env, dict) else None
     if isinstance(beat, str) and beat:
         out.append((re.compile(re.escape(beat)), "<heartbeat dir>"))
+    suffix = env.get(JOB_DIR_SUFFIX) if isinstance(env, dict) else None
+    if isinstance(suffix, str) and re.fullmatch(r"[0-9a-f]{16}", suffix):  # drawn per run (plan/shared.py)
+        out.append((re.compile(rf"(?<![0-9a-f]){suffix}(?![0-9a-f])"), "<job dir suffix>"))
     out.append((re.compile(rf"^{re.escape(JOB_DIGEST_FLAG)}[0-9a-f]+$"), JOB_DIGEST_FLAG + "<digest>"))
     return out
 

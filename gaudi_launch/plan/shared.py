@@ -15,6 +15,7 @@ from gaudi_launch.plan import fabric
 from gaudi_launch.plan.contract import node_device_env
 from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.plan.multinode import apply_scaleout, scaleout_paths
+from gaudi_launch.wire import JOB_DIR_SUFFIX
 
 # The note naming the env files read: a dry run shows it with the others, a real run prints it (backends/job.py).
 ENV_FILES_NOTE = "environment files read: "
@@ -40,14 +41,15 @@ def new_plan(
     spares: Optional[dict[str, int]] = None,
 ) -> LaunchPlan:
     """A plan's first draft, once its nodes and master are known (every backend's, before planner.assemble):
-    the job's variables and a fresh job id."""
+    the job's variables, a fresh job id, and the random suffix of its ranks' job directories (wire.JOB_DIR_SUFFIX:
+    a job variable, so it reaches every rank as the job's values do and is never on argv)."""
     return LaunchPlan(
         backend=backend,
         world_size=sum(len(n.ranks) for n in nodes),
         master_addr=master_addr,
         master_port=master_port,
         nodes=nodes,
-        env=job_env(spec, environ, notes),
+        env={**job_env(spec, environ, notes), JOB_DIR_SUFFIX: secrets.token_hex(8)},
         commands=[],
         program=list(spec.program),
         notes=notes,

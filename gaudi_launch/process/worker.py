@@ -51,6 +51,7 @@ from gaudi_launch.wire import (
     GRACE,
     HEARTBEAT_DIR,
     JOB_DIGEST_FLAG,
+    JOB_DIR_SUFFIX,
     JOB_FILE_FLAG,
     JOB_ID,
     NO_PYTHON_FLAG,
@@ -147,9 +148,15 @@ def uses_hpu(environ: Mapping[str, str]) -> bool:
     return environ.get(DEVICE, "hpu") == "hpu" and importlib.util.find_spec("habana_frameworks") is not None
 
 
-def _private_job_dir(job: str) -> str:
+def _job_dir_path(job: str, environ: Mapping[str, str] = os.environ) -> str:
+    """This rank's job directory on its host: named after the public job id and the launcher's private random
+    suffix (wire.JOB_DIR_SUFFIX), so no other user can make it first; the id alone without a suffix."""
+    return path_for(job, suffix=environ.get(JOB_DIR_SUFFIX, ""))
+
+
+def _private_job_dir(job: str, environ: Mapping[str, str] = os.environ) -> str:
     """The per-job directory, made 0700 if absent; JobDirError for one that is not ours and private."""
-    path = path_for(job)
+    path = _job_dir_path(job, environ)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -187,12 +194,12 @@ def _hpu_env(script_args: list[str], environ: MutableMapping[str, str]) -> dict[
     # imports it (SynapseAI >= 1.18): they must be in place before the script's first line.
     job = environ.get(JOB_ID, "")
     try:
-        job_dir = _private_job_dir(job) if job else None
+        job_dir = _private_job_dir(job, environ) if job else None
         return hpu_env_for_script(script_args, environ, job_dir)
     except JobDirError as exc:  # made first by someone else: never run without the requested op lists
         print(
-            f"gaudi-launch worker: error: the job's directory {path_for(job)} is not this user's alone "
-            f"({owner_of(path_for(job))}): {exc}; this rank will not run without its autocast op lists and "
+            f"gaudi-launch worker: error: the job's directory {_job_dir_path(job, environ)} is not this user's "
+            f"alone ({owner_of(_job_dir_path(job, environ))}): {exc}; this rank will not run without its autocast op lists and "
             "recipe cache. Remove it if it is yours, or set TMPDIR to a directory of your own",
             file=sys.stderr,
         )
@@ -240,7 +247,7 @@ def _recipe_cache(environ: MutableMapping[str, str]) -> None:
     if not job or environ.get(gaudi.RECIPE_VAR):
         return
     try:
-        job_dir = _private_job_dir(job)
+        job_dir = _private_job_dir(job, environ)
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
             kind = gaudi.fs_type(os.path.realpath(job_dir), f.read())
     except OSError:
@@ -488,13 +495,14 @@ def _signal_group(group: int, sig: int) -> None:
 
 
 def _remove_job_dir(job: str) -> None:
-    """This host's directory of the job, if it is ours and private (never through a link)."""
-    path = path_for(job)
-    try:
-        check_private_dir(path)
-    except (OSError, JobDirError):
-        return
-    shutil.rmtree(path, ignore_errors=True)
+    """This host's directories of the job (DeepSpeed's job file's, the ranks' own), if ours and private (never
+    through a link)."""
+    for path in dict.fromkeys((path_for(job), _job_dir_path(job))):
+        try:
+            check_private_dir(path)
+        except (OSError, JobDirError):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def route_source(master_addr: str) -> str:

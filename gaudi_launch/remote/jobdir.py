@@ -35,9 +35,10 @@ RESERVED = "reserved"  # made by reserve(), taken by the backend's create()
 STALE_AFTER_S = 120.0  # a directory this young may belong to a job whose ranks are still starting
 # What a path on DeepSpeed's pdsh line may contain: it is pasted into a remote shell unquoted.
 SAFE_PATH = re.compile(r"[A-Za-z0-9_./-]+")
-# What follows PREFIX in a job's directories: its id, or its id and a rank's private directory
-# (the worker's TORCHELASTIC_ERROR_FILE, from mkdtemp), left behind when that rank was SIGKILLed.
-_JOB_DIR_NAME = re.compile(r"([0-9a-f]{8,64})(-rank[0-9]*-[A-Za-z0-9_]+)?")
+# What follows PREFIX in a job's directories: its id, then a rank's job directory's random suffix
+# (wire.JOB_DIR_SUFFIX) or a rank's private directory (the worker's TORCHELASTIC_ERROR_FILE, from mkdtemp),
+# left behind when that rank was SIGKILLed.
+_JOB_DIR_NAME = re.compile(r"([0-9a-f]{8,64})(-[0-9a-f]{16}|-rank[0-9]*-[A-Za-z0-9_]+)?")
 
 
 def payload(env: Mapping[str, str], argv: list[str], module: bool, cwd: str, key: str) -> bytes:

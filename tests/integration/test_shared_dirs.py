@@ -5,6 +5,7 @@ files they plant, as the review did."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -285,6 +286,34 @@ def test_a_rank_whose_job_directory_another_user_made_fails_naming_them(tmp_path
     assert res.returncode == 2, res.stdout + res.stderr
     assert f"{squatted} is not this user's alone (made by user {OTHER_NAME}" in res.stderr
     assert "will not run without its autocast op lists" in res.stderr
+
+
+SUFFIX = "5eed5eed5eed5eed"  # what the launcher draws for each job (GAUDI_LAUNCH_JOB_DIR_SUFFIX) and no one else sees
+
+
+def test_a_rank_with_the_jobs_suffix_is_not_stopped_by_a_directory_named_after_the_public_id(tmp_path):
+    """The job id is shown first (the ssh control directory, srun's argv): the name a rank makes its job directory
+    under carries the launcher's random suffix too, so another user who made gaudi-launch-<id> first stops nothing."""
+    squatted = tmp_path / "gaudi-launch-0badc0de"
+    squatted.mkdir(mode=0o777)
+    os.chown(squatted, other_uid(), other_uid())
+    env = {**os.environ, "TMPDIR": str(tmp_path), "GAUDI_LAUNCH_JOB_ID": "0badc0de", "RANK": "0"}
+    env["GAUDI_LAUNCH_JOB_DIR_SUFFIX"] = SUFFIX
+    res = subprocess.run([sys.executable, "-c", RANK_ENV], capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    own = os.lstat(tmp_path / f"gaudi-launch-0badc0de-{SUFFIX}")
+    assert own.st_uid == os.geteuid() and stat.S_IMODE(own.st_mode) == 0o700
+
+
+def test_a_rank_whose_suffixed_job_directory_another_user_made_fails_naming_them(tmp_path):
+    squatted = tmp_path / f"gaudi-launch-0badc0de-{SUFFIX}"
+    squatted.mkdir(mode=0o777)
+    os.chown(squatted, other_uid(), other_uid())
+    env = {**os.environ, "TMPDIR": str(tmp_path), "GAUDI_LAUNCH_JOB_ID": "0badc0de", "RANK": "0"}
+    env["GAUDI_LAUNCH_JOB_DIR_SUFFIX"] = SUFFIX
+    res = subprocess.run([sys.executable, "-c", RANK_ENV], capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"{squatted} is not this user's alone (made by user {OTHER_NAME}" in res.stderr
 
 
 def test_a_launcher_job_directory_made_first_by_another_user_names_them(tmp_path):

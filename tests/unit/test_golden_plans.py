@@ -58,6 +58,7 @@ def isolated(tmp_path, monkeypatch):
 def normalized(plan: dict) -> dict:
     """Stable across runs and machines: no job id, interpreter path, deepspeed path or working directory."""
     text = json.dumps(plan).replace(plan["job_id"], "JOB").replace(sys.executable, "PYTHON")
+    text = text.replace(plan["env"]["GAUDI_LAUNCH_JOB_DIR_SUFFIX"], "SUFFIX")  # drawn at random per plan
     text = text.replace(json.dumps(tempfile.gettempdir())[1:-1] + "/", "TMP/")  # the recipe cache's directory
     plan = json.loads(text)
     plan["request"]["cwd"] = "CWD"

@@ -92,8 +92,10 @@ def test_clean_stale_removes_only_dead_jobs_of_ours(tmp_path):
     unrelated.mkdir(mode=0o700)
     rank_dir = tmp_path / "gaudi-launch-00000004-rank3-ab_c9"  # a SIGKILLed rank's error-file dir
     rank_dir.mkdir(mode=0o700)
+    ranks_job_dir = tmp_path / "gaudi-launch-00000005-5eed5eed5eed5eed"  # ranks' own, with the job's suffix
+    ranks_job_dir.mkdir(mode=0o700)
     later = time.time() + 3600
-    assert sorted(jobdir.clean_stale(str(tmp_path), now=later)) == [str(dead), str(rank_dir)]
+    assert sorted(jobdir.clean_stale(str(tmp_path), now=later)) == [str(dead), str(rank_dir), str(ranks_job_dir)]
     assert mine.exists() and other.exists() and unrelated.exists()
 
 
@@ -242,3 +244,30 @@ def test_the_workers_job_dir_is_made_private_and_an_open_one_refused(tmp_path, m
     os.chmod(planted, 0o777)
     with pytest.raises(jobdir.JobDirError, match="mode 777"):  # the rank then fails (issue 36 item 4)
         _private_job_dir("0000feed")
+
+
+@pytest.mark.parametrize("backend", ["mpirun", "deepspeed", "local"])
+def test_each_plan_draws_the_suffix_of_its_ranks_job_directories_and_no_argv_shows_it(backend, tmp_path, monkeypatch):
+    """Issue 36 item 4: the name a rank makes its job directory under is not the public job id alone."""
+    import contextlib
+    import io
+    import json
+
+    from gaudi_launch.cli import main
+    from gaudi_launch.wire import JOB_DIR_SUFFIX, path_for
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts").write_text("gaudi-a slots=2\ngaudi-b slots=2\n")
+    hosts = [] if backend == "local" else ["--hostfile", "hosts", "--no-ssh-check"]
+    plans = []
+    for _ in range(2):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            assert main(["--dry-run", "--json", "--backend", backend, *hosts, "--no-efa", "train.py"]) == 0
+        plans.append(json.loads(out.getvalue()))
+    suffixes = [p["env"][JOB_DIR_SUFFIX] for p in plans]
+    assert all(len(s) == 16 and int(s, 16) >= 0 for s in suffixes) and suffixes[0] != suffixes[1]
+    for plan, suffix in zip(plans, suffixes):
+        assert not any(suffix in arg for cmd in plan["commands"] for arg in cmd["argv"])  # `ps` shows argv
+        assert path_for(plan["job_id"], "/t", suffix) == f"/t/gaudi-launch-{plan['job_id']}-{suffix}"
+    assert path_for("0badc0de", "/t", "../x") == "/t/gaudi-launch-0badc0de"  # not hex: not a name part
