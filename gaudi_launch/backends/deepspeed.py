@@ -25,6 +25,7 @@ from gaudi_launch.inputs.backend_options import DeepSpeedOptions
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import node_sizes_env
+from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.process.relay import untag
 from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
@@ -32,6 +33,7 @@ from gaudi_launch.process.worker import job_argv
 from gaudi_launch.remote import jobdir, sshmux
 from gaudi_launch.remote.fanout import per_host
 from gaudi_launch.remote.hostchecks import host_watch
+from gaudi_launch.remote.hostprobe import facts_here
 from gaudi_launch.remote.teardown import job_sweeper, signal_job
 from gaudi_launch.wire import GRACE, JOB_ID
 
@@ -144,9 +146,10 @@ def build_argv(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], dire
     return argv + ["--module", "gaudi_launch.process.worker", *job_argv(os.path.join(directory, jobdir.JOB_FILE), job)]
 
 
-def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
-    """Nothing to look at while planning: whether DeepSpeed and pdsh are here is run()'s check
-    (a dry run shows the plan on a machine without them)."""
+def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> dict[str, HostFacts]:
+    """The facts of the hosts that are this machine when no pre-flight read them (remote/hostprobe.py); whether
+    DeepSpeed and pdsh are here is run()'s check (a dry run shows the plan on a machine without them)."""
+    return facts_here(plan)
 
 
 def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:

@@ -8,13 +8,16 @@ from collections.abc import Mapping
 from typing import Optional
 
 from gaudi_launch.plan.contract import node_visibility_env, rank_contract, worker_argv
+from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
 from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
+from gaudi_launch.remote.hostprobe import facts_here
 from gaudi_launch.remote.teardown import job_sweeper
 
 
-def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
-    """Nothing to look at: the ranks start as this host's own processes."""
+def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> dict[str, HostFacts]:
+    """This host's facts, read by the probe every host gets, run here (remote/hostprobe.py)."""
+    return facts_here(plan)
 
 
 def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:

@@ -21,59 +21,33 @@ from typing import Callable, Optional
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs import slurm
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.slurm import (  # noqa: F401  (commands: this backend's, planned in plan/)
     CONTRACT,
     LATER,
-    NodeFacts,
-    apply_node_facts,
     check_nodes,
     commands,
     step_name,
+    without_facts,
 )
 from gaudi_launch.process.failures import Culprit
 from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
+from gaudi_launch.remote import probe
 from gaudi_launch.remote.teardown import kill_argv, parse_sweep
 from gaudi_launch.remote.watch import HostWatch
 from gaudi_launch.wire import JOB_ID
 
-# Run once per node through srun (no ssh on Slurm clusters): the node's addresses, and the master's
-# address as the node resolves it (a login node may not know the compute nodes' names).
-PROBE = r"""
-import json, os, socket, subprocess, sys
-try:
-    ip = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
-except Exception:
-    ip = ""
-try:
-    master = socket.getaddrinfo(sys.argv[1], None, type=socket.SOCK_STREAM)[0][4][0]
-except Exception:
-    master = None
-script = sys.argv[2] if len(sys.argv) > 2 else ""
-port_free = None
-if len(sys.argv) > 3 and int(sys.argv[3]) and socket.gethostname() == sys.argv[1]:  # the master only
-    try:
-        with socket.socket() as s:
-            s.bind(("", int(sys.argv[3])))
-        port_free = True
-    except OSError:
-        port_free = False
-devices = None  # Gaudi devices hl-smi sees; None where there is no hl-smi (not checked)
-try:
-    smi = subprocess.run(["hl-smi", "-Q", "module_id", "-f", "csv,noheader"], capture_output=True, text=True,
-                         timeout=20)
-    devices = len([l for l in smi.stdout.splitlines() if l.strip()]) if smi.returncode == 0 else 0
-except FileNotFoundError:
-    pass
-except Exception:
-    devices = 0
-print(json.dumps({"ip_addr": ip, "master_ip": master, "script": os.path.isfile(script) if script else None,
-                  "cwd": os.getcwd(), "port_free": port_free, "devices": devices}))
-"""
+PROBE_TIMEOUT = 90.0  # seconds: the probe's tools have 20 s each (probe.sh), srun's start on busy nodes on top
 
 
-def probe_argv(nodes: list[str], job: str, master: str, python: str, script: str = "", port: int = 0) -> list[str]:
-    """One task per node beside any running step (--overlap). Pure."""
+def probe_argv(
+    nodes: list[str], job: str, master: str, python: str, script: str = "", port: int = 0, cwd: str = ""
+) -> list[str]:
+    """One task per node beside any running step (--overlap), each running the probe every host gets
+    (remote/probe.py: one ``sh -c`` line, every value shlex-quoted): the master is only resolved there (no sshd
+    to reach, port 0), and ``port`` is tried on every node (only the master node's answer counts). Pure."""
+    line = probe.command(python, script or None, cwd or os.getcwd(), master, 0, port or None)
     return [
         "srun",
         "--overlap",
@@ -84,66 +58,82 @@ def probe_argv(nodes: list[str], job: str, master: str, python: str, script: str
         "--nodelist=" + ",".join(nodes),
         "--label",
         "--export=ALL",
-        python,
+        "sh",
         "-c",
-        PROBE,
-        master,
-        script,
-        str(port),
+        line,
     ]
+
+
+def read_probe_output(
+    text: str, nodes: list[str], master: str, script: str = "", cwd: str = ""
+) -> dict[str, HostFacts]:
+    """srun --label's output of the probe, task i on the i-th node, into each node's facts (probe.read_facts, as
+    every backend's); a node whose probe did not finish is left out. The master port's answer is kept for the
+    master node alone (the node named ``master``, or whose hostname is). Pure."""
+    per_task: dict[int, list[str]] = {}
+    for rank, line in (srun_demux()(t)[0] for t in text.splitlines()):
+        if rank is not None and rank < len(nodes):
+            per_task.setdefault(rank, []).append(line)
+    out: dict[str, HostFacts] = {}
+    for i, node in enumerate(nodes):
+        found = probe.parse("\n".join(per_task.get(i, [])))
+        if not found.complete:
+            continue
+        facts = probe.facts_of(node, found, script=script or None, cwd=cwd or None)
+        if master not in (node, facts.hostname):
+            facts.port_free = None
+        out[node] = facts
+    return out
 
 
 def probe_nodes(
     nodes: list[str], master: str, python: str, environ: Mapping[str, str], script: str = "", port: int = 0
-) -> Optional[NodeFacts]:
-    """{node: {"ip_addr", "master_ip", "script", "cwd"}} from the allocation's nodes; None when
-    srun cannot tell ({"error": srun's words} when it said why)."""
-    import json
+) -> tuple[Optional[dict[str, HostFacts]], Optional[str]]:
+    """(each node's facts, in the plan's order, or None when srun cannot tell; srun's words when it said why)."""
     import shutil
 
     if shutil.which("srun", path=environ.get("PATH")) is None or not slurm.has_config(environ):
-        return None
+        return None, None
     env = {k: v for k, v in environ.items() if k not in CONTRACT and k != JOB_ID}
+    cwd = os.getcwd()
     try:
         out = subprocess.run(
-            probe_argv(nodes, environ.get("SLURM_JOB_ID", ""), master, python, script, port),
+            probe_argv(nodes, environ.get("SLURM_JOB_ID", ""), master, python, script, port, cwd),
             env=env,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=PROBE_TIMEOUT,
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.SubprocessError):
-        return None
-    facts: dict[str, dict] = {}
-    for rank, line in (srun_demux()(t)[0] for t in out.stdout.splitlines()):
-        if rank is not None and rank < len(nodes):
-            try:
-                facts[nodes[rank]] = json.loads(line)
-            except ValueError:
-                pass
+        return None, None
+    facts = read_probe_output(out.stdout, nodes, master, script, cwd)
     if len(facts) == len(nodes):
-        return {node: facts[node] for node in nodes}  # the plan's order, not srun's output's
+        return {node: facts[node] for node in nodes}, None
     words = [line for line in out.stderr.splitlines() if "error" in line.lower()][:3]
-    return {"error": "; ".join(words)} if words else None
+    return None, "; ".join(words) or None
 
 
-def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
+def detect(plan: LaunchPlan, environ: Mapping[str, str]) -> Optional[dict[str, HostFacts]]:
     """The planner's one look through this backend: the allocation's nodes, probed through srun."""
-    probe_allocation(plan, environ, probe_nodes)
+    return probe_allocation(plan, environ, probe_nodes)
 
 
-def probe_allocation(plan: LaunchPlan, environ: Mapping[str, str], probe: Callable[..., Optional[NodeFacts]]) -> None:
-    """Inside an allocation (unless --no-ssh-check): the nodes probed (``probe``: probe_nodes), what would fail
-    every rank on a node refused, and the interface from what the nodes saw (plan/slurm.py decides)."""
+def probe_allocation(
+    plan: LaunchPlan, environ: Mapping[str, str], probe_with: Callable[..., tuple]
+) -> Optional[dict[str, HostFacts]]:
+    """Inside an allocation (unless --no-ssh-check): each node's facts (``probe_with``: probe_nodes), what would
+    fail every rank on a node refused (plan/slurm.py decides); the planner plans from the facts."""
     spec = plan.job
     if not (slurm.in_allocation(environ) and spec.ssh_check):
-        return
+        return None
     script = spec.program[0] if spec.program and not spec.module and not spec.no_python else ""
     nodes = [n.host for n in plan.nodes]
-    facts = probe(nodes, plan.master_addr, spec.python, environ, script=script, port=plan.master_port)
-    check_nodes(facts, script, spec.python, plan.master_port, needed=max(len(n.devices) for n in plan.nodes))
-    apply_node_facts(plan, facts, environ)
+    facts, error = probe_with(nodes, plan.master_addr, spec.python, environ, script=script, port=plan.master_port)
+    check_nodes(facts, script, spec.python, plan.master_port, max(len(n.devices) for n in plan.nodes), error)
+    if not facts:
+        without_facts(plan, environ, error)
+    return facts
 
 
 def srun_env(plan: LaunchPlan, environ: Mapping[str, str]) -> dict[str, str]:

@@ -10,7 +10,7 @@ import os
 import random
 import socket
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
@@ -19,6 +19,7 @@ from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.inputs.sshconfig import SshConfig, SshConfigError, host_key_policy
 from gaudi_launch.plan import fabric, scaleout
+from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.launchplan import LaunchPlan
 
 
@@ -105,16 +106,22 @@ def visible_modules(plan: LaunchPlan, host: str) -> Optional[str]:
     return plan.env.get("HABANA_VISIBLE_MODULES") or inherited.get("HABANA_VISIBLE_MODULES")
 
 
-def apply_facts(plan: LaunchPlan, facts: Mapping[str, Any], environ: Mapping[str, str]) -> None:
-    """Interface, its network and the CPU budget from what the pre-flight saw on each host (its HostFacts)."""
+def apply_facts(plan: LaunchPlan, facts: Mapping[str, HostFacts], environ: Mapping[str, str]) -> None:
+    """Interface, its network and the CPU budget from each host's facts (whoever read them: the pre-flight, the
+    probe through srun). The master's address as this machine resolves it, else as the master host does (a
+    login node may not know the compute nodes' names)."""
     cpus = [f.ncpus for f in facts.values() if f.ncpus]
     plan.cores_per_host = min(cpus) if cpus else None
     interfaces = {h: fabric.parse_ip_addr(f.ip_addr) for h, f in facts.items() if f.ip_addr}
-    master_ip = resolve_ip(plan.master_addr)
+    master_ip = resolve_ip(plan.master_addr) or _master_sees(plan, facts)
     user_pick = {**environ, **plan.env}.get("HCCL_SOCKET_IFNAME")
     if user_pick:
         plan.ifname = user_pick
         plan.notes.append(f"interface {user_pick}: HCCL_SOCKET_IFNAME as you set it")
+    elif interfaces and not master_ip:
+        plan.notes.append(
+            f"interface: {plan.master_addr} does not resolve here nor on {master_host(plan)}: left to defaults"
+        )
     elif interfaces and master_ip:
         plan.ifname, how = fabric.choose_interface(master_ip, interfaces)
         plan.notes.append(
@@ -130,16 +137,22 @@ def apply_facts(plan: LaunchPlan, facts: Mapping[str, Any], environ: Mapping[str
         plan.tcp_cidr = fabric.subnet_cidr(master_ip, mine, plan.ifname)
 
 
-def host_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, report=None) -> None:
-    """What several hosts add to a plan: the ssh options, and the interface and CPU budget from the
-    pre-flight's report (or notes saying what is left to defaults without one). Nothing for a backend
-    that reaches no host over ssh (local)."""
+def _master_sees(plan: LaunchPlan, facts: Mapping[str, HostFacts]) -> Optional[str]:
+    """The master's address as the master host's probe resolved it, unless a loopback one (a host's own name
+    in its /etc/hosts as 127.0.1.1). Pure."""
+    found = facts.get(master_host(plan))
+    ip = found.master_ip if found is not None else None
+    return ip if ip and not ip.startswith(("127.", "::1")) else None
+
+
+def host_settings(plan: LaunchPlan, spec: JobSpec, *, facts_of_every_host: bool) -> None:
+    """What reaching hosts over ssh adds to a plan: the ssh options, and notes saying what is left to defaults
+    without every host's facts (the pre-flight's, or this machine's when it is every host; the planner plans
+    from them as from any backend's). Nothing for a backend that reaches no host over ssh."""
     if not capabilities(plan.backend).ssh_preflight:
         return
     plan.ssh_args = ssh_args(spec, configured_host_keys([n.host for n in plan.nodes], spec.ssh_config))
-    if report is not None:
-        apply_facts(plan, report.facts, environ)
-    else:
+    if not facts_of_every_host:
         plan.notes.append("no pre-flight (--no-ssh-check): interface and CPU binding are left to defaults")
         if "StrictHostKeyChecking=accept-new" in plan.ssh_args:
             plan.notes.append(
@@ -149,9 +162,9 @@ def host_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *
             )
 
 
-def scaleout_paths(report, efa: Optional[bool]) -> dict[str, scaleout.ScaleOutPath]:
+def scaleout_paths(facts: Mapping[str, HostFacts], efa: Optional[bool]) -> dict[str, scaleout.ScaleOutPath]:
     """Each probed host's scale-out path (--efa / --no-efa override its EFA devices). Pure."""
-    return {h: scaleout.decide(f.fabric, efa) for h, f in report.facts.items() if f.fabric is not None}
+    return {h: scaleout.decide(f.fabric, efa) for h, f in facts.items() if f.fabric is not None}
 
 
 def apply_scaleout(

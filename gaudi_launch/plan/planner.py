@@ -25,8 +25,9 @@ from gaudi_launch.inputs.ports import check_port, pick_free_port
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import gaudi, slurm
 from gaudi_launch.plan.contract import node_visibility_env
+from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
-from gaudi_launch.plan.multinode import PreflightFailed, findings, host_settings, pick_remote_port
+from gaudi_launch.plan.multinode import PreflightFailed, apply_facts, findings, host_settings, pick_remote_port
 from gaudi_launch.plan.restarthosts import hosts_for_attempt
 from gaudi_launch.plan.shared import device_settings, export_settings, fabric_settings, new_plan
 from gaudi_launch.wire import JOB_DIR_SUFFIX
@@ -37,7 +38,7 @@ class BackendPlanning(Protocol):
     """A backend's planning half, as the planner uses it (backends/__init__.py's Backend has it): handed in
     by the composition root, so that planning imports no backend."""
 
-    def detect(self, plan: LaunchPlan, environ: Mapping[str, str]) -> None: ...
+    def detect(self, plan: LaunchPlan, environ: Mapping[str, str]) -> Optional[Mapping[str, HostFacts]]: ...
 
     def commands(self, plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]: ...
 
@@ -144,8 +145,7 @@ def build_plan(
             raise PreflightFailed(report)
         plan.preflight = findings(report)
         plan.notes.extend(report.warnings)
-    host_settings(plan, spec, environ, report=report)
-    return assemble(plan, spec, environ, backends(backend), report=report)
+    return assemble(plan, spec, environ, backends(backend), facts=report.facts if report is not None else None)
 
 
 def assemble(
@@ -154,21 +154,30 @@ def assemble(
     environ: Mapping[str, str],
     backend: BackendPlanning,
     *,
-    report=None,
+    facts: Optional[Mapping[str, HostFacts]] = None,
     parents: Optional[list[dict]] = None,
 ) -> LaunchPlan:
     """The parts every backend's plan shares, once its hosts are known (plan/shared.py): the exported names
-    and secrets, the backend's one look while planning (slurm probes its nodes there), the fabric, each
-    node's device subset, the Gaudi settings, then the backend's commands and the request it was made from.
-    ``parents``: what the ranks on each node inherit (default: inherited_env)."""
+    and secrets, the backend's one look while planning, the hosts' facts, the fabric, each node's device subset,
+    the Gaudi settings, then the backend's commands and the request it was made from.
+
+    ``facts``: each host's HostFacts (plan/hostfacts.py) from the SSH pre-flight; without them, those the
+    backend's look returned (local: the probe run here; slurm: the probe through srun). Whichever collected
+    them, the plan is made from them alone. ``parents``: what the ranks on each node inherit (default:
+    inherited_env)."""
     export_settings(plan, spec, environ)
     plan.spec = spec
-    backend.detect(plan, environ)
-    fabric_settings(plan, spec, environ, report=report)
+    found = backend.detect(plan, environ)
+    facts = dict(facts if facts is not None else found or {})
+    every_host = bool(facts) and all(n.host in facts for n in plan.nodes)
+    host_settings(plan, spec, facts_of_every_host=every_host)
+    if every_host and capabilities(plan.backend).multi_host:  # job-wide choices need every host's facts
+        apply_facts(plan, facts, environ)
+    fabric_settings(plan, spec, environ, facts=facts)
     device_settings(
         plan, parents if parents is not None else [inherited_env(plan, n.host, environ) for n in plan.nodes]
     )
-    gaudi_settings(plan, spec, environ, report)
+    gaudi_settings(plan, spec, environ, facts)
     plan.commands = backend.commands(plan, environ)
     plan.request = spec.as_request(os.getcwd())
     return plan
@@ -182,34 +191,33 @@ def inherited_env(plan: LaunchPlan, host: str, environ: Mapping[str, str]) -> di
     return {**{k: environ[k] for k in plan.exported if k in environ}, **plan.env}
 
 
-def gaudi_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], report=None) -> LaunchPlan:
-    """--cpu-bind into the ranks' environment, a partial node this host cannot run refused, and what the
-    ranks will do about binding, the recipe cache and lazy mode in the plan's notes (plan/gaudi.py). The cards
-    of the hosts that are this machine are read here; the pre-flight checks the others'."""
+def gaudi_settings(
+    plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], facts: Optional[Mapping[str, HostFacts]] = None
+) -> LaunchPlan:
+    """--cpu-bind into the ranks' environment, a partial node refused where nothing else judged it (the
+    pre-flight judges its hosts'), and what the ranks will do about binding, the recipe cache and lazy mode in
+    the plan's notes (plan/gaudi.py), from each host's cards in its facts."""
     plan.env.update(gaudi.cpu_bind_env(spec.cpu_bind))
+    facts = facts or {}
     local = [n for n in plan.nodes if is_local_host(n.host)]
-    # (--backend auto inside an allocation reads them: spec.backend, as before the registry)
-    scheduled = spec.backend != AUTO and capabilities(spec.backend).scheduler
-    facts = cards.read_host() if local and not scheduled else cards.HostCards()
     lines: list[str] = []
-    for node in local if facts.cards else []:
+    for node in plan.nodes:
+        found = facts[node.host].cards if node.host in facts else None
+        if found is None or not found.cards:
+            continue
         modules = _node_modules(plan, node, environ)
-        problem = cards.partial_node_problem(modules, len(facts.cards))
-        if problem:
+        problem = cards.partial_node_problem(modules, len(found.cards))
+        if problem and plan.preflight is None:  # (a pre-flight judged its hosts' cards itself)
             raise UserError(
                 f"{node.host}: {problem}",
                 where="--include" if spec.include else "--exclude" if spec.exclude else "--num_devices",
                 hint="take 2 or 4 cards from one of those groups (e.g. --include host:0,1), or the whole node",
             )
-        lines += gaudi.binding_lines(node.host, modules, facts)
-    for node in plan.nodes if report is not None else []:  # the other hosts, as their pre-flight found them
-        found = report.facts[node.host].cards if node.host in report.facts and node not in local else None
-        if found is not None and found.cards:
-            lines += gaudi.binding_lines(node.host, _node_modules(plan, node, environ), found)
+        lines += gaudi.binding_lines(node.host, modules, found)
     job_env = {**environ, **plan.env}
     tmp_dir = jobdir_path(plan.job_id, suffix=plan.env.get(JOB_DIR_SUFFIX, ""))  # the ranks' (worker._job_dir_path)
     version = gaudi.stack_version()
-    if not facts.cards and version is None and len(local) == len(plan.nodes):
+    if not any(f.cards and f.cards.cards for f in facts.values()) and version is None and len(local) == len(plan.nodes):
         return plan  # this machine alone, and no Gaudi here: nothing of this applies
     plan.notes.extend(
         gaudi.plan_notes(

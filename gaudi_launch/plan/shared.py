@@ -13,6 +13,7 @@ from gaudi_launch.inputs.envfile import load_env_files, secrets_in
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import fabric
 from gaudi_launch.plan.contract import node_device_env
+from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.plan.multinode import apply_scaleout, scaleout_paths
 from gaudi_launch.wire import JOB_DIR_SUFFIX
@@ -66,13 +67,17 @@ def export_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str])
         plan.exported = [n for n in fabric.exported_names(environ, spec.export_prefixes) if n not in plan.env]
 
 
-def fabric_settings(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, report=None) -> None:
-    """The fabric's variables: each host's scale-out path from the pre-flight's report when there is one,
-    else EFA as --efa/--no-efa say or as this host's devices show."""
+def fabric_settings(
+    plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], *, facts: Optional[Mapping[str, HostFacts]] = None
+) -> None:
+    """The fabric's variables: each host's scale-out path from its facts when every host of a multi-host plan
+    has them (the pre-flight's, or Slurm's probe through srun), else EFA as --efa/--no-efa say or as this
+    host's devices show."""
     multi_host = capabilities(plan.backend).multi_host
-    paths = scaleout_paths(report, spec.efa) if report is not None and multi_host else {}
-    efa = False  # with a pre-flight, the recipe, where a host needs it, is set by apply_scaleout
-    if paths:  # decided per host from what the pre-flight found (plan/scaleout.py)
+    known = facts is not None and all(n.host in facts for n in plan.nodes)
+    paths = scaleout_paths(facts, spec.efa) if facts and known and multi_host else {}
+    efa = False  # with the hosts' facts, the recipe, where a host needs it, is set by apply_scaleout
+    if paths:  # decided per host from what each host's probe found (plan/scaleout.py)
         apply_scaleout(plan, paths, environ, spec.hccl_ofi_wrapper)
     else:  # no per-host facts: HCCL_OVER_OFI only for first-generation Gaudi (plan/fabric.py)
         efa_here = fabric.efa_present() if spec.efa is None else False

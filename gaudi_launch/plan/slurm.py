@@ -5,14 +5,15 @@ come from ``scontrol show hostnames $SLURM_JOB_NODELIST`` and --include/--exclud
 among them as among a hostfile's hosts. From a login node srun allocates the nodes itself
 (--num_nodes, --partition, --time, --account, --slurm-args), so the ranks find the master (the
 step's first node) themselves, in the worker; the port is drawn at random either way (inputs/slurm.draw_port).
-Pure but for scontrol's name expansion and the env files; the nodes are probed by the backend (its detect).
+Pure but for scontrol's name expansion and the env files; the nodes are probed by the backend (its detect), which runs
+the probe every host gets (remote/scripts/probe.sh) as one srun task per node, into each node's HostFacts.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
@@ -21,8 +22,8 @@ from gaudi_launch.inputs.backend_options import AUTO, SlurmOptions, capabilities
 from gaudi_launch.inputs.hostfile import Host
 from gaudi_launch.inputs.hostselect import select
 from gaudi_launch.inputs.spec import JobSpec
-from gaudi_launch.plan import fabric
 from gaudi_launch.plan.contract import worker_argv
+from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
 from gaudi_launch.plan.shared import new_plan
 from gaudi_launch.wire import GRACE, JOB_ID
@@ -124,45 +125,53 @@ def node_names(selector: Optional[str], option: str) -> list[str]:
     return names
 
 
-# {node: what the probe saw there (a JSON object)}, or {"error": srun's words} when it could not probe.
-NodeFacts = dict[str, Any]
-
-
 class NodeCheckFailed(UserError):
     exit_code = ExitCode.PREFLIGHT  # 3, as the pre-flight: nothing was started
 
 
-def check_nodes(facts: Optional[NodeFacts], script: str, python: str, port: int = 0, needed: int = 0) -> None:
-    """What would make every rank on a node fail at once: a script the node does not have, or an
-    interpreter srun could not start there. Pure."""
+def check_nodes(
+    facts: Optional[Mapping[str, HostFacts]],
+    script: str,
+    python: str,
+    port: int = 0,
+    needed: int = 0,
+    error: Optional[str] = None,
+) -> None:
+    """What would make every rank on a node fail at once, from each node's facts (the probe every host gets,
+    through srun): an interpreter that does not run there, a script the node does not have, the master port
+    taken on the master node, fewer cards than ranks. Pure."""
+    if error and ("No such file" in error or "execve" in error):
+        raise NodeCheckFailed(
+            f"srun could not start the probe on the nodes: {error}",
+            where="--backend slurm",
+            hint="check that srun runs on the allocation's nodes (srun -N1 true); nothing was started",
+        )
     if not facts:
         return
-    if "error" in facts and ("No such file" in facts["error"] or "execve" in facts["error"]):
+    no_python = [node for node, f in facts.items() if f.python_ok is False]
+    if no_python:
+        where = facts[no_python[0]].python_path
+        how = f"found at {where} but does not run" if where else "not found or not executable"
         raise NodeCheckFailed(
-            f"srun could not start the ranks' interpreter {python} on the nodes: {facts['error']}",
+            f"the ranks' interpreter {python} is {how} on {', '.join(no_python)}",
             where="--python",
             hint="install gaudi-launch's Python at the same path on every node, or give --python; nothing was started",
         )
-    missing = [node for node, f in facts.items() if node != "error" and f.get("script") is False]
+    missing = [node for node, f in facts.items() if script and (f.script_ok is False or f.cwd_ok is False)]
     if missing:
         raise NodeCheckFailed(
-            f"{script} does not exist on {', '.join(missing)} (the ranks start in "
-            f"{facts[missing[0]].get('cwd')} there)",
+            f"{script} does not exist on {', '.join(missing)} (the ranks start in {facts[missing[0]].cwd} there)",
             where=missing[0],
             hint="put the script on a filesystem every node mounts at the same path; nothing was started",
         )
-    busy = [node for node, f in facts.items() if node != "error" and f.get("port_free") is False]
+    busy = [node for node, f in facts.items() if f.port_free is False]
     if busy:
         raise NodeCheckFailed(
             f"the master port {port} is in use on {busy[0]} (another job on the node?)",
             where=busy[0],
             hint="give another --master_port; nothing was started",
         )
-    short = [
-        (node, f["devices"])
-        for node, f in facts.items()
-        if node != "error" and isinstance(f.get("devices"), int) and f["devices"] < needed
-    ]
+    short = [(node, f.devices) for node, f in facts.items() if f.devices is not None and f.devices < needed]
     if short:
         raise NodeCheckFailed(
             f"hl-smi sees {short[0][1]} Gaudi device(s) on {short[0][0]}, {needed} needed",
@@ -171,33 +180,16 @@ def check_nodes(facts: Optional[NodeFacts], script: str, python: str, port: int 
         )
 
 
-def apply_node_facts(plan: LaunchPlan, facts: Optional[NodeFacts], environ: Mapping[str, str]) -> None:
-    """The interface for HCCL/GLOO/NCCL_SOCKET_IFNAME, as for mpirun: the one carrying the master's
-    subnet on every node. Pure."""
-    if facts and "error" in facts:
-        plan.notes.append(f"nodes not probed: srun said {facts['error']}")
-        facts = None
+def without_facts(plan: LaunchPlan, environ: Mapping[str, str], error: Optional[str]) -> None:
+    """The notes of a plan whose nodes were not probed (the planner picks the interface from the nodes' facts
+    when there are some, as for every backend: multinode.apply_facts). Pure."""
+    if error:
+        plan.notes.append(f"nodes not probed: srun said {error}")
     if {**environ, **plan.env}.get("HCCL_SOCKET_IFNAME"):
         plan.ifname = {**environ, **plan.env}["HCCL_SOCKET_IFNAME"]
         plan.notes.append(f"interface {plan.ifname}: HCCL_SOCKET_IFNAME as you set it")
-        return
-    if not facts:
+    else:
         plan.notes.append("interface: not probed (srun could not run on the nodes): left to defaults")
-        return
-    master_ip = facts.get(plan.nodes[0].host, {}).get("master_ip")
-    interfaces = {h: fabric.parse_ip_addr(f.get("ip_addr") or "") for h, f in facts.items()}
-    if not master_ip:
-        plan.notes.append(f"interface: {plan.master_addr} does not resolve on {plan.nodes[0].host}: left to defaults")
-        return
-    plan.ifname, how = fabric.choose_interface(master_ip, interfaces)
-    plan.notes.append(
-        f"interface {plan.ifname}: "
-        + (
-            f"carries the master's subnet ({master_ip}) on every node"
-            if how == "subnet"
-            else "no node has an address on the master's subnet: first common interface (fallback)"
-        )
-    )
 
 
 def draft(

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 from gaudi_launch.inputs import cards
 from gaudi_launch.inputs.sshconfig import SshConfig, SshConfigError
 from gaudi_launch.plan import scaleout
+from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.remote import probe
 from gaudi_launch.remote.fanout import per_host
 from gaudi_launch.remote.sshclient import (
@@ -43,31 +44,6 @@ PROBE_TIMEOUT = 60.0  # seconds for the probe command itself, once logged in
 
 
 # ---------------------------------------------------------------- data
-
-
-@dataclass
-class HostFacts:
-    host: str  # as in the hostfile (may be user@host)
-    ok: bool
-    reason: Optional[str] = None
-    fix: Optional[str] = None
-    hostname: Optional[str] = None
-    ip_addr: str = ""  # raw `ip -o addr show` output of that host
-    ncpus: Optional[int] = None
-    python_ok: Optional[bool] = None
-    script_ok: Optional[bool] = None
-    devices: Optional[int] = None  # hl-smi count when hl-smi exists, else None (not checked)
-    openmpi: Optional[str] = None  # `mpirun --version` first line
-    deepspeed: Optional[str] = None  # deepspeed version of the workers' python
-    python_version: Optional[str] = None  # the workers' python, and what it would import (remote/versions.py)
-    torch: Optional[str] = None
-    transformers: Optional[str] = None
-    habana_bridge: Optional[str] = None
-    master_reachable: Optional[bool] = None
-    port_free: Optional[bool] = None  # only for the master host
-    elapsed_s: float = 0.0
-    fabric: Optional[scaleout.HostFabric] = None  # scale-out facts (Gaudi generation, NIC ports, libfabric)
-    cards: Optional[cards.HostCards] = None  # its cards by module id, their NUMA nodes, who holds them
 
 
 @dataclass
@@ -200,21 +176,14 @@ def _judge(
     where: str,
     modules: Optional[list[int]] = None,
 ) -> None:
-    """Fill facts from the parsed probe and set ok / reason / fix (the first problem wins)."""
-    facts.hostname = found.hostname
-    facts.ip_addr = found.ip_addr
-    facts.ncpus = found.ncpus
-    facts.python_ok = found.python_ok
-    facts.script_ok = found.script_ok if script is not None else None
-    facts.devices = found.devices
-    facts.openmpi = found.openmpi
-    facts.deepspeed = found.deepspeed
-    facts.python_version, facts.torch = found.python_version, found.torch
-    facts.transformers, facts.habana_bridge = found.transformers, found.habana_bridge
-    facts.master_reachable = found.master_reachable
-    facts.fabric = scaleout.parse_probe_block(found.scaleout) if found.scaleout else None
-    if is_master and facts.port_free is None:
-        facts.port_free = found.port_free
+    """Fill facts from the parsed probe (probe.facts_of, as every backend's facts) and set ok / reason / fix
+    (the first problem wins)."""
+    port_free = facts.port_free  # the master's, when a listener here answered it
+    read = probe.facts_of(facts.host, found, script=script, cwd=cwd)
+    for name in dataclasses.fields(HostFacts):
+        if name.name not in ("host", "ok", "reason", "fix", "elapsed_s", "port_free"):
+            setattr(facts, name.name, getattr(read, name.name))
+    facts.port_free = (port_free if port_free is not None else found.port_free) if is_master else None
 
     problems: list[tuple[str, str]] = []
     if not found.complete:
@@ -272,7 +241,6 @@ def _judge(
                 f"choose another --master_port, or stop what holds it (ss -ltnp 'sport = :{master_port}')",
             )
         )
-    facts.cards = host_cards(found.scaleout) if found.scaleout else None
     problems += _card_problems(facts.cards, modules or [], where)
     problems += scaleout_problems(facts.fabric) if facts.fabric else []
     if problems:
@@ -299,35 +267,6 @@ def scaleout_problems(f: scaleout.HostFabric) -> list[tuple[str, str]]:
     if gaudinet:
         out.append(gaudinet)
     return out
-
-
-def _sections(block: str) -> dict[str, list[str]]:
-    """The probe's ``@@<command>`` sections (probe.sh, _scaleout) by command. Pure."""
-    out: dict[str, list[str]] = {}
-    current: Optional[list[str]] = None
-    for line in block.splitlines():
-        if line.startswith("@@"):
-            current = out.setdefault(line[2:].strip(), [])
-        elif current is not None:
-            current.append(line)
-    return out
-
-
-def host_cards(block: str) -> cards.HostCards:
-    """A host's cards, who holds them, their NUMA nodes and each node's CPUs, from the probe's hl-smi and
-    sysfs sections (probe.sh). Pure."""
-    sections = _sections(block)
-    host = cards.HostCards(
-        cards=cards.parse_query("\n".join(sections.get("hl-smi -Q index,module_id,bus_id -f csv,noheader", [])))
-    )
-    host.holders = cards.parse_processes("\n".join(sections.get("hl-smi", [])))
-    for line in sections.get("numa", []):
-        name, _, value = line.strip().partition(" ")
-        if name.startswith("node") and name[4:].isdigit():
-            host.node_cpus[int(name[4:])] = cards.parse_cpulist(value)
-        elif value.strip().lstrip("-").isdigit():
-            host.numa_of_bus[name.lower()] = int(value)
-    return host
 
 
 def _card_problems(host: Optional[cards.HostCards], modules: list[int], where: str) -> list[tuple[str, str]]:

@@ -13,6 +13,9 @@ from functools import cache
 from importlib import resources
 from typing import Optional, Union
 
+from gaudi_launch.plan import scaleout
+from gaudi_launch.plan.hostfacts import HostFacts, host_cards
+
 BEGIN = "@@gaudi-launch-probe begin"
 END = "@@gaudi-launch-probe end"
 IP_BEGIN = "@@ip-addr begin"
@@ -43,6 +46,7 @@ class ProbeResult:
     devices_error: Optional[str] = None
     cwd_ok: Optional[bool] = None
     script_ok: Optional[bool] = None  # None when no script was given
+    master_ip: Optional[str] = None  # the master's address as this host resolves it
     master_reachable: Optional[bool] = None
     master_error: Optional[str] = None
     port_free: Optional[bool] = None  # asked on the master only
@@ -64,15 +68,20 @@ def command(
     master_ssh_port: int,
     check_port: Optional[int],
     agent: Optional[str] = None,
+    one_host: bool = False,
 ) -> str:
     """The probe's command line for one host (POSIX sh). Pure.
 
     ``agent``: Python code the session goes on with after the probe (sshmux.SESSION_AGENT), in the
     interpreter that ran the checks (one start, not two): the checks then run last, print the end
-    marker themselves and read the session's stdin afterwards.
+    marker themselves and read the session's stdin afterwards. ``one_host``: the facts a job on this host
+    alone plans with (cards, NUMA, CPUs, addresses), without the Python checks and the scale-out links, which
+    matter only between hosts (the local backend's probe, run here).
     """
-    checks = _script("probe_checks.py")
-    code = checks if agent is None else f"{_AGENT_FIRST}{checks}print({END!r})\nsys.stdout.flush()\n{agent}"
+    text = _script("probe_checks.py")
+    code = text if agent is None else f"{_AGENT_FIRST}{text}print({END!r})\nsys.stdout.flush()\n{agent}"
+    if one_host and agent is None:  # a one-host job's facts: no Python started, nothing between hosts
+        code = ""
     argv = [python, cwd, script or "", code, "0" if agent is None else "1", master_addr, str(int(master_ssh_port))]
     if check_port is not None:
         argv.append(str(int(check_port)))
@@ -114,6 +123,43 @@ def parse(text: Union[str, bytes]) -> ProbeResult:
     out.ip_addr = "\n".join(ip_lines) + ("\n" if ip_lines else "")
     out.scaleout = "\n".join(so_lines) + ("\n" if so_lines else "")
     return out
+
+
+def read_facts(
+    host: str, text: Union[str, bytes], *, script: Optional[str] = None, cwd: Optional[str] = None
+) -> HostFacts:
+    """A host's facts from its probe's output, however the output came (ssh, a launcher's daemon, an srun task,
+    ``sh`` here): the one reader every backend's facts go through. Nothing judged yet (``ok`` True, no reason):
+    the pre-flight judges what the job needs (preflight._judge). Pure."""
+    return facts_of(host, parse(text), script=script, cwd=cwd)
+
+
+def facts_of(host: str, found: ProbeResult, *, script: Optional[str] = None, cwd: Optional[str] = None) -> HostFacts:
+    """read_facts from an already parsed probe. Pure."""
+    return HostFacts(
+        host=host,
+        ok=True,
+        hostname=found.hostname,
+        ip_addr=found.ip_addr,
+        ncpus=found.ncpus,
+        python_ok=found.python_ok,
+        python_path=found.python_path,
+        script_ok=found.script_ok if script else None,
+        cwd=cwd,
+        cwd_ok=found.cwd_ok,
+        devices=found.devices,
+        openmpi=found.openmpi,
+        deepspeed=found.deepspeed,
+        python_version=found.python_version,
+        torch=found.torch,
+        transformers=found.transformers,
+        habana_bridge=found.habana_bridge,
+        master_ip=found.master_ip,
+        master_reachable=found.master_reachable,
+        port_free=found.port_free,
+        fabric=scaleout.parse_probe_block(found.scaleout) if found.scaleout else None,
+        cards=host_cards(found.scaleout) if found.scaleout else None,
+    )
 
 
 def _value(kind: str, value: str, before):

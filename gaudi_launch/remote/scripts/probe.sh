@@ -5,9 +5,10 @@
 # text work: no head, tr or sed to start, since the probe runs on every host of every job.
 #
 # $1 the workers' python   $2 working directory   $3 script ("" for none)
-# $4 Python code: probe_checks.py, followed by the session agent when $5 is 1
+# $4 Python code: probe_checks.py, followed by the session agent when $5 is 1; empty: a one-host job's facts
+#    only (no Python checks, no OpenMPI version, no scale-out ports, links or libfabric: nothing between hosts)
 # $5 1: the interpreter stays on as the session's agent (stdin is the session's)
-# $6... the checks' argv: MASTER_ADDR MASTER_SSH_PORT [PORT_TO_CHECK]
+# $6... the checks' argv: MASTER_ADDR MASTER_SSH_PORT (0: only resolve the master) [PORT_TO_CHECK]
 py=$1 cwd=$2 script=$3 code=$4 agent=$5
 shift 5
 echo '@@gaudi-launch-probe begin'
@@ -43,7 +44,7 @@ _m=$(command -v mpirun 2>/dev/null)
 for _d in /opt/habanalabs/openmpi /opt/amazon/openmpi; do
     [ -z "$_m" ] && [ -x "$_d/bin/mpirun" ] && _m=$_d/bin/mpirun
 done
-if [ -n "$_m" ]; then _one "$(_t "$_m" --version 2>&1 </dev/null)"; echo "openmpi=$_v"; fi
+if [ -n "$_m" ] && [ -n "$code" ]; then _one "$(_t "$_m" --version 2>&1 </dev/null)"; echo "openmpi=$_v"; fi
 # Scale-out facts (plan/scaleout.py reads them): each tool's output verbatim under a @@<command> line.
 # GAUDI_LAUNCH_SYSFS / GAUDI_LAUNCH_PROCFS: where /sys and /proc are (tests point them at a stand-in tree).
 # hl-smi's port lists only when it answers, -n ports on card 0 (the external ports are the same on each card).
@@ -53,7 +54,7 @@ _scaleout() {
     echo '@@uname -r'; uname -r 2>/dev/null
     echo '@@ls /sys/class/infiniband'
     for _e in "$_s"/class/infiniband/*; do [ -e "$_e" ] && echo "${_e##*/}"; done
-    if command -v fi_info >/dev/null 2>&1; then
+    if [ -n "$code" ] && command -v fi_info >/dev/null 2>&1; then
         echo '@@fi_info --version'; _t fi_info --version 2>/dev/null </dev/null
         _efa=0
         for _e in "$_s"/class/infiniband/efa* "$_s"/class/infiniband/rdmap*; do [ -e "$_e" ] && _efa=1; done
@@ -66,7 +67,7 @@ _scaleout() {
         _q=$(_t hl-smi -Q name,driver_version,bus_id -f csv,noheader 2>/dev/null </dev/null)
         echo '@@hl-smi -Q name,driver_version,bus_id -f csv,noheader'; printf '%s\n' "$_q"
         _buses=
-        while IFS= read -r _l; do
+        [ -n "$code" ] && while IFS= read -r _l; do
             case $_l in HL-*,*,*) ;; *) continue ;; esac
             _b=${_l##*,}; _b=${_b# }
             if [ -z "$_buses" ]; then
@@ -83,26 +84,28 @@ EOF_Q
                 echo "@@hl-smi -n link -i $_b"; _t hl-smi -n link -i "$_b" 2>/dev/null </dev/null
             done
         done
-        echo '@@hl-smi --fw-versions'; _t hl-smi --fw-versions 2>/dev/null </dev/null
-        # the L3 Gaudi-NIC configuration HCL reads at every start when it exists (HabanaAI/HCL
-        # hcl_device_config.cpp parseGaudinet: HCL_GAUDINET_CONFIG_FILE, else /etc/habanalabs/gaudinet.json,
-        # falling back to /etc/gaudinet.json)
-        _g=${HCL_GAUDINET_CONFIG_FILE:-/etc/habanalabs/gaudinet.json}
-        [ -r "$_g" ] || _g=/etc/gaudinet.json
-        if [ -r "$_g" ]; then echo "@@gaudinet.json $_g"; cat "$_g" 2>/dev/null; echo; fi
-        # HCCL's OFI plugin (HabanaAI/HCL ofi_plugin.cpp) dlopens libhccl_ofi_wrapper.so: where it resolves from
-        echo '@@find libhccl_ofi_wrapper.so'
-        _ldc=$(command -v ldconfig 2>/dev/null || { [ -x /sbin/ldconfig ] && echo /sbin/ldconfig; })
-        if [ -n "$_ldc" ]; then
-            "$_ldc" -p 2>/dev/null | grep -F 'libhccl_ofi_wrapper.so ' | while IFS= read -r _l; do
-                echo "ldconfig ${_l##*=> }"
+        if [ -n "$code" ]; then  # (a one-host job: nothing between hosts)
+            echo '@@hl-smi --fw-versions'; _t hl-smi --fw-versions 2>/dev/null </dev/null
+            # the L3 Gaudi-NIC configuration HCL reads at every start when it exists (HabanaAI/HCL
+            # hcl_device_config.cpp parseGaudinet: HCL_GAUDINET_CONFIG_FILE, else /etc/habanalabs/gaudinet.json,
+            # falling back to /etc/gaudinet.json)
+            _g=${HCL_GAUDINET_CONFIG_FILE:-/etc/habanalabs/gaudinet.json}
+            [ -r "$_g" ] || _g=/etc/gaudinet.json
+            if [ -r "$_g" ]; then echo "@@gaudinet.json $_g"; cat "$_g" 2>/dev/null; echo; fi
+            # HCCL's OFI plugin (HabanaAI/HCL ofi_plugin.cpp) dlopens libhccl_ofi_wrapper.so: where it resolves from
+            echo '@@find libhccl_ofi_wrapper.so'
+            _ldc=$(command -v ldconfig 2>/dev/null || { [ -x /sbin/ldconfig ] && echo /sbin/ldconfig; })
+            if [ -n "$_ldc" ]; then
+                "$_ldc" -p 2>/dev/null | grep -F 'libhccl_ofi_wrapper.so ' | while IFS= read -r _l; do
+                    echo "ldconfig ${_l##*=> }"
+                done
+            fi
+            _ifs=$IFS; IFS=:
+            for _d in ${LD_LIBRARY_PATH:-} ${HCCL_OFI_WRAPPER:-} /usr/lib/habanalabs /root/hccl_ofi_wrapper; do
+                [ -n "$_d" ] && [ -e "$_d/libhccl_ofi_wrapper.so" ] && echo "dir $_d"
             done
+            IFS=$_ifs
         fi
-        _ifs=$IFS; IFS=:
-        for _d in ${LD_LIBRARY_PATH:-} ${HCCL_OFI_WRAPPER:-} /usr/lib/habanalabs /root/hccl_ofi_wrapper; do
-            [ -n "$_d" ] && [ -e "$_d/libhccl_ofi_wrapper.so" ] && echo "dir $_d"
-        done
-        IFS=$_ifs
         # which card is which module (preflight.py: partial nodes, cards another process holds)
         _c=$(_t hl-smi -Q index,module_id,bus_id -f csv,noheader 2>/dev/null </dev/null)
         echo '@@hl-smi -Q index,module_id,bus_id -f csv,noheader'; printf '%s\n' "$_c"
@@ -116,12 +119,12 @@ EOF_C
         for _n in "$_s"/devices/system/node/node[0-9]*; do
             [ -r "$_n/cpulist" ] && echo "${_n##*/} $(cat "$_n/cpulist")"
         done
-        echo '@@hl-smi'; _t hl-smi 2>/dev/null </dev/null
+        if [ -n "$code" ]; then echo '@@hl-smi'; _t hl-smi 2>/dev/null </dev/null; fi
     fi
     echo '@@scaleout end'
 }
 _scaleout
-if [ "$agent" != 1 ]; then
+if [ "$agent" != 1 ] && [ -n "$code" ]; then
     # before the cd: python -c puts the working directory on sys.path, where a stray socket.py must not
     # matter. Printing nothing means it did not run.
     _p=$(_t "$py" -c "$code" "$@" </dev/null 2>/dev/null)

@@ -1,7 +1,7 @@
 # The pre-flight probe's checks that need Python, run by the workers' interpreter on each host (probe.sh
 # passes this text to `python -c`): one interpreter start does them all, since each start costs tens of
 # milliseconds of the host's CPU and a job probes every host. Stdlib only; prints key=value lines.
-# argv: MASTER_ADDR MASTER_SSH_PORT [PORT_TO_CHECK]
+# argv: MASTER_ADDR MASTER_SSH_PORT (0: only resolve the master) [PORT_TO_CHECK]
 import socket
 import sys
 
@@ -57,15 +57,20 @@ for _key, _pkg, _dist in (
         print(f"{_key}=unknown")
 sys.stdout.flush()
 addr, port = sys.argv[1], int(sys.argv[2])
-try:
-    socket.create_connection((addr, port), 3).close()
-    print("master_reachable=1")
-except socket.gaierror as e:
-    print("master_reachable=0")
-    print(f"master_error={addr} does not resolve ({e})")
-except Exception as e:
-    print("master_reachable=0")
-    print(f"master_error={e}")
+try:  # the master's address as this host resolves it (the interface that carries its subnet is picked from it)
+    print(f"master_ip={socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0]}")
+except Exception:
+    pass
+if port:  # 0: nothing listens for it yet (Slurm: no sshd), only the name is resolved
+    try:
+        socket.create_connection((addr, port), 3).close()
+        print("master_reachable=1")
+    except socket.gaierror as e:
+        print("master_reachable=0")
+        print(f"master_error={addr} does not resolve ({e})")
+    except Exception as e:
+        print("master_reachable=0")
+        print(f"master_error={e}")
 sys.stdout.flush()
 if len(sys.argv) > 3:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -20,6 +20,7 @@ from gaudi_launch.inputs import slurm
 from gaudi_launch.inputs.envfile import is_secret
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import slurm as plan_slurm
+from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.process.worker import normalize_env
 
@@ -32,19 +33,20 @@ ALLOC = {
 }
 
 
-def probing(facts):
-    """The slurm backend's planning half, its node probe (srun) seeing ``facts``."""
+def probing(facts, error=None):
+    """The slurm backend's planning half, its node probe (srun) seeing ``facts`` ({node: HostFacts fields})."""
+    found = {n: HostFacts(host=n, ok=True, **f) for n, f in facts.items()} if facts is not None else None
     return types.SimpleNamespace(
-        detect=lambda plan, environ: backend.probe_allocation(plan, environ, lambda *a, **k: facts),
+        detect=lambda plan, environ: backend.probe_allocation(plan, environ, lambda *a, **k: (found, error)),
         commands=backend.commands,
     )
 
 
-def plan_for(environ=None, facts=None, **spec):
+def plan_for(environ=None, facts=None, error=None, **spec):
     return build_plan(
         JobSpec.build(program=["train.py", "--bf16"], backend="slurm", efa=False, **spec),
         environ=dict(ALLOC if environ is None else environ),
-        backends=lambda name: probing(facts),
+        backends=lambda name: probing(facts, error),
     )
 
 
@@ -385,23 +387,40 @@ def test_interface_from_what_srun_found_on_the_nodes():
     assert plan_for(facts=facts, ssh_check=False).ifname is None  # --no-ssh-check: no probe
     with pytest.raises(UserError, match="HCCL_SOCKET_IFNAME"):
         plan_for(facts={**facts, "gn03": {"ip_addr": ip("10.2.0.13"), "master_ip": None}})
-    argv = backend.probe_argv(["gn01", "gn02"], "4242", "gn01", "/py", "t.py", 29500)
-    assert argv[:3] == ["srun", "--overlap", "--jobid=4242"] and argv[-6:-4] == ["/py", "-c"]
-    assert argv[-3:] == ["gn01", "t.py", "29500"]
-    assert "nodes not probed: srun said srun: error: x" in plan_for(facts={"error": "srun: error: x"}).notes
+    assert "nodes not probed: srun said srun: error: x" in plan_for(error="srun: error: x").notes
+
+
+def test_srun_runs_the_probe_every_host_gets_and_its_output_becomes_each_nodes_facts(tmp_path):
+    """One srun task per node runs probe.sh (as the ssh pre-flight and the local backend do); its labelled
+    output is read into each node's HostFacts, the master port's answer kept for the master node only."""
+    import subprocess
+
+    argv = backend.probe_argv(["gn01", "gn02"], "4242", "gn01", sys.executable, "t.py", 29500, str(tmp_path))
+    assert argv[:3] == ["srun", "--overlap", "--jobid=4242"] and argv[-3:-1] == ["sh", "-c"]
+    (tmp_path / "t.py").write_text("")
+    # the line srun would run on each node, run here twice as tasks 0 and 1 (srun --label's prefixes)
+    out = subprocess.run(["sh", "-c", argv[-1]], capture_output=True, text=True, timeout=60).stdout
+    labelled = "".join(f"{task}: {line}\n" for task in (0, 1) for line in out.splitlines())
+    facts = backend.read_probe_output(labelled, ["gn01", "gn02"], "gn01", "t.py", str(tmp_path))
+    assert list(facts) == ["gn01", "gn02"] and all(isinstance(f, HostFacts) for f in facts.values())
+    here = facts["gn01"]
+    assert here.python_ok and here.script_ok and here.cwd == str(tmp_path) and here.ncpus == os.cpu_count()
+    assert here.master_reachable is None  # port 0: nothing listens for the master yet, only its name resolved
+    assert facts["gn02"].port_free is None and here.port_free is not None
+    assert backend.read_probe_output(labelled.replace("@@gaudi-launch-probe end", ""), ["gn01"], "gn01") == {}
 
 
 def test_a_node_without_the_script_or_interpreter_stops_the_job_before_it_starts():
-    ok = {"ip_addr": "", "master_ip": None, "script": True, "cwd": "/w"}
+    ok = {"ip_addr": "", "master_ip": None, "script_ok": True, "cwd": "/w", "python_ok": True}
     with pytest.raises(plan_slurm.NodeCheckFailed, match="train.py does not exist on gn02") as exc:
-        plan_for(facts={"gn01": ok, "gn02": {**ok, "script": False}, "gn03": ok})
+        plan_for(facts={"gn01": ok, "gn02": {**ok, "script_ok": False}, "gn03": ok})
     assert exc.value.exit_code == 3 and exc.value.where == "gn02"
     with pytest.raises(plan_slurm.NodeCheckFailed, match=r"port \d+ is in use on gn01"):
         plan_for(facts={"gn01": {**ok, "port_free": False}, "gn02": ok, "gn03": ok})
     with pytest.raises(plan_slurm.NodeCheckFailed, match="hl-smi sees 1 Gaudi device.s. on gn03, 2 needed"):
         plan_for(facts={"gn01": {**ok, "devices": 8}, "gn02": ok, "gn03": {**ok, "devices": 1}})
-    with pytest.raises(plan_slurm.NodeCheckFailed, match="interpreter"):
-        plan_for(facts={"error": "0: slurmstepd: error: execve(): /nope/python: No such file or directory"})
+    with pytest.raises(plan_slurm.NodeCheckFailed, match="interpreter /nope/python is not found .* on gn02"):
+        plan_for(facts={"gn01": ok, "gn02": {**ok, "python_ok": False}, "gn03": ok}, python="/nope/python")
 
 
 def test_where_the_watch_probes_each_node():

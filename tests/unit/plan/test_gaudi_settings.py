@@ -13,6 +13,7 @@ from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan import gaudi
 from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.wire import SYSFS
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 STANDIN_BIN = os.path.abspath(os.path.join(ROOT, "tests", "standin", "bin"))
@@ -123,11 +124,8 @@ def test_include_of_an_unsupported_pair_is_refused_by_module_id(gaudi_host):
 
 
 def test_dry_run_shows_binding_recipe_cache_and_mode(gaudi_host, monkeypatch, tmp_path):
-    import gaudi_launch.inputs.cards as cards
-
     root = sysfs(tmp_path, lambda i: 0 if i < 4 else 1, {0: "0-3,8-11", 1: "4-7,12-15"})
-    real = cards.read_host
-    monkeypatch.setattr(cards, "read_host", lambda sysfs="/sys", processes=False: real(root, processes))
+    monkeypatch.setenv(SYSFS, root)  # where this host's probe reads the cards' NUMA nodes (probe.sh)
     plan = build_plan(JobSpec(program=["x.py", "--torch_compile"], num_devices=2), backends=get_backend)
     notes = "\n".join(plan.notes)
     # local ranks 0 and 1 take modules 0 and 1: indices 6 and 7 on this server, NUMA node 1, half of it each

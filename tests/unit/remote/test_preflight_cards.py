@@ -61,12 +61,7 @@ def test_the_probe_reads_numa_facts_and_the_plan_shows_each_hosts_binding(monkey
     )
     plan.notes.clear()
 
-    class Report:
-        pass
-
-    report = Report()
-    report.facts = {"gaudi-a": facts, "gaudi-b": facts}
-    notes = "\n".join(gaudi_settings(plan, plan.job, {}, report).notes)
+    notes = "\n".join(gaudi_settings(plan, plan.job, {}, {"gaudi-a": facts, "gaudi-b": facts}).notes)
     # local rank 0 takes module 0 = index 6, on node 1: the first quarter of node 1's cores and their siblings
     assert "gaudi-b local rank 0 (card module 0, NUMA node 1): cores 16-19,80-83" in notes
     assert "gaudi-a local rank 5 (card module 5, NUMA node 0): cores 4-7,68-71" in notes  # 2nd of ranks 4-7

@@ -1,0 +1,94 @@
+"""This machine's facts (remote/hostprobe.py): the pre-flight's own probe run here as a local process, in its
+one-host form, read into the same HostFacts the SSH pre-flight gives; the planner plans the local backend's
+job, and an ssh backend's hosts that are this machine without a pre-flight, from them. The Gaudi cards come
+from the hl-smi stand-in (tests/standin/bin)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from gaudi_launch.backends import get_backend
+from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan.hostfacts import HostFacts
+from gaudi_launch.plan.planner import build_plan
+from gaudi_launch.remote import probe
+from gaudi_launch.remote.hostprobe import probe_here
+from gaudi_launch.remote.preflight import SshOptions, check_hosts
+
+STANDIN_BIN = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "standin", "bin"))
+
+
+@pytest.fixture
+def gaudi2_here(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", STANDIN_BIN + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv("GAUDI_STANDIN_CARDS", "gaudi2")
+    monkeypatch.delenv("HABANA_VISIBLE_MODULES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+
+
+def test_this_machine_read_by_the_probe_every_host_gets(gaudi2_here, tmp_path):
+    facts = probe_here("localhost", sys.executable, "train.py", str(tmp_path))
+    assert isinstance(facts, HostFacts) and facts.host == "localhost"
+    assert facts.hostname == socket.gethostname() and facts.ncpus == os.cpu_count()
+    assert facts.script_ok is True and facts.cwd_ok is True and facts.cwd == str(tmp_path)
+    assert facts.devices == 8 and len(facts.cards.cards) == 8  # hl-smi's cards, by module id
+    assert facts.fabric is None  # its scale-out links unread: no scale-out path is decided from it
+    assert facts.python_ok is None and facts.deepspeed is None  # one host: no Python started, no versions
+    assert probe_here("localhost", sys.executable, "missing.py", str(tmp_path)).script_ok is False
+
+
+def test_the_pre_flight_reads_the_same_facts_of_this_host(gaudi2_here, tmp_path):
+    """Whichever way the probe ran, what both read of the host is the same object with the same values."""
+    here = probe_here("localhost", sys.executable, "train.py", str(tmp_path))
+    checked = check_hosts(
+        ["localhost"],
+        python=sys.executable,
+        script="train.py",
+        cwd=str(tmp_path),
+        master_host="localhost",
+        master_addr="127.0.0.1",
+        master_port=None,
+        devices_needed={"localhost": 8},
+        ssh=SshOptions(),
+        local=lambda host: True,
+    ).facts["localhost"]
+    assert type(checked) is HostFacts
+    for name in (
+        "hostname",
+        "ncpus",
+        "devices",
+        "cwd",
+        "cwd_ok",
+        "script_ok",
+        "cards",
+    ):  # (not ip_addr: other tests add links)
+        assert getattr(here, name) == getattr(checked, name), name
+    assert checked.fabric.generation == 2  # the pre-flight also reads the scale-out links
+
+
+def test_the_one_host_probe_starts_no_python_and_reads_no_links(gaudi2_here, tmp_path):
+    line = probe.command(sys.executable, None, str(tmp_path), "127.0.0.1", 0, None, one_host=True)
+    out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60).stdout
+    assert probe.END in out and "python_ok" not in out
+    assert "@@hl-smi -n link" not in out and "@@hl-smi --fw-versions" not in out
+    assert "@@hl-smi -Q index,module_id,bus_id -f csv,noheader" in out  # the cards, for binding and partial nodes
+    full = probe.command(sys.executable, None, str(tmp_path), "127.0.0.1", 0, None)
+    out = subprocess.run(["sh", "-c", full], capture_output=True, text=True, timeout=60).stdout
+    assert "@@hl-smi -n link" in out and "python_ok=1" in out and "master_reachable" not in out  # port 0: no connect
+    assert "master_ip=127.0.0.1" in out
+
+
+def test_a_local_partial_node_is_refused_whatever_the_backend_without_a_pre_flight(gaudi2_here, tmp_path):
+    (tmp_path / "hosts").write_text("localhost slots=8\n")
+    for backend, more in (("local", {}), ("mpirun", {"hostfile": "hosts", "ssh_check": False})):
+        with pytest.raises(UserError, match="module ids 0,3"):
+            build_plan(
+                JobSpec(program=["train.py"], include="localhost:0,3", backend=backend, **more), backends=get_backend
+            )
