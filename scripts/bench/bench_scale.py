@@ -398,7 +398,7 @@ def model(
     pool: int = 512,
     radix: int = 64,
     cores: int = 8,
-    tree_sweep: str = "ssh",
+    tree_sweep: str = "tree",
 ) -> tuple[list[str], dict[str, dict[int, float]], Optional[int]]:
     """Launch time against hosts on a real cluster (every host its own machine), from costs measured here.
 
@@ -722,8 +722,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument(
         "--tree-sweep",
         choices=("ssh", "tree", "none"),
-        default="ssh",
-        help="how the tree path's end-of-job sweep reaches the hosts, for the model (default ssh: a session per host)",
+        default="tree",
+        help="how the tree path's end-of-job sweep reaches the hosts, for the model (default tree: one more mpirun "
+        "through the daemon tree, backends/mpirun.tree_sweeper; ssh: a session per host, as before it)",
     )
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--json", default=None)
