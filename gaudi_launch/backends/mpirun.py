@@ -271,6 +271,13 @@ def commands(plan: LaunchPlan, environ: Mapping[str, str]) -> list[Command]:
         # uneven nodes: the ranks per node, from which a rank knows its node (RANK // K would be wrong)
         **node_sizes_env([len(n.ranks) for n in plan.nodes]),
     }
+    remote = len({n.host for n in plan.nodes if not is_local_host(n.host)})
+    if fan_out(plan, spec, remote) == "tree":
+        radix = fanoutmode.radix(environ)
+        plan.notes.append(
+            f"--fan-out tree: {remote} remote hosts reached through OpenMPI's daemon tree "
+            f"(radix {radix or 64}): the pre-flight, the daemons and the sweep; no ssh per host from here"
+        )
     mpirun, prefix = local_mpirun()
     if prefix:
         argv = [mpirun, "--prefix", prefix, *argv[1:]]
