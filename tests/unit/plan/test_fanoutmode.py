@@ -75,3 +75,14 @@ def test_what_the_tree_could_not_tell_is_said_once():
     result = treeprobe.TreeResult(outputs={"a": "x"}, failed={"b": (255, "refused")}, error="one\ntwo\nlast words")
     text = tree_warning(result, ["a", "b", "c", "d"])
     assert "no answer for 2 host(s)" in text and "last words" in text and "--fan-out flat" in text
+
+
+def test_a_hop_that_timed_out_is_classified_as_the_flat_path_would_and_nothing_else_is():
+    from gaudi_launch.remote.preflight import hop_timeout
+
+    banner = hop_timeout("Connection timed out during banner exchange")
+    assert banner is not None and "banner" in str(banner)
+    assert isinstance(hop_timeout("ssh: connect to host h port 22: Connection timed out"), TimeoutError)
+    # refused, a key refused, a host key changed: probed the flat way, which says exactly why
+    assert hop_timeout("ssh: connect to host h port 22: Connection refused") is None
+    assert hop_timeout("Permission denied (publickey).") is None
