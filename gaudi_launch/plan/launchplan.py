@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 
 from gaudi_launch.inputs.envfile import is_secret, mask_env, mask_text, straddling
 from gaudi_launch.inputs.idranges import id_ranges
+from gaudi_launch.plan.contract import SET_BY_RANK
 
 if TYPE_CHECKING:
     from gaudi_launch.inputs.spec import JobSpec
@@ -116,6 +117,7 @@ class LaunchPlan:
         if self.preflight is None:
             del data["preflight"]  # no pre-flight ran (one host, --no-ssh-check): no key
         data["request"] = {k: (mask_env(v) if k == "env" else _masked(v, secrets)) for k, v in self.request.items()}
+        data["set_by_rank"] = dict(SET_BY_RANK)  # the only names a rank sets itself at its start, and why
         return data
 
     def to_json(self) -> str:
@@ -135,6 +137,10 @@ class LaunchPlan:
             out.append("environment for every rank (in addition to the launcher's):")
             for k, v in sorted(mask_env(self.env).items()):
                 out.append(f"  {k}={v}")
+        out.append(
+            "set by each rank at its start where the plan has not (why: --dry-run --json, set_by_rank): "
+            + ", ".join(SET_BY_RANK)
+        )
         out.append("commands:")
         for c in self.commands:
             who = f"rank {c.rank}" if c.rank is not None else "all ranks"

@@ -50,6 +50,7 @@ PER_RUN = ("job_id", "notes", "preflight")
 # one of an earlier format runs with the options it predates at their defaults (said once).
 PLAN_FORMAT = 2
 FORMAT_KEY = "plan_format"
+BY_RANK = "set_by_rank"  # what this version's ranks set themselves (plan/contract.py): the version's, not the job's
 MAX_DIFFERENCES = 12  # lines shown; the rest counted
 DIGESTS = "secret_digests"  # {NAME: HMAC-SHA256 of the value}, for every value the plan masks
 KEY_FILE = "plan-key"
@@ -335,7 +336,7 @@ def plan_json(plan: LaunchPlan, environ: Mapping[str, str]) -> dict:
 def differences(saved: dict, fresh: dict, fixed_port: bool) -> list[str]:
     """What differs between a saved plan and the same request planned now (both as JSON dicts,
     secrets masked, with their digests). Empty when they are the same job. Pure."""
-    skip = set(PER_RUN) | ({"master_port"} if not fixed_port else set()) | {DIGESTS, FORMAT_KEY}
+    skip = set(PER_RUN) | ({"master_port"} if not fixed_port else set()) | {DIGESTS, FORMAT_KEY, BY_RANK}
     a_run, b_run = _per_run(saved, fixed_port), _per_run(fresh, fixed_port)
     out = []
     for key in [k for k in saved if k not in skip] + [k for k in fresh if k not in skip and k not in saved]:

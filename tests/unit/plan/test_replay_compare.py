@@ -10,7 +10,7 @@ import json
 import pytest
 
 from gaudi_launch.cli import main
-from gaudi_launch.plan.replay import FORMAT_KEY, PER_RUN, differences
+from gaudi_launch.plan.replay import BY_RANK, FORMAT_KEY, PER_RUN, differences
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 
@@ -40,7 +40,11 @@ def test_the_same_options_twice_are_the_same_job(backend, isolated, monkeypatch)
     assert differences(a, b, fixed_port=False) == []
     # every other field, changed anywhere, is a difference; only the per-run ones are not compared
     for key in a:
-        if key in PER_RUN or key in ("master_port", FORMAT_KEY):  # the format is checked on its own
+        if key in PER_RUN or key in (
+            "master_port",
+            FORMAT_KEY,
+            BY_RANK,
+        ):  # the format: on its own; BY_RANK: the version's
             continue
         changed = json.loads(json.dumps(a))
         changed[key] = {"edited": changed[key]}
