@@ -127,6 +127,8 @@ class Capabilities:
     options: Optional[type[BackendOptions]] = None  # the options it takes (BackendOptions above)
     openmpi: Callable[[Optional[BackendOptions]], bool] = _never  # OpenMPI starts its ranks (with these
     # options): one OpenMPI major version on every host, checked by the pre-flight
+    daemon_tree: bool = False  # its own mpirun can carry the pre-flight, the daemons and the sweep through
+    # OpenMPI's daemon tree (--fan-out tree, plan/fanoutmode.py)
 
 
 def _deepspeed_openmpi(options: Optional[BackendOptions]) -> bool:
@@ -137,7 +139,12 @@ def _deepspeed_openmpi(options: Optional[BackendOptions]) -> bool:
 BACKENDS: dict[str, Capabilities] = {
     "local": Capabilities("gaudi_launch.backends.local", multi_host=False, one_command=False, ssh_preflight=False),
     "mpirun": Capabilities(
-        "gaudi_launch.backends.mpirun", multi_host=True, one_command=True, ssh_preflight=True, openmpi=_always
+        "gaudi_launch.backends.mpirun",
+        multi_host=True,
+        one_command=True,
+        ssh_preflight=True,
+        openmpi=_always,
+        daemon_tree=True,
     ),
     "deepspeed": Capabilities(
         "gaudi_launch.backends.deepspeed",

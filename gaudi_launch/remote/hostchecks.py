@@ -76,7 +76,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
 
 def fan_out(plan: LaunchPlan, spec: JobSpec, remote_hosts: int) -> str:
     """ "tree" or "flat" for this plan (plan/fanoutmode.py): the tree where OpenMPI 4's mpirun starts the ranks."""
-    possible = plan.backend == "mpirun" and openmpi.major(openmpi.local_version()) == 4  # (before detect)
+    possible = capabilities(plan.backend).daemon_tree and openmpi.major(openmpi.local_version()) == 4  # (before detect)
     return fanoutmode.choose(spec.fan_out, remote_hosts, possible)
 
 
