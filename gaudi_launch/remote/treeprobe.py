@@ -2,7 +2,7 @@
 the probe (probe.py, the same command line the flat path runs over ssh) as one rank per host, its daemons started
 the way mpirun starts them, each starting its children (radix 64, or GAUDI_LAUNCH_TREE_RADIX). The launcher opens
 no connection per host; the hosts' answers come back through mpirun's tagged output, one rank per host in the
-order of the hosts given.
+order of the hosts given (OpenMPI's sequential mapper).
 
 OpenMPI 4 starts no rank before every daemon is up, so one host that cannot be reached stops the round. Each hop's
 ssh is our tree hop (treehop.py), which names the host it failed to reach; the round is run again without the
@@ -60,7 +60,9 @@ def argv(
     out = [mpirun, *(["--prefix", prefix] if prefix else [])]
     if root:
         out.append("--allow-run-as-root")
-    out += ["-n", str(len(hosts)), "--hostfile", hostfile, "--map-by", "ppr:1:node", "--bind-to", "none"]
+    # the sequential mapper: rank i on the hostfile's line i, whatever mpirun's own node order (its own host
+    # first, were it listed): each answer is read as its host's (OpenMPI's rmaps seq component)
+    out += ["-n", str(len(hosts)), "--hostfile", hostfile, "--mca", "rmaps", "seq", "--bind-to", "none"]
     out += ["--tag-output"]
     if hop_python:
         out += ["--mca", "plm_rsh_agent", f"{hop_python} -m gaudi_launch.remote.treehop"]

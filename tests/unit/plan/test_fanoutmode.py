@@ -86,3 +86,14 @@ def test_a_hop_that_timed_out_is_classified_as_the_flat_path_would_and_nothing_e
     # refused, a key refused, a host key changed: probed the flat way, which says exactly why
     assert hop_timeout("ssh: connect to host h port 22: Connection refused") is None
     assert hop_timeout("Permission denied (publickey).") is None
+
+
+def test_a_round_maps_rank_i_to_the_hostfile_s_line_i_and_names_its_hop():
+    common = dict(hostfile="/p/h", mpirun="mpirun", prefix=None, ssh_args=["-o", "BatchMode=yes"], tcp_cidr=None)
+    argv = treeprobe.argv(["a", "b"], hop_python="/py", radix=2, root=False, rank_argv=["true"], **common)
+    assert argv[argv.index("rmaps") - 1 : argv.index("rmaps") + 2] == ["--mca", "rmaps", "seq"]
+    assert argv[argv.index("plm_rsh_agent") + 1] == "/py -m gaudi_launch.remote.treehop"
+    assert argv[argv.index("plm_rsh_args") + 1] == "-o BatchMode=yes"
+    assert argv[argv.index("routed_radix") + 1] == "2" and argv[-1] == "true"
+    sweep = treeprobe.argv(["a"], hop_python=None, radix=None, root=False, rank_argv=["x"], **common)
+    assert "plm_rsh_agent" not in sweep and "routed_radix" not in sweep
