@@ -185,9 +185,12 @@ def run_tree(
     return result
 
 
-def _tail(text: str, lines: int = 6) -> str:
-    kept = [line for line in text.splitlines() if line.strip() and not line.startswith(treehop.FAILED)]
-    return "\n".join(kept[-lines:])
+def _tail(text: str, lines: int = 3) -> str:
+    """What mpirun's error output says first, before OpenMPI's boxed explanation (which names no host). Pure."""
+    kept = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith(treehop.FAILED)]
+    box = next((k for k, line in enumerate(kept) if line.startswith("-----")), len(kept))
+    before = list(dict.fromkeys(kept[:box]))  # (each hop of a level says the same)
+    return "\n".join(before[-lines:] if before else kept[box + 1 : box + 1 + lines])
 
 
 def _run(cmd: list[str], timeout: float) -> tuple[int, str, str]:

@@ -97,3 +97,11 @@ def test_a_round_maps_rank_i_to_the_hostfile_s_line_i_and_names_its_hop():
     assert argv[argv.index("routed_radix") + 1] == "2" and argv[-1] == "true"
     sweep = treeprobe.argv(["a"], hop_python=None, radix=None, root=False, rank_argv=["x"], **common)
     assert "plm_rsh_agent" not in sweep and "routed_radix" not in sweep
+
+
+def test_mpirun_s_own_words_come_before_its_boxed_explanation():
+    err = (
+        "/py: No module named gaudi_launch\n" + "-" * 40 + "\nORTE was unable to reliably start one or more daemons.\n"
+    )
+    assert treeprobe._tail(err) == "/py: No module named gaudi_launch"
+    assert treeprobe._tail("-" * 40 + "\nORTE was unable\n") == "ORTE was unable"
