@@ -35,7 +35,7 @@ from gaudi_launch.remote.fanout import per_host
 from gaudi_launch.remote.hostchecks import host_watch
 from gaudi_launch.remote.hostprobe import facts_here
 from gaudi_launch.remote.teardown import job_sweeper, signal_job
-from gaudi_launch.wire import GRACE, JOB_ID
+from gaudi_launch.wire import GRACE, JOB_DIR_SUFFIX, JOB_ID
 
 # The runner's whole environment comes from these names (plus what commands() sets): none starts
 # with a prefix DeepSpeed re-exports to the remote shell line (PYTHON, MLFLOW, MV2, UCX, NCCL).
@@ -60,7 +60,10 @@ _ADDR = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:-]*(%[A-Za-z0-9_.-]+)?")
 
 
 def job_dir(plan: LaunchPlan) -> str:
-    return jobdir.path_for(plan.job_id)
+    """This job's directory, the same path on every host: the job id and the plan's random suffix
+    (wire.JOB_DIR_SUFFIX), so that a user who saw the id first cannot make it on a host before the job file
+    gets there (the name shows only once the launcher has made its own)."""
+    return jobdir.path_for(plan.job_id, suffix=plan.env.get(JOB_DIR_SUFFIX, ""))
 
 
 def deepspeed_exe(python: str) -> str:

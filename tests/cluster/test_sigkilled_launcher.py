@@ -25,7 +25,7 @@ if os.fork() == 0:                       # double fork + setsid: out of the rank
         time.sleep(900)
     os._exit(0)
 with open(os.path.join(out, f"job-{rank}"), "w") as f:
-    f.write(os.environ["GAUDI_LAUNCH_JOB_ID"] + " " + socket.gethostname())
+    f.write(os.environ["GAUDI_LAUNCH_JOB_ID"] + " " + socket.gethostname() + " " + os.environ["GAUDI_LAUNCH_JOB_DIR_SUFFIX"])
 time.sleep(900)
 """
 
@@ -40,9 +40,10 @@ def test_nothing_of_the_job_stays_on_any_host_after_a_sigkilled_launcher(cluster
     try:
         assert wait_for(lambda: len(read_pids(str(out))) == 2 and len(list(out.glob("job-*"))) == 2, timeout=120)
         daemons = read_pids(str(out))
-        job_id, host = (out / "job-1").read_text().split()
+        job_id, host, suffix = (out / "job-1").read_text().split()
         assert host == cluster.names[1]
-        job_dir = f"/tmp/gaudi-launch-{job_id}"  # the hosts share this filesystem
+        # the hosts share this filesystem; DeepSpeed's is named with the job's random suffix too (issue 36)
+        job_dir = f"/tmp/gaudi-launch-{job_id}" + (f"-{suffix}" if backend == "deepspeed" else "")
         assert backend != "deepspeed" or os.path.isdir(job_dir)
         job.kill()
         job.communicate(timeout=60)
