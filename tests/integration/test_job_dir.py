@@ -5,6 +5,7 @@ the next start when a SIGKILLed launcher left it behind."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,8 @@ with open(os.path.join(d, "r.tmp"), "w") as f:
     f.write(f"{os.getpid()}\\n{child.pid}\\n")
 with open(os.path.join(d, "job"), "w") as f:
     f.write(os.environ.get("GAUDI_LAUNCH_JOB_ID", ""))
+with open(os.path.join(d, "suffix"), "w") as f:
+    f.write(os.environ.get("GAUDI_LAUNCH_JOB_DIR_SUFFIX", ""))
 os.replace(os.path.join(d, "r.tmp"), os.path.join(d, "r.pid"))
 time.sleep(900)
 """
@@ -96,7 +99,8 @@ def test_job_dir_is_private_removed_by_the_ranks_watch_after_a_sigkill_or_else_a
     try:
         assert wait_for(lambda: os.path.exists(tmp_path / "r.pid") or job.poll() is not None, timeout=120)
         pids = read_pids(str(tmp_path))
-        job_dir = tmp / f"gaudi-launch-{(tmp_path / 'job').read_text()}"
+        # the job id and the plan's random suffix (issue 36 item 4)
+        job_dir = tmp / f"gaudi-launch-{(tmp_path / 'job').read_text()}-{(tmp_path / 'suffix').read_text()}"
         assert os.stat(job_dir).st_mode & 0o777 == 0o700
         assert os.stat(job_dir / "job.json").st_mode & 0o777 == 0o600
         job.kill()
@@ -115,7 +119,8 @@ def test_job_dir_is_private_removed_by_the_ranks_watch_after_a_sigkill_or_else_a
     res = subprocess.run([*argv, str(done)], env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert not job_dir.exists()  # the next start removed the dead job's directory
-    assert not [n for n in os.listdir(tmp) if n.startswith("gaudi-launch-") and len(n) == 21]  # nor kept its own
+    own = re.compile(r"gaudi-launch-[0-9a-f]{8}(-[0-9a-f]{16})?")
+    assert not [n for n in os.listdir(tmp) if own.fullmatch(n)]  # nor kept its own
 
 
 def test_a_local_job_removes_what_killed_jobs_left_and_nothing_of_a_live_one(tmp_path):

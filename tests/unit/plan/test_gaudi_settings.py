@@ -131,7 +131,8 @@ def test_dry_run_shows_binding_recipe_cache_and_mode(gaudi_host, monkeypatch, tm
     # local ranks 0 and 1 take modules 0 and 1: indices 6 and 7 on this server, NUMA node 1, half of it each
     assert "localhost local rank 0 (card module 0, NUMA node 1): cores 4-5,12-13" in notes
     assert "localhost local rank 1 (card module 1, NUMA node 1): cores 6-7,14-15" in notes
-    assert f"gaudi-launch-{plan.job_id}/recipe-cache,false,1024" in notes
+    suffix = plan.env["GAUDI_LAUNCH_JOB_DIR_SUFFIX"]  # the ranks' job directory's (issue 36 item 4)
+    assert f"gaudi-launch-{plan.job_id}-{suffix}/recipe-cache,false,1024" in notes
     assert "execution mode: eager (--torch_compile on the script's command line)" in notes
     plan = build_plan(JobSpec(program=["x.py"], num_devices=2, cpu_bind="none"), backends=get_backend)
     assert plan.env["GAUDI_LAUNCH_CPU_BIND"] == "none" and "CPU binding: none (--cpu-bind none)" in plan.notes
