@@ -388,6 +388,11 @@ def test_interface_from_what_srun_found_on_the_nodes():
     with pytest.raises(UserError, match="HCCL_SOCKET_IFNAME"):
         plan_for(facts={**facts, "gn03": {"ip_addr": ip("10.2.0.13"), "master_ip": None}})
     assert "nodes not probed: srun said srun: error: x" in plan_for(error="srun: error: x").notes
+    # the master node's own name in its /etc/hosts as 127.0.1.1 is no address the others reach: not used
+    looped = plan_for(facts={h: {**f, "master_ip": "127.0.1.1"} for h, f in facts.items()})
+    assert looped.ifname is None and "gn01 does not resolve here nor on gn01: left to defaults" in "\n".join(
+        looped.notes
+    )
 
 
 def test_srun_runs_the_probe_every_host_gets_and_its_output_becomes_each_nodes_facts(tmp_path):
