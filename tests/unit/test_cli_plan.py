@@ -61,6 +61,13 @@ TOP_KEYS = {
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
 
 
+def job_env(plan: dict) -> dict:
+    """The plan's job variables but the random suffix every plan draws for its ranks' job directories."""
+    env = dict(plan["env"])
+    assert len(env.pop("GAUDI_LAUNCH_JOB_DIR_SUFFIX")) == 16
+    return env
+
+
 def write(path: Path, text: str) -> str:
     path.write_text(text, encoding="utf-8")
     return str(path)
@@ -89,7 +96,7 @@ def test_local_plan_num_devices_3(capsys):
     assert isinstance(port, int) and 1 <= port <= 65535
     assert plan["nodes"] == [{"host": "localhost", "node_rank": 0, "devices": [0, 1, 2], "ranks": [0, 1, 2]}]
     assert plan["program"] == ["train.py"]
-    assert plan["env"] == {}
+    assert job_env(plan) == {}
     assert len(plan["job_id"]) == 8
     assert [c["rank"] for c in plan["commands"]] == [0, 1, 2]
     for i, cmd in enumerate(plan["commands"]):
@@ -174,7 +181,7 @@ def test_mpirun_exports_env_file_and_x_names(capsys, two_hosts):
     exported = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
     assert "FOO" in exported
     assert "bar" not in argv
-    assert plan["env"] == {"FOO": "bar"}
+    assert job_env(plan) == {"FOO": "bar"}
 
 
 def test_num_nodes_takes_first_hosts(capsys, two_hosts):
@@ -499,7 +506,7 @@ def test_secret_masked_in_json(capsys):
     assert rc == 0, err
     assert SECRET not in out and SECRET not in err
     plan = json.loads(out)
-    assert plan["env"] == {"HF_TOKEN": "***", "PLAIN": "visible"}
+    assert job_env(plan) == {"HF_TOKEN": "***", "PLAIN": "visible"}
     assert plan["program"] == ["train.py", "--token", "***", "--tok=***"]
     for cmd in plan["commands"]:
         assert cmd["argv"][-4:] == ["train.py", "--token", "***", "--tok=***"]
@@ -543,7 +550,7 @@ def test_secret_from_env_file_masked(capsys, isolated):
     rc, out, err = run_cli(capsys, "--dry-run", "--json", "--num_devices", "1", "train.py", SECRET)
     assert rc == 0, err
     assert SECRET not in out
-    assert json.loads(out)["env"] == {"DB_PASSWORD": "***"}
+    assert job_env(json.loads(out)) == {"DB_PASSWORD": "***"}
 
 
 def test_secret_with_quote_inside_argument_masked_in_text(capsys):
@@ -564,7 +571,7 @@ def test_env_files_cwd_wins_key_by_key(capsys, isolated):
     (isolated.home / ".deepspeed_env").write_text("A=home\nB=home\n")
     (isolated.cwd / ".deepspeed_env").write_text("B=cwd\nC=cwd\n")
     plan = plan_of(capsys, "--num_devices", "1", "train.py")
-    assert plan["env"] == {"A": "home", "B": "cwd", "C": "cwd"}
+    assert job_env(plan) == {"A": "home", "B": "cwd", "C": "cwd"}
     note = next(n for n in plan["notes"] if n.startswith("environment files read"))
     home_file, cwd_file = str(isolated.home / ".deepspeed_env"), str(isolated.cwd / ".deepspeed_env")
     assert home_file in note and cwd_file in note
@@ -576,7 +583,7 @@ def test_ds_env_file_renames_default_file(capsys, isolated, monkeypatch):
     (isolated.cwd / "custom.env").write_text("A=custom\n")
     monkeypatch.setenv("DS_ENV_FILE", "custom.env")
     plan = plan_of(capsys, "--num_devices", "1", "train.py")
-    assert plan["env"] == {"A": "custom"}
+    assert job_env(plan) == {"A": "custom"}
 
 
 def test_env_file_option_reads_only_that_file(capsys, isolated):
@@ -585,13 +592,13 @@ def test_env_file_option_reads_only_that_file(capsys, isolated):
     only = write(isolated.tmp / "only.env", "C='only one'\nexport D=\"x\\ty\"\n")
     for flag in ("--env-file", "--env_file"):
         plan = plan_of(capsys, "--num_devices", "1", flag, only, "train.py")
-        assert plan["env"] == {"C": "only one", "D": "x\ty"}
+        assert job_env(plan) == {"C": "only one", "D": "x\ty"}
 
 
 def test_env_file_relative_to_cwd(capsys, isolated):
     (isolated.cwd / "rel.env").write_text("R=1\n")
     plan = plan_of(capsys, "--num_devices", "1", "--env-file", "rel.env", "train.py")
-    assert plan["env"] == {"R": "1"}
+    assert job_env(plan) == {"R": "1"}
 
 
 def test_missing_env_file_is_error(capsys, isolated):
@@ -605,12 +612,12 @@ def test_x_wins_over_env_files(capsys, isolated):
     (isolated.home / ".deepspeed_env").write_text("A=home\n")
     (isolated.cwd / ".deepspeed_env").write_text("A=cwd\nB=cwd\n")
     plan = plan_of(capsys, "--num_devices", "1", "-x", "A=cli", "--env", "C=x=y", "train.py")
-    assert plan["env"] == {"A": "cli", "B": "cwd", "C": "x=y"}
+    assert job_env(plan) == {"A": "cli", "B": "cwd", "C": "x=y"}
 
 
 def test_x_later_wins(capsys):
     plan = plan_of(capsys, "--num_devices", "1", "-x", "A=1", "-x", "A=2", "train.py")
-    assert plan["env"] == {"A": "2"}
+    assert job_env(plan) == {"A": "2"}
 
 
 @pytest.mark.parametrize("bad", ["NOEQUALS", "1A=2", "=x", "A-B=1"])
