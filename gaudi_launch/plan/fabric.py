@@ -249,7 +249,7 @@ def local_generation(run: Callable = subprocess.run) -> int | None:
 
 def ofi_recipe_without_facts(flag: bool | None, efa_here: bool, generation: int | None) -> tuple[bool, str]:
     """(set first-generation Gaudi's OFI recipe, note) when no pre-flight probed the hosts (--no-ssh-check, the
-    collective check's own job, inside a Slurm allocation): ``flag`` --efa/--no-efa, ``efa_here`` EFA devices on
+    collective check's own job, Slurm from a login node): ``flag`` --efa/--no-efa, ``efa_here`` EFA devices on
     this host, ``generation`` this host's Gaudi generation (None: no hl-smi here). Pure.
 
     HCCL_OVER_OFI=1 makes HCCL for Gaudi 2 and 3 skip its own choice (HabanaAI/HCL hcl_idevice.cpp
