@@ -54,6 +54,7 @@ TREE, FLAT = "gaudi-launch, tree", "gaudi-launch, flat"
 CORE_ROWS = (TREE, FLAT, BASELINE)
 PREFIX, OCTET = "glb", 221
 MODEL_SIZES = (16, 64, 128, 1024, 4096)
+ONE_PASS = "tree, one pass (not built)"
 
 
 def gl_argv() -> list[str]:
@@ -424,6 +425,9 @@ def model(
       mpirun's fixed part, or "none";
     - the fixed parts: raw mpirun's and gaudi-launch's (over raw mpirun's) time with host 0 alone, no
       ssh (without that measurement: the fits' intercepts);
+    - "tree, one pass (not built)" is what the tree would cost if the pre-flight's probe and the sweep ran
+      on the job's own daemons (one pass down the tree, as raw mpirun's): our fixed part, the probe's time
+      and 0.05 s for the sweep over raw mpirun; a what-if, no such path exists;
     - the crossover is the fewest hosts from which the tree is never slower than the flat path (the
       model, scanned host by host to 8,192), what auto's TREE_FROM_HOSTS should be.
     """
@@ -476,10 +480,14 @@ def model(
         }[tree_sweep]
         return mpirun_fixed + ours_fixed + pre + job + sweep
 
+    def one_pass(n: int) -> float:  # not built: the probe and the sweep ride the job's own daemons
+        return mpirun_fixed + ours_fixed + tree_pass(n, c_hs) + probe + 0.05
+
     out: dict[str, dict[int, float]] = {
         "mpirun (raw, tree spawn)": {n: raw(n) for n in sizes},
         "gaudi-launch, flat": {n: flat(n) for n in sizes},
         "gaudi-launch, tree": {n: tree(n) for n in sizes},
+        ONE_PASS: {n: one_pass(n) for n in sizes},
     }
     crossover = None
     for n in range(8192, 1, -1):  # the fewest hosts from which the tree is never slower
@@ -639,7 +647,7 @@ def print_report(res: dict) -> None:
         for line in res["model"]["assumptions"]:
             print("  " + line)
         for name, by_n in res["model"]["predicted"].items():
-            print(f"  {name:<26} " + "  ".join(f"{n:>5} h: {t:6.2f} s" for n, t in by_n.items()))
+            print(f"  {name:<28} " + "  ".join(f"{n:>5} h: {t:6.2f} s" for n, t in by_n.items()))
         x = res["model"].get("crossover")
         print(
             f"  the tree is never slower than flat from {x} hosts on (model)"

@@ -301,7 +301,17 @@ def test_bench_scale_tiny(tmp_path):
     assert costs["ours_fixed"] == pytest.approx(max(0.0, costs["gaudi_launch_one_host"] - costs["mpirun_fixed"]))
     assert "fixed parts (measured on host 0 alone)" in out
     predicted = data["model"]["predicted"]
-    assert set(predicted) == {"mpirun (raw, tree spawn)", "gaudi-launch, flat", "gaudi-launch, tree"}
+    assert set(predicted) == {
+        "mpirun (raw, tree spawn)",
+        "gaudi-launch, flat",
+        "gaudi-launch, tree",
+        "tree, one pass (not built)",
+    }
+    # the what-if: one pass down the tree costs less than the three the tree path makes
+    assert all(
+        predicted["tree, one pass (not built)"][n] < predicted["gaudi-launch, tree"][n]
+        for n in predicted["gaudi-launch, tree"]
+    )
     assert all(set(by_n) == {"16", "64", "128", "1024", "4096"} for by_n in predicted.values())
     # the model's shape: raw mpirun's tree costs the same from 128 to 4,096 hosts (depth 2 at radix 64)
     # and the flat path grows with every host
