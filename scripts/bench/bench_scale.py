@@ -205,10 +205,19 @@ def measure(
     workdir: str,
     env: dict[str, str],
     timeout: float,
+    budget_s: Optional[float] = None,
 ) -> dict[str, dict[int, dict]]:
+    """Medians of `rounds` measured rounds after `warmup`; with `budget_s`, no round is started that the
+    last one's length says would end past it (at least one measured round always runs)."""
     hostfiles = {n: cluster.hostfile(slots=1, hosts=range(n)) for n in counts}
     results: dict[str, dict[int, dict]] = {name: {n: {"seconds": []} for n in counts} for name, _ in cfgs}
+    t0 = last = time.monotonic()
     for r in range(warmup + rounds):
+        now = time.monotonic()
+        if budget_s is not None and r > warmup and now + (now - last) - t0 > budget_s:
+            print(f"  stopping after {r - warmup} round(s): the next would pass the budget", file=sys.stderr)
+            break
+        last = now
         order = cfgs[r % len(cfgs) :] + cfgs[: r % len(cfgs)]
         # host counts alternate up and down, rounds alike; a warm-up round (caches, compiled modules) runs
         # the smallest count only
@@ -735,6 +744,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         "through the daemon tree, backends/mpirun.tree_sweeper; ssh: a session per host, as before it)",
     )
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="start no measured round that would end past this many minutes of launches (the medians are of the "
+        "rounds run; at least one)",
+    )
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", action="store_true", help="also print the tables as docs/performance.md has them")
     p.add_argument("--from-json", default=None, help="print the report of an earlier run's --json, run nothing")
@@ -775,8 +791,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         try:
             idle = cluster.memory_kib()
             cenv = cluster.env(env)
+            budget = args.max_minutes * 60 if args.max_minutes else None
             with MemoryWatch() as watch:
-                launches = measure(cluster, counts, args.repeats, args.warmup_rounds, cfgs, workdir, cenv, args.timeout)
+                launches = measure(
+                    cluster, counts, args.repeats, args.warmup_rounds, cfgs, workdir, cenv, args.timeout, budget
+                )
             with open("/proc/meminfo") as f:
                 total = int(f.readline().split()[1])
             res["memory"] = {
@@ -788,6 +807,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "total_kib": total,
             }
             res["launches"] = {name: {str(n): e for n, e in per.items()} for name, per in launches.items()}
+            done = max((len(e["seconds"]) for per in launches.values() for e in per.values()), default=0)
+            res["config"]["repeats_asked"], res["config"]["repeats"] = args.repeats, done
             fits = {}
             for name, per in launches.items():
                 pts = [(n, e["median"]) for n, e in per.items() if "median" in e]

@@ -282,6 +282,7 @@ def test_bench_scale_tiny(tmp_path):
     data = json.loads((tmp_path / "scale.json").read_text())
     assert_environment(data)
     assert list(data["launches"]) == SCALE_ROWS  # the core rows only, without --all-rows
+    assert data["config"]["repeats"] == data["config"]["repeats_asked"] == 1
     for name in SCALE_ROWS:
         assert all(positive(data["launches"][name][n]["median"]) for n in ("2", "3")), name
         assert name in data["fits"]
