@@ -40,6 +40,9 @@ class HostFacts:
     elapsed_s: float = 0.0
     fabric: Optional[scaleout.HostFabric] = None  # scale-out facts (Gaudi generation, NIC ports, libfabric)
     cards: Optional[cards.HostCards] = None  # its cards by module id, their NUMA nodes, who holds them
+    # Read by the one-host probe (remote/hostprobe.py: this machine, no Python checks, no scale-out links): its
+    # fabric says the generation and RDMA devices but decides no scale-out path.
+    one_host: bool = False
 
 
 def sections(block: str) -> dict[str, list[str]]:

@@ -74,14 +74,20 @@ def fabric_settings(
     has them (the pre-flight's, or Slurm's probe through srun), else EFA as --efa/--no-efa say or as this
     host's devices show."""
     multi_host = capabilities(plan.backend).multi_host
-    known = facts is not None and all(n.host in facts for n in plan.nodes)
+    facts = facts or {}
+    known = all(n.host in facts and not facts[n.host].one_host for n in plan.nodes)
     paths = scaleout_paths(facts, spec.efa) if facts and known and multi_host else {}
     efa = False  # with the hosts' facts, the recipe, where a host needs it, is set by apply_scaleout
     if paths:  # decided per host from what each host's probe found (plan/scaleout.py)
         apply_scaleout(plan, paths, environ, spec.hccl_ofi_wrapper)
-    else:  # no per-host facts: HCCL_OVER_OFI only for first-generation Gaudi (plan/fabric.py)
-        efa_here = fabric.efa_present() if spec.efa is None else False
-        gen = fabric.local_generation() if spec.efa or efa_here else None
+    else:  # no per-host facts: HCCL_OVER_OFI only for first-generation Gaudi (plan/fabric.py), from this machine's
+        here = next((f.fabric for f in facts.values() if f.one_host and f.fabric is not None), None)  # its probe
+        if here is not None:  # (its RDMA devices in sysfs and hl-smi's card name, as efa_present/local_generation)
+            efa_here = here.efa if spec.efa is None else False
+            gen = here.generation if spec.efa or efa_here else None
+        else:
+            efa_here = fabric.efa_present() if spec.efa is None else False
+            gen = fabric.local_generation() if spec.efa or efa_here else None
         efa, note = fabric.ofi_recipe_without_facts(spec.efa, efa_here, gen)
         if note and (efa or multi_host):
             plan.notes.append(note)

@@ -33,7 +33,7 @@ def probe_here(host: str, python: str, script: Optional[str], cwd: str) -> Optio
     if not found.complete:
         return None
     facts = probe.facts_of(host, found, script=script, cwd=cwd)
-    facts.fabric = None  # its scale-out links were not read: no path is decided from a one-host probe
+    facts.one_host = True  # its scale-out links were not read: no path is decided from it
     return facts
 
 

@@ -39,7 +39,8 @@ def test_this_machine_read_by_the_probe_every_host_gets(gaudi2_here, tmp_path):
     assert facts.hostname == socket.gethostname() and facts.ncpus == os.cpu_count()
     assert facts.script_ok is True and facts.cwd_ok is True and facts.cwd == str(tmp_path)
     assert facts.devices == 8 and len(facts.cards.cards) == 8  # hl-smi's cards, by module id
-    assert facts.fabric is None  # its scale-out links unread: no scale-out path is decided from it
+    assert facts.one_host and facts.fabric.generation == 2  # the generation, but no scale-out path from it
+    assert facts.fabric.ports_up is None and facts.fabric.ofi_wrapper is None  # (links and libfabric not read)
     assert facts.python_ok is None and facts.deepspeed is None  # one host: no Python started, no versions
     assert probe_here("localhost", sys.executable, "missing.py", str(tmp_path)).script_ok is False
 
@@ -92,3 +93,22 @@ def test_a_local_partial_node_is_refused_whatever_the_backend_without_a_pre_flig
             build_plan(
                 JobSpec(program=["train.py"], include="localhost:0,3", backend=backend, **more), backends=get_backend
             )
+
+
+def test_a_one_host_job_takes_this_machines_fabric_from_its_facts(tmp_path, monkeypatch):
+    """First-generation Gaudi with EFA (the stand-in's DL1): the local backend's plan takes the generation and the
+    EFA devices from this machine's facts, and reads the host no other way (fabric.efa_present and
+    local_generation, its former reads, fail here if called)."""
+    from gaudi_launch.plan import fabric
+    from tests.standin import gaudi_tools
+
+    gaudi_tools.apply(monkeypatch, "dl1", root=tmp_path / "host")
+    monkeypatch.chdir(tmp_path)
+    for name in [n for n in os.environ if n.startswith(("HCCL_", "HABANA_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(fabric, "efa_present", lambda *a, **k: pytest.fail("read this host again"))
+    monkeypatch.setattr(fabric, "local_generation", lambda *a, **k: pytest.fail("read this host again"))
+    plan = build_plan(JobSpec(program=["train.py"], num_devices=2, backend="local"), backends=get_backend)
+    assert plan.env["HCCL_OVER_OFI"] == "1"  # DL1's recipe: EFA devices and first-generation Gaudi, from the facts
+    plan = build_plan(JobSpec(program=["train.py"], num_devices=2, backend="local", efa=False), backends=get_backend)
+    assert "HCCL_OVER_OFI" not in plan.env
