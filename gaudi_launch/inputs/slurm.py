@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import time
@@ -95,6 +94,8 @@ def draw_port() -> int:
     """The job's rendezvous port, drawn at random in the span. Not derived from the Slurm job id: squeue shows
     that to every user, who could take a port that follows from it first. The launcher's draw reaches the ranks
     in srun's environment, which no other user can read; the node probe and rank 0 check it is free."""
+    import secrets  # here: the rank bootstrap imports this module, and secrets loads OpenSSL and random
+
     return PORT_BASE + secrets.randbelow(PORT_SPAN)
 
 

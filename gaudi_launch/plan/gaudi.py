@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from typing import Optional
 
 from gaudi_launch.inputs import cards
@@ -40,6 +39,10 @@ def stack_version(version: Optional[str] = None) -> Optional[tuple[int, int]]:
     """(major, minor) of the installed Gaudi PyTorch bridge (habana-torch-plugin, e.g. 1.22.0.740), or None
     when it is not installed or its version does not read. ``version`` given: parse only (pure)."""
     if version is None:
+        # imported here: importlib.metadata (and the email package it loads) is a tenth of the rank
+        # bootstrap's start-up, which imports this module on every rank, Gaudi or not
+        from importlib import metadata
+
         try:
             version = metadata.version("habana-torch-plugin")
         except metadata.PackageNotFoundError:

@@ -10,7 +10,6 @@ Results come back keyed by host, in the order of the hosts given (a host named t
 
 from __future__ import annotations
 
-import concurrent.futures
 import resource
 from collections.abc import Sequence
 from typing import Callable, Optional, TypeVar
@@ -49,6 +48,8 @@ def per_host(
     running after ``timeout`` seconds gets ``default(host)`` (``fn`` should bound its own time; this
     is the backstop) and its thread is left to finish. An exception from ``fn`` is raised here after
     the others have finished."""
+    import concurrent.futures  # here: the rank bootstrap imports this module (teardown), never a pool
+
     unique = list(dict.fromkeys(hosts))
     if not unique:
         return {}

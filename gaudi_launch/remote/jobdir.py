@@ -10,7 +10,6 @@ job is removed at the next start on that host, once nothing carries its job id a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pwd
@@ -49,6 +48,8 @@ def payload(env: Mapping[str, str], argv: list[str], module: bool, cwd: str, key
 
 
 def digest(data: bytes) -> str:
+    import hashlib  # here: every rank imports this module, and only a job file's ranks need a digest (OpenSSL)
+
     return hashlib.sha256(data).hexdigest()
 
 
