@@ -30,6 +30,8 @@ SAFE = {
     "remote.authkeys:add_keys": "the user's own ~/.ssh/authorized_keys (the container's, at start)",
     "remote.authkeys:setup": "the user's own ~/.ssh/authorized_keys (the container's, at start)",
     "remote.sshclient:_append_known_host": "the user's own known_hosts file",
+    "remote.treeprobe:run_round": "its hostfile in the tempfile.TemporaryDirectory its callers make (mkdtemp: 0700, a "
+    "random name)",
     "scriptflags:_write_ops": "tempfile.mkstemp (O_EXCL, 0600, a random name)",
     "runtime.checkpoint:_save": "inside .tmp-checkpoint-STEP-PID, made new by os.makedirs (fails if it exists)",
     "runtime.checkpoint:_write_json": "inside .tmp-checkpoint-STEP-PID, made new by os.makedirs",
