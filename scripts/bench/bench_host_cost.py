@@ -49,7 +49,7 @@ _COMMAND = (
 def cpu_ms(argv: list[str], **kwargs) -> float:
     """Milliseconds of CPU (user + sys) that argv and the children it waited for used."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    res = subprocess.run(argv, capture_output=True, **kwargs)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if res.returncode != 0:
         raise RuntimeError(f"{argv[:4]}... exited {res.returncode}: {res.stderr.decode(errors='replace')[-500:]}")
@@ -149,11 +149,17 @@ def measure(trees: list[Tree], repeats: int, scratch: str) -> dict[str, dict[str
         agent = os.path.join(tree.root, "gaudi_launch", "remote", "rshagent.py")
         daemon = ["orted", "-mca", "ess", "env", "-mca", "orte_ess_jobid", "1"]
         jobs += [
-            (tree.label, "probe", lambda c=command, e=tree.env: cpu_ms(["sh", "-c", c], env=e, stdin=subprocess.DEVNULL, cwd=scratch)),
+            (
+                tree.label,
+                "probe",
+                lambda c=command, e=tree.env: cpu_ms(["sh", "-c", c], env=e, stdin=subprocess.DEVNULL, cwd=scratch),
+            ),
             (
                 tree.label,
                 "bootstrap",
-                lambda e=env: cpu_ms([sys.executable, "-u", "-m", "gaudi_launch.process.worker", script], env=e, cwd=scratch),
+                lambda e=env: cpu_ms(
+                    [sys.executable, "-u", "-m", "gaudi_launch.process.worker", script], env=e, cwd=scratch
+                ),
             ),
             (tree.label, "bare python rank", lambda e=env: cpu_ms([sys.executable, "-u", script], env=e, cwd=scratch)),
             (
@@ -203,7 +209,9 @@ def table(figures: dict[str, dict[str, float]]) -> str:
             cells.append(f"{figures[labels[1]][row] - figures[labels[0]][row]:+.1f}")
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))) for line in lines)
+    return "\n".join(
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))) for line in lines
+    )
 
 
 def main(argv: Optional[list[str]] = None) -> int:

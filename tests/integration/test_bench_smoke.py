@@ -335,3 +335,20 @@ def test_bench_launch_start_up_only_writes_its_json(tmp_path):
     assert table_rows(stdout, START_UP_ROWS) == START_UP_ROWS, stdout
     data = json.loads(out.read_text())
     assert data["results"] == {} and all(positive(data["start_up"][name]["median"]) for name in START_UP_ROWS)
+
+
+HOST_COST_ROWS = ["probe", "bootstrap", "bare python rank", "bootstrap beyond bare python", "rsh agent"]
+
+
+def test_bench_host_cost_measures_this_checkout_beside_a_revision(tmp_path):
+    out = tmp_path / "host-cost.json"
+    stdout = run_bench("bench_host_cost.py", "--repeats", "1", "--before", "HEAD", "--json", str(out))
+    assert "per host beyond raw mpirun" in stdout and "this checkout" in stdout and "HEAD" in stdout, stdout
+    figures = json.loads(out.read_text())["figures"]
+    assert set(figures) == {"HEAD", "this checkout"}
+    for by_row in figures.values():
+        assert all(positive(by_row[row]) for row in ("probe", "bootstrap", "bare python rank", "rsh agent")), by_row
+        assert by_row["per host beyond raw mpirun"] == pytest.approx(
+            by_row["probe"] + by_row["bootstrap beyond bare python"] + by_row["rsh agent"]
+        )
+    assert table_rows(stdout, HOST_COST_ROWS) == HOST_COST_ROWS, stdout
