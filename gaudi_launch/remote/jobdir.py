@@ -216,7 +216,10 @@ def clean_stale(tmp: Optional[str] = None, now: Optional[float] = None) -> list[
         return []
     if not names:
         return []
-    live, host, removed = live_job_ids(), socket.gethostname(), []
+    # every process's environment is read only once a directory is old enough to be stale (is_stale needs no
+    # live ids for a young one): a rank 0 cleans at each start, mostly beside young directories alone
+    live: Optional[set[str]] = None
+    host, removed = socket.gethostname(), []
     for name in names:
         path = os.path.join(tmp, name)
         try:
@@ -230,8 +233,10 @@ def clean_stale(tmp: Optional[str] = None, now: Optional[float] = None) -> list[
         except OSError:
             owner = None
         job_id = _job_id(name)
+        if live is None and age >= STALE_AFTER_S:
+            live = live_job_ids()
         try:
-            stale = job_id is not None and is_stale(owner, job_id, age, live, host)
+            stale = job_id is not None and is_stale(owner, job_id, age, live or set(), host)
         except ValueError:
             stale = False
         if stale:

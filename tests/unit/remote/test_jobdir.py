@@ -99,6 +99,20 @@ def test_clean_stale_removes_only_dead_jobs_of_ours(tmp_path):
     assert mine.exists() and other.exists() and unrelated.exists()
 
 
+def test_clean_stale_reads_the_processes_environments_only_for_a_directory_old_enough(tmp_path, monkeypatch):
+    """Every rank 0 cleans at its start: with only young directories nothing can be stale, so the scan of every
+    process's environment (live_job_ids) is not paid; an old one still gets it, once (issue 34: per-host CPU)."""
+    scans = []
+    monkeypatch.setattr(jobdir, "live_job_ids", lambda: scans.append(1) or {"00000007"})
+    for job in ("00000006", "00000007"):
+        (tmp_path / f"gaudi-launch-{job}").mkdir(mode=0o700)
+    now = time.time()
+    assert jobdir.clean_stale(str(tmp_path), now=now) == [] and scans == []
+    later = now + 3600
+    assert jobdir.clean_stale(str(tmp_path), now=later) == [str(tmp_path / "gaudi-launch-00000006")]
+    assert scans == [1] and (tmp_path / "gaudi-launch-00000007").exists()
+
+
 def test_receive_accepts_the_same_file_on_a_shared_filesystem_and_refuses_another(tmp_path):
     path = str(tmp_path / "gaudi-launch-0123abcd")
     data = b'{"env": {}}'
