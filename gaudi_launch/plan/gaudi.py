@@ -8,6 +8,7 @@ Stdlib only (the worker imports this before the user's script).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -39,6 +40,8 @@ def stack_version(version: Optional[str] = None) -> Optional[tuple[int, int]]:
     """(major, minor) of the installed Gaudi PyTorch bridge (habana-torch-plugin, e.g. 1.22.0.740), or None
     when it is not installed or its version does not read. ``version`` given: parse only (pure)."""
     if version is None:
+        version = _bridge_dist_info_version()
+    if version is None:
         # imported here: importlib.metadata (and the email package it loads) is a tenth of the rank
         # bootstrap's start-up, which imports this module on every rank, Gaudi or not
         from importlib import metadata
@@ -49,6 +52,28 @@ def stack_version(version: Optional[str] = None) -> Optional[tuple[int, int]]:
             return None
     m = re.match(r"(\d+)\.(\d+)", version or "")
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+_BRIDGE_DIST = "habana_torch_plugin-"  # the bridge's wheel (pip install habana-torch-plugin) names its dist-info so
+
+
+def _bridge_dist_info_version() -> Optional[str]:
+    """The bridge's version from the name of the one habana_torch_plugin-VERSION.dist-info beside the
+    habana_frameworks this interpreter would import (a directory listing, as remote/scripts/probe_checks.py reads
+    it on every host); None when there is not exactly one, and importlib.metadata then decides. Every Gaudi rank
+    asks at its start (the recipe cache), and importlib.metadata's import alone is most of that."""
+    try:
+        spec = importlib.util.find_spec("habana_frameworks")
+    except (ImportError, ValueError):
+        return None
+    found = set()
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        try:
+            names = os.listdir(os.path.dirname(location))
+        except OSError:
+            continue
+        found.update(n for n in names if n.startswith(_BRIDGE_DIST) and n.endswith(".dist-info"))
+    return found.pop()[len(_BRIDGE_DIST) : -len(".dist-info")] if len(found) == 1 else None
 
 
 # ------------------------------------------------------------------ CPU binding

@@ -78,6 +78,45 @@ def test_stack_version_reads_the_bridges_version():
     assert gaudi.stack_version("garbage") is None
 
 
+_READ_VERSION = (  # importlib.metadata forgotten first, in case the interpreter's start loaded it
+    "import importlib, sys\n"
+    "sys.modules.pop('importlib.metadata', None)\n"
+    "importlib.__dict__.pop('metadata', None)\n"
+    "from gaudi_launch.plan import gaudi\n"
+    "print(gaudi.stack_version(), 'importlib.metadata' in sys.modules)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "dist_infos, expected",
+    [
+        # a stand-in of the installed bridge: `pip install habana-torch-plugin==1.22.0.740` puts the package
+        # habana_frameworks and the wheel's habana_torch_plugin-1.22.0.740.dist-info side by side
+        (["habana_torch_plugin-1.22.0.740"], {"(1, 22) False"}),
+        # two of them (a broken upgrade): not guessed from the names, importlib.metadata decides as before (the
+        # first its directory listing gives)
+        (["habana_torch_plugin-1.22.0.740", "habana_torch_plugin-1.21.1.11"], {"(1, 22) True", "(1, 21) True"}),
+        # none: no bridge installed (the package alone), importlib.metadata says so
+        ([], {"None True"}),
+    ],
+)
+def test_stack_version_of_a_stand_in_bridge_reads_its_dist_info_beside_the_package(tmp_path, dist_infos, expected):
+    """Every Gaudi rank asks at its start (the recipe cache): the name of the dist-info beside habana_frameworks
+    answers without importing importlib.metadata (issue 34: the bootstrap's CPU per host); importlib.metadata,
+    which the answer must agree with, is asked only when the names do not say."""
+    (tmp_path / "habana_frameworks").mkdir()
+    (tmp_path / "habana_frameworks" / "__init__.py").write_text("")
+    for name in dist_infos:
+        version = name.split("-", 1)[1]
+        (tmp_path / f"{name}.dist-info").mkdir()
+        (tmp_path / f"{name}.dist-info" / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: habana-torch-plugin\nVersion: {version}\n"
+        )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.abspath(ROOT)])}
+    res = subprocess.run([sys.executable, "-c", _READ_VERSION], env=env, capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() in expected, res.stderr
+
+
 def test_cpu_bind_none_reaches_every_rank_and_turns_binding_off():
     assert gaudi.cpu_bind_env("none") == {"GAUDI_LAUNCH_CPU_BIND": "none"}
     assert gaudi.cpu_bind_env("numa") == {}
