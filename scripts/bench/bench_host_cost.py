@@ -83,6 +83,7 @@ class Tree:
         return subprocess.run(
             [sys.executable, "-c", _COMMAND, sys.executable, script, cwd, str(port)],
             env=self.env,
+            cwd=cwd,  # not this checkout's root: `python -c` puts the working directory first on sys.path
             stdout=subprocess.PIPE,
             check=True,
             text=True,
