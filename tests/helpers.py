@@ -73,3 +73,12 @@ def links_hang_after(netns: str, after_bytes: int):
     finally:
         for chain in ("INPUT", "OUTPUT"):
             subprocess.run([*ns, "-D", chain, *rule], check=False)
+
+
+def job_env(env: dict) -> dict:
+    """A plan's job variables without the per-plan random job-directory suffix (wire.JOB_DIR_SUFFIX), which
+    every plan draws; checked to be there."""
+    from gaudi_launch.wire import JOB_DIR_SUFFIX
+
+    assert len(env.get(JOB_DIR_SUFFIX, "")) == 16, env
+    return {k: v for k, v in env.items() if k != JOB_DIR_SUFFIX}

@@ -66,7 +66,7 @@ def _bridge_dist_info_version() -> Optional[str]:
         spec = importlib.util.find_spec("habana_frameworks")
     except (ImportError, ValueError):
         return None
-    found = set()
+    found: set[str] = set()
     for location in (spec.submodule_search_locations or []) if spec is not None else []:
         try:
             names = os.listdir(os.path.dirname(location))

@@ -26,6 +26,7 @@ from gaudi_launch.process.hangs import (
     with_heartbeats,
 )
 from gaudi_launch.wire import HEARTBEAT_DIR
+from tests.helpers import job_env
 from tests.unit.cli_helpers import plan_of, user_error
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
@@ -133,7 +134,7 @@ def test_heartbeat_directory_reaches_the_ranks_and_bad_timeouts_are_refused(caps
     assert os.path.basename(spec.env[HEARTBEAT_DIR]).startswith("gaudi-launch-")
     assert with_heartbeats(JobSpec(program=["t.py"])).env == {}
     plan = plan_of(capsys, "--num_devices", "2", "--hang-timeout", "30", "t.py")
-    assert set(plan["env"]) == {HEARTBEAT_DIR}
+    assert set(job_env(plan["env"])) == {HEARTBEAT_DIR}
     open("t.py", "w").close()
     assert "--hang-timeout: a number of seconds, at least 1, got 0.5" in user_error(
         capsys, "--hang-timeout", "0.5", "t.py"

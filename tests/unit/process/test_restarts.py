@@ -25,6 +25,7 @@ from gaudi_launch.process.restarts import (
 )
 from gaudi_launch.process.supervise import JobResult
 from gaudi_launch.wire import restart_count
+from tests.helpers import job_env
 from tests.unit.cli_helpers import plan_of, user_error
 
 pytestmark = pytest.mark.usefixtures("isolated")  # tests/unit/conftest.py
@@ -83,7 +84,7 @@ def test_ranks_see_the_attempt_under_both_names():
 
 def test_dry_run_shows_the_restart_variables(capsys):
     plan = plan_of(capsys, "--num_devices", "2", "--max-restarts", "3", "t.py")
-    assert plan["env"] == {"GAUDI_LAUNCH_RESTART_COUNT": "0", "GAUDI_LAUNCH_MAX_RESTARTS": "3"}
+    assert job_env(plan["env"]) == {"GAUDI_LAUNCH_RESTART_COUNT": "0", "GAUDI_LAUNCH_MAX_RESTARTS": "3"}
     assert {c["env"]["TORCHELASTIC_MAX_RESTARTS"] for c in plan["commands"]} == {"3"}
     assert {c["env"]["TORCHELASTIC_RESTART_COUNT"] for c in plan["commands"]} == {"0"}
 
