@@ -19,9 +19,12 @@ from gaudi_launch.wire import TREE_RADIX
 
 MODES = FAN_OUT_MODES
 
-# auto: the flat path below this many remote hosts, the tree from it up. Where the two cross is measured by
-# scripts/bench/bench_scale.py (docs/performance.md "Launch cost against hosts"); 32 until that bench says.
-TREE_FROM_HOSTS = 32
+# auto: the flat path below this many remote hosts, the tree from it up. Where the two cross:
+# scripts/bench/bench_scale.py's model (docs/performance.md "Launch cost against hosts"), every host its own
+# machine: 485 hosts with the costs measured on a quiet machine, 540 under load (2026-12-02). Below it the tree's
+# three passes (pre-flight, start, sweep) cost more than flat's CPU per host saves; on the namespace cluster,
+# where every host shares the launcher's cores, the tree was slower at 16, 32 and 64 hosts alike.
+TREE_FROM_HOSTS = 500
 
 # The tree's radix: OpenMPI's own (routed_radix, 64) unless this variable names another (tests use 2, so a tree
 # of a few hosts has depth 2).
