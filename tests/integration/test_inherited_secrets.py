@@ -61,7 +61,7 @@ def test_a_slurm_plan_masks_every_secret_srun_exports_to_the_ranks():
         JobSpec(program=["train.py"], backend="slurm", efa=False, env={"RUN_NOTE": "x"}),
         environ=environ,
         backends=lambda name: types.SimpleNamespace(
-            detect=lambda plan, env: slurm_backend.probe_allocation(plan, env, lambda *a, **k: None),
+            detect=lambda plan, env: slurm_backend.probe_allocation(plan, env, lambda *a, **k: (None, None)),
             commands=slurm_backend.commands,
         ),
     )
