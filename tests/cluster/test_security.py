@@ -252,6 +252,7 @@ ORPHAN = (
     "        os.execve('/bin/sleep', ['sleep', '120'], {})\n"
     "    open(sys.argv[1] + '.tmp', 'w').write(str(child))\n"
     "    os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"
+    "    time.sleep(0.5)\n"  # a rank gone ~0.1 s after its start under DeepSpeed may end the whole job: an open race
     "    os._exit(0)\n"
     "time.sleep(1)\n"
 )
