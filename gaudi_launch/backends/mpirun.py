@@ -464,15 +464,6 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
         ranks=hosts,
     )
     # mpirun's own teardown misses what left a rank's process group (a setsid daemon): sweep by job id.
-    sweep = job_sweeper(
-        list(dict.fromkeys(hosts.values())),
-        plan.job_id,
-        ssh_args=ssh_args,
-        python=spec.python,
-        is_local=is_local_host,
-        lost=lambda: watch.lost if watch else (),
-        via=connections.agent_run if connections is not None else None,
-    )
     if tree:  # the sweep through the same tree; a host it did not answer for by its own ssh
         sweep = tree_sweeper(
             list(dict.fromkeys(hosts.values())),
@@ -484,6 +475,16 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
             radix=fanoutmode.radix(environ),
             ssh_timeout=spec.ssh_timeout,
             tcp_cidr=plan.tcp_cidr,
+        )
+    else:
+        sweep = job_sweeper(
+            list(dict.fromkeys(hosts.values())),
+            plan.job_id,
+            ssh_args=ssh_args,
+            python=spec.python,
+            is_local=is_local_host,
+            lost=lambda: watch.lost if watch else (),
+            via=connections.agent_run if connections is not None else None,
         )
     hooks = Hooks(
         demux=functools.partial(OmpiDemux, plan.openmpi),

@@ -86,7 +86,7 @@ def parse_ip_addr(text: str) -> list[Interface]:
     return list(by_name.values())
 
 
-_VIRTUAL_PREFIXES = ("lo", "docker", "virbr", "veth")
+VIRTUAL_PREFIXES = ("lo", "docker", "virbr", "veth")  # addresses every such machine has alike
 _FALLBACK_SKIP = ("lo", "docker")
 
 IFNAME_HINT = "set HCCL_SOCKET_IFNAME (e.g. -x HCCL_SOCKET_IFNAME=eth0) or fix the hosts' addressing"
@@ -121,7 +121,7 @@ def _networks_containing(ip, iface: Interface) -> list:
     return found
 
 
-def _is_virtual(name: str, prefixes: Sequence[str] = _VIRTUAL_PREFIXES) -> bool:
+def _is_virtual(name: str, prefixes: Sequence[str] = VIRTUAL_PREFIXES) -> bool:
     return name.startswith(tuple(prefixes))
 
 

@@ -22,7 +22,7 @@ from gaudi_launch.inputs.backend_options import AUTO, SlurmOptions, capabilities
 from gaudi_launch.inputs.hostfile import Host
 from gaudi_launch.inputs.hostselect import select
 from gaudi_launch.inputs.spec import JobSpec
-from gaudi_launch.plan.contract import worker_argv
+from gaudi_launch.plan.contract import LAYOUT, worker_argv
 from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
 from gaudi_launch.plan.shared import new_plan
@@ -32,19 +32,7 @@ LATER = "(allocated by srun)"  # a node's name in a plan made before srun alloca
 FIRST_NODE = "(first node of the step)"  # the master, when srun picks the nodes
 # Names the ranks get from srun (the worker maps them) or from us: the launcher's own values of
 # these must not leak into the ranks (e.g. a stale MASTER_ADDR in the login node's shell).
-CONTRACT = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "LOCAL_SIZE",
-    "NODE_RANK",
-    "GROUP_RANK",
-    "CROSS_RANK",
-    "CROSS_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
+CONTRACT = (*LAYOUT, "MASTER_ADDR", "MASTER_PORT")
 
 
 def wanted(spec: JobSpec, environ: Mapping[str, str]) -> bool:

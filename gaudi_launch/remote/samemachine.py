@@ -15,9 +15,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Optional
 
-from gaudi_launch.plan.fabric import parse_ip_addr
-
-_NOT_ITS_OWN = ("lo", "docker", "virbr", "veth")  # addresses every such machine has alike
+from gaudi_launch.plan.fabric import VIRTUAL_PREFIXES, parse_ip_addr
 
 
 def identity(hostname: Optional[str], ip_addr: str) -> Optional[tuple[str, frozenset]]:
@@ -26,7 +24,7 @@ def identity(hostname: Optional[str], ip_addr: str) -> Optional[tuple[str, froze
         return None
     addresses = set()
     for iface in parse_ip_addr(ip_addr or ""):
-        if iface.name.startswith(_NOT_ITS_OWN):
+        if iface.name.startswith(VIRTUAL_PREFIXES):
             continue
         for cidr in iface.addresses:
             ip = ipaddress.ip_interface(cidr).ip
