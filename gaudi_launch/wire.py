@@ -27,6 +27,9 @@ DEVICE = "GAUDI_LAUNCH_DEVICE"  # hpu, cuda or cpu: --device, for the bootstrap 
 RANKS_FROM = "GAUDI_LAUNCH_RANKS_FROM"  # "slurm": the bootstrap reads the rank layout from srun's variables
 SYSFS = "GAUDI_LAUNCH_SYSFS"  # where the bootstrap reads the host's cards (tests point it at a copy)
 CPU_BIND = "GAUDI_LAUNCH_CPU_BIND"  # "none": ranks are not bound (--cpu-bind none)
+# The cards the pre-flight (or the local / srun probe) found on each host, by hostname: what a rank binds its
+# CPUs from without running hl-smi again (plan/gaudi.py carry_cards / carried_cards). A job variable, never on argv.
+HOST_CARDS = "GAUDI_LAUNCH_HOST_CARDS"
 # Selected slots of every node, '0,1;1,3' (node 0 takes slots 0,1, node 1 slots 1,3): one command
 # (mpirun, deepspeed) starts every node, so each node's part travels in one variable.
 NODE_DEVICES = "GAUDI_LAUNCH_NODE_DEVICES"

@@ -9,6 +9,7 @@ Stdlib only (the worker imports this before the user's script).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from typing import Optional
 from gaudi_launch.inputs import cards
 from gaudi_launch.inputs.idranges import id_ranges
 from gaudi_launch.scriptflags import LAZY_VAR, lazy_mode_setting, script_hpu_flags
-from gaudi_launch.wire import CPU_BIND
+from gaudi_launch.wire import CPU_BIND, HOST_CARDS
 
 CPU_BIND_VAR = CPU_BIND  # "none": ranks are not bound (--cpu-bind none)
 CPU_BIND_CHOICES = ("numa", "none")
@@ -94,6 +95,79 @@ def rank_binding(environ: Mapping[str, str], host: cards.HostCards) -> Optional[
         return None
     modules = cards.rank_modules(int(size), environ.get("HABANA_VISIBLE_MODULES"))
     return cards.rank_cores(modules, host)[int(local)]
+
+
+# ------------------------------------------------------------------ the hosts' cards, carried to the ranks
+# What a rank binds from is hl-smi's `-Q index,module_id,bus_id -f csv,noheader` (cards.QUERY; Habana's hl-smi page,
+# -Q, and the module ids of "Multiple Dockers Each with a Single Workload") and the NUMA facts in sysfs. The
+# pre-flight's probe (remote/scripts/probe.sh) reads exactly these on every host, so the plan carries them to the
+# ranks (HOST_CARDS) and a rank runs hl-smi itself only on a host whose cards did not come with the job (no probe,
+# another host's facts, a card missing): on a Gaudi host hl-smi takes about 0.3-1 s, and every rank of a host ran it
+# at the same time.
+
+# One environment string must stay under Linux's MAX_ARG_STRLEN (32 pages, 128 KiB) or the ranks' exec fails
+# (E2BIG): past this size the plan carries nothing and each rank reads its cards as before.
+CARRY_LIMIT = 64 * 1024
+
+
+def carry_cards(hosts: Sequence[tuple[Optional[str], Optional[cards.HostCards]]]) -> Optional[str]:
+    """HOST_CARDS' value: each host's cards (index, module id, bus id, NUMA node) and the CPUs of those NUMA
+    nodes, keyed by the host's own hostname (its probe's `hostname`: what socket.gethostname() returns there, so a
+    rank never takes another host's facts), alike hosts sharing one entry. ``hosts``: (hostname, cards) per host.
+    A hostname given twice with different cards is left out. None when no host has cards. Pure."""
+    layouts: list[list] = []
+    seen: dict[str, int] = {}
+    named: dict[str, int] = {}
+    clash: set[str] = set()
+    for hostname, host in hosts:
+        if not hostname or host is None or not host.cards:
+            continue
+        node = {c.bus_id: host.numa_of_bus.get(c.bus_id, -1) for c in host.cards}
+        cpus = {str(n): id_ranges(host.node_cpus[n]) for n in sorted(set(node.values())) if host.node_cpus.get(n)}
+        layout = [[[c.index, c.module_id, c.bus_id, node[c.bus_id]] for c in host.cards], cpus]
+        key = json.dumps(layout, separators=(",", ":"))
+        if key not in seen:
+            seen[key] = len(layouts)
+            layouts.append(layout)
+        if named.setdefault(hostname, seen[key]) != seen[key]:
+            clash.add(hostname)
+    named = {h: i for h, i in named.items() if h not in clash}
+    if not named:
+        return None
+    return json.dumps({"layouts": layouts, "hosts": named}, separators=(",", ":"))
+
+
+def carried_cards(value: str, hostname: str) -> Optional[cards.HostCards]:
+    """The cards carry_cards put in ``value`` for ``hostname``, as cards.read_host reads them on that host (without
+    who holds them); None when the value has none for it or does not read. Pure."""
+    try:
+        data = json.loads(value)
+        which = data["hosts"][hostname]
+        if not isinstance(which, int) or which < 0:
+            return None
+        found, cpus = data["layouts"][which]
+        host = cards.HostCards()
+        for index, module, bus, node in found:
+            if not isinstance(bus, str):
+                return None
+            host.cards.append(cards.Card(index=int(index), module_id=int(module), bus_id=bus))
+            host.numa_of_bus[bus] = int(node)
+        for node, text in cpus.items():
+            host.node_cpus[int(node)] = cards.parse_cpulist(str(text))
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return host if host.cards else None
+
+
+def rank_cards(environ: Mapping[str, str], hostname: str) -> Optional[cards.HostCards]:
+    """This rank's host's cards as the plan carried them (HOST_CARDS), when they are this host's (``hostname``)
+    and hold the card of every local rank; None otherwise: the rank then reads its host itself (hl-smi). Pure."""
+    host = carried_cards(environ.get(HOST_CARDS, ""), hostname)
+    size = environ.get("LOCAL_WORLD_SIZE", "")
+    if host is None or not size.isdigit():
+        return host
+    wanted = cards.rank_modules(int(size), environ.get("HABANA_VISIBLE_MODULES"))
+    return host if set(wanted) <= {c.module_id for c in host.cards} else None
 
 
 def omp_threads(cores: Sequence[int], siblings: Mapping[int, Sequence[int]]) -> int:

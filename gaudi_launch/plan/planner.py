@@ -30,7 +30,7 @@ from gaudi_launch.plan.launchplan import Command, LaunchPlan, layout
 from gaudi_launch.plan.multinode import PreflightFailed, apply_facts, findings, host_settings, pick_remote_port
 from gaudi_launch.plan.restarthosts import hosts_for_attempt
 from gaudi_launch.plan.shared import device_settings, export_settings, fabric_settings, new_plan
-from gaudi_launch.wire import JOB_DIR_SUFFIX
+from gaudi_launch.wire import HOST_CARDS, JOB_DIR_SUFFIX
 from gaudi_launch.wire import path_for as jobdir_path
 
 
@@ -196,7 +196,8 @@ def gaudi_settings(
 ) -> LaunchPlan:
     """--cpu-bind into the ranks' environment, a partial node refused where nothing else judged it (the
     pre-flight judges its hosts'), and what the ranks will do about binding, the recipe cache and lazy mode in
-    the plan's notes (plan/gaudi.py), from each host's cards in its facts."""
+    the plan's notes (plan/gaudi.py), from each host's cards in its facts; those cards, by hostname, in the ranks'
+    environment (HOST_CARDS), so that a rank binds without running hl-smi again."""
     plan.env.update(gaudi.cpu_bind_env(spec.cpu_bind))
     facts = facts or {}
     local = [n for n in plan.nodes if is_local_host(n.host)]
@@ -214,6 +215,13 @@ def gaudi_settings(
                 hint="take 2 or 4 cards from one of those groups (e.g. --include host:0,1), or the whole node",
             )
         lines += gaudi.binding_lines(node.host, modules, found)
+    carried = None
+    if spec.cpu_bind != "none":  # each rank binds from its host's cards as found here, not from hl-smi again
+        carried = gaudi.carry_cards(
+            [(facts[n.host].hostname, facts[n.host].cards) for n in plan.nodes if n.host in facts]
+        )
+    if carried is not None and len(carried) <= gaudi.CARRY_LIMIT:
+        plan.env[HOST_CARDS] = carried
     job_env = {**environ, **plan.env}
     tmp_dir = jobdir_path(plan.job_id, suffix=plan.env.get(JOB_DIR_SUFFIX, ""))  # the ranks' (worker._job_dir_path)
     version = gaudi.stack_version()
@@ -227,6 +235,16 @@ def gaudi_settings(
             mode=gaudi.execution_mode(job_env, spec.program[1:], version),
         )
     )
+    if HOST_CARDS in plan.env:
+        plan.notes.append(
+            f"CPU binding: the cards the probe read on each host go to its ranks ({HOST_CARDS}): a rank runs "
+            "hl-smi for its binding only on a host without them"
+        )
+    elif carried is not None:
+        plan.notes.append(
+            f"CPU binding: the hosts' cards ({len(carried)} bytes) are too many to carry to the ranks (over "
+            f"{gaudi.CARRY_LIMIT}): each rank runs hl-smi for its binding"
+        )
     return plan
 
 

@@ -215,12 +215,19 @@ def _hpu_env(script_args: list[str], environ: MutableMapping[str, str]) -> dict[
 def _bind_cpus(environ: MutableMapping[str, str], threads_set: bool) -> None:
     """Bind this rank to its card's share of the card's NUMA node (plan/gaudi.py), unless --cpu-bind none.
     Done here, in every backend's rank, rather than with mpirun's or srun's own flags: only this host knows
-    which card the rank takes and where that card sits. A host without hl-smi is left alone. Once bound, and
-    unless the user set OMP_NUM_THREADS (``threads_set``), one OpenMP thread per physical core bound."""
-    if environ.get(gaudi.CPU_BIND_VAR) == "none" or not shutil.which("hl-smi"):
+    which card the rank takes and where that card sits. The host's cards come with the job when the plan had
+    them (the pre-flight's probe read them there: gaudi.rank_cards); only without them does the rank run hl-smi
+    itself (cards.read_host), and a host without hl-smi is left alone. Once bound, and unless the user set
+    OMP_NUM_THREADS (``threads_set``), one OpenMP thread per physical core bound."""
+    if environ.get(gaudi.CPU_BIND_VAR) == "none":
         return
     sysfs = environ.get(SYSFS) or "/sys"
-    cores = gaudi.rank_binding(environ, cards.read_host(sysfs=sysfs))
+    host = gaudi.rank_cards(environ, socket.gethostname())
+    if host is None:
+        if not shutil.which("hl-smi"):
+            return
+        host = cards.read_host(sysfs=sysfs)
+    cores = gaudi.rank_binding(environ, host)
     if not cores:
         return
     try:
