@@ -41,6 +41,8 @@ def stack_version(version: Optional[str] = None) -> Optional[tuple[int, int]]:
     """(major, minor) of the installed Gaudi PyTorch bridge (habana-torch-plugin, e.g. 1.22.0.740), or None
     when it is not installed or its version does not read. ``version`` given: parse only (pure)."""
     if version is None:
+        if _bridge_absent():
+            return None  # no habana_frameworks to import: no bridge, and no metadata import to learn it
         version = _bridge_dist_info_version()
     if version is None:
         # imported here: importlib.metadata (and the email package it loads) is a tenth of the rank
@@ -56,6 +58,15 @@ def stack_version(version: Optional[str] = None) -> Optional[tuple[int, int]]:
 
 
 _BRIDGE_DIST = "habana_torch_plugin-"  # the bridge's wheel (pip install habana-torch-plugin) names its dist-info so
+
+
+def _bridge_absent() -> bool:
+    """Whether this interpreter cannot import habana_frameworks (the bridge's package): every machine without
+    Gaudi, where the launcher then skips importlib.metadata's import (about 15 ms of a dry run)."""
+    try:
+        return importlib.util.find_spec("habana_frameworks") is None
+    except (ImportError, ValueError):
+        return False
 
 
 def _bridge_dist_info_version() -> Optional[str]:

@@ -117,6 +117,14 @@ def test_stack_version_of_a_stand_in_bridge_reads_its_dist_info_beside_the_packa
     assert res.stdout.strip() in expected, res.stderr
 
 
+def test_no_bridge_package_is_no_bridge_without_importing_importlib_metadata(tmp_path):
+    """A machine without Gaudi (most launching hosts, every dry run here): habana_frameworks does not import, so
+    there is no bridge, and importlib.metadata's import (about 15 ms of a dry run) is not paid to learn it."""
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(ROOT)}
+    res = subprocess.run([sys.executable, "-c", _READ_VERSION], env=env, capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "None False", res.stderr
+
+
 def test_cpu_bind_none_reaches_every_rank_and_turns_binding_off():
     assert gaudi.cpu_bind_env("none") == {"GAUDI_LAUNCH_CPU_BIND": "none"}
     assert gaudi.cpu_bind_env("numa") == {}
