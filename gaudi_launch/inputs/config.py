@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.readfile import read_bounded
+
+if TYPE_CHECKING:
+    import yaml
 
 # Spellings users bring from other launchers, mapped to our option's parameter name.
 ALIASES = {
@@ -46,6 +47,8 @@ def load_config(path: str) -> list[tuple[str, Any, str]]:
         raise UserError(f"cannot read config file: {exc.strerror or exc}", where=path)
     except UnicodeDecodeError as exc:
         raise UserError(f"cannot read config file: {exc}", where=path)
+    import yaml  # here: a launch without --config does not pay its import
+
     try:
         _check_shape(text, path)  # before compose: aliases and depth are refused from the event stream
         root = yaml.compose(text)
@@ -89,6 +92,8 @@ def _check_shape(text: str, path: str) -> None:
     """Refuse an alias of a list or mapping (``*name``: an 845-byte file of nested aliases expands to
     gigabytes; an alias of one scalar cannot grow) and nesting deeper than MAX_DEPTH, reading the parser's
     events (which need no recursion), file:line named."""
+    import yaml
+
     depth = 0
     collections: set[str] = set()  # anchors of lists and mappings
     for event in yaml.parse(text):
@@ -116,6 +121,8 @@ def _check_shape(text: str, path: str) -> None:
 
 def _check_env_node(node: yaml.Node, path: str) -> None:
     """env's values are text: a mapping of NAME: scalar, or a list of NAME=value scalars (or one scalar)."""
+    import yaml
+
     if isinstance(node, yaml.MappingNode):
         items = [v for _, v in node.value] + [k for k, _ in node.value]
     elif isinstance(node, yaml.SequenceNode):

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from importlib import metadata
 from typing import Any, Optional
 
 from gaudi_launch.errors import UserError
@@ -55,6 +54,8 @@ TOOLS = (
 
 
 def _package(name: str) -> Optional[str]:
+    from importlib import metadata  # here: a launch does not pay for the env command's import
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
