@@ -117,53 +117,59 @@ def rank_binding(environ: Mapping[str, str], host: cards.HostCards) -> Optional[
 # at the same time.
 
 # One environment string must stay under Linux's MAX_ARG_STRLEN (32 pages, 128 KiB) or the ranks' exec fails
-# (E2BIG): past this size the plan carries nothing and each rank reads its cards as before.
-CARRY_LIMIT = 64 * 1024
+# (E2BIG): past this size (about 2,500 hosts with 40-character hostnames) the plan carries nothing and each rank
+# reads its cards as before.
+CARRY_LIMIT = 100 * 1024
 
 
 def carry_cards(hosts: Sequence[tuple[Optional[str], Optional[cards.HostCards]]]) -> Optional[str]:
     """HOST_CARDS' value: each host's cards (index, module id, bus id, NUMA node) and the CPUs of those NUMA
-    nodes, keyed by the host's own hostname (its probe's `hostname`: what socket.gethostname() returns there, so a
-    rank never takes another host's facts), alike hosts sharing one entry. ``hosts``: (hostname, cards) per host.
-    A hostname given twice with different cards is left out. None when no host has cards. Pure."""
+    nodes, named by the host's own hostname (its probe's `hostname`: what socket.gethostname() returns there, so a
+    rank never takes another host's facts), alike hosts sharing one entry: ``{"layouts": [[cards, cpus,
+    [hostname, ...]], ...]}``. ``hosts``: (hostname, cards) per host. A hostname given twice with different cards
+    is left out. None when no host has cards. Pure."""
     layouts: list[list] = []
-    seen: dict[str, int] = {}
+    seen: dict[tuple, int] = {}
     named: dict[str, int] = {}
     clash: set[str] = set()
     for hostname, host in hosts:
         if not hostname or host is None or not host.cards:
             continue
-        node = {c.bus_id: host.numa_of_bus.get(c.bus_id, -1) for c in host.cards}
-        cpus = {str(n): id_ranges(host.node_cpus[n]) for n in sorted(set(node.values())) if host.node_cpus.get(n)}
-        layout = [[[c.index, c.module_id, c.bus_id, node[c.bus_id]] for c in host.cards], cpus]
-        key = json.dumps(layout, separators=(",", ":"))
-        if key not in seen:
-            seen[key] = len(layouts)
-            layouts.append(layout)
-        if named.setdefault(hostname, seen[key]) != seen[key]:
+        node = [host.numa_of_bus.get(c.bus_id, -1) for c in host.cards]
+        key = (
+            tuple((c.index, c.module_id, c.bus_id, n) for c, n in zip(host.cards, node)),
+            tuple((n, tuple(host.node_cpus.get(n) or ())) for n in sorted(set(node))),
+        )
+        which = seen.get(key)
+        if which is None:
+            which = seen[key] = len(layouts)
+            cpus = {str(n): id_ranges(c) for n, c in key[1] if c}
+            layouts.append([[list(card) for card in key[0]], cpus, []])
+        if named.setdefault(hostname, which) != which:
             clash.add(hostname)
-    named = {h: i for h, i in named.items() if h not in clash}
-    if not named:
-        return None
-    return json.dumps({"layouts": layouts, "hosts": named}, separators=(",", ":"))
+    for hostname, which in named.items():
+        if hostname not in clash:
+            layouts[which][2].append(hostname)
+    kept = [layout for layout in layouts if layout[2]]
+    return json.dumps({"layouts": kept}, separators=(",", ":")) if kept else None
 
 
 def carried_cards(value: str, hostname: str) -> Optional[cards.HostCards]:
     """The cards carry_cards put in ``value`` for ``hostname``, as cards.read_host reads them on that host (without
     who holds them); None when the value has none for it or does not read. Pure."""
     try:
-        data = json.loads(value)
-        which = data["hosts"][hostname]
-        if not isinstance(which, int) or which < 0:
+        found = [
+            layout for layout in json.loads(value)["layouts"] if isinstance(layout[2], list) and hostname in layout[2]
+        ]
+        if len(found) != 1:
             return None
-        found, cpus = data["layouts"][which]
         host = cards.HostCards()
-        for index, module, bus, node in found:
+        for index, module, bus, node in found[0][0]:
             if not isinstance(bus, str):
                 return None
             host.cards.append(cards.Card(index=int(index), module_id=int(module), bus_id=bus))
             host.numa_of_bus[bus] = int(node)
-        for node, text in cpus.items():
+        for node, text in found[0][1].items():
             host.node_cpus[int(node)] = cards.parse_cpulist(str(text))
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None

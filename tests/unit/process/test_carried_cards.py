@@ -150,7 +150,14 @@ def test_carried_cards_read_back_as_hl_smi_and_sysfs_give_them_hl_smi_stand_in(s
     # one hostname with two different sets of cards: neither is trusted
     assert gaudi.carried_cards(gaudi.carry_cards([("x", here), ("x", other), ("y", here)]) or "", "x") is None
     assert gaudi.carry_cards([(None, here), ("z", None)]) is None
-    for garbage in ("", "{", "[]", '{"hosts": {"x": -1}, "layouts": []}', '{"hosts": {"x": 0}, "layouts": [[1]]}'):
+    for garbage in (
+        "",
+        "{",
+        "[]",
+        '{"layouts": []}',
+        '{"layouts": [[1]]}',
+        '{"layouts": [[[[0, 0, "b", 0]], {}, "xy"]]}',
+    ):
         assert gaudi.carried_cards(garbage, "x") is None
 
 
