@@ -1,329 +1,47 @@
-"""The ``gaudi-launch`` command line, on Typer: it parses, launch.py does the rest.
+"""``gaudi-launch``: read the command line and run the command; every error said in one line.
 
-The launch command's signature is generated from the option fields (inputs/commandline.py: JobSpec's
-and the command line's own), each in its --help panel; everything after SCRIPT is the script's own argv,
-passed on byte for byte. ``check``, ``run``, ``env``, ``report`` and ``completion`` are commands of the
-same app; any other first word starts the launch command (``gaudi-launch train.py``). Values arrive as
-typed (text) and are checked against their fields' types in inputs/, for the job file alike. No torch
-here, and nothing of the launch itself until a command runs: --help stays fast.
+A plain launch line (``[check] [OPTIONS] SCRIPT [SCRIPT_ARGS]...``) is read here without Typer (plainline.py):
+Typer, click and pydantic cost a launch about 0.1 s before the first word, and drawing its help through rich
+0.3 s (helptext.py draws the launch and check commands' help instead). Any other line (completion, --version,
+a misspelt option, the other commands) goes to the Typer command (typercli.py), which reads every line the same
+way and says what is wrong. commands.py runs either.
 """
 
 from __future__ import annotations
 
-import inspect
 import os
+import shutil
 import signal
 import sys
-from types import ModuleType
-from typing import Annotated, Any, Callable, Optional
+from typing import Optional
 
-import typer
-
-from gaudi_launch import __version__, completion
+from gaudi_launch import commands, completion, plainline
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
-from gaudi_launch.inputs.commandline import kind_of, launch_options
-from gaudi_launch.inputs.habits import torchrun_option_error
 from gaudi_launch.wire import DEBUG
 
-PROG = "gaudi-launch"
-HELP = """Launch SCRIPT on every selected device of every host, one process per device. SCRIPT is a Python
-file (a module with -m, an executable with --no_python); every word after it is passed to it untouched.
-
-Examples:
-
-  gaudi-launch --num_devices 8 train.py --bf16          (this host, 8 ranks)
-
-  gaudi-launch --hostfile hostfiles/two-dl1-nodes train.py --epochs 3
-
-  gaudi-launch --hostfile H --include 'worker-0:0,1@worker-1' --dry-run train.py
-
-Commands (gaudi-launch COMMAND --help):
-
-  check --hostfile H train.py     the pre-flight alone (same as --check-only)
-
-  run plan.json                   run what --dry-run --json wrote, as it was
-
-  env \\[--json]                    versions, devices, network: paste it into bug reports
-
-  report RUN_DIR                  plots of a run's metrics.jsonl or a bench JSON
-
-  completion \\[SHELL] \\[--install]  shell completion (bash, zsh, fish)
-
-Exit status: 0 on success; the first failing rank's exit code (128+N for signal N);
-1 for a bug of gaudi-launch (GAUDI_LAUNCH_DEBUG=1 shows it); 2 for bad input or options;
-3 when the pre-flight failed (nothing started); 4 when a host stopped answering mid-run;
-5 when no rank advanced for --hang-timeout seconds; 127 when a rank's program could not be started;
-128+N when the launcher itself got signal N.
-"""
-CHECK_HELP = """The pre-flight alone: reach every selected host over SSH and check its Python, the script, the
-working directory, its Gaudi devices (hl-smi), the master port and the network interface; print the table and
-exit 0, or 3 when a check failed. Nothing is started. (Same as --check-only.) With --collective: also the
-fabric test, one rank per host."""
-COMMANDS = ("check", "run", "env", "report", "completion", "launch")
-SETTINGS = {"help_option_names": ["-h", "--help"]}
-_METAVAR = {int: "INTEGER", float: "NUMBER", str: "TEXT"}
-_ARGS = ("script", "script_args")
-
-
-def _markup(text: str) -> str:
-    """Help text as rich shows it literally ('[' opens rich markup)."""
-    return text.replace("[", "\\[")
-
-
-def _parameters(helps: Optional[dict[str, str]] = None, only: Optional[set[str]] = None) -> list[inspect.Parameter]:
-    """The launch command's signature: one keyword per option field (those named in ``only``, when given),
-    then SCRIPT and SCRIPT_ARGS. Every option is text (or a flag): launch.py checks it against its field's
-    type, as for the job file."""
-    params = []
-    for o in launch_options():
-        if only is not None and o.name not in only:
-            continue
-        kind, many = kind_of(o.hint)
-        shown = (helps or {}).get(o.name, o.option.help)
-        if o.default is not None and kind is not bool and "default" not in shown.lower():
-            shown += f" [default: {o.default}]"
-        info = typer.Option(
-            *o.option.flags,
-            help=_markup(shown),
-            rich_help_panel=o.option.panel,
-            metavar="" if kind is bool else _METAVAR.get(kind, "TEXT"),  # a flag takes no value: none shown
-            show_default=False,
-        )
-        annotation = Optional[bool] if kind is bool else Optional[list[str]] if many else Optional[str]
-        params.append(_keyword(o.name, annotation, info))
-    params.append(
-        _keyword(
-            "version",
-            Optional[bool],
-            typer.Option(
-                "--version", "-V", callback=_version, is_eager=True, metavar="", help="Print the version and exit."
-            ),
-        )
-    )
-    # Described in HELP, not in a panel of their own (which would show Typer's '<str>' type for them).
-    script = typer.Argument(metavar="SCRIPT", hidden=True, show_default=False)
-    rest = typer.Argument(metavar="SCRIPT_ARGS", hidden=True, show_default=False)
-    return params + [_keyword("script", Optional[str], script), _keyword("script_args", Optional[list[str]], rest)]
-
-
-def _named_in(argv: list[str]) -> Optional[set[str]]:
-    """The options whose flags occur in ``argv`` (a word, or its part before '='), or None (all) when help may be
-    asked for. Typer 0.29 builds a pydantic adapter for every option of a command, given or not (0.1 s for this
-    one's 70): a command made of the given options alone parses the same argv the same way. Words of the
-    script's own may name an option too: one more parameter, never one fewer. Pure."""
-    words = {w.split("=", 1)[0] for w in argv} | {w[:2] for w in argv if w[:1] == "-" and w[:2] != "--"}  # -xA=B
-    if words & set(SETTINGS["help_option_names"]):
-        return None
-    return {o.name for o in launch_options() if words & {s for f in o.option.flags for s in f.split("/")}}
-
-
-def _keyword(name: str, annotation, info) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[annotation, info])
-
-
-def _version(value: Optional[bool]) -> None:
-    if value:
-        typer.echo(f"{PROG} {installed_version()}")
-        raise typer.Exit()
-
-
-def installed_version() -> str:
-    """The installed distribution's version (its metadata, what pip shows); ``__version__`` when run from a
-    source tree that was never installed. pyproject takes its version from ``__version__``, so they agree."""
-    from importlib.metadata import PackageNotFoundError, version  # only here: --help stays fast
-
-    try:
-        return version(PROG)
-    except PackageNotFoundError:
-        return __version__
-
-
-def _with_signature(function: Callable, params: list[inspect.Parameter]) -> Callable:
-    """``function(**values)`` as Typer reads it: the generated signature, and annotations to match."""
-    function.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    function.__annotations__ = {p.name: p.annotation for p in params}
-    return function
-
-
-def _given(values: dict[str, Any]) -> dict[str, Any]:
-    """What the command line gave: an option not given arrives as None."""
-    return {k: v for k, v in values.items() if v is not None and k != "version"}
-
-
-def _root() -> ModuleType:
-    """launch.py, the composition root, and with it the launch's modules: imported when a command runs,
-    never for --help (the one function-level import here)."""
-    from gaudi_launch import launch
-
-    return launch
-
-
-def _interruptible(call: Callable[[], int]) -> int:
-    """A command's work; Ctrl-C is said as such (Typer would turn it into a silent exit 130)."""
-    try:
-        return call()
-    except KeyboardInterrupt:
-        print("gaudi-launch: interrupted", file=sys.stderr)
-        return for_signal(signal.SIGINT)
-
-
-def _launch(**values) -> int:
-    return _interruptible(lambda: _root().run_command(_given(values)))
-
-
-def _check(**values) -> int:
-    return _interruptible(lambda: _root().run_command({**_given(values), "check_only": True}))
-
-
-def run_plan(
-    plan: Annotated[Optional[str], typer.Argument(metavar="PLAN", hidden=True, show_default=False)] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", "--dry_run", metavar="", help="Show the plan made now; start nothing.")
-    ] = False,
-    json_out: Annotated[bool, typer.Option("--json", metavar="", help="With --dry-run: as one JSON object.")] = False,
-) -> int:
-    """Run PLAN, the plan a dry run wrote (gaudi-launch --dry-run --json ... > plan.json), in its directory, with
-    all its options; nothing starts if the job planned now differs from it."""
-    if plan is None:
-        raise UserError(
-            "run takes one plan: gaudi-launch run [--dry-run [--json]] plan.json",
-            hint="make one with: gaudi-launch --dry-run --json [OPTIONS] SCRIPT > plan.json",
-        )
-    return _interruptible(lambda: _root().replay(plan, dry_run=dry_run, json_out=json_out))
-
-
-def env(
-    json_out: Annotated[bool, typer.Option("--json", metavar="", help="One JSON object instead of text.")] = False,
-    hostfile: Annotated[
-        Optional[str],
-        typer.Option("--hostfile", metavar="TEXT", help="Report every host of this hostfile, differences marked."),
-    ] = None,
-    ssh_config: Annotated[
-        Optional[str], typer.Option("--ssh-config", "--ssh_config", metavar="TEXT", help="ssh_config file.")
-    ] = None,
-    ssh_port: Annotated[
-        Optional[int], typer.Option("--ssh-port", "--ssh_port", metavar="INTEGER", help="SSH port of every host.")
-    ] = None,
-    ssh_identity: Annotated[
-        Optional[str], typer.Option("--ssh-identity", "--ssh_identity", metavar="TEXT", help="Private key for SSH.")
-    ] = None,
-    python: Annotated[
-        Optional[str],
-        typer.Option("--python", metavar="TEXT", help="gaudi-launch's interpreter on the hosts. Default: this one."),
-    ] = None,
-) -> int:
-    """Versions, devices and network of this machine (or of every host of a hostfile), for bug reports."""
-    return _root().environment_report(
-        json_out=json_out,
-        hostfile=hostfile,
-        ssh_config=ssh_config,
-        ssh_port=ssh_port,
-        ssh_identity=ssh_identity,
-        python=python or sys.executable,
-    )
-
-
-def report(
-    source: Annotated[Optional[str], typer.Argument(metavar="RUN_DIR", hidden=True, show_default=False)] = None,
-    out: Annotated[
-        Optional[str],
-        typer.Option(
-            "--out",
-            metavar="DIR",
-            help="Directory for the PNGs (default: RUN_DIR/plots, or plots/ beside a JSON file).",
-        ),
-    ] = None,
-) -> int:
-    """PNG plots of RUN_DIR: a run's output directory or its metrics.jsonl (loss, throughput, memory over steps),
-    or a benchmark JSON from scripts/bench/ (bars with ratios against the peer)."""
-    if source is None:
-        raise UserError("report takes a run's directory: gaudi-launch report RUN_DIR [--out DIR]", where="RUN_DIR")
-    return _root().plots_report(source, out)  # matplotlib is imported there, when plotting
-
-
-def completion_command(
-    shell: Annotated[Optional[str], typer.Argument(metavar="SHELL", hidden=True, show_default=False)] = None,
-    install: Annotated[bool, typer.Option("--install", metavar="", help="Write it where the shell reads it.")] = False,
-) -> int:
-    """Print the shell completion script for gaudi-launch for SHELL (bash, zsh or fish; default: $SHELL's), or
-    install it (--install)."""
-    return completion.install(_app_command(), shell) if install else completion.show(_app_command(), shell)
-
-
-def _checked() -> set[str]:
-    """What ``check`` takes: what the pre-flight (and its collective test) reads."""
-    wanted = [o.name for o in launch_options() if o.option.panel in ("Hosts", "Devices", "SSH")]
-    return {*wanted, "python", "config", "json_out", "version", *_ARGS} - {"check_only", "no_ssh_check"}
-
-
-def app(only: Optional[set[str]] = None) -> typer.Typer:
-    """The app: the launch command (also the default one, see main), check, run, env, report, completion
-    (``only``: the options launch and check declare, see _named_in)."""
-    commands = typer.Typer(name=PROG, add_completion=False, context_settings=SETTINGS, rich_markup_mode="rich")
-    script_first = {**SETTINGS, "allow_interspersed_args": False}  # after SCRIPT, every word is the script's
-    launch = _with_signature(_launch, _parameters(only=only))
-    commands.command("launch", context_settings=script_first, help=HELP)(launch)
-    json_help = {"json_out": "With --collective: its results as one JSON object."}
-    check_params = [p for p in _parameters(json_help, only) if p.name in _checked()]
-    commands.command("check", context_settings=script_first, help=CHECK_HELP)(_with_signature(_check, check_params))
-    commands.command("run")(run_plan)
-    commands.command("env")(env)
-    commands.command("report")(report)
-    commands.command("completion")(completion_command)
-    return commands
-
-
-def _app_command(only: Optional[set[str]] = None):
-    """The launch command alone, as ``gaudi-launch [OPTIONS] SCRIPT [SCRIPT_ARGS]...`` runs it (``only``: its
-    options, see _named_in)."""
-    alone = typer.Typer(
-        name=PROG,
-        add_completion=True,  # Typer's --install-completion/--show-completion (the shell found), its answers
-        rich_markup_mode="rich",
-        context_settings={**SETTINGS, "allow_interspersed_args": False},
-    )
-    alone.command(help=HELP)(_with_signature(_launch, _parameters(only=only)))
-    return typer.main.get_command(alone)
-
-
-def _command(argv: list[str], only: Optional[set[str]]):
-    if argv[:1] and argv[0] in COMMANDS:
-        return typer.main.get_command(app(only))
-    return _app_command(only)  # gaudi-launch [OPTIONS] SCRIPT [SCRIPT_ARGS]...: the launch command
+HELP = commands.HELP
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not (argv[:1] and argv[0] in COMMANDS) and completion.old_request():
-        return 1
-    only = None if completion.requested() else _named_in(argv)
     try:
-        try:
-            return _command(argv, only).main(args=argv, prog_name=PROG, standalone_mode=False) or 0
-        except typer.TyperException:
-            if only is None:
-                raise
-            # the command line's own error: said by the whole command, whose words it suggests from
-            return _command(argv, None).main(args=argv, prog_name=PROG, standalone_mode=False) or 0
+        plain = None if completion.requested() else plainline.read(argv, commands.checked())
+        if plain is None:
+            from gaudi_launch import typercli  # only here: the plain launch line never pays for Typer
+
+            return typercli.read(argv)
+        command, given = plain
+        if given.get(plainline.HELP):
+            print(commands.help_page(command, shutil.get_terminal_size().columns), end="")
+            return 0
+        return commands.check(given) if command == "check" else commands.launch(given)
     except UserError as exc:
         print(f"gaudi-launch: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except typer.Exit as exc:
-        return exc.exit_code
-    except typer.TyperException as exc:  # the command line's own: unknown option, missing value
-        known = torchrun_option_error(getattr(exc, "option_name", None) or "")
-        if known is not None:
-            print(f"gaudi-launch: error: {known}", file=sys.stderr)
-            return known.exit_code
-        where = getattr(getattr(exc, "ctx", None), "command_path", None) or PROG
-        print(f"gaudi-launch: error: {exc.format_message()}\n  hint: see {where} --help", file=sys.stderr)
-        return exc.exit_code if exc.exit_code != 1 else ExitCode.USAGE
-    except (typer.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:
         print("gaudi-launch: interrupted", file=sys.stderr)
         return for_signal(signal.SIGINT)
-    except SystemExit as exc:  # typer's completion answers exit
-        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     except Exception as exc:  # a bug of ours: say so briefly; the traceback on request
         if os.environ.get(DEBUG):
             raise

@@ -1,6 +1,7 @@
-"""The launch command is built from the options its command line names (cli._named_in: Typer 0.29 builds a
-pydantic adapter for every option of a command, given or not), and must read every command line exactly as
-the command of all options does: the same values, the same errors."""
+"""Three readings of one command line must agree: the plain launch line read without Typer (plainline.py), the
+Typer command built from the options the line names (typertypercli._named_in: Typer 0.29 builds a pydantic adapter
+for every option of a command, given or not) and the Typer command of all options: the same values, the same
+errors."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gaudi_launch import cli
+from gaudi_launch import cli, commands, plainline, typercli
 from gaudi_launch.inputs.commandline import kind_of, launch_options
 
 OPTIONS = launch_options()
@@ -39,15 +40,19 @@ def command_lines(draw):
             argv += [f"{flag}={v}"] if flag.startswith("--") and draw(st.booleans()) else [flag, v]
     # the script's own words may look like our options: they stay the script's
     tail = draw(st.lists(st.sampled_from(["--num_devices", "8", "--bf16", "-x", "--hostfile=h", "--"]), max_size=4))
-    return draw(st.sampled_from([[], ["check"]])) + argv + ["train.py", *tail]
+    return draw(st.sampled_from([[], ["check"], ["launch"]])) + argv + ["train.py", *tail]
 
 
-def _read(argv: list[str], monkeypatch, whole: bool):
+def _read(argv: list[str], monkeypatch, whole: bool, plain: bool = True):
+    """(exit status, the values the launch got, stderr) of ``argv``: through cli.main (the plain reader first,
+    unless not ``plain``), the Typer command of the named options, or of all of them (``whole``)."""
     seen = []
     stub = types.SimpleNamespace(run_command=lambda values: seen.append(values) or 0)
-    monkeypatch.setattr(cli, "_root", lambda: stub)
+    monkeypatch.setattr(commands, "root", lambda: stub)
+    if whole or not plain:
+        monkeypatch.setattr(plainline, "read", lambda argv, checked: None)
     if whole:
-        monkeypatch.setattr(cli, "_named_in", lambda argv: None)
+        monkeypatch.setattr(typercli, "_named_in", lambda argv: None)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         rc = cli.main(list(argv))
@@ -57,8 +62,70 @@ def _read(argv: list[str], monkeypatch, whole: bool):
 
 @SETTINGS
 @given(command_lines())
-def test_a_command_of_the_given_options_reads_every_command_line_as_the_whole_one(monkeypatch, argv):
-    assert _read(argv, monkeypatch, whole=False) == _read(argv, monkeypatch, whole=True)
+def test_every_reading_of_a_command_line_is_the_whole_commands(monkeypatch, argv):
+    whole = _read(argv, monkeypatch, whole=True)
+    assert _read(argv, monkeypatch, whole=False, plain=False) == whole  # Typer, the named options
+    assert _read(argv, monkeypatch, whole=False) == whole  # the plain reader where it reads the line
+
+
+@SETTINGS
+@given(command_lines())
+def test_the_plain_reader_gives_what_typer_gives_where_it_reads_a_line(monkeypatch, argv):
+    plain = plainline.read(argv, commands.checked())
+    if plain is not None:
+        rc, seen, err = _read(argv, monkeypatch, whole=True)
+        assert (rc, err) == (0, "")
+        assert seen == [{**plain[1], **({"check_only": True} if plain[0] == "check" else {})}]
+
+
+@pytest.mark.parametrize(
+    "argv, command, values",
+    [
+        (
+            ["--num_devices", "2", "--dry-run", "train.py", "--bf16"],
+            "launch",
+            {"num_devices": "2", "dry_run": True, "script": "train.py", "script_args": ["--bf16"]},
+        ),
+        (
+            ["check", "--hostfile=h", "-i", "a:0,1@b", "--ssh-port", "22", "t.py"],
+            "check",
+            {"hostfile": "h", "include": "a:0,1@b", "ssh_port": "22", "script": "t.py"},
+        ),
+        (
+            ["-xA=B", "-x", "C=D", "--env=E=F", "--no-efa", "--efa", "--no_efa", "-m", "pkg.mod", "--lr", "-3"],
+            "launch",
+            {
+                "env": ["A=B", "C=D", "E=F"],
+                "efa": False,
+                "module": True,
+                "script": "pkg.mod",
+                "script_args": ["--lr", "-3"],
+            },
+        ),
+        (["--master_port", "1", "--master_port", "2", "t.py"], "launch", {"master_port": "2", "script": "t.py"}),
+    ],
+)
+def test_plain_launch_lines_are_read_without_typer(argv, command, values):
+    assert plainline.read(argv, commands.checked()) == (command, values)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--version"],
+        ["--num-devicez", "2", "t.py"],
+        ["--dry-run=yes", "t.py"],
+        ["-mi", "h", "t.py"],
+        ["--hostfile"],
+        ["--", "t.py"],
+        ["env"],
+        ["run", "plan.json"],
+        ["check", "--dry-run", "t.py"],  # check takes no --dry-run: Typer says so
+    ],
+)
+def test_lines_the_plain_reader_leaves_to_typer(argv):
+    assert plainline.read(argv, commands.checked()) is None
 
 
 @pytest.mark.parametrize(
@@ -76,14 +143,14 @@ def test_errors_are_the_whole_commands(monkeypatch, argv):
 
 
 def test_only_the_named_options_are_built_and_help_builds_them_all():
-    named = cli._named_in(["--num_devices=2", "--dry-run", "train.py", "--bf16"])
+    named = typercli._named_in(["--num_devices=2", "--dry-run", "train.py", "--bf16"])
     assert named == {"num_devices", "dry_run"} | ({"bf16"} if any(o.name == "bf16" for o in OPTIONS) else set())
-    assert cli._named_in(["train.py", "-h"]) is None
-    assert cli._named_in(["--help"]) is None
+    assert typercli._named_in(["train.py", "-h"]) is None
+    assert typercli._named_in(["--help"]) is None
 
 
 def test_a_short_option_with_its_value_attached_is_named(monkeypatch):
-    assert "env" in cli._named_in(["-xA=B", "train.py"])
+    assert "env" in typercli._named_in(["-xA=B", "train.py"])
     assert _read(["-xA=B", "train.py"], monkeypatch, whole=False) == _read(
         ["-xA=B", "train.py"], monkeypatch, whole=True
     )

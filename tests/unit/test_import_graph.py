@@ -1,7 +1,8 @@
 """The launcher's layers, enforced on its import graph (issue 26): data flows one way, from what the user gives
 to the command line that runs it.
 
-    inputs < plan < remote < process < backends < reports < collective < launch, runner < completion < cli
+    inputs < plan < remote < process < backends < reports < collective < launch, runner < completion, helptext <
+commands < plainline, typercli < cli
 
 A package (or root module) imports only from the layers below its own; imports under ``if TYPE_CHECKING:``
 count too (a type-only import still ties a layer to the one it names). The root helpers (errors.py,
@@ -35,7 +36,9 @@ LAYERS = (
     ("reports",),
     ("collective",),
     ("launch", "runner"),
-    ("completion",),
+    ("completion", "helptext"),
+    ("commands",),
+    ("plainline", "typercli"),
     ("cli",),
     ("__main__", ""),
 )
@@ -43,7 +46,9 @@ ROOT_HELPERS = ("errors", "exitcodes", "wire", "safewrite", "scriptflags", "pair
 RANK_SIDE = "runtime"
 RANK_SIDE_MAY_IMPORT = ("wire", "errors", "safewrite", "scriptflags", "pairrounds")
 HEAVY = ("torch", "transformers", "deepspeed", "habana_frameworks")
-MAX_FUNCTION_LEVEL_IMPORTS = 5
+# 6: the package's lazy API (2), launch.py for a command, the Typer command for a line the plain reader leaves to
+# it (cli.py: a plain launch never imports Typer), and one each in plan/fabric.py and runtime/examples.py.
+MAX_FUNCTION_LEVEL_IMPORTS = 6
 # A GAUDI_LAUNCH_* variable as code spells it: the name, or the name and "=" (an env line, a grep needle).
 VARIABLE = re.compile(r"GAUDI_LAUNCH_[A-Z0-9_]+=?\s?")
 
@@ -279,7 +284,7 @@ def test_the_launcher_takes_nothing_from_runtime():
 
 def test_imports_of_our_modules_inside_functions_are_few():
     """Each one is an edge the module-level graph does not show at import time (the package's lazy public
-    API, the command line's version): at most MAX_FUNCTION_LEVEL_IMPORTS in the whole package."""
+    API, the command's modules, the Typer command): at most MAX_FUNCTION_LEVEL_IMPORTS in the whole package."""
     found = [
         f"{m}:{line}"
         for m, p in sorted(modules().items())
