@@ -24,7 +24,7 @@ from gaudi_launch.plan import fanoutmode
 from gaudi_launch.plan.contract import node_sizes_env, worker_argv
 from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
-from gaudi_launch.process.failures import Culprit, signal_name
+from gaudi_launch.process.failures import Culprit, describe_returncode, signal_name
 from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
 from gaudi_launch.remote import jobdir, openmpi, sshmux, treeprobe
 from gaudi_launch.remote.hostchecks import fan_out, host_watch
@@ -318,6 +318,46 @@ def daemons_not_started(hosts: Sequence[str]) -> Optional[str]:
     )
 
 
+# Why the launcher watches the daemons itself. Over the job's sessions, mpirun starts every daemon
+# from here (plm_rsh_no_tree_spawn: over_connections), and then ORTE (OpenMPI 4.1's
+# orte/mca/plm/rsh/plm_rsh_module.c, ssh_launch's argv) has each orted --daemonize: opal_daemon_init
+# (opal/util/daemon_init.c) forks and the parent exits 0 at once, before orte_init, so mpirun's
+# rsh_wait_daemon sees a start that succeeded, and nothing of ORTE notices the detached daemon dying
+# before its callback: mpirun waits in DAEMONS_LAUNCHED for ever. ORTE's own orte_startup_timeout
+# (orte/runtime/orte_mca_params.c: "Seconds to wait for startup or job launch before declaring
+# failed_to_start", default 0) does not cover this: its timer is armed in orte_plm_base_send_launch_msg
+# (plm_base_launch_support.c), after every daemon has reported, and bounds the ranks' launch only
+# (which --start-timeout covers already). So the session that started a daemon adopts it
+# (sshmux.SESSION_AGENT, a child subreaper) and the supervisor asks, while ranks are starting, which
+# adopted daemons ended (Hooks.start_check).
+
+
+def daemons_died(ended: Mapping[str, Mapping[int, tuple[str, int]]]) -> Optional[str]:
+    """The launch failure for daemons that ended before their host's ranks started: per host {pid:
+    (name, exit code or -signal)} (sshmux.Connections.daemons_gone); None when none failed. Exit code 0
+    is a daemon ORTE ordered to exit (the job's end, raced by the check), not a failure. Pure."""
+    failed = {
+        host: sorted((pid, name, code) for pid, (name, code) in found.items() if code != 0)
+        for host, found in ended.items()
+    }
+    failed = {h: f for h, f in failed.items() if f}
+    if not failed:
+        return None
+    hosts = sorted(failed)
+    said = []
+    for host in hosts[:8]:
+        pid, name, code = failed[host][0]
+        said.append(f"{host} ({name}, pid {pid}, {describe_returncode(code)})")
+    listed = "; ".join(said) + (f" and {len(hosts) - 8} more host(s)" if len(hosts) > 8 else "")
+    return (
+        f"mpirun's daemon (orted) died after it detached and before it reported back to mpirun, on {listed}: "
+        "mpirun starts no rank until every daemon has reported, and would have waited for it for ever. "
+        f"Its own error output went to /dev/null when it detached: run `ssh {hosts[0]} orted --version` to "
+        "check OpenMPI there, and set OMPI_MCA_orte_debug_daemons=1 to keep the daemons attached, so that "
+        "mpirun shows why it fails"
+    )
+
+
 def tree_sweeper(
     hosts: Sequence[str],
     job_id: str,
@@ -492,5 +532,8 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
         watch=watch.probe if watch else None,
         sweep=sweep,
         starting=(lambda: daemons_not_started(connections.starting())) if connections is not None else None,
+        start_check=(lambda started: daemons_died(connections.daemons_gone(skip=started)))
+        if connections is not None
+        else None,
     )
     return supervise_job(plan, [proc], hooks, **supervisor_options)

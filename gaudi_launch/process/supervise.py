@@ -112,9 +112,14 @@ class Hooks:
     # At the start-up deadline: what the backend knows of why ranks have not started, with what to do
     # (mpirun: the hosts whose daemon's start never returned), added to the launch failure's message.
     starting: Optional[Callable[[], Optional[str]]] = None
+    # While some rank has not started: called every START_CHECK_S with the hosts where a rank has started;
+    # a message ends the launch as a launch failure (mpirun: a daemon that died before it reported back,
+    # which mpirun itself would wait for until --start-timeout).
+    start_check: Optional[Callable[[set], Optional[str]]] = None
 
 
 NO_HOOKS = Hooks()
+START_CHECK_S = 2.0  # how often Hooks.start_check is asked while ranks are starting
 
 
 class Event(enum.Enum):
@@ -125,6 +130,7 @@ class Event(enum.Enum):
     HOST_LOST = "host lost"  # the watch's message
     HUNG = "hung"  # --hang-timeout's message
     MISPLACED = "misplaced"  # ranks not where the plan put them (placement.py's message)
+    START_FAILED = "start failed"  # Hooks.start_check's message
     NOT_STARTED = "not started"  # --start-timeout: (ranks waiting, ranks started)
     SIGNAL = "signal"  # INT, TERM or HUP to the launcher (its number)
 
@@ -238,6 +244,7 @@ class Supervisor:
         self.sweep = hooks.sweep
         self.sessions = hooks.sessions
         self.starting = hooks.starting
+        self.start_check = hooks.start_check
         self._swept_kill = False
         self._spawn_failed = False  # a process failed to start, or already exited non-zero
         self._unseen_reported: set = set()
@@ -537,6 +544,21 @@ class Supervisor:
                 self._events.put((Event.NOT_STARTED, (waiting, started)))
                 return
 
+    def _check_start(self) -> None:
+        """Hooks.start_check, every START_CHECK_S until every rank started: its message is the event
+        "start failed"."""
+        check = self.start_check
+        assert check is not None  # (run() starts this thread only with one)
+        while not self._done.wait(START_CHECK_S):
+            with self._write_lock:
+                if set(self._expected) <= self._started:
+                    return
+                hosts = {self._expected[r] for r in self._started if r in self._expected}
+            message = check(hosts)
+            if message:
+                self._events.put((Event.START_FAILED, message))
+                return
+
     def _not_started_message(self, waiting: list[int], started: list[int]) -> str:
         hosts = sorted({self._expected[r] for r in waiting if self._expected[r]})
         did = f" ({rank_words(started)})" if started else ""
@@ -571,6 +593,8 @@ class Supervisor:
             threading.Thread(
                 target=self._watch_start, args=(time.monotonic() + self.start_timeout,), daemon=True
             ).start()
+        if self.start_check is not None:
+            threading.Thread(target=self._check_start, daemon=True).start()
         try:
             return self._run()
         finally:
@@ -635,7 +659,7 @@ class Supervisor:
                     self.hung = value
                     teardown()
                 continue
-            if kind is Event.MISPLACED:  # reported as a launch failure, like ranks that did not start
+            if kind in (Event.MISPLACED, Event.START_FAILED):  # a launch failure, like ranks that did not start
                 if first is None and interrupted is None and self.lost is None and deadline is None:
                     self.not_started = value
                     teardown()

@@ -41,11 +41,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Optional
 
 from gaudi_launch.inputs.hostnames import bare_host
 from gaudi_launch.remote import jobdir
+from gaudi_launch.remote.fanout import per_host
 from gaudi_launch.remote.teardown import AGENT_DONE, KILL_CODE
 
 PERSIST_S = 60  # clean_stale leaves a job's directory younger than twice this alone
@@ -70,9 +71,51 @@ _UNSPLITTABLE = re.compile(r"[\s'\"\\]")
 # with the line AGENT_DONE. The agent exits at end of input (the launcher closed it, or died), even
 # while a command runs (a daemon's start that hangs), killing that command's process group: the
 # command runs in a session of its own, as sshd runs it, so a daemon that daemonized is not in it.
+# While the command runs, the agent is the child subreaper of what it starts (Linux's
+# PR_SET_CHILD_SUBREAPER): the daemon `orted --daemonize` forks off (its parent exits at once, before
+# the daemon has even begun: OpenMPI 4.1's opal_daemon_init) becomes the agent's child, and the answer
+# lists those children ("adopted": [[pid, name]]). Then {"reaped": 1} answers, as one JSON line, the
+# children that have ended since ([[pid, exit code, or -signal]]): how the launcher learns that a
+# daemon died after it detached, which mpirun itself never notices (sshmux.Connections.daemons_gone).
 SESSION_AGENT = (
     "import contextlib, io, json, os, sys\n"
     f"code = compile({KILL_CODE!r}, 'sweep', 'exec')\n"
+    "def subreaper(on):\n"
+    "    try:\n"
+    "        import ctypes\n"
+    "        ctypes.CDLL(None, use_errno=True).prctl(36, 1 if on else 0, 0, 0, 0)\n"
+    "    except Exception:\n"
+    "        pass\n"
+    "def children():\n"
+    "    me, pids = os.getpid(), []\n"
+    "    try:\n"
+    "        with open('/proc/self/task/%d/children' % me) as f:\n"
+    "            pids = [int(p) for p in f.read().split()]\n"
+    "    except OSError:\n"
+    "        for name in os.listdir('/proc'):\n"
+    "            with contextlib.suppress(OSError, ValueError, IndexError):\n"
+    "                with open('/proc/%s/stat' % name) as f:\n"
+    "                    if name.isdigit() and int(f.read().rsplit(')', 1)[1].split()[1]) == me:\n"
+    "                        pids.append(int(name))\n"
+    "    out = []\n"
+    "    for pid in pids:\n"
+    "        try:\n"
+    "            with open('/proc/%d/comm' % pid) as f:\n"
+    "                out.append([pid, f.read().strip()])\n"
+    "        except OSError:\n"
+    "            out.append([pid, '?'])\n"
+    "    return out\n"
+    "def reaped():\n"
+    "    out = []\n"
+    "    while True:\n"
+    "        try:\n"
+    "            pid, status = os.waitpid(-1, os.WNOHANG)\n"
+    "        except ChildProcessError:\n"
+    "            break\n"
+    "        if not pid:\n"
+    "            break\n"
+    "        out.append([pid, -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)])\n"
+    "    return json.dumps(out) + '\\n'\n"
     "def run(command):\n"
     "    import select, signal, subprocess, tempfile\n"
     "    home = os.environ.get('HOME') or '/'\n"
@@ -82,6 +125,7 @@ SESSION_AGENT = (
     "    except ValueError:\n"
     "        env['SHLVL'] = '1'\n"
     "    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:\n"
+    "        subreaper(True)\n"
     "        try:\n"
     "            proc = subprocess.Popen([os.environ.get('SHELL') or '/bin/sh', '-c', command], stdin=subprocess.DEVNULL,\n"
     "                                    stdout=out, stderr=err, cwd=home if os.path.isdir(home) else '/', env=env,\n"
@@ -99,15 +143,19 @@ SESSION_AGENT = (
     "        except OSError as e:\n"
     "            err.write(('%s\\n' % e).encode())\n"
     "            rc = 127\n"
+    "        finally:\n"
+    "            subreaper(False)\n"
     "        out.seek(0)\n"
     "        err.seek(0)\n"
     "        return json.dumps({'rc': rc if rc >= 0 else 255, 'out': out.read().decode('latin-1'),\n"
-    "                           'err': err.read().decode('latin-1')}) + '\\n'\n"
+    "                           'err': err.read().decode('latin-1'), 'adopted': children()}) + '\\n'\n"
     "for line in sys.stdin:\n"
     "    request = None\n"
     "    try:\n"
     "        request = json.loads(line)\n"
-    "        if isinstance(request, dict):\n"
+    "        if isinstance(request, dict) and 'reaped' in request:\n"
+    "            text = reaped()\n"
+    "        elif isinstance(request, dict):\n"
     "            text = run(request['run'])\n"
     "        else:\n"
     "            buf = io.StringIO()\n"
@@ -166,6 +214,10 @@ class Connections:
         self._rsh: Optional[socket.socket] = None  # serve_rsh's listening socket
         self.daemons_started: dict[str, int] = {}  # per host, commands run through its session (run_command)
         self.daemons_pending: dict[str, int] = {}  # per host, those whose answer has not come yet
+        # per host, what its session adopted when a command run through it left a daemon (SESSION_AGENT):
+        # pid -> name, and those of them that ended since: pid -> (name, exit code or -signal)
+        self.adopted: dict[str, dict[int, str]] = {}
+        self.ended: dict[str, dict[int, tuple[str, int]]] = {}
         self.closed = False
         _register(self)
 
@@ -232,6 +284,10 @@ class Connections:
             self.daemons_started[host] = self.daemons_started.get(host, 0) + 1
         try:
             res = json.loads(answer)
+            adopted = {int(pid): str(name) for pid, name in res.get("adopted") or ()}
+            if adopted:
+                with _lock:
+                    self.adopted.setdefault(host, {}).update(adopted)
             return {"rc": int(res["rc"]), "out": str(res.get("out", "")), "err": str(res.get("err", ""))}
         except (ValueError, KeyError, TypeError):
             return {"rc": 255, "out": "", "err": f"gaudi-launch: unreadable answer from the job's session to {host}\n"}
@@ -240,6 +296,31 @@ class Connections:
         """The hosts with a command run through their session (mpirun's daemon start) not answered yet."""
         with _lock:
             return sorted(self.daemons_pending)
+
+    def daemons_gone(self, skip: Collection[str] = (), timeout: float = 10.0) -> dict[str, dict[int, tuple[str, int]]]:
+        """The daemons that commands run through the sessions left behind (mpirun's orted, adopted by
+        the session: SESSION_AGENT) and that have ended since, per host: {pid: (name, exit code or
+        -signal)}. Asks every host with an adopted daemon still running, but those in ``skip``, all at
+        once; a session that is busy or does not answer tells nothing this time."""
+        with _lock:
+            hosts = [h for h, pids in self.adopted.items() if h not in skip and set(pids) - set(self.ended.get(h, ()))]
+
+        def ask(host: str) -> None:
+            answer, _ = self._ask(host, {"reaped": 1}, timeout)
+            try:
+                exits = [(int(pid), int(code)) for pid, code in json.loads(answer or "[]")]
+            except (ValueError, TypeError):
+                return
+            with _lock:
+                mine = self.adopted.get(host, {})
+                for pid, code in exits:
+                    if pid in mine:
+                        self.ended.setdefault(host, {})[pid] = (mine[pid], code)
+
+        if hosts:
+            per_host(hosts, ask, timeout=timeout + BUSY_WAIT_S + 2, default=lambda _: None, name="sshmux-reaped")
+        with _lock:
+            return {h: dict(found) for h, found in self.ended.items() if found}
 
     def _ask(self, host: str, request, timeout: Optional[float]):
         """(the answer before AGENT_DONE or None, whether the request was written)."""

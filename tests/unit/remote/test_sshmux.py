@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -305,3 +306,64 @@ def test_a_daemon_start_that_hangs_neither_blocks_the_sweep_nor_outlives_the_job
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{hung}")
     assert conn.starting() == [] and mpirun.daemons_not_started([]) is None
+
+
+def test_a_daemon_that_dies_after_detaching_is_reported_by_its_session(tmp_path):
+    """OpenMPI 4's `orted --daemonize` returns at once (its parent exits) and the daemon carries on
+    alone: the session that ran the command adopts it (a child subreaper), and daemons_gone says, per
+    host, which adopted daemon ended since and how; one still running, or another host's, is not said."""
+    import shlex
+    import sys
+
+    from tests.helpers import wait_for
+
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SHELL": "/bin/sh"}
+    gate = tmp_path / "gate"
+    # as orted --daemonize: forks, the parent exits 0 at once, the child detaches (a session of its own,
+    # no stdio of ours); this one then waits for the gate and fails with exit code 3, that one stays
+    daemon = (
+        "import os, sys, time\n"
+        "if os.fork():\n"
+        "    os._exit(0)\n"
+        "os.setsid()\n"
+        "while sys.argv[1] and not os.path.exists(sys.argv[1]):\n"
+        "    time.sleep(0.05)\n"
+        "time.sleep(0 if sys.argv[1] else 600)\n"
+        "sys.exit(3)\n"
+    )
+    run = f"{shlex.quote(sys.executable)} -S -c {shlex.quote(daemon)}"
+    conn = sshmux.Connections("d00dfee1", [], tmp=str(tmp_path))
+    try:
+        conn.adopt("h1", _session_agent(env))
+        conn.adopt("h2", _session_agent(env))
+        assert conn.run_command("h1", f"{run} {gate} </dev/null >/dev/null 2>&1")["rc"] == 0
+        assert conn.run_command("h2", f"{run} '' </dev/null >/dev/null 2>&1")["rc"] == 0
+        name = os.path.basename(sys.executable)[:15]  # the kernel's comm
+        assert list(conn.adopted["h1"].values()) == [name] and list(conn.adopted["h2"].values()) == [name]
+        assert conn.daemons_gone() == {}  # both still running
+        gate.touch()
+        assert wait_for(lambda: conn.daemons_gone(), timeout=30)
+        [(pid, found)] = conn.daemons_gone()["h1"].items()
+        assert pid in conn.adopted["h1"] and found == (name, 3)
+        assert list(conn.daemons_gone()) == ["h1"]
+        assert list(conn.daemons_gone(skip={"h1"})) == ["h1"]  # what was seen stays said
+    finally:
+        for pid in conn.adopted.get("h2", {}):
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+        conn.close()
+
+
+def test_daemons_that_died_are_a_launch_failure_naming_their_hosts():
+    assert mpirun.daemons_died({}) is None
+    # exit code 0: a daemon ORTE ordered to exit at the job's end (the check raced it), not a failure
+    assert mpirun.daemons_died({"h1": {10: ("orted", 0)}}) is None
+    text = mpirun.daemons_died({"h2": {12: ("orted", -11)}, "h1": {10: ("orted", 0), 11: ("orted", 1)}, "h3": {}})
+    assert text.startswith(
+        "mpirun's daemon (orted) died after it detached and before it reported back to mpirun, on "
+        "h1 (orted, pid 11, exit code 1); h2 (orted, pid 12, killed by SIGSEGV): mpirun starts no rank until "
+        "every daemon has reported, and would have waited for it for ever."
+    ), text
+    assert "`ssh h1 orted --version`" in text and "OMPI_MCA_orte_debug_daemons=1" in text
+    many = mpirun.daemons_died({f"n{i:02d}": {i + 1: ("orted", 1)} for i in range(10)})
+    assert "n07 (orted, pid 8, exit code 1) and 2 more host(s):" in many and "n08" not in many
