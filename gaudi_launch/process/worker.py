@@ -418,6 +418,10 @@ def watch_launcher(grace: float, job: str = "", relayed: bool = False) -> bool:
     The watch is a forked process, not a thread: a rank hung in a C++ collective can hold the GIL
     for good, and then neither its SIGTERM handler nor any thread of it runs again. Forked here,
     before the script runs, the process has no other threads to worry about.
+
+    The rank's end shows as a pipe's HUP: this process holds its write end. So does, though, whatever the
+    rank fork()s without exec (a helper, a pool worker, a daemon that keeps its descriptors; an exec closes
+    it) for as long as that lives: the watch may learn of the rank's end only from /proc (``_ended``).
     """
     fds = []
     for fd in (1, 2):
@@ -431,6 +435,8 @@ def watch_launcher(grace: float, job: str = "", relayed: bool = False) -> bool:
         return False
     rank_gone, rank_alive = os.pipe()  # not inherited by exec'd children: HUP when the rank ends
     group = os.getpgrp()
+    start = _start_time(os.getpid())
+    rank = (os.getpid(), start) if start is not None else None
     middle = os.fork()
     if middle == 0:
         # Forked twice, the watch is no descendant of the rank: whatever kills the rank's process tree
@@ -438,7 +444,7 @@ def watch_launcher(grace: float, job: str = "", relayed: bool = False) -> bool:
         try:
             if os.fork() == 0:
                 os.close(rank_alive)
-                _watch(fds, rank_gone, grace, group, job, relayed)
+                _watch(fds, rank_gone, grace, group, job, relayed, rank)
         finally:
             os._exit(0)
     os.waitpid(middle, 0)
@@ -448,12 +454,21 @@ def watch_launcher(grace: float, job: str = "", relayed: bool = False) -> bool:
     return True
 
 
-def _watch(fds: list[int], rank_gone: int, grace: float, group: int, job: str = "", relayed: bool = False) -> None:
+def _watch(
+    fds: list[int],
+    rank_gone: int,
+    grace: float,
+    group: int,
+    job: str = "",
+    relayed: bool = False,
+    rank: Optional[tuple[int, str]] = None,
+) -> None:
     """The watcher process: deaf to the stop signals the rank's group gets, so that its SIGKILL follows
     its SIGTERM. Without a job id it stays in that group, so that whatever ends the group ends it too;
     with one it leads a group of its own, so that a group SIGKILL (mpirun's orted ending the ranks
     of a launcher that is gone) leaves it to sweep the job id after (whatever outlives it is swept by
-    the launcher's own final sweep, which ends this watch too: it carries the job id)."""
+    the launcher's own final sweep, which ends this watch too: it carries the job id). ``rank``: the
+    rank's pid and start time (``_start_time``), to ask /proc whether it ended (None: /proc unreadable)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     if job:
@@ -467,15 +482,20 @@ def _watch(fds: list[int], rank_gone: int, grace: float, group: int, job: str = 
     poller.register(rank_gone, select.POLLIN)
     while True:
         events = dict(poller.poll())
-        if events.get(rank_gone):
+        lost = any(ev & (select.POLLERR | select.POLLHUP) for fd, ev in events.items() if fd in fds)
+        # A relay (relay.py) reads a relayed rank's output: it ends right after the rank, and (reading the
+        # launcher's pipe) at once when the launcher is gone. Its end with the rank_gone pipe still open
+        # (held by a process the rank forked) is the rank's end when /proc says the rank ended, else the
+        # launcher's.
+        if events.get(rank_gone) or (lost and relayed and rank is not None and _ended(*rank)):
             # The rank ended: on its own, by the job's teardown, or by the parent-death signal of a
             # launcher that is gone (its pipe closed before that signal is sent): only then go on.
-            # A relay (relay.py) is no such reader: it ends with the rank, and is watched while it runs.
+            # A relay is no such reader: it ends with the rank, and is watched while it runs.
             events = {} if relayed or not job else dict(poller.poll(0))
             if not any(ev & (select.POLLERR | select.POLLHUP) for fd, ev in events.items() if fd in fds):
                 return
             break
-        if any(ev & (select.POLLERR | select.POLLHUP) for ev in events.values()):
+        if lost:
             break
     for fd in fds:
         os.close(fd)  # nothing reads them any more; nor may they hold a pipe open for anyone
@@ -492,6 +512,29 @@ def _watch(fds: list[int], rank_gone: int, grace: float, group: int, job: str = 
             time.sleep(0.2)
         sweep_here(job, signal.SIGKILL)
         _remove_job_dir(job)
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """When process ``pid`` started, in clock ticks since boot (/proc/PID/stat): with the pid, names one
+    process for good. None when /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _ended(pid: int, start: str) -> bool:
+    """Process ``pid`` that started at ``start`` (``_start_time``) has ended: a zombie, reaped, or its pid
+    now another process's."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        return False  # cannot tell: as if it ran (the watch then takes the relay's end for the launcher's)
+    return fields[0] in ("Z", "X", "x") or fields[19:20] != [start]
 
 
 def _signal_group(group: int, sig: int) -> None:
