@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Optional
 
 from gaudi_launch.inputs.backend_options import capabilities
 from gaudi_launch.inputs.hostnames import is_local_host
@@ -63,6 +64,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         tree=(lambda port: through.setdefault("tree", _probe_through_tree(plan, spec, remote, script, port)))
         if tree
         else None,
+        pythonpath=ranks_pythonpath(plan),
     )
     if through.get("tree") is not None and through["tree"].error:
         report.warnings.append(tree_warning(through["tree"], remote))
@@ -72,6 +74,14 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
     partialnodes.judge(report, modules, spec.allow_partial_nodes)  # every card of each host in scale-out
     samemachine.judge(report)  # two names of one machine: named before mpirun's daemons collide there
     return spares_apart(report, hosts)
+
+
+def ranks_pythonpath(plan: LaunchPlan, environ=None) -> Optional[str]:
+    """The PYTHONPATH the job's ranks on other hosts get: the plan's own (an env file's), else this
+    launcher's, which the multi-host backends export to them (plan/fabric.py's EXPORT_NAMES; plan.exported is
+    filled after the pre-flight)."""
+    environ = os.environ if environ is None else environ
+    return plan.env.get("PYTHONPATH") or environ.get("PYTHONPATH") or None
 
 
 def fan_out(plan: LaunchPlan, spec: JobSpec, remote_hosts: int) -> str:
@@ -87,7 +97,15 @@ def _probe_through_tree(plan: LaunchPlan, spec: JobSpec, remote: list[str], scri
     master = master_host(plan)
 
     def command(check_port):
-        return probe.command(spec.python, script, os.getcwd(), plan.master_addr, master_ssh_port, check_port)
+        return probe.command(
+            spec.python,
+            script,
+            os.getcwd(),
+            plan.master_addr,
+            master_ssh_port,
+            check_port,
+            pythonpath=ranks_pythonpath(plan),
+        )
 
     try:
         return treeprobe.run_tree(

@@ -202,6 +202,11 @@ def _judge(
                 "install Python at the same path on every host, or give --python with a path that exists everywhere",
             )
         )
+    launcher = launcher_problem(
+        found.gaudi_launch_ok, found.gaudi_launch_error, found.python_path or python, cwd, where
+    )
+    if launcher:
+        problems.append(launcher)
     if found.cwd_ok is False:
         problems.append(
             (
@@ -249,6 +254,26 @@ def _judge(
         facts.fix = "\n".join(p[1] for p in problems)
     else:
         facts.ok = True
+
+
+def launcher_problem(
+    ok: Optional[bool], error: Optional[str], python: str, cwd: str, where: str
+) -> Optional[tuple[str, str]]:
+    """(reason, fix) when the workers' ``python`` on ``where`` cannot find gaudi_launch's worker with ``cwd``
+    first on sys.path (probe: gaudi_launch_ok, the error it met): every rank starts as `python -m
+    gaudi_launch.process.worker`, so none of them would start there. None when it can, or when that was not
+    found out (the python did not run: said on its own). Pure."""
+    if ok is not False:
+        return None
+    from gaudi_launch import __version__
+
+    why = error or "not found"
+    return (
+        f"python {python} cannot import gaudi_launch on {where} (with {cwd} first on sys.path, as the ranks "
+        f"have it): {why}",
+        f"install it in that Python there ({python} -m pip install gaudi-launch=={__version__}, the launcher's "
+        "version), or give --python an interpreter that has it on every host",
+    )
 
 
 def scaleout_problems(f: scaleout.HostFabric) -> list[tuple[str, str]]:
@@ -323,6 +348,7 @@ def check_hosts(
     progress: Optional[Callable[[str, str], None]] = None,
     connections=None,
     tree=None,
+    pythonpath: Optional[str] = None,
 ) -> CheckReport:
     """Probe every host in parallel (threads): over SSH (paramiko, keys only, never a prompt), or
     with ``sh -c`` for hosts where ``local(host)`` is true. See the module docstring.
@@ -334,7 +360,10 @@ def check_hosts(
     With ``tree`` (called with the port the hosts check the master on, it gives treeprobe.TreeResult: the
     probe run through mpirun's daemon tree before the per-host checks) a host's answer is
     judged as it came; a host the tree's hop could not reach for a timeout is reported so, without a
-    second wait; any other host (another failure, or not answered) is probed the flat way, which tells why."""
+    second wait; any other host (another failure, or not answered) is probed the flat way, which tells why.
+
+    ``pythonpath``: the PYTHONPATH the job gives its ranks (after ``cwd``, where each host's python looks for
+    gaudi_launch's worker, as the ranks will)."""
     quiet_paramiko()
     reader = SshConfig(ssh.config)  # each config file read once for every host
     targets: dict[str, Target] = {}
@@ -368,7 +397,7 @@ def check_hosts(
         check_port = master_port if (is_master and not master_local) else None
         if is_master and master_local:
             facts.port_free = master_port_free
-        cmd = probe.command(python, script, cwd, master_addr, master_probe_port, check_port)
+        cmd = probe.command(python, script, cwd, master_addr, master_probe_port, check_port, pythonpath=pythonpath)
         t: Optional[Target] = None
         try:
             if local(host):
@@ -390,7 +419,14 @@ def check_hosts(
                             connections,
                             host,
                             probe.command(
-                                python, script, cwd, master_addr, master_probe_port, check_port, agent=SESSION_AGENT
+                                python,
+                                script,
+                                cwd,
+                                master_addr,
+                                master_probe_port,
+                                check_port,
+                                agent=SESSION_AGENT,
+                                pythonpath=pythonpath,
                             ),
                             ssh,
                         )

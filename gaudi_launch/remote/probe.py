@@ -37,6 +37,9 @@ class ProbeResult:
     python_path: Optional[str] = None  # `command -v` of the workers' python
     python_ok: Optional[bool] = None  # the python ran
     python_version: Optional[str] = None
+    gaudi_launch_ok: Optional[bool] = None  # that python finds gaudi_launch.process.worker as the ranks' -m will
+    gaudi_launch_path: Optional[str] = None  # where its gaudi_launch package is
+    gaudi_launch_error: Optional[str] = None  # why it does not (the exception, one line)
     deepspeed: Optional[str] = None  # its deepspeed's version
     torch: Optional[str] = None  # its torch's version (dist-info), "unknown" when there is none
     transformers: Optional[str] = None
@@ -69,6 +72,7 @@ def command(
     check_port: Optional[int],
     agent: Optional[str] = None,
     one_host: bool = False,
+    pythonpath: Optional[str] = None,
 ) -> str:
     """The probe's command line for one host (POSIX sh). Pure.
 
@@ -76,13 +80,25 @@ def command(
     interpreter that ran the checks (one start, not two): the checks then run last, print the end
     marker themselves and read the session's stdin afterwards. ``one_host``: the facts a job on this host
     alone plans with (cards, NUMA, CPUs, addresses), without the Python checks and the scale-out links, which
-    matter only between hosts (the local backend's probe, run here).
+    matter only between hosts (the local backend's probe, run here). ``pythonpath``: the PYTHONPATH the job
+    gives its ranks, searched after ``cwd`` (as the ranks' sys.path has them) when the checks look for
+    gaudi_launch's worker.
     """
     text = _script("probe_checks.py")
     code = text if agent is None else f"{_AGENT_FIRST}{text}print({END!r})\nsys.stdout.flush()\n{agent}"
     if one_host and agent is None:  # a one-host job's facts: no Python started, nothing between hosts
         code = ""
-    argv = [python, cwd, script or "", code, "0" if agent is None else "1", master_addr, str(int(master_ssh_port))]
+    search = ":".join([cwd, *(pythonpath.split(":") if pythonpath else [])])
+    argv = [
+        python,
+        cwd,
+        script or "",
+        code,
+        "0" if agent is None else "1",
+        search,
+        master_addr,
+        str(int(master_ssh_port)),
+    ]
     if check_port is not None:
         argv.append(str(int(check_port)))
     return f"set -- {shlex.join(argv)}\n{_script('probe.sh')}"

@@ -8,9 +8,10 @@
 # $4 Python code: probe_checks.py, followed by the session agent when $5 is 1; empty: a one-host job's facts
 #    only (no Python checks, no OpenMPI version, no scale-out ports, links or libfabric: nothing between hosts)
 # $5 1: the interpreter stays on as the session's agent (stdin is the session's)
-# $6... the checks' argv: MASTER_ADDR MASTER_SSH_PORT (0: only resolve the master) [PORT_TO_CHECK]
-py=$1 cwd=$2 script=$3 code=$4 agent=$5
-shift 5
+# $6 what the ranks have first on sys.path (the working directory, the job's PYTHONPATH), ':'-joined
+# $7... the checks' argv: MASTER_ADDR MASTER_SSH_PORT (0: only resolve the master) [PORT_TO_CHECK]
+py=$1 cwd=$2 script=$3 code=$4 agent=$5 search=$6
+shift 6
 echo '@@gaudi-launch-probe begin'
 # each external tool gets a time limit when `timeout` exists
 _t() { if command -v timeout >/dev/null 2>&1; then timeout 20 "$@"; else "$@"; fi; }
@@ -127,7 +128,7 @@ _scaleout
 if [ "$agent" != 1 ] && [ -n "$code" ]; then
     # before the cd: python -c puts the working directory on sys.path, where a stray socket.py must not
     # matter. Printing nothing means it did not run.
-    _p=$(_t "$py" -c "$code" "$@" </dev/null 2>/dev/null)
+    _p=$(_t "$py" -c "$code" "$search" "$@" </dev/null 2>/dev/null)
     if [ -n "$_p" ]; then printf '%s\n' "$_p"; else _unknown "$@"; fi
 fi
 if cd "$cwd" 2>/dev/null; then
@@ -149,4 +150,4 @@ fi
 # The agent: the checks run last in the interpreter that stays on (one start, not two), leave the
 # working directory off sys.path first, print the end marker and then read the session's requests.
 # When it does not run at all, the shell ends the probe itself.
-"$py" -u -c "$code" "$@" 2>/dev/null || { _unknown "$@"; echo '@@gaudi-launch-probe end'; }
+"$py" -u -c "$code" "$search" "$@" 2>/dev/null || { _unknown "$@"; echo '@@gaudi-launch-probe end'; }

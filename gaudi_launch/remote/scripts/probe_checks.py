@@ -1,12 +1,38 @@
 # The pre-flight probe's checks that need Python, run by the workers' interpreter on each host (probe.sh
 # passes this text to `python -c`): one interpreter start does them all, since each start costs tens of
 # milliseconds of the host's CPU and a job probes every host. Stdlib only; prints key=value lines.
-# argv: MASTER_ADDR MASTER_SSH_PORT (0: only resolve the master) [PORT_TO_CHECK]
+# argv: SEARCH MASTER_ADDR MASTER_SSH_PORT (0: only resolve the master) [PORT_TO_CHECK]
+# SEARCH: the directories the ranks have first on sys.path (the job's working directory, then the PYTHONPATH
+# the job exports to them), joined with ":".
 import socket
 import sys
 
+_search = [p for p in sys.argv.pop(1).split(":") if p]
 print("python_ok=1")
 print(f"python_version={sys.version.split()[0]}")
+# The ranks start as `python -m gaudi_launch.process.worker` from the job's working directory: -m finds the
+# module as importlib.util.find_spec does (runpy), which imports gaudi_launch and gaudi_launch.process (two
+# docstrings) but not the worker itself.
+_path = list(sys.path)
+try:
+    import importlib.util
+
+    # (not where this interpreter started: python -c put that first, the ranks' -m puts the job's directory)
+    sys.path[:] = _search + [p for p in _path if p not in ("", ".")]
+    _spec = importlib.util.find_spec("gaudi_launch.process.worker")
+    if _spec is None:
+        raise ModuleNotFoundError("No module named 'gaudi_launch.process.worker'")
+    print("gaudi_launch_ok=1")
+    print(f"gaudi_launch_path={sys.modules['gaudi_launch'].__path__[0]}")
+except Exception as e:
+    print("gaudi_launch_ok=0")
+    print(f"gaudi_launch_error={type(e).__name__}: {e}".splitlines()[0])
+    if "gaudi_launch" in sys.modules:
+        print(f"gaudi_launch_path={list(getattr(sys.modules['gaudi_launch'], '__path__', ['?']))[0]}")
+finally:
+    sys.path[:] = _path
+    for _name in [m for m in sys.modules if m == "gaudi_launch" or m.startswith("gaudi_launch.")]:
+        del sys.modules[_name]
 try:
     import importlib.util
 

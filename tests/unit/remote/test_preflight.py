@@ -211,6 +211,34 @@ def test_judge_ok_and_each_failure():
     assert f.reason.count(";") == 1 and len(f.fix.splitlines()) == 2
 
 
+def test_judge_a_python_that_cannot_import_gaudi_launch():
+    from gaudi_launch import __version__
+    from gaudi_launch.remote.preflight import launcher_problem
+
+    assert judge({**GOOD, "gaudi_launch_ok": True, "gaudi_launch_path": "/site/gaudi_launch"}).ok
+    missing = {**GOOD, "python_path": "/opt/py/bin/python3", "gaudi_launch_ok": False}
+    f = judge({**missing, "gaudi_launch_error": "ModuleNotFoundError: No module named 'gaudi_launch'"})
+    assert not f.ok
+    assert f.reason == (
+        "python /opt/py/bin/python3 cannot import gaudi_launch on gl-n1 (with /work first on sys.path, as the "
+        "ranks have it): ModuleNotFoundError: No module named 'gaudi_launch'"
+    )
+    assert f.fix == (
+        f"install it in that Python there (/opt/py/bin/python3 -m pip install gaudi-launch=={__version__}, the "
+        "launcher's version), or give --python an interpreter that has it on every host"
+    )
+    # the interpreter as given when `command -v` said nothing; the error text when the probe gave none
+    reason, _ = launcher_problem(False, None, "/py", "/work", "gl-n0 (this machine)")
+    assert reason.startswith("python /py cannot import gaudi_launch on gl-n0 (this machine)") and "not found" in reason
+    # not found out (no python: said on its own; an older probe): no finding
+    assert launcher_problem(None, None, "/py", "/work", "gl-n1") is None
+    f = judge({**GOOD, "python_ok": False})
+    assert "gaudi_launch" not in f.reason
+    # with the other findings, in the same reason / fix lines
+    f = judge({**missing, "script_ok": False})
+    assert f.reason.count(";") == 1 and "gaudi_launch" in f.reason and len(f.fix.splitlines()) == 2
+
+
 def test_warnings():
     facts = {
         "a": HostFacts(

@@ -48,6 +48,56 @@ def test_probe_reports_missing_python_script_and_cwd(tmp_path):
     assert got.script_ok is None
 
 
+def _python_without_gaudi_launch():
+    """The interpreter this venv was made from: the same Python without the venv's packages."""
+    base = os.path.join(sys.base_prefix, "bin", "python3")
+    done = subprocess.run([base, "-c", "import gaudi_launch"], cwd="/", capture_output=True, timeout=60)
+    if done.returncode == 0:
+        pytest.skip(f"{base} has gaudi_launch itself")
+    return base
+
+
+def _package(root, worker=True):
+    """A gaudi_launch package under ``root``, with or without its worker."""
+    (root / "gaudi_launch" / "process").mkdir(parents=True)
+    (root / "gaudi_launch" / "__init__.py").write_text("")
+    (root / "gaudi_launch" / "process" / "__init__.py").write_text("")
+    if worker:
+        (root / "gaudi_launch" / "process" / "worker.py").write_text("")
+    return str(root / "gaudi_launch")
+
+
+@pytest.mark.parametrize("agent", [None, "pass\n"])
+def test_probe_says_whether_the_python_finds_gaudi_launch_as_the_ranks_will(tmp_path, agent):
+    """The ranks start as `python -m gaudi_launch.process.worker` from the job's working directory, with the
+    job's PYTHONPATH: the probe's interpreter looks for it the same way, without a second interpreter."""
+    import gaudi_launch
+
+    def run(python, cwd, pythonpath=None):
+        cmd = probe.command(python, None, str(cwd), "127.0.0.1", 9, None, agent=agent, pythonpath=pythonpath)
+        return run_probe(cmd)
+
+    job = tmp_path / "job"
+    job.mkdir()
+    got = run(sys.executable, job)  # this venv's gaudi_launch
+    assert got.gaudi_launch_ok is True and got.gaudi_launch_path == os.path.dirname(gaudi_launch.__file__)
+    bare = _python_without_gaudi_launch()
+    got = run(bare, job)
+    assert got.python_ok is True and got.gaudi_launch_ok is False and got.gaudi_launch_path is None
+    assert got.gaudi_launch_error == "ModuleNotFoundError: No module named 'gaudi_launch'"
+    # the job's PYTHONPATH, and the working directory first (where the ranks' -m looks first)
+    shared = tmp_path / "shared"
+    path = _package(shared)
+    got = run(bare, job, pythonpath=f"/nonexistent:{shared}")
+    assert got.gaudi_launch_ok is True and got.gaudi_launch_path == path
+    assert run(bare, shared).gaudi_launch_path == path
+    broken = tmp_path / "broken"
+    path = _package(broken, worker=False)  # a directory named gaudi_launch shadows the installed one
+    got = run(sys.executable, broken)
+    assert got.gaudi_launch_ok is False and got.gaudi_launch_path == path
+    assert got.gaudi_launch_error == "ModuleNotFoundError: No module named 'gaudi_launch.process.worker'"
+
+
 def test_probe_master_reachable_and_port_free():
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -140,7 +190,8 @@ def test_the_command_is_the_static_script_after_one_quoted_set_line():
     assert cmd.endswith("\n" + script)
     argv = shlex.split(cmd[: -len(script) - 1])
     assert argv[:5] == ["set", "--", evil, evil, evil]
-    assert argv[-4:] == ["1", evil, "22", "29500"] and "print(1)" in argv[5]
+    # the agent flag, what the ranks have first on sys.path (the working directory), the checks' argv
+    assert argv[-5:] == ["1", evil, evil, "22", "29500"] and "print(1)" in argv[5]
 
 
 def test_the_session_agent_runs_after_the_checks_in_the_same_interpreter(tmp_path):
