@@ -47,6 +47,16 @@ COLLECTIVE_LIBRARY = "GAUDI_LAUNCH_COLLECTIVE_LIBRARY"  # "1": the check runs gl
 COLLECTIVE_SIZE = "GAUDI_LAUNCH_COLLECTIVE_SIZE"  # "BYTES,LOOPS" of each pair's all-reduce (default 32m,1000)
 SSH_SHARE = "GAUDI_LAUNCH_SSH_SHARE"  # "0": no shared ssh connections
 TREE_RADIX = "GAUDI_LAUNCH_TREE_RADIX"  # the radix of OpenMPI's daemon tree under --fan-out tree (plan/fanoutmode.py)
+TREE_PASSES = (
+    "GAUDI_LAUNCH_TREE_PASSES"  # 3: the three-pass tree (probe, job, sweep); else one pass (remote/onepass.py)
+)
+# The one-pass tree's gate (process/gate.py): where the launcher listens (host:port), its per-job key (hex: a
+# secret, never on argv), the probe's arguments (JSON), set once a rank passed it (a re-exec does not wait again)
+GATE = "GAUDI_LAUNCH_GATE"
+GATE_KEY = "GAUDI_LAUNCH_GATE_KEY"
+GATE_PROBE = "GAUDI_LAUNCH_GATE_PROBE"
+GATE_PASSED = "GAUDI_LAUNCH_GATE_PASSED"
+SWEEP_OWN_UTS = "GAUDI_LAUNCH_SWEEP_OWN_UTS"  # a sweep run in a rank: its own UTS namespace only (teardown.KILL_CODE)
 DEBUG = "GAUDI_LAUNCH_DEBUG"  # tracebacks instead of one-line errors
 COMPLETE = "GAUDI_LAUNCH_COMPLETE"  # shell completion's request
 

@@ -23,6 +23,7 @@ from gaudi_launch.process.restarts import attempt_spec, run_job
 from gaudi_launch.process.supervise import JobResult
 from gaudi_launch.remote.hostchecks import default_preflight
 from gaudi_launch.remote.hostwait import before
+from gaudi_launch.remote.onepass import deferring
 
 
 def start_timeout_for(spec: JobSpec, backend: str) -> Optional[float]:
@@ -45,9 +46,10 @@ def preflight_for(spec: JobSpec) -> Callable:
 
 def plan_job(spec: JobSpec, *, keep_failed_preflight: bool = False) -> LaunchPlan:
     """The plan of a prepared spec, pre-flight included (a failed one raises, unless kept for a dry run)."""
-    return build_plan(
-        spec, preflight=preflight_for(spec), keep_failed_preflight=keep_failed_preflight, backends=get_backend
-    )
+    preflight = preflight_for(spec)
+    if not keep_failed_preflight:  # a real run: through the tree in one pass, the job's ranks run the checks
+        preflight = deferring(preflight)
+    return build_plan(spec, preflight=preflight, keep_failed_preflight=keep_failed_preflight, backends=get_backend)
 
 
 def launch(

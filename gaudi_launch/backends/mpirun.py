@@ -7,12 +7,16 @@ has, and we give mpirun the job's environment.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import ipaddress
+import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Callable, Optional
@@ -24,14 +28,15 @@ from gaudi_launch.plan import fanoutmode
 from gaudi_launch.plan.contract import node_sizes_env, worker_argv
 from gaudi_launch.plan.hostfacts import HostFacts
 from gaudi_launch.plan.launchplan import Command, LaunchPlan
+from gaudi_launch.plan.multinode import PreflightFailed, findings, master_host
 from gaudi_launch.process.failures import Culprit, describe_returncode, signal_name
 from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
-from gaudi_launch.remote import jobdir, openmpi, sshmux, treeprobe
-from gaudi_launch.remote.hostchecks import fan_out, host_watch
+from gaudi_launch.remote import jobdir, onepass, openmpi, probe, sshmux, treehop, treeprobe
+from gaudi_launch.remote.hostchecks import fan_out, host_watch, ranks_pythonpath, run_preflight
 from gaudi_launch.remote.hostprobe import facts_here
 from gaudi_launch.remote.openmpi import OPENMPI_HOMES, OmpiDemux, local_mpirun, mpirun_and_prefix  # noqa: F401 (here before)
 from gaudi_launch.remote.teardown import Sweep, job_sweeper, kill_argv, parse_sweep, sweep_job
-from gaudi_launch.wire import JOB_ID, NODE_SIZES
+from gaudi_launch.wire import GATE, GATE_KEY, GATE_PROBE, JOB_ID, NODE_SIZES
 
 CONTRACT = ("MASTER_ADDR", "MASTER_PORT", "CROSS_SIZE", JOB_ID)
 
@@ -526,6 +531,8 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
             lost=lambda: watch.lost if watch else (),
             via=connections.agent_run if connections is not None else None,
         )
+    if tree and onepass.deferred(plan) and onepass.applies(plan, spec, environ):
+        return _run_one_pass(plan, spec, environ, argv, env, proc, sweep, watch, hosts, supervisor_options)
     hooks = Hooks(
         demux=functools.partial(OmpiDemux, plan.openmpi),
         explain=lambda lines: explain(lines, hosts),
@@ -537,3 +544,140 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
         else None,
     )
     return supervise_job(plan, [proc], hooks, **supervisor_options)
+
+
+def _run_one_pass(plan, spec, environ, argv, env, proc, sweep, watch, hosts, supervisor_options) -> JobResult:
+    """``--fan-out tree`` in one pass (remote/onepass.py): the job's mpirun, its ranks checking their hosts and
+    waiting for the launcher's go; the pre-flight's failure raised with its table when a host fails."""
+    where = onepass.gate_address(plan)  # this host's address on its route to the hosts
+    server = onepass.GateServer(plan, bind_addr=where if onepass.is_ip(where) else "")
+    try:
+        master = master_host(plan)
+        master_node = next(i for i, n in enumerate(plan.nodes) if n.host == master) if master in hosts.values() else -1
+        # the probe each host's first rank runs (remote/probe.command: the ssh pre-flight's); the hosts TCP-connect
+        # for "master reachable" to this listener when the master is this host, else to the master's sshd
+        cwd, script = os.getcwd(), (spec.program[0] if spec.program and not spec.module else None)
+        here = is_local_host(master)
+        port = server.port if here else (spec.ssh_port or 22)
+        pythonpath = ranks_pythonpath(plan)
+        probe_args = {
+            "command": probe.command(spec.python, script, cwd, plan.master_addr, port, None, pythonpath=pythonpath),
+            "master_command": probe.command(
+                spec.python,
+                script,
+                cwd,
+                plan.master_addr,
+                port,
+                None if here else plan.master_port,
+                pythonpath=pythonpath,
+            ),
+            "master_node": master_node,
+        }
+        env = {
+            **env,
+            GATE: f"{where}:{server.port}",
+            GATE_KEY: server.key.hex(),
+            GATE_PROBE: json.dumps(probe_args),
+        }
+        # each hop of the tree names the host it could not reach (treehop.py), in mpirun's error output
+        hop = ["--mca", "plm_rsh_agent", f"{spec.python} -m gaudi_launch.remote.treehop"]
+        argv = [argv[0], "-x", GATE, "-x", GATE_KEY, "-x", GATE_PROBE, *hop, *argv[1:]]
+        # The job id (public: 8 hex digits, in every job directory's name) goes to the ranks on mpirun's command
+        # line, not in mpirun's environment: the last rank of this host sweeps what carries it in its environment
+        # (process/gate.py), while mpirun, which forks this host's ranks itself, still runs.
+        i = next(k for k in range(len(argv) - 1) if argv[k] == "-x" and argv[k + 1] == JOB_ID)
+        argv[i + 1] = f"{JOB_ID}={plan.job_id}"
+        env = {k: v for k, v in env.items() if k != JOB_ID}
+        said: list[str] = []
+
+        def demux():
+            inner = OmpiDemux(plan.openmpi)
+
+            def one(line):
+                if line is not None and treehop.FAILED in line:
+                    said.append(line)
+                return inner(line)
+
+            return one
+
+        remote = [h for h in dict.fromkeys(hosts.values()) if not is_local_host(h)]
+        ended, went = threading.Event(), threading.Event()
+        box: dict = {}
+        t0 = time.monotonic()
+        streams = {k: onepass.HeldStream(supervisor_options.get(k) or getattr(sys, k)) for k in ("stdout", "stderr")}
+        box["streams"] = streams
+
+        def decide() -> None:
+            limit = treeprobe.round_timeout(len(remote), fanoutmode.radix(environ), spec.ssh_timeout)
+            server.wait_reports(remote, ended.is_set, t0 + limit)
+            if ended.is_set() and not all(h in server.outputs for h in remote):
+                return  # mpirun ended first (a daemon did not start): judged below
+            given = treeprobe.TreeResult(outputs={h: server.outputs[h] for h in remote if h in server.outputs})
+            given.elapsed_s = time.monotonic() - t0
+            try:
+                report = run_preflight(plan, spec, local=is_local_host, one_pass=given)
+                box["report"] = report
+                if report.ok:
+                    delta, _ = onepass.facts_env(plan, spec, report.facts, environ)
+                    delta = onepass.per_host(delta, {h: f.hostname for h, f in report.facts.items()})
+                    for stream in box["streams"].values():  # the job's output from here on, as it comes
+                        stream.release(True)
+                    went.set()
+                    server.decide(True, delta)
+                    return
+            except BaseException as exc:  # never leave the ranks waiting
+                box["error"] = exc
+            server.decide(False)
+
+        decider = threading.Thread(target=decide, name="gaudi-launch-one-pass", daemon=True)
+        decider.start()
+
+        def swept_or_lost():
+            server.wait_closed(1.0)
+            return set(watch.lost if watch else ()) | set(server.swept)
+
+        one_sweep = tree_sweeper(
+            list(dict.fromkeys(hosts.values())),
+            plan.job_id,
+            ssh_args=plan.ssh_args,
+            python=spec.python,
+            is_local=is_local_host,
+            lost=swept_or_lost,
+            radix=fanoutmode.radix(environ),
+            ssh_timeout=spec.ssh_timeout,
+            tcp_cidr=plan.tcp_cidr,
+        )
+        hooks = Hooks(
+            demux=demux,
+            explain=lambda lines: explain(lines, hosts),
+            # the host watch from the go on (before it, mpirun's own start is the test: a hanging host's sshd
+            # is tried once, by its parent's hop)
+            watch=(lambda: watch.probe() if went.is_set() else None) if watch else None,
+            # nothing of the user's ran anywhere before the go: no sweep then (a hanging host is not tried again)
+            sweep=lambda sig, ranks_groups=None: one_sweep(sig, ranks_groups) if went.is_set() else {},
+        )
+        options = {**supervisor_options, **streams}
+        result = supervise_job(plan, [dataclasses.replace(proc, argv=argv, env=env)], hooks, **options)
+        ended.set()
+        decider.join()
+        if "error" in box:
+            raise box["error"]
+        report = box.get("report")
+        if report is None:  # mpirun ended before every host answered: the hosts its hops named, the rest probed
+            given = treeprobe.TreeResult(
+                outputs={h: server.outputs[h] for h in remote if h in server.outputs},
+                failed={h: v for h, v in treehop.parse_failures("\n".join(said)).items()},
+                error="mpirun ended before every host answered",
+            )
+            for entry in remote:  # (the hop names a host as ssh was given it)
+                if entry not in given.failed and bare_host(entry) in given.failed:
+                    given.failed[entry] = given.failed.pop(bare_host(entry))
+            report = run_preflight(plan, spec, local=is_local_host, one_pass=given)
+        for stream in streams.values():  # (held: the ranks were stopped, or mpirun ended before the verdict)
+            stream.release(report.ok)
+        if not report.ok:
+            plan.preflight = findings(report)
+            raise PreflightFailed(report)
+        return result
+    finally:
+        server.close()

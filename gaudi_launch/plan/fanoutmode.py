@@ -1,7 +1,8 @@
 """How the launcher reaches many hosts (issue 34): ``flat``, one ssh per host from this host (the pre-flight's
 connections, shared with mpirun's daemons and the sweep: remote/sshmux.py), or ``tree``, through OpenMPI's own
-daemon tree (the pre-flight as one probe per node run by mpirun, remote/treeprobe.py; the job's mpirun keeps
-its tree spawn). Pure decisions; the I/O is in remote/.
+daemon tree (the job's mpirun keeps its tree spawn; its ranks run the pre-flight's probe before the launcher's
+go and sweep their hosts at the end, remote/onepass.py; with GAUDI_LAUNCH_TREE_PASSES=3 the probe and the sweep
+are an mpirun each, remote/treeprobe.py). Pure decisions; the I/O is in remote/.
 
 Why OpenMPI's tree for the mpirun backend: it is what such a cluster already runs (mpirun starts its daemons that
 way, radix 64, unless told not to), so the tree's hops log in exactly as raw mpirun's do (docs/security.md).

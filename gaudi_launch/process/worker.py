@@ -41,13 +41,14 @@ from gaudi_launch.inputs.ports import describe_holder, port_is_free
 from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
 from gaudi_launch.plan import gaudi
 from gaudi_launch.plan.contract import elastic_env, node_layout, node_of_rank, node_visibility, read_error_file
-from gaudi_launch.process import placement, relay
+from gaudi_launch.process import gate, placement, relay
 from gaudi_launch.process.heartbeats import install_stack_dump
 from gaudi_launch.remote.jobdir import clean_stale, owner_of, read_job
 from gaudi_launch.remote.teardown import sweep_here
 from gaudi_launch.scriptflags import hpu_env_for_script  # torch-free; only on Gaudi hosts
 from gaudi_launch.wire import (
     DEVICE,
+    GATE,
     GRACE,
     HEARTBEAT_DIR,
     JOB_DIGEST_FLAG,
@@ -377,9 +378,12 @@ def run(argv: list[str], environ: MutableMapping[str, str] = os.environ) -> int:
         if _ERROR_DIR:
             shutil.rmtree(_ERROR_DIR, ignore_errors=True)
         _end_group()
+        if _GATE is not None:  # one-pass tree: the last rank of this host sweeps it (process/gate.py)
+            _GATE.at_exit(environ.get(JOB_ID, ""))
 
 
 _ERROR_DIR: Optional[str] = None
+_GATE = None  # process/gate.Gate: the one-pass tree's connection to the launcher
 _RELAYED = False  # our output goes through a relay (relay.py): ranks started from a job file
 _RELAYED_FLAG = "--gaudi-launch-relayed"
 
@@ -664,6 +668,9 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
         where = placement.machine(socket.gethostname(), route_source(environ.get("MASTER_ADDR", "")))
         sys.stderr.write(f"{STARTED}{environ.get('RANK', '')} {where} {os.getpgrp()}\n")
         sys.stderr.flush()
+    if environ.get(GATE):  # --fan-out tree in one pass: the host's checks, then the launcher's go
+        global _GATE
+        _GATE = gate.wait_for_go(environ)
     if environ.get(JOB_ID) and environ.get("LOCAL_RANK") == "0":
         _clean_dead_jobs()
     environ.update(_error_file(environ))

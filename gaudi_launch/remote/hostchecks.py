@@ -23,14 +23,19 @@ from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
 from gaudi_launch.wire import SSH_SHARE
 
 
-def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, share: bool = True):
+def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, share: bool = True, one_pass=None):
     """The pre-flight of ``plan``'s hosts. With ``share``, its ssh to each remote host stays open as
-    the job's connection to it (sshmux), used by every later ssh of the job and closed at its end."""
+    the job's connection to it (sshmux), used by every later ssh of the job and closed at its end.
+
+    ``one_pass`` (treeprobe.TreeResult): the hosts' probe outputs as the job's own ranks sent them and the hosts
+    its mpirun's hops named (remote/onepass.py), judged as the tree's answers; with its ``error`` set (that
+    mpirun ended before every host answered) the other hosts are probed through the tree, the named ones not
+    tried again."""
     connections = None
     hosts = [n.host for n in plan.nodes]
     probed = hosts + [h for h in plan.spares if h not in hosts]  # a spare that cannot run the job: said now
     remote = [h for h in probed if not local(h)]
-    tree = fan_out(plan, spec, len(remote)) == "tree"
+    tree = fan_out(plan, spec, len(remote)) == "tree" or one_pass is not None
     if not tree and share and remote and os.environ.get(SSH_SHARE, "1") != "0":
         connections = sshmux.open_for(plan.job_id, ssh_args(spec, configured_host_keys(hosts, spec.ssh_config)))
     script = spec.program[0] if spec.program and not spec.module else None
@@ -61,7 +66,11 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         local=local,
         progress=progress,
         connections=connections,
-        tree=(lambda port: through.setdefault("tree", _probe_through_tree(plan, spec, remote, script, port)))
+        tree=(
+            (lambda port: through.setdefault("tree", _probe_through_tree(plan, spec, remote, script, port)))
+            if one_pass is None
+            else (lambda port: through.setdefault("tree", _after_one_pass(one_pass, plan, spec, remote, script, port)))
+        )
         if tree
         else None,
         pythonpath=ranks_pythonpath(plan),
@@ -121,6 +130,24 @@ def _probe_through_tree(plan: LaunchPlan, spec: JobSpec, remote: list[str], scri
         )
     except (OSError, subprocess.SubprocessError) as exc:  # mpirun would not run: every host the flat way
         return treeprobe.TreeResult(error=f"{type(exc).__name__}: {exc}")
+
+
+def _after_one_pass(given, plan: LaunchPlan, spec: JobSpec, remote: list[str], script, master_ssh_port: int):
+    """The one-pass job's answers, completed (when its mpirun ended first) by the tree's probe of the hosts that
+    neither answered nor were named: one more pass, on failure only."""
+    if not given.error:
+        return given
+    rest = [h for h in remote if h not in given.outputs and h not in given.failed]
+    if not rest:
+        return treeprobe.TreeResult(outputs=dict(given.outputs), failed=dict(given.failed))
+    more = _probe_through_tree(plan, spec, rest, script, master_ssh_port)
+    return treeprobe.TreeResult(
+        outputs={**given.outputs, **more.outputs},
+        failed={**given.failed, **more.failed},
+        rounds=more.rounds + 1,
+        elapsed_s=given.elapsed_s + more.elapsed_s,
+        error=more.error,
+    )
 
 
 def tree_warning(result, remote: list[str]) -> str:

@@ -37,6 +37,14 @@ needle = b"\0GAUDI_LAUNCH_JOB_ID=" + sys.argv[1].encode() + b"\0"
 sig, me, uid, hit, unseen = int(sys.argv[2]), os.getpid(), os.getuid(), 0, []
 since = float(sys.argv[3]) if len(sys.argv) > 3 else None
 tied, groups, others = set(), set(), []
+# one host's own processes only (a rank's own sweep, process/gate.py): not those of another UTS namespace (another
+# container's, or another host's where hosts share one kernel)
+def uts(pid):
+    try:
+        return os.readlink("/proc/%s/ns/uts" % pid)
+    except OSError:
+        return None
+own_uts = uts("self") if os.environ.get("GAUDI_LAUNCH_SWEEP_OWN_UTS") else None
 if len(sys.argv) > 4:
     ids = sys.argv[4].split("/")
     task = (os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID", "0")) if len(ids) > 1 else "0"
@@ -56,7 +64,7 @@ def tie(pid, f):
     tied.add(pid)
     groups.update(g for g in f[5:7] if g != "0")
 for pid in filter(str.isdigit, os.listdir("/proc")):
-    if int(pid) == me:
+    if int(pid) == me or (own_uts is not None and uts(pid) not in (None, own_uts)):
         continue
     try:
         with open("/proc/%s/environ" % pid, "rb") as f:

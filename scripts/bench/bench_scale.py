@@ -51,10 +51,10 @@ from bench_launch import environment, environment_line, timed, venv_tool  # noqa
 
 BASELINE = "mpirun (raw)"
 TREE, FLAT = "gaudi-launch, tree", "gaudi-launch, flat"
-CORE_ROWS = (TREE, FLAT, BASELINE)
+TREE3 = "gaudi-launch, tree, three passes"  # GAUDI_LAUNCH_TREE_PASSES=3: the probe, the job and the sweep apart
+CORE_ROWS = (TREE, TREE3, FLAT, BASELINE)
 PREFIX, OCTET = "glb", 221
 MODEL_SIZES = (16, 64, 128, 1024, 4096)
-ONE_PASS = "tree, one pass (not built)"
 
 
 def gl_argv() -> list[str]:
@@ -69,6 +69,11 @@ def fan_out_option() -> bool:
     except ImportError:
         return False
     return True
+
+
+def one_pass_built() -> bool:
+    """This checkout's tree runs in one pass (issue 34: remote/onepass.py)."""
+    return importlib.util.find_spec("gaudi_launch.remote.onepass") is not None
 
 
 def configs(deepspeed: bool = False, all_rows: bool = False) -> list[tuple[str, callable]]:
@@ -92,6 +97,15 @@ def configs(deepspeed: bool = False, all_rows: bool = False) -> list[tuple[str, 
     out = []
     if fan_out_option():
         out += [(TREE, gl("--fan-out", "tree", *job)), (FLAT, gl("--fan-out", "flat", *job))]
+        if one_pass_built():  # the tree's default is one pass (remote/onepass.py): the three-pass tree beside it
+            out += [
+                (
+                    TREE3,
+                    lambda c, hf, n, wd: (
+                        ["env", "GAUDI_LAUNCH_TREE_PASSES=3"] + gl("--fan-out", "tree", *job)(c, hf, n, wd)
+                    ),
+                )
+            ]
     else:  # before issue 34: one path, today's flat one
         out += [(FLAT, gl(*job))]
     out += [(BASELINE, raw_mpirun_of("/bin/true"))]
@@ -426,7 +440,12 @@ def model(
       (one ControlMaster and probe per host, rounds of `pool`), mpirun's daemons through the pre-flight's
       sessions (our rsh agent: one level, no new handshake), the end-of-job sweep over the open sessions
       (0.05 s);
-    - gaudi-launch, tree: our fixed part, the pre-flight as its own mpirun (its fixed part, a pass down
+    - gaudi-launch, tree (one pass, the tree's default: remote/onepass.py): our fixed part and the job's one
+      mpirun (its fixed part, a pass down the tree with our tree hop beside each child's ssh), the probe on
+      the hosts (each host's first rank runs it before the go), each rank's connection back to the launcher
+      (not measured: a TCP connection and two short messages, taken as nothing here), no sweep pass (each
+      host's last rank sweeps it);
+    - gaudi-launch, tree, three passes (GAUDI_LAUNCH_TREE_PASSES=3): our fixed part, the pre-flight as its own mpirun (its fixed part, a pass down
       the tree with our tree hop (a Python start, `tree_hop_local_cpu`) beside each child's ssh, the
       probe on the hosts), then the job's mpirun (its fixed part and a pass down the tree), then the
       end-of-job sweep `tree_sweep`: "ssh", one new ssh session per host from the launcher (a session's
@@ -434,9 +453,6 @@ def model(
       mpirun's fixed part, or "none";
     - the fixed parts: raw mpirun's and gaudi-launch's (over raw mpirun's) time with host 0 alone, no
       ssh (without that measurement: the fits' intercepts);
-    - "tree, one pass (not built)" is what the tree would cost if the pre-flight's probe and the sweep ran
-      on the job's own daemons (one pass down the tree, as raw mpirun's): our fixed part, the probe's time
-      and 0.05 s for the sweep over raw mpirun; a what-if, no such path exists;
     - the crossover is the fewest hosts from which the tree is never slower than the flat path (the
       model, scanned host by host to 8,192), what auto's TREE_FROM_HOSTS should be.
     """
@@ -489,18 +505,18 @@ def model(
         }[tree_sweep]
         return mpirun_fixed + ours_fixed + pre + job + sweep
 
-    def one_pass(n: int) -> float:  # not built: the probe and the sweep ride the job's own daemons
-        return mpirun_fixed + ours_fixed + tree_pass(n, c_hs) + probe + 0.05
+    def one_pass(n: int) -> float:  # the probe and the sweep ride the job's own daemons and ranks
+        return mpirun_fixed + ours_fixed + tree_pass(n, c_hs + c_hop) + probe
 
     out: dict[str, dict[int, float]] = {
         "mpirun (raw, tree spawn)": {n: raw(n) for n in sizes},
-        "gaudi-launch, flat": {n: flat(n) for n in sizes},
-        "gaudi-launch, tree": {n: tree(n) for n in sizes},
-        ONE_PASS: {n: one_pass(n) for n in sizes},
+        FLAT: {n: flat(n) for n in sizes},
+        TREE: {n: one_pass(n) for n in sizes},
+        TREE3: {n: tree(n) for n in sizes},
     }
     crossover = None
-    for n in range(8192, 1, -1):  # the fewest hosts from which the tree is never slower
-        if tree(n) > flat(n):
+    for n in range(8192, 1, -1):  # the fewest hosts from which the tree (one pass) is never slower
+        if one_pass(n) > flat(n):
             crossover = n + 1 if n < 8192 else None
             break
     else:

@@ -53,7 +53,8 @@ def launch(cluster, *args):
 
 
 def run(cluster, *args):
-    env = cluster.env({**os.environ, "GAUDI_LAUNCH_TREE_RADIX": "2"})
+    # the three-pass tree (pre-flight, job, sweep: each one mpirun); the one-pass tree's tests are below
+    env = cluster.env({**os.environ, "GAUDI_LAUNCH_TREE_RADIX": "2", "GAUDI_LAUNCH_TREE_PASSES": "3"})
     res = cluster.run_on(0, launch(cluster, *args), env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     return res, None
 
@@ -133,5 +134,102 @@ def test_a_job_starts_and_is_swept_through_the_tree_with_no_login_from_the_launc
         assert new and set(new) <= {"10.227.0.11", "10.227.0.12"}, (i, new)
     for i in (1, 2):
         assert set(logins_from(cluster, i)[before[i] :]) == {"10.227.0.10"}
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
+    assert left == [], left
+
+
+# ---------------------------------------------------------------- one pass (the default tree: remote/onepass.py)
+
+
+def run_job(cluster, *args, passes="1"):
+    env = cluster.env({**os.environ, "GAUDI_LAUNCH_TREE_RADIX": "2", "GAUDI_LAUNCH_TREE_PASSES": passes})
+    return cluster.run_on(
+        0, launch(cluster, "--backend", "mpirun", *args), env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_one_pass_a_hanging_host_at_depth_2_is_named_and_tried_once_and_nothing_starts(cluster, tmp_path):
+    """The job's own mpirun: its hop to the hanging host names it after ConnectTimeout; OpenMPI 4 starts no rank;
+    the table is completed by the tree's probe of the other hosts, without it (one connection in its queue)."""
+    hung = cluster.hosts[5].sshd
+    os.kill(hung.pid, signal.SIGSTOP)
+    ran = tmp_path / "ran"
+    try:
+        res = run_job(cluster, "--no_python", "/bin/sh", "-c", f"touch {ran}-$(hostname)")
+        waiting = accept_queue(cluster, 5)
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+    found = rows(res.stdout + res.stderr)
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
+    assert {h for h, (s, _) in found.items() if s == "failed"} == {"glt-n5"}, found
+    assert "did not answer the ssh handshake" in found["glt-n5"][1].lower(), found["glt-n5"]
+    assert waiting == 1, waiting
+    assert list(tmp_path.iterdir()) == []
+    assert "gaudi-launch: job " in res.stderr, res.stderr[-3000:]
+
+
+def test_one_pass_a_dead_and_a_hanging_host_at_depth_2_are_named_and_nothing_starts(cluster, tmp_path):
+    """A dead host and a hanging one: both named, exit 3 with the pre-flight's table, no user script anywhere.
+    (The dead host's refusal ends mpirun's start at once, before the hanging host's hop times out: that host is
+    then named by the tree's probe of the hosts left, which waits ConnectTimeout for it once.)"""
+    cluster.stop_sshd(4)
+    hung = cluster.hosts[6].sshd
+    os.kill(hung.pid, signal.SIGSTOP)
+    ran = tmp_path / "ran"
+    try:
+        res = run_job(cluster, "--no_python", "/bin/sh", "-c", f"touch {ran}-$(hostname)")
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+        cluster.start_sshd(4)
+    found = rows(res.stdout + res.stderr)
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
+    assert {h for h, (s, _) in found.items() if s == "OK"} == {"glt-n0", "glt-n1", "glt-n2", "glt-n3", "glt-n5"}, found
+    assert "refused" in found["glt-n4"][1].lower(), found["glt-n4"]
+    assert "did not answer the ssh handshake" in found["glt-n6"][1].lower(), found["glt-n6"]
+    assert list(tmp_path.iterdir()) == []
+    assert "gaudi-launch: job " in res.stderr, res.stderr[-3000:]
+
+
+def test_one_pass_a_failing_check_starts_no_user_script_anywhere(cluster, tmp_path):
+    """Every daemon is up and every rank runs its bootstrap, but the script is missing on one host: the
+    launcher's stop reaches every rank before the script; exit 3 with the pre-flight's table naming it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    script = shared / "job.py"
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    script.write_text(f"import socket, pathlib\npathlib.Path({str(ran)!r}, socket.gethostname()).touch()\n")
+    # glt-n5 sees no script: its namespace has the directory hidden under an empty tmpfs (a per-host file system)
+    subprocess.run(
+        ["nsenter", "-t", str(cluster.hosts[5].sshd.pid), "-m", "mount", "-t", "tmpfs", "none", str(shared)], check=True
+    )
+    try:
+        res = run_job(cluster, str(script))
+    finally:
+        subprocess.run(["nsenter", "-t", str(cluster.hosts[5].sshd.pid), "-m", "umount", str(shared)], check=False)
+    found = rows(res.stdout + res.stderr)
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]
+    assert {h for h, (s, _) in found.items() if s == "failed"} == {"glt-n5"}, found
+    assert "not found on glt-n5" in found["glt-n5"][1], found["glt-n5"]
+    assert list(ran.iterdir()) == []
+    # the job's mpirun was started (announced) and its ranks ran the checks: no pre-flight before it
+    assert "gaudi-launch: job " in res.stderr, res.stderr[-3000:]
+
+
+def test_one_pass_job_runs_with_no_login_from_the_launcher_below_depth_1_and_is_swept(cluster):
+    """One mpirun in all: the hosts at depth 2 are logged into by their parents only, once each (no probe pass,
+    no sweep pass: each host's last rank sweeps it); the daemons the ranks left are gone."""
+    before = [len(logins_from(cluster, i)) for i in range(7)]
+    marker = "313.75"
+    res = run_job(
+        cluster, "--no_python", "/bin/sh", "-c", f"setsid sleep {marker} >/dev/null 2>&1 </dev/null & hostname"
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert sorted(line.split()[-1] for line in res.stdout.splitlines()) == [f"glt-n{i}" for i in range(7)]
+    for i in (3, 4, 5, 6):
+        new = logins_from(cluster, i)[before[i] :]
+        assert len(new) == 1 and set(new) <= {"10.227.0.11", "10.227.0.12"}, (i, new)
+    for i in (1, 2):
+        assert logins_from(cluster, i)[before[i] :] == ["10.227.0.10"]
     left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
     assert left == [], left

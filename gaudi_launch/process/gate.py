@@ -1,0 +1,213 @@
+"""The rank's side of the one-pass tree start (``--fan-out tree``, one pass: remote/onepass.py).
+
+The job's own mpirun starts every rank through OpenMPI's daemon tree, with three variables in their environment
+(never on argv, through mpirun's ``-x``): where the launcher listens (GATE), a random per-job key (GATE_KEY) and
+the probe's arguments (GATE_PROBE). Before anything of the user's runs, each rank connects to the launcher; the
+first rank of each host (LOCAL_RANK 0) first runs the pre-flight's probe on its host (probe.command: the same
+probe.sh and probe_checks.py the ssh pre-flight runs, so the same facts, judged by the same code) and sends its
+output. Then every rank waits for the launcher's verdict: go (with the variables the hosts' facts add to the
+plan: the interface, the scale-out settings, the cards) or stop (a host failed its checks: the rank exits 3, the
+user's script never started anywhere).
+
+Both directions are authenticated with the key (HMAC-SHA256): a rank's hello carries a fresh nonce and a MAC
+over its whole message; the launcher's verdict a MAC over the rank's nonce and the verdict, so neither another
+process on the network nor a replayed verdict can start or stop ranks, or give them variables. At its end the
+last rank of a host sweeps what the job left there (teardown.sweep_here) and says so on the same connection, so
+the launcher's own sweep skips that host.
+
+Standard library only, imported by the rank bootstrap only when GATE is set.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, MutableMapping
+from typing import Optional
+
+from gaudi_launch.remote.gatewire import MAX_LINE, STOP_EXIT, hello, read_verdict, swept_line
+from gaudi_launch.remote.teardown import sweep_here
+from gaudi_launch.wire import GATE, GATE_KEY, GATE_PASSED, GATE_PROBE, JOB_DIR_SUFFIX, JOB_ID, SWEEP_OWN_UTS, path_for
+
+__all__ = ["GATE", "GATE_KEY", "GATE_PROBE", "STOP_EXIT", "Gate", "at_exit", "wait_for_go"]
+
+PROBE_TIMEOUT = 60.0  # (remote/preflight.PROBE_TIMEOUT)
+# Variables read by the dynamic loader or the interpreter at start-up: the rank re-executes itself for them.
+_STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")
+
+
+def probe_here(args: Mapping, environ: Mapping[str, str]) -> str:
+    """The pre-flight's probe on this host, as the ssh pre-flight runs it: the command line the launcher built
+    (remote/probe.command, the master host's with its port check), run by sh (its output; a line saying why
+    when it could not run)."""
+    master = str(args.get("master_node")) == environ.get("NODE_RANK", "")
+    cmd = args.get("master_command" if master else "command")
+    if not isinstance(cmd, str):
+        return ""
+    try:
+        done = subprocess.run(
+            ["sh", "-c", cmd], stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT, cwd="/"
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"@@gaudi-launch-probe-error {type(exc).__name__}: {exc}\n"
+    return done.stdout.decode("utf-8", "replace")
+
+
+class Gate:
+    """This rank's connection to the launcher, kept open for its life (the end-of-job message)."""
+
+    def __init__(self, sock: socket.socket, key: bytes, nonce: str, host: str):
+        self.sock, self.key, self.nonce, self.host = sock, key, nonce, host
+        self.lock_fd: Optional[int] = None
+
+    def at_exit(self, job: str) -> None:
+        at_exit(self, job)
+
+    def swept(self, hit: int) -> None:
+        try:
+            self.sock.sendall(swept_line(self.key, self.nonce, self.host, hit))
+        except OSError:
+            pass
+
+
+def _connect(where: str, deadline_s: float = 30.0) -> socket.socket:
+    host, _, port = where.rpartition(":")
+    return socket.create_connection((host.strip("[]"), int(port)), timeout=deadline_s)
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_LINE:
+            break
+    return data.split(b"\n", 1)[0]
+
+
+def wait_for_go(environ: MutableMapping[str, str]) -> Optional[Gate]:
+    """Pass the gate (module docstring): returns the open Gate once the launcher said go, with its variables
+    in ``environ``; exits the process (STOP_EXIT) when it said stop, or (2) when it cannot be reached or
+    answers wrongly. None when there is no gate (GATE unset) or it was passed before this re-exec."""
+    where = environ.pop(GATE, "")
+    key_hex = environ.pop(GATE_KEY, "")
+    args_text = environ.pop(GATE_PROBE, "")
+    if not where or environ.get(GATE_PASSED):
+        return None
+    me = f"gaudi-launch worker (rank {environ.get('RANK', '?')} on {socket.gethostname()})"
+    try:
+        key = bytes.fromhex(key_hex)
+        args = json.loads(args_text)
+    except ValueError:
+        print(f"{me}: the launcher's gate variables are malformed", file=sys.stderr)
+        sys.exit(2)
+    host = socket.gethostname()
+    probe = probe_here(args, environ) if environ.get("LOCAL_RANK") == "0" else None
+    nonce = secrets.token_hex(16)
+    try:
+        sock = _connect(where)
+        sock.sendall(hello(key, environ.get("RANK", ""), host, probe, nonce))
+        sock.settimeout(None)  # the verdict comes once every host answered (or the launcher gave up on one)
+        line = _read_line(sock)
+    except OSError as exc:
+        print(f"{me}: cannot reach the launcher at {where} ({exc}); not starting", file=sys.stderr)
+        sys.exit(2)
+    answer = read_verdict(key, nonce, line) if line else None
+    if answer is None:
+        print(
+            f"{me}: {'no' if not line else 'a wrong'} answer from the launcher at {where}; not starting",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    if not answer.get("go"):
+        sys.exit(STOP_EXIT)  # the launcher prints the pre-flight's table
+    env = {str(k): str(v) for k, v in answer["env"].items()}
+    environ[GATE_PASSED] = "1"
+    gate = Gate(sock, key, nonce, host)
+    if any(env.get(k, environ.get(k)) != environ.get(k) for k in _STARTUP_VARS):
+        environ.update(env)
+        # the loader and the interpreter read these at start-up: run again with them (the gate passed; this
+        # connection closes with the old image, and the launcher sweeps this host itself)
+        os.execve(
+            sys.executable, [sys.executable, "-u", "-m", "gaudi_launch.process.worker", *sys.argv[1:]], dict(environ)
+        )
+    environ.update(env)
+    gate.lock_fd = _hold_host_lock(environ)
+    return gate
+
+
+def _lock_path(environ: Mapping[str, str]) -> Optional[str]:
+    job = environ.get(JOB_ID, "")
+    # one lock per host (its hostname): a job directory on a file system hosts share (NFS TMPDIR) still gives
+    # each host its own last rank
+    name = "ranks-" + "".join(c if c.isalnum() or c in "-." else "_" for c in socket.gethostname()) + ".lock"
+    return os.path.join(path_for(job, suffix=environ.get(JOB_DIR_SUFFIX, "")), name) if job else None
+
+
+def _hold_host_lock(environ: Mapping[str, str]) -> Optional[int]:
+    """A shared lock on the job's lock file on this host, held while the rank runs: the last rank to let go
+    of it (its exclusive lock then succeeds) sweeps the host."""
+    path = _lock_path(environ)
+    if path is None:
+        return None
+    try:
+        os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        with open(f"{path}.{os.getpid()}", "w"):  # the last rank waits for this one to be gone
+            pass
+        return fd
+    except OSError:
+        return None
+
+
+def at_exit(gate: Optional[Gate], job: str) -> None:
+    """The rank's end: the last rank of the job on this host sweeps what the job left here and tells the
+    launcher (which then sweeps only the hosts that did not say so)."""
+    if gate is None or gate.lock_fd is None or not job:
+        return
+    fd, gate.lock_fd = gate.lock_fd, None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)  # another rank of this host still runs: the last one sweeps
+        return
+
+    # every other rank of the job here let go of the lock: it is in its last steps; the sweep (which spares only
+    # this process) must not end one of them before it exited by itself (mpirun would take it for a failure)
+    path = _lock_path({**os.environ, JOB_ID: job}) or ""
+    others = (
+        [n for n in os.listdir(os.path.dirname(path)) if n.startswith(os.path.basename(path) + ".")] if path else []
+    )
+    end = time.monotonic() + 5.0
+    for name in others:
+        pid = name.rsplit(".", 1)[1]
+        while pid != str(os.getpid()) and _alive(pid) and time.monotonic() < end:
+            time.sleep(0.01)
+    try:
+        os.environ[SWEEP_OWN_UTS] = "1"  # (teardown.KILL_CODE: this host's processes only)
+        found = sweep_here(job, signal.SIGKILL)
+        gate.swept(max(found.hit, 0))
+    except Exception:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: str) -> bool:
+    """The process runs (a zombie has exited). Pure but for /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
