@@ -37,6 +37,7 @@ import time
 from collections.abc import Mapping
 from typing import Callable, Optional
 
+from gaudi_launch.inputs.backend_options import capabilities
 from gaudi_launch.inputs.hostnames import bare_host, is_local_host
 from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
@@ -59,7 +60,7 @@ def one_pass_asked(environ: Mapping[str, str] = os.environ) -> bool:
 def applies(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str] = os.environ) -> bool:
     """The job goes through the tree in one pass: mpirun over OpenMPI 4's tree, no spare host, not asked off."""
     remote = {n.host for n in plan.nodes if not is_local_host(n.host)}
-    if plan.backend != "mpirun" or not remote or plan.spares or not one_pass_asked(environ):
+    if not capabilities(plan.backend).daemon_tree or not remote or plan.spares or not one_pass_asked(environ):
         return False
     # --wait-hosts waits for the hosts before its pre-flight; the collective check runs on checked hosts before
     # the job: both need the pre-flight first, as the three-pass tree runs it
