@@ -34,7 +34,18 @@ from typing import Optional
 
 from gaudi_launch.remote.gatewire import MAX_LINE, STOP_EXIT, hello, read_verdict, swept_line
 from gaudi_launch.remote.teardown import sweep_here
-from gaudi_launch.wire import GATE, GATE_KEY, GATE_PASSED, GATE_PROBE, JOB_DIR_SUFFIX, JOB_ID, SWEEP_OWN_UTS, path_for
+from gaudi_launch.wire import (
+    GATE,
+    GATE_KEY,
+    GATE_PASSED,
+    GATE_PROBE,
+    JOB_DIR_SUFFIX,
+    JOB_ID,
+    SWEEP_OWN_UTS,
+    create_private,
+    open_private_dir,
+    path_for,
+)
 
 __all__ = ["GATE", "GATE_KEY", "GATE_PROBE", "STOP_EXIT", "Gate", "at_exit", "wait_for_go"]
 
@@ -155,19 +166,29 @@ def _lock_path(environ: Mapping[str, str]) -> Optional[str]:
 
 def _hold_host_lock(environ: Mapping[str, str]) -> Optional[int]:
     """A shared lock on the job's lock file on this host, held while the rank runs: the last rank to let go
-    of it (its exclusive lock then succeeds) sweeps the host."""
+    of it (its exclusive lock then succeeds) sweeps the host. In the job's directory only if it is ours and
+    private (wire.open_private_dir), its files made relative to it, never through a link (wire.create_private)."""
     path = _lock_path(environ)
     if path is None:
         return None
+    directory, name = os.path.split(path)
     try:
-        os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        with open(f"{path}.{os.getpid()}", "w"):  # the last rank waits for this one to be gone
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
             pass
+        dir_fd = open_private_dir(directory)
+    except (OSError, ValueError):
+        return None  # no sweep by the ranks here: the launcher's covers this host
+    try:
+        fd = create_private(name, dir_fd)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.close(create_private(f"{name}.{os.getpid()}", dir_fd))  # the last rank waits for this one to be gone
         return fd
     except OSError:
         return None
+    finally:
+        os.close(dir_fd)
 
 
 def at_exit(gate: Optional[Gate], job: str) -> None:
