@@ -6,7 +6,7 @@ runtime do.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from gaudi_launch.version import __version__
 
 __all__ = ["DistributedRunner", "heartbeat", "__version__"]
 

@@ -11,9 +11,10 @@ import sys
 from types import ModuleType
 from typing import Any, Callable
 
-from gaudi_launch import __version__, helptext
+from gaudi_launch import helptext
 from gaudi_launch.exitcodes import for_signal
 from gaudi_launch.inputs.commandline import EXTRA_OPTIONS, launch_options
+from gaudi_launch.version import __version__
 
 PROG = "gaudi-launch"
 HELP = """Launch SCRIPT on every selected device of every host, one process per device. SCRIPT is a Python

@@ -39,6 +39,7 @@ from gaudi_launch.remote.sshclient import (
 from gaudi_launch.remote.sshfailures import classify_ssh_error
 from gaudi_launch.remote.sshmux import SESSION_AGENT, read_until
 from gaudi_launch.remote.sshresolve import resolve
+from gaudi_launch.version import __version__
 
 PROBE_TIMEOUT = 60.0  # seconds for the probe command itself, once logged in
 
@@ -265,8 +266,6 @@ def launcher_problem(
     found out (the python did not run: said on its own). Pure."""
     if ok is not False:
         return None
-    from gaudi_launch import __version__
-
     why = error or "not found"
     return (
         f"python {python} cannot import gaudi_launch on {where} (with {cwd} first on sys.path, as the ranks "

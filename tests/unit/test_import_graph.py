@@ -42,7 +42,7 @@ LAYERS = (
     ("cli",),
     ("__main__", ""),
 )
-ROOT_HELPERS = ("errors", "exitcodes", "wire", "safewrite", "scriptflags", "pairrounds")
+ROOT_HELPERS = ("errors", "exitcodes", "wire", "safewrite", "scriptflags", "pairrounds", "version")
 RANK_SIDE = "runtime"
 RANK_SIDE_MAY_IMPORT = ("wire", "errors", "safewrite", "scriptflags", "pairrounds")
 HEAVY = ("torch", "transformers", "deepspeed", "habana_frameworks")
