@@ -23,7 +23,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -123,6 +122,8 @@ def wait_for_go(environ: MutableMapping[str, str]) -> Optional[Gate]:
         sys.exit(2)
     host = socket.gethostname()
     probe = probe_here(args, environ) if environ.get("LOCAL_RANK") == "0" else None
+    import secrets  # here: every rank imports this module, only one-pass ranks use it
+
     nonce = secrets.token_hex(16)
     try:
         sock = _connect(where)

@@ -8,8 +8,6 @@ another rank or job is taken; a rank's "swept" at its end is bound to its nonce 
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 from collections.abc import Mapping
 from typing import Optional
@@ -20,11 +18,20 @@ MAX_LINE = 4 * 1024 * 1024  # a probe's output is a few KB; a verdict's variable
 
 def mac(key: bytes, *parts: bytes) -> str:
     """HMAC-SHA256 over the parts, each length-prefixed (no two splits give one MAC). Pure."""
+    import hashlib
+    import hmac  # here, as compare_digest below: every rank imports this module, only one-pass ranks sign
+
     h = hmac.new(key, digestmod=hashlib.sha256)
     for p in parts:
         h.update(len(p).to_bytes(8, "big"))
         h.update(p)
     return h.hexdigest()
+
+
+def _same(a: str, b: str) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a, b)
 
 
 def hello(key: bytes, rank: str, host: str, probe: Optional[str], nonce: str) -> bytes:
@@ -38,7 +45,7 @@ def read_hello(key: bytes, line: bytes) -> Optional[dict]:
     try:
         msg = json.loads(line)
         body = msg["body"]
-        if not hmac.compare_digest(str(msg["mac"]), mac(key, b"hello", body.encode())):
+        if not _same(str(msg["mac"]), mac(key, b"hello", body.encode())):
             return None
         out = json.loads(body)
         return out if isinstance(out, dict) and isinstance(out.get("nonce"), str) else None
@@ -57,7 +64,7 @@ def read_verdict(key: bytes, nonce: str, line: bytes) -> Optional[dict]:
     try:
         msg = json.loads(line)
         body = msg["body"]
-        if not hmac.compare_digest(str(msg["mac"]), mac(key, b"verdict", nonce.encode(), body.encode())):
+        if not _same(str(msg["mac"]), mac(key, b"verdict", nonce.encode(), body.encode())):
             return None
         out = json.loads(body)
         if not isinstance(out, dict) or not isinstance(out.get("env"), dict):
@@ -76,7 +83,7 @@ def read_swept(key: bytes, nonce: str, line: bytes) -> Optional[dict]:
     try:
         msg = json.loads(line)
         body = msg["body"]
-        if not hmac.compare_digest(str(msg["mac"]), mac(key, b"swept", nonce.encode(), body.encode())):
+        if not _same(str(msg["mac"]), mac(key, b"swept", nonce.encode(), body.encode())):
             return None
         out = json.loads(body)
         return out if isinstance(out, dict) and isinstance(out.get("swept"), str) else None
