@@ -24,6 +24,20 @@ def _unmarked(text: str) -> str:
     return text.replace("\\[", "[")
 
 
+def metavar(o: LaunchOption) -> str:
+    """The kind of value an option takes, as help shows it; '' for a flag (it takes none)."""
+    kind, _ = kind_of(o.hint)
+    return "" if kind is bool else _METAVAR.get(kind, "TEXT")
+
+
+def shown_help(o: LaunchOption, helps: Optional[dict[str, str]] = None) -> str:
+    """An option's help text (``helps``: a command's own words for it), its default added unless it says one."""
+    shown = (helps or {}).get(o.name, o.option.help)
+    if o.default is not None and kind_of(o.hint)[0] is not bool and "default" not in shown.lower():
+        shown += f" [default: {o.default}]"
+    return shown
+
+
 def _longs(flags: Iterable[str]) -> str:
     return ",".join(f for f in flags if f.startswith("--"))
 
@@ -40,13 +54,9 @@ def _rows(
     for extra in extras:
         panels["Options"].append((_longs(extra.flags), _shorts(extra.flags), "", extra.help))
     for o in sorted(options, key=lambda o: PANELS.index(o.option.panel)):
-        kind, _ = kind_of(o.hint)
         spellings = [s.strip() for f in o.option.flags for s in f.split("/") if s.strip()]
-        shown = helps.get(o.name, o.option.help)
-        if o.default is not None and kind is not bool and "default" not in shown.lower():
-            shown += f" [default: {o.default}]"
         panels.setdefault(o.option.panel, []).append(
-            (_longs(spellings), _shorts(spellings), "" if kind is bool else _METAVAR.get(kind, "TEXT"), shown)
+            (_longs(spellings), _shorts(spellings), metavar(o), shown_help(o, helps))
         )
     return panels
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from gaudi_launch import commands, completion
+from gaudi_launch import commands, completion, helptext
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs.commandline import kind_of, launch_options
@@ -26,7 +26,6 @@ from gaudi_launch.inputs.habits import torchrun_option_error
 COMMANDS = commands.COMMANDS
 HELP, CHECK_HELP, PROG = commands.HELP, commands.CHECK_HELP, commands.PROG
 SETTINGS = {"help_option_names": ["-h", "--help"]}
-_METAVAR = {int: "INTEGER", float: "NUMBER", str: "TEXT"}
 
 
 def _markup(text: str) -> str:
@@ -43,14 +42,11 @@ def _parameters(helps: Optional[dict[str, str]] = None, only: Optional[set[str]]
         if only is not None and o.name not in only:
             continue
         kind, many = kind_of(o.hint)
-        shown = (helps or {}).get(o.name, o.option.help)
-        if o.default is not None and kind is not bool and "default" not in shown.lower():
-            shown += f" [default: {o.default}]"
         info = typer.Option(
             *o.option.flags,
-            help=_markup(shown),
+            help=_markup(helptext.shown_help(o, helps)),
             rich_help_panel=o.option.panel,
-            metavar="" if kind is bool else _METAVAR.get(kind, "TEXT"),  # a flag takes no value: none shown
+            metavar=helptext.metavar(o),  # a flag takes no value: none shown
             show_default=False,
         )
         annotation = Optional[bool] if kind is bool else Optional[list[str]] if many else Optional[str]
