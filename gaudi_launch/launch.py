@@ -4,8 +4,10 @@
 field's type (inputs/commandline.py) and builds the JobSpec; ``run_spec`` then shows, checks or runs it:
 check-only (the pre-flight, and ``check --collective``), the dry run (text or JSON), --sbatch (a batch
 script, nothing started) or the launch itself (backends/job.py). ``replay`` (``gaudi-launch run
-plan.json``) takes the same path with the plan's own options. ``gaudi-launch env`` and ``report`` are
-``environment_report`` and ``plots_report`` (reports/).
+plan.json``) takes the same path with the plan's own options (``gaudi-launch env`` and ``report`` are
+reports/, which typercli.py calls). What only a job that starts needs is imported when one starts, never by
+a dry run: the ssh pre-flight (backends/job.py), the supervisor (backends/local.py), the collective test
+(``collective()``): issue 37, the dry run's start-up budget.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from types import ModuleType
 from typing import Any, Optional
 
 from gaudi_launch.backends import get_backend
 from gaudi_launch.backends.job import launch, plan_job, preflight_for, prepare
-from gaudi_launch.collective import apply_exclusions, check_before_job, check_hosts_of, run_check
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs import habits
@@ -38,10 +40,8 @@ from gaudi_launch.plan.replay import (
     read_plan,
     spec_from_request,
 )
-from gaudi_launch.reports.environment import report as environment_report
-from gaudi_launch.reports.plots import report as plots_report
 
-__all__ = ["environment_report", "plots_report", "replay", "run_command", "run_spec"]
+__all__ = ["replay", "run_command", "run_spec"]
 # Not options of the launch command, but keys of a job file (and values run_command takes).
 _PROGRAM = {"script": Optional[str], "script_args": Optional[list[str]]}
 # With --from-plan these may be given; the plan brings every other option.
@@ -212,10 +212,10 @@ def run_spec(
             return ExitCode.OK if report.ok else ExitCode.PREFLIGHT
         return collective_only(spec, plan, json_out)
     if spec.exclude_from:  # the hosts a collective check named, left out like --exclude
-        spec = apply_exclusions(spec)
+        spec = collective().apply_exclusions(spec)
     plan = plan_job(spec, keep_failed_preflight=dry_run)
     if spec.collective_check and not dry_run and not spec.options(SlurmOptions).sbatch:
-        spec, plan = check_before_job(spec, plan)
+        spec, plan = collective().check_before_job(spec, plan)
     if same_as is not None:
         check_same(same_as[0], plan_json(plan, os.environ), same_as[1])
     if dry_run:  # the plan whatever the pre-flight said, its findings with it; exit 3 if it failed
@@ -244,10 +244,19 @@ def run_spec(
     return launch(spec, plan, announce=True).exit_code
 
 
+def collective() -> ModuleType:
+    """collective.py, imported by a job that asks for the collective test (or leaves out the hosts one
+    named): its pair rounds and statistics are not a dry run's to load (issue 37, the start-up budget)."""
+    from gaudi_launch import collective as module
+
+    return module
+
+
 def collective_only(spec: JobSpec, plan, json_out: bool) -> int:
     """`check --collective`: the collective test on the checked hosts, its table (or JSON), exit 3 naming
     the slow or failed hosts."""
-    report = run_check(spec, check_hosts_of(plan), over_job=plan.job_id, job_plan=plan)
+    test = collective()
+    report = test.run_check(spec, test.check_hosts_of(plan), over_job=plan.job_id, job_plan=plan)
     if json_out:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import dataclasses
+import glob
 import json
 import os
 import shutil
@@ -29,7 +30,6 @@ import typing
 import warnings
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 # ----------------------------------------------------------------------------------------------
@@ -130,8 +130,9 @@ def build_parser(
 # Gaudi config
 
 CONFIG_NAME = "gaudi_config.json"
-# shipped with the training runtime (package data of gaudi_launch/runtime/), read here as files
-_SHIPPED = Path(__file__).resolve().parent / "runtime" / "gaudi_configs"
+# shipped with the training runtime (package data of gaudi_launch/runtime/), read here as files (os.path, not
+# pathlib: the planner imports this module, and pathlib would add urllib.parse and ipaddress to its start-up)
+_SHIPPED = os.path.join(os.path.dirname(os.path.realpath(__file__)), "runtime", "gaudi_configs")
 
 
 @dataclass
@@ -156,12 +157,12 @@ class GaudiConfig:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike) -> GaudiConfig:
-        path = Path(name_or_path)
-        if path.is_dir():
-            path = path / CONFIG_NAME
-            if not path.is_file():
+        path = os.fspath(name_or_path)
+        if os.path.isdir(path):
+            path = os.path.join(path, CONFIG_NAME)
+            if not os.path.isfile(path):
                 raise FileNotFoundError(f"{name_or_path}: no {CONFIG_NAME} in this directory")
-        elif not path.is_file():
+        elif not os.path.isfile(path):
             name = str(name_or_path).strip("/")
             if name not in shipped_gaudi_configs():
                 raise FileNotFoundError(
@@ -169,9 +170,10 @@ class GaudiConfig:
                     f"nor a shipped name ({', '.join(shipped_gaudi_configs()) or 'none'}); the Hugging Face "
                     f"Hub is not consulted, so download the file and pass its path"
                 )
-            path = _SHIPPED / name / CONFIG_NAME
+            path = os.path.join(_SHIPPED, name, CONFIG_NAME)
         try:
-            data = json.loads(path.read_text())
+            with open(path, encoding="utf-8") as f:
+                data = json.loads(f.read())
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON: {exc}") from None
         if not isinstance(data, dict):
@@ -184,7 +186,8 @@ class GaudiConfig:
 
 def shipped_gaudi_configs() -> list[str]:
     """Names like 'Habana/gpt2' that ship with the package."""
-    return sorted(str(p.parent.relative_to(_SHIPPED)) for p in _SHIPPED.glob(f"*/*/{CONFIG_NAME}"))
+    found = glob.glob(os.path.join(glob.escape(_SHIPPED), "*", "*", CONFIG_NAME))
+    return sorted(os.path.relpath(os.path.dirname(p), _SHIPPED) for p in found)
 
 
 # ----------------------------------------------------------------------------------------------

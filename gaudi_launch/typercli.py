@@ -6,7 +6,7 @@ passed on byte for byte. ``check``, ``run``, ``env``, ``report`` and ``completio
 same app; any other first word starts the launch command (``gaudi-launch train.py``). Values arrive as
 typed (text) and are checked against their fields' types in inputs/, for the job file alike. No torch
 here, and nothing of the launch itself until a command runs: --help stays fast. cli.py comes here for any line
-plainline.py does not read itself.
+plainline.py does not read itself; ``env`` and ``report`` call reports/ from here.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode
 from gaudi_launch.inputs.commandline import kind_of, launch_options
 from gaudi_launch.inputs.habits import torchrun_option_error
+from gaudi_launch.reports.environment import report as environment_report
+from gaudi_launch.reports.plots import report as plots_report
 
 COMMANDS = commands.COMMANDS
 HELP, CHECK_HELP, PROG = commands.HELP, commands.CHECK_HELP, commands.PROG
@@ -145,7 +147,7 @@ def env(
     ] = None,
 ) -> int:
     """Versions, devices and network of this machine (or of every host of a hostfile), for bug reports."""
-    return commands.root().environment_report(
+    return environment_report(
         json_out=json_out,
         hostfile=hostfile,
         ssh_config=ssh_config,
@@ -170,7 +172,7 @@ def report(
     or a benchmark JSON from scripts/bench/ (bars with ratios against the peer)."""
     if source is None:
         raise UserError("report takes a run's directory: gaudi-launch report RUN_DIR [--out DIR]", where="RUN_DIR")
-    return commands.root().plots_report(source, out)  # matplotlib is imported there, when plotting
+    return plots_report(source, out)  # matplotlib is imported there, when plotting
 
 
 def completion_command(

@@ -9,7 +9,7 @@ the collective check (collective.py) alike: spec -> plan -> attempts.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from gaudi_launch.backends import get_backend
 from gaudi_launch.inputs.backend_options import capabilities
@@ -17,13 +17,12 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.planner import build_plan
 from gaudi_launch.plan.shared import ENV_FILES_NOTE
-from gaudi_launch.process.hangs import with_heartbeats
+from gaudi_launch.process.attempts import first_attempt
 from gaudi_launch.process.logfiles import prepare_log_dir
-from gaudi_launch.process.restarts import attempt_spec, run_job
-from gaudi_launch.process.supervise import JobResult
-from gaudi_launch.remote.hostchecks import default_preflight
-from gaudi_launch.remote.hostwait import before
-from gaudi_launch.remote.onepass import deferring
+from gaudi_launch.process.restarts import run_job
+
+if TYPE_CHECKING:  # types only
+    from gaudi_launch.process.supervise import JobResult
 
 
 def start_timeout_for(spec: JobSpec, backend: str) -> Optional[float]:
@@ -36,19 +35,30 @@ def start_timeout_for(spec: JobSpec, backend: str) -> Optional[float]:
 
 def prepare(spec: JobSpec) -> JobSpec:
     """The spec of the first attempt. Idempotent."""
-    return with_heartbeats(attempt_spec(spec, 0))
+    return first_attempt(spec)
 
 
-def preflight_for(spec: JobSpec) -> Callable:
-    """The pre-flight this job runs: the SSH checks, after --wait-hosts' wait when given."""
-    return before(default_preflight, spec.wait_hosts) if spec.wait_hosts else default_preflight
+def preflight_for(spec: JobSpec, *, in_one_pass: bool = False) -> Callable:
+    """The pre-flight this job runs: the SSH checks, after --wait-hosts' wait when given; ``in_one_pass``:
+    left to the job's own ranks where the job goes through the tree in one pass (onepass.deferring)."""
+
+    def preflight(plan: LaunchPlan, job: JobSpec):
+        # Its modules (fan-out, probe, tree, one pass) load when a plan has hosts to check, which is when
+        # build_plan calls this: a one-host dry run never imports them (issue 37, the start-up budget).
+        from gaudi_launch.remote import hostchecks, hostwait, onepass
+
+        check = hostchecks.default_preflight
+        if spec.wait_hosts:
+            check = hostwait.before(check, spec.wait_hosts)
+        return (onepass.deferring(check) if in_one_pass else check)(plan, job)
+
+    return preflight
 
 
 def plan_job(spec: JobSpec, *, keep_failed_preflight: bool = False) -> LaunchPlan:
     """The plan of a prepared spec, pre-flight included (a failed one raises, unless kept for a dry run)."""
-    preflight = preflight_for(spec)
-    if not keep_failed_preflight:  # a real run: through the tree in one pass, the job's ranks run the checks
-        preflight = deferring(preflight)
+    # a real run goes through the tree in one pass where it can: the job's ranks run the checks
+    preflight = preflight_for(spec, in_one_pass=not keep_failed_preflight)
     return build_plan(spec, preflight=preflight, keep_failed_preflight=keep_failed_preflight, backends=get_backend)
 
 

@@ -7,9 +7,9 @@ executed by a backend. Secrets are masked in everything rendered here.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import asdict, dataclass, field, replace
-from secrets import token_hex
 from typing import TYPE_CHECKING, Optional
 
 from gaudi_launch.inputs.envfile import is_secret, mask_env, mask_text, straddling
@@ -64,7 +64,8 @@ class LaunchPlan:
     # Never shown (to_dict drops them): a random key that makes a job file's digest on argv say
     # nothing about short values, and the values of the launcher's secret-looking variables, to mask
     # (ranks on this host, and all of srun's, inherit them, exported or not).
-    job_key: str = field(default_factory=lambda: token_hex(16), repr=False)
+    # os.urandom is what secrets.token_hex reads; secrets would load OpenSSL (hmac) into every plan's start-up
+    job_key: str = field(default_factory=lambda: os.urandom(16).hex(), repr=False)
     exported_secrets: dict[str, str] = field(default_factory=dict, repr=False)
     # --spare-hosts held back from this attempt (host: devices), pre-flighted with the job's hosts; not
     # shown (the notes name them).

@@ -18,12 +18,9 @@ tells nobody who reads it anything about the value, not even by guessing.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import re
-import secrets
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
@@ -270,6 +267,9 @@ def spec_from_request(request: dict, environ: Mapping[str, str], path: str) -> J
 
 def secret_digests(values: Mapping[str, str], key: bytes) -> dict[str, str]:
     """A keyed digest of each secret value (name and value both bound). Pure."""
+    import hashlib  # here and below: only a plan's JSON and a replay load OpenSSL, a text dry run does not
+    import hmac
+
     return {
         name: hmac.new(
             key, name.encode() + b"\0" + value.encode("utf-8", "surrogateescape"), hashlib.sha256
@@ -295,8 +295,8 @@ def plan_key(environ: Mapping[str, str]) -> bytes:
             return _read_key(path)
         except FileNotFoundError:
             pass
-        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
-        write_private(tmp, secrets.token_hex(32).encode())
+        tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}"
+        write_private(tmp, os.urandom(32).hex().encode())  # what secrets.token_hex(32) reads
         try:
             os.link(tmp, path)  # all at once, and never over a key another launcher made meanwhile
         except FileExistsError:
@@ -362,6 +362,8 @@ def _differing(key: str, a, b) -> list[str]:
 
 def _secret_differences(saved, fresh: dict) -> list[str]:
     """Names only: a digest says nothing to the reader, but there is no need to show it either."""
+    import hmac
+
     if not isinstance(saved, dict):
         saved = {}
     out = []

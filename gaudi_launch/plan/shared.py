@@ -4,7 +4,7 @@ subset. The planner puts them together (planner.assemble); each backend adds onl
 
 from __future__ import annotations
 
-import secrets
+import os
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
@@ -50,11 +50,11 @@ def new_plan(
         master_addr=master_addr,
         master_port=master_port,
         nodes=nodes,
-        env={**job_env(spec, environ, notes), JOB_DIR_SUFFIX: secrets.token_hex(8)},
+        env={**job_env(spec, environ, notes), JOB_DIR_SUFFIX: os.urandom(8).hex()},
         commands=[],
         program=list(spec.program),
         notes=notes,
-        job_id=secrets.token_hex(4),
+        job_id=os.urandom(4).hex(),  # as secrets.token_hex, without loading OpenSSL (hmac)
         spares=spares if spares is not None else {},
     )
 

@@ -15,7 +15,6 @@ import errno
 import linecache
 import os
 import re
-import secrets
 import shutil
 import socket
 import sysconfig
@@ -31,7 +30,6 @@ from gaudi_launch.inputs.idranges import rank_words
 from gaudi_launch.process.heartbeats import DUMP_SIGNAL, start_time
 from gaudi_launch.process.logfiles import open_log, open_log_dir
 from gaudi_launch.remote.jobdir import create
-from gaudi_launch.wire import HEARTBEAT_DIR, path_for
 
 SETTLE_S = 5.0  # how long the ranks get to write their stacks
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
@@ -164,16 +162,6 @@ def summarize(places: dict[int, Place], world_size: int, stalled_s: float) -> st
     if missing:
         parts.append(f"{rank_words(missing)}: no stack (on another host, or not running)")
     return f"no rank advanced for {stalled_s:.0f} s: " + "; ".join(parts)
-
-
-def with_heartbeats(spec):
-    """The spec with the ranks' heartbeat directory in their environment (--hang-timeout); the
-    directory itself is made when the job starts (HangWatch.create)."""
-    import dataclasses
-
-    if not spec.hang_timeout or HEARTBEAT_DIR in spec.env:
-        return spec
-    return dataclasses.replace(spec, env={**spec.env, HEARTBEAT_DIR: path_for(secrets.token_hex(8))})
 
 
 def check_watchable(plan) -> None:

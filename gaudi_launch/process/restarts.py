@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Callable, Optional, TextIO
 from gaudi_launch.errors import UserError
 from gaudi_launch.exitcodes import ExitCode, for_signal
 from gaudi_launch.inputs.restartopts import Cause, parse_restart_on
+from gaudi_launch.process.attempts import attempt_spec
 from gaudi_launch.process.hangs import HangWatch, check_watchable
-from gaudi_launch.wire import HEARTBEAT_DIR, MAX_RESTARTS_VAR, RESTART_COUNT
+from gaudi_launch.wire import HEARTBEAT_DIR
 
 if TYPE_CHECKING:  # types only
     from gaudi_launch.inputs.spec import JobSpec
@@ -33,16 +34,6 @@ if TYPE_CHECKING:  # types only
 
 BACKOFF_CAP_S = 60.0  # doubling back-off never waits longer than this
 _CAUSE_WORDS = {Cause.RANK: "rank failure", Cause.HOST: "host lost", Cause.HANG: "hang"}
-
-
-def attempt_spec(spec, attempt: int, lost_hosts: Sequence[str] = ()):
-    """The JobSpec of attempt ``attempt`` (0 = the first run): the restart count in the ranks'
-    environment, the hosts lost so far left out. Unchanged without --max-restarts, so plans stay as
-    they were. Pure."""
-    if not spec.max_restarts:
-        return spec
-    env = {**spec.env, RESTART_COUNT: str(attempt), MAX_RESTARTS_VAR: str(spec.max_restarts)}
-    return dataclasses.replace(spec, env=env, lost_hosts=list(lost_hosts))
 
 
 def lost_hosts_in(message: Optional[str], hosts: Sequence[str]) -> list[str]:

@@ -7,10 +7,10 @@ script. ``parse`` reads its output. Both pure; preflight.py does the I/O and jud
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, fields
 from functools import cache
-from importlib import resources
 from typing import Optional, Union
 
 from gaudi_launch.plan import scaleout
@@ -60,7 +60,9 @@ class ProbeResult:
 
 @cache
 def _script(name: str) -> str:
-    return resources.files("gaudi_launch.remote").joinpath("scripts").joinpath(name).read_text(encoding="utf-8")
+    # beside this module (package data); importlib.resources would load zipfile, bz2 and lzma for it
+    with open(os.path.join(os.path.dirname(__file__), "scripts", name), encoding="utf-8") as f:
+        return f.read()
 
 
 def command(

@@ -79,21 +79,45 @@ def test_a_misspelt_option_beside_help_is_still_an_error(capsys):
     assert "No such option: --num-devicez" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["--dry-run", "--num_devices", "2", "x.py"]])
-def test_a_plain_line_imports_no_typer_click_pydantic_or_rich(tmp_path, argv):
-    (tmp_path / "x.py").write_text("")
+def imported_by(argv: list[str], cwd) -> set[str]:
+    """The modules ``python -m gaudi_launch ARGV`` imports (-X importtime), after it exits 0."""
+    (cwd / "x.py").write_text("")
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "gaudi_launch", *argv],
-        cwd=tmp_path,
+        cwd=cwd,
         env={**os.environ, "PYTHONPATH": ROOT},
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    modules = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    return {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--dry-run", "--num_devices", "2", "x.py"]])
+def test_a_plain_line_imports_no_typer_click_pydantic_or_rich(tmp_path, argv):
+    modules = imported_by(argv, tmp_path)
     assert "gaudi_launch.cli" in modules and "gaudi_launch.plainline" in modules
     assert {m.split(".")[0] for m in modules} & {"typer", "click", "pydantic", "rich", "yaml"} == set()
+
+
+def test_a_one_host_dry_run_imports_nothing_only_a_started_job_needs(tmp_path):
+    """The supervisor, the ssh pre-flight, the one-pass gate, the collective test and OpenSSL (secrets, hmac)
+    load when a job starts, not for its plan (the dry run's 0.3 s budget); the plan itself is made."""
+    modules = imported_by(["--dry-run", "--num_devices", "2", "x.py"], tmp_path)
+    assert {"gaudi_launch.plan.planner", "gaudi_launch.remote.hostprobe", "gaudi_launch.backends.job"} <= modules
+    started = {
+        "gaudi_launch.process.supervise",
+        "gaudi_launch.remote.hostchecks",
+        "gaudi_launch.remote.onepass",
+        "gaudi_launch.collective",
+        "gaudi_launch.pairrounds",
+        "gaudi_launch.reports.environment",
+        "secrets",
+        "hmac",
+        "zipfile",
+    }
+    assert modules & started == set()
 
 
 def test_other_lines_still_go_to_typer():

@@ -14,6 +14,7 @@ from gaudi_launch.backends import get_backend
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.idranges import rank_words
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.process.attempts import with_heartbeats
 from gaudi_launch.process.hangs import (
     HangWatch,
     Place,
@@ -23,7 +24,6 @@ from gaudi_launch.process.hangs import (
     parse_stacks,
     summarize,
     where_waiting,
-    with_heartbeats,
 )
 from gaudi_launch.wire import HEARTBEAT_DIR
 from tests.helpers import job_env

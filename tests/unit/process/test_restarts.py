@@ -12,10 +12,10 @@ from gaudi_launch.inputs.spec import JobSpec
 from gaudi_launch.plan.contract import elastic_env
 from gaudi_launch.plan.launchplan import LaunchPlan, NodePlan
 from gaudi_launch.plan.restarthosts import HostsExhausted, hosts_for_attempt
+from gaudi_launch.process.attempts import attempt_spec
 from gaudi_launch.process.failures import Culprit, ProcResult
 from gaudi_launch.process.restarts import (
     Attempt,
-    attempt_spec,
     backoff_s,
     failure_cause,
     format_attempts,
