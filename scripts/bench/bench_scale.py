@@ -359,6 +359,80 @@ def tree_level(cluster, env: dict[str, str], workdir: str, samples: int = 3) -> 
     return {"chain_seconds": {str(k): t for k, t in by_k.items()}, "per_level": per_level}
 
 
+# What a rank that connects back to the one-pass gate does (process/gate.py), for gate_cost's clients: many at
+# once over a pool of threads; each sends its hello (a host's first rank with a probe's output), reads its
+# verdict, then its "swept" line, and closes. Run as a process of its own, so its CPU is not the launcher's.
+_GATE_CLIENTS = """
+import os, socket, sys, threading
+from concurrent.futures import ThreadPoolExecutor
+from gaudi_launch.remote import gatewire
+port, key, hosts, per_host, probe_bytes = int(sys.argv[1]), bytes.fromhex(sys.argv[2]), *map(int, sys.argv[3:6])
+probe = "x" * probe_bytes
+go_all = threading.Barrier(hosts * per_host)
+def rank(r):
+    h, nonce = r // per_host, os.urandom(16).hex()
+    s = socket.create_connection(("127.0.0.1", port), timeout=120)
+    s.sendall(gatewire.hello(key, str(r), f"h{h}", probe if r % per_host == 0 else None, nonce))
+    f = s.makefile("rb")
+    assert gatewire.read_verdict(key, nonce, f.readline()) is not None
+    go_all.wait()
+    if r % per_host == per_host - 1:
+        s.sendall(gatewire.swept_line(key, nonce, f"h{h}", 0))
+    s.close()
+with ThreadPoolExecutor(hosts * per_host) as pool:
+    list(pool.map(rank, range(hosts * per_host)))
+"""
+
+
+def gate_cost(hosts: int = 128, per_host: int = 8, probe_bytes: int = 4096, samples: int = 3) -> dict:
+    """The launcher's CPU per rank at the one-pass gate (remote/onepass.GateServer, one selector thread): every
+    rank's connection, its hello checked, its verdict (the host's variables) signed and sent, each host's last
+    rank's "swept" read. ``hosts`` x ``per_host`` rank connections from a process of their own on this machine
+    (loopback), the gate in this process; this process's CPU from the first connection to the last close,
+    median of ``samples``, per connection."""
+    from types import SimpleNamespace
+
+    from gaudi_launch.remote.onepass import GateServer
+
+    env = {
+        "GAUDI_LAUNCH_SOCKET_IFNAME": "eth0",
+        "HCCL_SOCKET_IFNAME": "eth0",
+        "GAUDI_LAUNCH_HOST_CARDS": '{"layouts":[[[0,1,2,3,4,5,6,7],[],["h"]]]}',
+    }
+    per_conn = []
+    for _ in range(samples):
+        nodes = [
+            SimpleNamespace(host=f"h{h}", ranks=list(range(h * per_host, (h + 1) * per_host))) for h in range(hosts)
+        ]
+        gate = GateServer(SimpleNamespace(nodes=nodes), bind_addr="127.0.0.1")
+        try:
+            gate.decide(True, {n.host: env for n in nodes})
+            c0 = time.process_time()
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    _GATE_CLIENTS,
+                    str(gate.port),
+                    gate.key.hex(),
+                    str(hosts),
+                    str(per_host),
+                    str(probe_bytes),
+                ],
+                env={**os.environ, "PYTHONPATH": ROOT},
+                capture_output=True,
+                timeout=300,
+            )
+            gate.wait_closed(30)
+            cpu = time.process_time() - c0
+        finally:
+            gate.close()
+        if done.returncode != 0:
+            raise RuntimeError(f"gate clients: exit {done.returncode}: {done.stderr.decode()[-500:]}")
+        per_conn.append(cpu / (hosts * per_host))
+    return {"connections": hosts * per_host, "per_host": per_host, "per_connection_cpu": statistics.median(per_conn)}
+
+
 # ---------------------------------------------------------------------------------------------
 # Plans at scale (no cluster needed)
 
@@ -423,6 +497,7 @@ def model(
     radix: int = 64,
     cores: int = 8,
     tree_sweep: str = "tree",
+    ranks_per_host: int = 8,
 ) -> tuple[list[str], dict[str, dict[int, float]], Optional[int]]:
     """Launch time against hosts on a real cluster (every host its own machine), from costs measured here.
 
@@ -443,8 +518,9 @@ def model(
     - gaudi-launch, tree (one pass, the tree's default: remote/onepass.py): our fixed part and the job's one
       mpirun (its fixed part, a pass down the tree with our tree hop beside each child's ssh), the probe on
       the hosts (each host's first rank runs it before the go), each rank's connection back to the launcher
-      (not measured: a TCP connection and two short messages, taken as nothing here), no sweep pass (each
-      host's last rank sweeps it);
+      at the gate (`gate_connection_local_cpu`, measured on loopback by `gate_cost`, times `ranks_per_host`
+      per host, all of it on the path: one thread takes them, and the verdicts go out after the last probe),
+      no sweep pass (each host's last rank sweeps it);
     - gaudi-launch, tree, three passes (GAUDI_LAUNCH_TREE_PASSES=3): our fixed part, the pre-flight as its own mpirun (its fixed part, a pass down
       the tree with our tree hop (a Python start, `tree_hop_local_cpu`) beside each child's ssh, the
       probe on the hosts), then the job's mpirun (its fixed part and a pass down the tree), then the
@@ -461,6 +537,7 @@ def model(
     c_mux = costs.get("mux_session_local_cpu", 0.0)
     rsh, c_rsh = costs.get("rsh_agent", 0.0), costs.get("rsh_agent_local_cpu", 0.0)
     c_hop = costs.get("tree_hop_local_cpu", 0.0)
+    c_gate = costs.get("gate_connection_local_cpu", 0.0)
     level = costs.get("tree_level") or sess + mux  # the chain's slope; else a session and a daemon's shell
     if "mpirun_fixed" in costs:  # measured on host 0 alone (fixed_parts)
         mpirun_fixed, ours_fixed, where = costs["mpirun_fixed"], costs["ours_fixed"], "measured on host 0 alone"
@@ -475,12 +552,12 @@ def model(
         f"over it {probe:.3f} s, our rsh agent (a daemon's start through the session) {rsh:.3f} s, one level of "
         f"OpenMPI's tree (a chain of daemons, routed_radix 1) {level:.3f} s; CPU on the starting side per "
         f"handshake {c_hs:.3f} s, per multiplexed session {c_mux:.3f} s, per rsh agent {c_rsh:.3f} s, per tree "
-        f"hop {c_hop:.3f} s",
+        f"hop {c_hop:.3f} s, per rank at the one-pass gate {c_gate * 1000:.2f} ms (one thread)",
         f"fixed parts ({where}): raw mpirun {mpirun_fixed:.2f} s, gaudi-launch's own start-up over that "
         f"{ours_fixed:.2f} s",
         f"assumed: every host its own machine (remote work in parallel), {cores} cores on every host that "
         f"starts others (the launcher, a tree's inner daemons), pre-flight pool {pool}, OpenMPI tree radix "
-        f"{radix}, the tree path's end-of-job sweep: {tree_sweep}",
+        f"{radix}, the tree path's end-of-job sweep: {tree_sweep}, {ranks_per_host} ranks per host",
     ]
 
     def tree_pass(n: int, child_cpu: float) -> float:
@@ -506,7 +583,7 @@ def model(
         return mpirun_fixed + ours_fixed + pre + job + sweep
 
     def one_pass(n: int) -> float:  # the probe and the sweep ride the job's own daemons and ranks
-        return mpirun_fixed + ours_fixed + tree_pass(n, c_hs + c_hop) + probe
+        return mpirun_fixed + ours_fixed + tree_pass(n, c_hs + c_hop) + probe + n * ranks_per_host * c_gate
 
     out: dict[str, dict[int, float]] = {
         "mpirun (raw, tree spawn)": {n: raw(n) for n in sizes},
@@ -839,6 +916,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 res["tree_level"] = tree_level(cluster, cenv, workdir)
                 res["costs"]["tree_level"] = res["tree_level"]["per_level"]
                 res["costs"].update(fixed_parts(cluster, cenv, workdir))
+                res["gate"] = gate_cost()
+                res["costs"]["gate_connection_local_cpu"] = res["gate"]["per_connection_cpu"]
                 lines, predicted, crossover = model(res["costs"], fits, tree_sweep=args.tree_sweep)
                 res["model"] = {
                     "assumptions": lines + _bullets(model.__doc__),
