@@ -5,15 +5,18 @@ The job's own mpirun starts every rank through OpenMPI's daemon tree, with three
 the probe's arguments (GATE_PROBE). Before anything of the user's runs, each rank connects to the launcher; the
 first rank of each host (LOCAL_RANK 0) first runs the pre-flight's probe on its host (probe.command: the same
 probe.sh and probe_checks.py the ssh pre-flight runs, so the same facts, judged by the same code) and sends its
-output. Then every rank waits for the launcher's verdict: go (with the variables the hosts' facts add to the
-plan: the interface, the scale-out settings, the cards) or stop (a host failed its checks: the rank exits 3, the
-user's script never started anywhere).
+output. Then it waits for the launcher's verdict: go (with the variables the hosts' facts add to the plan: the
+interface, the scale-out settings, the cards) or stop (a host failed its checks: the rank exits 3, the user's
+script never started anywhere). It leaves the verdict, as the launcher signed it, in the job's private directory
+for the host's other ranks, which read it there and check its MAC: one connection per host, not per rank (the
+launcher's one thread takes 8x fewer at 8 ranks a host; issue 34). A job without a directory (no job id) has
+every rank ask the launcher itself.
 
 Both directions are authenticated with the key (HMAC-SHA256): a rank's hello carries a fresh nonce and a MAC
 over its whole message; the launcher's verdict a MAC over the rank's nonce and the verdict, so neither another
 process on the network nor a replayed verdict can start or stop ranks, or give them variables. At its end the
-last rank of a host sweeps what the job left there (teardown.sweep_here) and says so on the same connection, so
-the launcher's own sweep skips that host.
+last rank of a host sweeps what the job left there (teardown.sweep_here) and says so (on the first rank's
+connection, or on one of its own made then), so the launcher's own sweep skips that host.
 
 Standard library only, imported by the rank bootstrap only when GATE is set.
 """
@@ -49,6 +52,7 @@ from gaudi_launch.wire import (
 __all__ = ["GATE", "GATE_KEY", "GATE_PROBE", "STOP_EXIT", "Gate", "at_exit", "wait_for_go"]
 
 PROBE_TIMEOUT = 60.0  # (remote/preflight.PROBE_TIMEOUT)
+VERDICT_POLL_S = 0.02  # how often a host's other ranks look for the verdict its first rank leaves
 # Variables read by the dynamic loader or the interpreter at start-up: the rank re-executes itself for them.
 _STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")
 
@@ -71,10 +75,12 @@ def probe_here(args: Mapping, environ: Mapping[str, str]) -> str:
 
 
 class Gate:
-    """This rank's connection to the launcher, kept open for its life (the end-of-job message)."""
+    """This rank's way to the launcher for the end-of-job message: the host's first rank keeps its connection
+    open for its life; another rank (``sock`` None) connects when it is the one to say the host was swept."""
 
-    def __init__(self, sock: socket.socket, key: bytes, nonce: str, host: str):
+    def __init__(self, sock: Optional[socket.socket], key: bytes, nonce: str, host: str, where: str = "", rank=""):
         self.sock, self.key, self.nonce, self.host = sock, key, nonce, host
+        self.where, self.rank = where, rank
         self.lock_fd: Optional[int] = None
 
     def at_exit(self, job: str) -> None:
@@ -82,9 +88,13 @@ class Gate:
 
     def swept(self, hit: int) -> None:
         try:
+            if self.sock is None:  # a hello of its own first (the launcher reads "swept" on a known nonce)
+                self.sock, self.nonce = _connect(self.where, 5.0), _nonce()
+                self.sock.sendall(hello(self.key, self.rank, self.host, None, self.nonce))
+                _read_line(self.sock)
             self.sock.sendall(swept_line(self.key, self.nonce, self.host, hit))
         except OSError:
-            pass
+            pass  # the launcher's sweep then covers this host
 
 
 def _connect(where: str, deadline_s: float = 30.0) -> socket.socket:
@@ -120,19 +130,27 @@ def wait_for_go(environ: MutableMapping[str, str]) -> Optional[Gate]:
     except ValueError:
         print(f"{me}: the launcher's gate variables are malformed", file=sys.stderr)
         sys.exit(2)
-    host = socket.gethostname()
-    probe = probe_here(args, environ) if environ.get("LOCAL_RANK") == "0" else None
-    import secrets  # here: every rank imports this module, only one-pass ranks use it
-
-    nonce = secrets.token_hex(16)
-    try:
-        sock = _connect(where)
-        sock.sendall(hello(key, environ.get("RANK", ""), host, probe, nonce))
-        sock.settimeout(None)  # the verdict comes once every host answered (or the launcher gave up on one)
-        line = _read_line(sock)
-    except OSError as exc:
-        print(f"{me}: cannot reach the launcher at {where} ({exc}); not starting", file=sys.stderr)
-        sys.exit(2)
+    host, rank = socket.gethostname(), environ.get("RANK", "")
+    # the host's lock before the verdict: a rank that ends at once (its script done) must see its host's other
+    # ranks still waiting for theirs, not take itself for the last one and sweep them
+    lock_fd = _hold_host_lock(environ)
+    shared = _verdict_dir(environ)  # where the host's first rank leaves the verdict for the others
+    if shared is not None and environ.get("LOCAL_RANK") != "0":
+        nonce, line = _left_verdict(shared, me)
+        sock = None
+    else:
+        probe = probe_here(args, environ) if environ.get("LOCAL_RANK") == "0" else None
+        nonce = _nonce()
+        try:
+            sock = _connect(where)
+            sock.sendall(hello(key, rank, host, probe, nonce))
+            sock.settimeout(None)  # the verdict comes once every host answered (or the launcher gave up on one)
+            line = _read_line(sock)
+        except OSError as exc:
+            print(f"{me}: cannot reach the launcher at {where} ({exc}); not starting", file=sys.stderr)
+            sys.exit(2)
+        if shared is not None and line:
+            _leave_verdict(shared, nonce, line, me)
     answer = read_verdict(key, nonce, line) if line else None
     if answer is None:
         print(
@@ -144,7 +162,8 @@ def wait_for_go(environ: MutableMapping[str, str]) -> Optional[Gate]:
         sys.exit(STOP_EXIT)  # the launcher prints the pre-flight's table
     env = {str(k): str(v) for k, v in answer["env"].items()}
     environ[GATE_PASSED] = "1"
-    gate = Gate(sock, key, nonce, host)
+    gate = Gate(sock, key, nonce, host, where=where, rank=rank)
+    gate.lock_fd = lock_fd
     if any(env.get(k, environ.get(k)) != environ.get(k) for k in _STARTUP_VARS):
         environ.update(env)
         # the loader and the interpreter read these at start-up: run again with them (the gate passed; this
@@ -153,8 +172,79 @@ def wait_for_go(environ: MutableMapping[str, str]) -> Optional[Gate]:
             sys.executable, [sys.executable, "-u", "-m", "gaudi_launch.process.worker", *sys.argv[1:]], dict(environ)
         )
     environ.update(env)
-    gate.lock_fd = _hold_host_lock(environ)
     return gate
+
+
+def _nonce() -> str:
+    import secrets  # here: every rank imports this module, only one-pass ranks use it
+
+    return secrets.token_hex(16)
+
+
+def _verdict_dir(environ: Mapping[str, str]) -> Optional[str]:
+    """The job's directory on this host (as the ranks' lock file's), or None without a job id."""
+    job = environ.get(JOB_ID, "")
+    return path_for(job, suffix=environ.get(JOB_DIR_SUFFIX, "")) if job else None
+
+
+def _verdict_name() -> str:
+    # per hostname, as the lock file: a job directory hosts share (NFS TMPDIR) still holds each host's own
+    return "verdict-" + "".join(c if c.isalnum() or c in "-." else "_" for c in socket.gethostname()) + ".json"
+
+
+def _open_job_dir(directory: str, me: str) -> int:
+    try:
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        return open_private_dir(directory)
+    except (OSError, ValueError) as exc:
+        print(f"{me}: the job's directory cannot hold the launcher's verdict for this host ({exc})", file=sys.stderr)
+        sys.exit(2)
+
+
+def _leave_verdict(directory: str, nonce: str, line: bytes, me: str) -> None:
+    """The first rank: the verdict line as the launcher signed it (bound to this rank's nonce), for the host's
+    other ranks; whole or not at all (written beside, then renamed)."""
+    dir_fd = _open_job_dir(directory, me)
+    name = _verdict_name()
+    try:
+        fd = create_private(f"{name}.{os.getpid()}", dir_fd, exclusive=True)
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps({"nonce": nonce, "line": line.decode("utf-8", "replace")}).encode())
+        os.rename(f"{name}.{os.getpid()}", name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError as exc:
+        print(f"{me}: cannot leave the launcher's verdict for this host's other ranks ({exc})", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        os.close(dir_fd)
+
+
+def _left_verdict(directory: str, me: str) -> tuple[str, bytes]:
+    """Another rank: (nonce, line) the host's first rank left, once it is there. Checked by the caller as the
+    first rank checks it (the MAC over that nonce, with this rank's key): a file nobody else can write, and no
+    verdict without the key. Waits as the first rank waits for the launcher: mpirun ends the job if it fails."""
+    dir_fd = _open_job_dir(directory, me)
+    try:
+        while True:
+            try:
+                fd = os.open(_verdict_name(), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            except FileNotFoundError:
+                time.sleep(VERDICT_POLL_S)
+                continue
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(MAX_LINE + 4096)
+            try:
+                left = json.loads(data)
+                return str(left["nonce"]), str(left["line"]).encode()
+            except (ValueError, KeyError, TypeError):
+                return "", b"?"  # read_verdict refuses it: "a wrong answer"
+    except OSError as exc:
+        print(f"{me}: cannot read the launcher's verdict for this host ({exc})", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        os.close(dir_fd)
 
 
 def _lock_path(environ: Mapping[str, str]) -> Optional[str]:
@@ -211,6 +301,10 @@ def at_exit(gate: Optional[Gate], job: str) -> None:
     others = (
         [n for n in os.listdir(os.path.dirname(path)) if n.startswith(os.path.basename(path) + ".")] if path else []
     )
+    expected = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if expected.isdigit() and len(others) < int(expected):  # a rank of this host has not reached its gate yet
+        os.close(fd)  # (the launcher's sweep covers this host)
+        return
     end = time.monotonic() + 5.0
     for name in others:
         pid = name.rsplit(".", 1)[1]

@@ -361,7 +361,8 @@ def tree_level(cluster, env: dict[str, str], workdir: str, samples: int = 3) -> 
 
 # What a rank that connects back to the one-pass gate does (process/gate.py), for gate_cost's clients: many at
 # once over a pool of threads; each sends its hello (a host's first rank with a probe's output), reads its
-# verdict, then its "swept" line, and closes. Run as a process of its own, so its CPU is not the launcher's.
+# verdict; the host's last one then its "swept" line; each closes. Run as a process of its own, so its CPU is
+# not the launcher's.
 _GATE_CLIENTS = """
 import os, socket, sys, threading
 from concurrent.futures import ThreadPoolExecutor
@@ -384,12 +385,13 @@ with ThreadPoolExecutor(hosts * per_host) as pool:
 """
 
 
-def gate_cost(hosts: int = 128, per_host: int = 8, probe_bytes: int = 4096, samples: int = 3) -> dict:
-    """The launcher's CPU per rank at the one-pass gate (remote/onepass.GateServer, one selector thread): every
-    rank's connection, its hello checked, its verdict (the host's variables) signed and sent, each host's last
-    rank's "swept" read. ``hosts`` x ``per_host`` rank connections from a process of their own on this machine
-    (loopback), the gate in this process; this process's CPU from the first connection to the last close,
-    median of ``samples``, per connection."""
+def gate_cost(hosts: int = 512, per_host: int = 2, probe_bytes: int = 4096, samples: int = 3) -> dict:
+    """The launcher's CPU per connection at the one-pass gate (remote/onepass.GateServer, one selector thread):
+    each connection accepted, its hello checked, its verdict (the host's variables) signed and sent; per host
+    (``per_host`` 2, as process/gate.py makes them) the first rank's with the probe's output, and the last
+    rank's "swept" on one of its own. ``hosts`` x ``per_host`` connections from a process of their own on this
+    machine (loopback), the gate in this process; this process's CPU from the first connection to the last
+    close, median of ``samples``, per connection."""
     from types import SimpleNamespace
 
     from gaudi_launch.remote.onepass import GateServer
@@ -497,7 +499,7 @@ def model(
     radix: int = 64,
     cores: int = 8,
     tree_sweep: str = "tree",
-    ranks_per_host: int = 8,
+    gate_connections: int = 2,
 ) -> tuple[list[str], dict[str, dict[int, float]], Optional[int]]:
     """Launch time against hosts on a real cluster (every host its own machine), from costs measured here.
 
@@ -518,8 +520,10 @@ def model(
     - gaudi-launch, tree (one pass, the tree's default: remote/onepass.py): our fixed part and the job's one
       mpirun (its fixed part, a pass down the tree with our tree hop beside each child's ssh), the probe on
       the hosts (each host's first rank runs it before the go), each rank's connection back to the launcher
-      at the gate (`gate_connection_local_cpu`, measured on loopback by `gate_cost`, times `ranks_per_host`
-      per host, all of it on the path: one thread takes them, and the verdicts go out after the last probe),
+      at the gate (`gate_connection_local_cpu`, measured on loopback by `gate_cost`): two a host (its first
+      rank's, which the host's other ranks share through the job directory, and its last rank's saying it
+      swept, when that is another rank), all of it on the path (one thread takes them, and the verdicts go out
+      after the last probe),
       no sweep pass (each host's last rank sweeps it);
     - gaudi-launch, tree, three passes (GAUDI_LAUNCH_TREE_PASSES=3): our fixed part, the pre-flight as its own mpirun (its fixed part, a pass down
       the tree with our tree hop (a Python start, `tree_hop_local_cpu`) beside each child's ssh, the
@@ -557,7 +561,7 @@ def model(
         f"{ours_fixed:.2f} s",
         f"assumed: every host its own machine (remote work in parallel), {cores} cores on every host that "
         f"starts others (the launcher, a tree's inner daemons), pre-flight pool {pool}, OpenMPI tree radix "
-        f"{radix}, the tree path's end-of-job sweep: {tree_sweep}, {ranks_per_host} ranks per host",
+        f"{radix}, the tree path's end-of-job sweep: {tree_sweep}, {gate_connections} gate connections per host",
     ]
 
     def tree_pass(n: int, child_cpu: float) -> float:
@@ -583,7 +587,7 @@ def model(
         return mpirun_fixed + ours_fixed + pre + job + sweep
 
     def one_pass(n: int) -> float:  # the probe and the sweep ride the job's own daemons and ranks
-        return mpirun_fixed + ours_fixed + tree_pass(n, c_hs + c_hop) + probe + n * ranks_per_host * c_gate
+        return mpirun_fixed + ours_fixed + tree_pass(n, c_hs + c_hop) + probe + n * gate_connections * c_gate
 
     out: dict[str, dict[int, float]] = {
         "mpirun (raw, tree spawn)": {n: raw(n) for n in sizes},

@@ -33,13 +33,13 @@ def cluster(tmp_path_factory):
         yield c
 
 
-def launch(cluster, *args):
+def launch(cluster, *args, slots: int = 1):
     return [
         sys.executable,
         "-m",
         "gaudi_launch",
         "--hostfile",
-        cluster.hostfile(slots=1),
+        cluster.hostfile(slots=slots),
         "--ssh-config",
         cluster.ssh_config,
         "--ssh-timeout",
@@ -141,11 +141,10 @@ def test_a_job_starts_and_is_swept_through_the_tree_with_no_login_from_the_launc
 # ---------------------------------------------------------------- one pass (the default tree: remote/onepass.py)
 
 
-def run_job(cluster, *args, passes="1"):
+def run_job(cluster, *args, passes="1", slots: int = 1):
     env = cluster.env({**os.environ, "GAUDI_LAUNCH_TREE_RADIX": "2", "GAUDI_LAUNCH_TREE_PASSES": passes})
-    return cluster.run_on(
-        0, launch(cluster, "--backend", "mpirun", *args), env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    argv = launch(cluster, "--backend", "mpirun", *args, slots=slots)
+    return cluster.run_on(0, argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def test_one_pass_a_hanging_host_at_depth_2_is_named_and_tried_once_and_nothing_starts(cluster, tmp_path):
@@ -218,14 +217,22 @@ def test_one_pass_a_failing_check_starts_no_user_script_anywhere(cluster, tmp_pa
 
 def test_one_pass_job_runs_with_no_login_from_the_launcher_below_depth_1_and_is_swept(cluster):
     """One mpirun in all: the hosts at depth 2 are logged into by their parents only, once each (no probe pass,
-    no sweep pass: each host's last rank sweeps it); the daemons the ranks left are gone."""
+    no sweep pass: each host's last rank sweeps it); the daemons the ranks left are gone. Three ranks a host:
+    the first asks the launcher, the others read the verdict it leaves (one connection a host)."""
     before = [len(logins_from(cluster, i)) for i in range(7)]
     marker = "313.75"
     res = run_job(
-        cluster, "--no_python", "/bin/sh", "-c", f"setsid sleep {marker} >/dev/null 2>&1 </dev/null & hostname"
+        cluster,
+        "--no_python",
+        "/bin/sh",
+        "-c",
+        f"setsid sleep {marker} >/dev/null 2>&1 </dev/null & hostname",
+        slots=3,
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert sorted(line.split()[-1] for line in res.stdout.splitlines()) == [f"glt-n{i}" for i in range(7)]
+    assert sorted(line.split()[-1] for line in res.stdout.splitlines()) == [
+        f"glt-n{i}" for i in range(7) for _ in "abc"
+    ]
     for i in (3, 4, 5, 6):
         new = logins_from(cluster, i)[before[i] :]
         assert len(new) == 1 and set(new) <= {"10.227.0.11", "10.227.0.12"}, (i, new)

@@ -14,7 +14,7 @@ import pytest
 
 from gaudi_launch.process import gate
 from gaudi_launch.remote import gatewire, onepass
-from gaudi_launch.wire import NO_PYTHON_FLAG
+from gaudi_launch.wire import JOB_ID, NO_PYTHON_FLAG
 
 KEY = bytes(range(32))
 
@@ -165,3 +165,131 @@ def test_each_host_gets_only_its_own_cards():
     assert j.loads(got["h3"][HOST_CARDS]) == {"layouts": [[[[1, 1, "b1", 0]], [], ["n3"]]]}
     assert got["h4"] == {"HCCL_SOCKET_IFNAME": "eth0"}
     assert all(e["HCCL_SOCKET_IFNAME"] == "eth0" for e in got.values())
+
+
+# ---------------------------------------------------------------- one connection per host (issue 34)
+
+
+class CountingGate(onepass.GateServer):
+    """The launcher's real listener, counting the connections it took."""
+
+    def __init__(self, plan):
+        self.accepted = 0
+        super().__init__(plan, bind_addr="127.0.0.1")
+
+    def _accept(self) -> None:
+        self.accepted += 1
+        super()._accept()
+
+
+def _host_ranks(server, tmp_path, local_ranks, program: str, job: str = "", size: int = 0) -> list[subprocess.Popen]:
+    """Ranks of one host of a one-pass job (a job id, so a job directory under this test's TMPDIR), started
+    together under the gate's variables; each runs ``sh -c program`` with $R its rank. A job id of its own:
+    the host's last rank sweeps what carries it."""
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp_path),
+        gate.GATE: f"127.0.0.1:{server.port}",
+        gate.GATE_KEY: server.key.hex(),
+        gate.GATE_PROBE: json.dumps({"command": "echo probed", "master_command": "echo probed", "master_node": 0}),
+        JOB_ID: job or os.urandom(4).hex(),
+        "WORLD_SIZE": str(size or len(local_ranks)),
+        "LOCAL_WORLD_SIZE": str(size or len(local_ranks)),
+    }
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "gaudi_launch.process.worker", NO_PYTHON_FLAG, "/bin/sh", "-c", program],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r), "R": str(r)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in local_ranks
+    ]
+
+
+def _finish(procs) -> list[tuple[int, str]]:
+    out = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        out.append((p.returncode, err))
+    return out
+
+
+def test_a_hosts_ranks_take_one_connection_and_all_get_the_verdict(tmp_path):
+    from types import SimpleNamespace
+
+    server = CountingGate(SimpleNamespace(nodes=[SimpleNamespace(host="h0", ranks=[0, 1, 2, 3])]))
+    try:
+        server.decide(True, {"h0": {"FROM_THE_GATE": "yes"}})
+        procs = _host_ranks(server, tmp_path, [0, 1, 2, 3], f'echo "$FROM_THE_GATE" > {tmp_path}/ran-$R')
+        done = _finish(procs)
+        server.wait_closed(5.0)
+        assert [code for code, _ in done] == [0, 0, 0, 0], done
+        assert [(tmp_path / f"ran-{r}").read_text() for r in range(4)] == ["yes\n"] * 4
+        # the first rank's connection, and at most one more: the host's last rank saying it swept, when that
+        # is another rank (before: one per rank, 4)
+        assert 1 <= server.accepted <= 2
+        assert "h0" in server.swept  # the host's last rank swept it and said so
+    finally:
+        server.close()
+
+
+def test_a_hosts_other_ranks_told_stop_exit_3_and_run_nothing(tmp_path):
+    from types import SimpleNamespace
+
+    server = CountingGate(SimpleNamespace(nodes=[SimpleNamespace(host="h0", ranks=[0, 1])]))
+    try:
+        server.decide(False)
+        done = _finish(_host_ranks(server, tmp_path, [0, 1], f"touch {tmp_path}/ran-$R"))
+        assert [code for code, _ in done] == [gatewire.STOP_EXIT] * 2, done
+        assert not list(tmp_path.glob("ran-*")) and server.accepted == 1
+    finally:
+        server.close()
+
+
+def test_a_verdict_left_without_the_key_runs_nothing(tmp_path):
+    """What a host's other ranks read is checked as the first rank checks the launcher's answer: a verdict
+    signed with another key (left by anyone who could write there) starts nothing."""
+    from types import SimpleNamespace
+
+    from gaudi_launch.wire import path_for
+
+    server = CountingGate(SimpleNamespace(nodes=[SimpleNamespace(host="h0", ranks=[0, 1])]))
+    try:
+        job = os.urandom(4).hex()
+        job_dir = path_for(job, tmp=str(tmp_path))
+        os.mkdir(job_dir, 0o700)
+        forged = gatewire.verdict(bytes(32), "n" * 32, True, {}).decode()
+        with open(os.path.join(job_dir, gate._verdict_name()), "w") as f:
+            json.dump({"nonce": "n" * 32, "line": forged.strip()}, f)
+        (rank1,) = _finish(_host_ranks(server, tmp_path, [1], f"touch {tmp_path}/ran-$R", job=job))
+        assert rank1[0] == 2 and "wrong answer" in rank1[1], rank1
+        assert not list(tmp_path.glob("ran-*")) and server.accepted == 0
+    finally:
+        server.close()
+
+
+def test_a_first_rank_done_before_its_hosts_other_ranks_started_leaves_them_running(tmp_path):
+    """The host's sweep is its last rank's: a first rank whose script ended before another rank of its host
+    reached the gate is not the last one (it does not sweep that rank away); the later rank reads the verdict
+    the first one left, runs, and sweeps the host at its end."""
+    from types import SimpleNamespace
+
+    server = CountingGate(SimpleNamespace(nodes=[SimpleNamespace(host="h0", ranks=[0, 1])]))
+    try:
+        server.decide(True, {"h0": {}})
+        job = os.urandom(4).hex()
+        (first,) = _finish(_host_ranks(server, tmp_path, [0], f"touch {tmp_path}/ran-$R", job=job, size=2))
+        assert first[0] == 0, first
+        assert "h0" not in server.swept  # not the last: rank 1 has not started
+        (later,) = _finish(_host_ranks(server, tmp_path, [1], f"sleep 0.3; touch {tmp_path}/ran-$R", job=job, size=2))
+        server.wait_closed(5.0)
+        assert later[0] == 0, later
+        assert sorted(p.name for p in tmp_path.glob("ran-*")) == ["ran-0", "ran-1"]
+        assert "h0" in server.swept and server.accepted == 2
+    finally:
+        server.close()
