@@ -32,7 +32,7 @@ from gaudi_launch.plan.multinode import PreflightFailed, findings, master_host
 from gaudi_launch.process.failures import Culprit, describe_returncode, signal_name
 from gaudi_launch.process.supervise import Hooks, JobResult, ProcSpec, supervise_job
 from gaudi_launch.remote import jobdir, onepass, openmpi, probe, sshmux, treehop, treeprobe
-from gaudi_launch.remote.hostchecks import fan_out, host_watch, ranks_pythonpath, run_preflight
+from gaudi_launch.remote.hostchecks import fan_out, host_watch, master_ssh_port, ranks_pythonpath, run_preflight
 from gaudi_launch.remote.hostprobe import facts_here
 from gaudi_launch.remote.openmpi import OPENMPI_HOMES, OmpiDemux, local_mpirun, mpirun_and_prefix  # noqa: F401 (here before)
 from gaudi_launch.remote.teardown import Sweep, job_sweeper, kill_argv, parse_sweep, sweep_job
@@ -558,7 +558,7 @@ def _run_one_pass(plan, spec, environ, argv, env, proc, sweep, watch, hosts, sup
         # for "master reachable" to this listener when the master is this host, else to the master's sshd
         cwd, script = os.getcwd(), (spec.program[0] if spec.program and not spec.module else None)
         here = is_local_host(master)
-        port = server.port if here else (spec.ssh_port or 22)
+        port = server.port if here else master_ssh_port(master, spec)
         pythonpath = ranks_pythonpath(plan)
         probe_args = {
             "command": probe.command(spec.python, script, cwd, plan.master_addr, port, None, pythonpath=pythonpath),

@@ -13,12 +13,14 @@ from typing import Optional
 from gaudi_launch.inputs.backend_options import capabilities
 from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.inputs.sshconfig import SshConfig, SshConfigError
 from gaudi_launch.plan import fanoutmode
 from gaudi_launch.plan.contract import visible_subset
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.multinode import configured_host_keys, master_host, ssh_args, visible_modules
 from gaudi_launch.remote import openmpi, partialnodes, probe, samemachine, sshmux, treeprobe, versions
 from gaudi_launch.remote.preflight import CheckReport, SshOptions, check_hosts
+from gaudi_launch.remote.sshresolve import resolve
 from gaudi_launch.remote.watch import HostWatch, ssh_endpoints
 from gaudi_launch.wire import SSH_SHARE
 
@@ -56,13 +58,7 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
         master_port=plan.master_port,
         devices_needed={**plan.spares, **{n.host: len(n.devices) for n in plan.nodes}},
         modules_needed=modules,
-        ssh=SshOptions(
-            port=spec.ssh_port,
-            identity=spec.ssh_identity,
-            config=spec.ssh_config,
-            timeout=spec.ssh_timeout,
-            strict=spec.strict_host_keys,
-        ),
+        ssh=ssh_options(spec),
         local=local,
         progress=progress,
         connections=connections,
@@ -83,6 +79,26 @@ def run_preflight(plan: LaunchPlan, spec: JobSpec, *, local, progress=None, shar
     partialnodes.judge(report, modules, spec.allow_partial_nodes)  # every card of each host in scale-out
     samemachine.judge(report)  # two names of one machine: named before mpirun's daemons collide there
     return spares_apart(report, hosts)
+
+
+def ssh_options(spec: JobSpec) -> SshOptions:
+    """How the pre-flight's ssh reaches the hosts: the job's --ssh-* options. Pure."""
+    return SshOptions(
+        port=spec.ssh_port,
+        identity=spec.ssh_identity,
+        config=spec.ssh_config,
+        timeout=spec.ssh_timeout,
+        strict=spec.strict_host_keys,
+    )
+
+
+def master_ssh_port(master: str, spec: JobSpec) -> int:
+    """The port of a remote master's sshd, where the hosts check they reach it: --ssh-port, else the ssh
+    config's Port for that host (as the flat pre-flight's target), else 22."""
+    try:
+        return resolve([master], ssh_options(spec), SshConfig(spec.ssh_config))[master].port
+    except (SshConfigError, RuntimeError, KeyError):
+        return spec.ssh_port or 22
 
 
 def ranks_pythonpath(plan: LaunchPlan, environ=None) -> Optional[str]:
