@@ -190,7 +190,12 @@ def _attempts(
             watch.begin(plan.world_size, plan.job_id)
             options = dict(hang_check=watch.check, hang_interval=watch.interval)
         began = clock()
-        result = start(plan, **options)
+        try:
+            result = start(plan, **options)
+        except UserError as exc:  # a pre-flight failed inside its attempt (the one-pass tree's, remote/onepass.py)
+            if attempts:  # as when a restart's plan fails: the attempts so far, then the error
+                _say(err, format_attempts(attempts, spec.max_restarts, exc.exit_code).rstrip("\n"))
+            raise
         attempts.append(describe(result, len(attempts) + 1, clock() - began))
         cause = attempts[-1].cause
         if cause is None or not should_restart(result, len(attempts) - 1, spec.max_restarts, restart_on):

@@ -163,3 +163,41 @@ def test_every_attempt_keeps_the_hosts_the_collective_check_left_out(tmp_path):
 
     run_job(spec, first, build=plan, start=start, err=open(os.devnull, "w"), wait=lambda s, say: None)
     assert seen == [first.left_out, first.left_out]
+
+
+def test_a_restart_whose_pre_flight_fails_inside_its_attempt_still_says_the_attempts(tmp_path):
+    """The one-pass tree checks the hosts inside the attempt (its start raises the pre-flight's failure, not its
+    plan): the summary of the attempts so far comes before the error, as when a restart's plan fails."""
+    from types import SimpleNamespace
+
+    from gaudi_launch.plan.multinode import PreflightFailed
+
+    spec = JobSpec(program=["t.py"], max_restarts=2)
+
+    def plan(spec):
+        return LaunchPlan(
+            "mpirun",
+            1,
+            "n0",
+            1,
+            [NodePlan(host="n0", node_rank=0, devices=[0], ranks=[0])],
+            {},
+            [],
+            ["t.py"],
+            spec=spec,
+        )
+
+    starts = []
+
+    def start(plan, **_):
+        starts.append(plan)
+        if len(starts) == 2:
+            raise PreflightFailed(SimpleNamespace(render_table=lambda: "n0  failed  cannot reach"))
+        return result(1, rank_failed=True)
+
+    err = tmp_path / "err"
+    with open(err, "w") as stream, pytest.raises(UserError) as exc:
+        run_job(spec, plan(spec), build=plan, start=start, err=stream, wait=lambda s, say: None)
+    assert exc.value.exit_code == 3 and len(starts) == 2
+    said = err.read_text()
+    assert "attempt 1: rank failure" in said and said.rstrip().splitlines()[-2] == "exit code: 3"
