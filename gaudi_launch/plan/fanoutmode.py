@@ -15,31 +15,55 @@ from collections.abc import Mapping
 from typing import Optional
 
 from gaudi_launch.errors import UserError
+from gaudi_launch.inputs.backend_options import capabilities
+from gaudi_launch.inputs.hostnames import is_local_host
 from gaudi_launch.inputs.spec import FAN_OUT_MODES
-from gaudi_launch.wire import TREE_RADIX
+from gaudi_launch.wire import TREE_PASSES, TREE_RADIX
 
 MODES = FAN_OUT_MODES
 
 # auto: the flat path below this many remote hosts, the tree from it up. Where the two cross:
 # scripts/bench/bench_scale.py's model (docs/performance.md "Launch cost against hosts"), every host its own
-# machine: 485 hosts with the costs measured on a quiet machine, 540 under load (2026-12-02). Below it the tree's
-# three passes (pre-flight, start, sweep) cost more than flat's CPU per host saves; on the namespace cluster,
-# where every host shares the launcher's cores, the tree was slower at 16, 32 and 64 hosts alike.
+# machine. The tree in one pass (remote/onepass.py): 175 hosts with the costs measured on a quiet machine, 174
+# under load (2026-12-02); on the namespace cluster it was level with flat at 16 and 32 hosts and faster at 64.
+# Where the tree must run its three passes (pre-flight, start, sweep: spares, --wait-hosts, the collective
+# check, a user's rsh agent, GAUDI_LAUNCH_TREE_PASSES=3): 485 quiet, 540 under load; below that they cost more
+# than flat's CPU per host saves (the namespace cluster: slower at 16, 32 and 64 hosts alike).
+ONE_PASS_FROM_HOSTS = 175
 TREE_FROM_HOSTS = 500
 
 # The tree's radix: OpenMPI's own (routed_radix, 64) unless this variable names another (tests use 2, so a tree
 # of a few hosts has depth 2).
 RADIX_ENV = TREE_RADIX
+# mpirun's rsh agent, set by the user: the tree's hops are then theirs (no tree hop of ours, no session to watch)
+USER_RSH_AGENT = ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_orte_rsh_agent", "OMPI_MCA_pls_rsh_agent")
 
 
-def choose(requested: str, remote_hosts: int, tree_possible: bool) -> str:
+def choose(requested: str, remote_hosts: int, tree_possible: bool, one_pass: bool = False) -> str:
     """ "tree" or "flat" for ``requested`` (MODES) with this many remote hosts. ``tree_possible``: the backend
-    starts its ranks with OpenMPI 4's mpirun from here (the one engine wired so far). Pure."""
+    starts its ranks with OpenMPI 4's mpirun from here (the one engine wired so far); ``one_pass``: the tree
+    would go in one pass (``one_pass_possible``), so auto takes it from fewer hosts. Pure."""
     if requested == "flat" or not tree_possible or remote_hosts == 0:
         return "flat"
     if requested == "tree":
         return "tree"
-    return "tree" if remote_hosts >= TREE_FROM_HOSTS else "flat"
+    return "tree" if remote_hosts >= (ONE_PASS_FROM_HOSTS if one_pass else TREE_FROM_HOSTS) else "flat"
+
+
+def one_pass_asked(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(TREE_PASSES, "1").strip() != "3"
+
+
+def one_pass_possible(plan, spec, environ: Mapping[str, str] = os.environ) -> bool:
+    """The tree would go in one pass (remote/onepass.py): the mpirun backend's daemon tree to remote hosts, no
+    spare host (not in the job's mpirun), no --wait-hosts nor collective check (both want the pre-flight before
+    the job), no rsh agent of the user's, not asked off (GAUDI_LAUNCH_TREE_PASSES=3). Pure."""
+    remote = [n.host for n in plan.nodes if not is_local_host(n.host)]
+    if not capabilities(plan.backend).daemon_tree or not remote or plan.spares or not one_pass_asked(environ):
+        return False
+    if spec.wait_hosts or spec.collective_check:
+        return False
+    return not any(environ.get(name) for name in USER_RSH_AGENT)
 
 
 def radix(environ: Mapping[str, str] = os.environ) -> Optional[int]:

@@ -109,10 +109,12 @@ def ranks_pythonpath(plan: LaunchPlan, environ=None) -> Optional[str]:
     return plan.env.get("PYTHONPATH") or environ.get("PYTHONPATH") or None
 
 
-def fan_out(plan: LaunchPlan, spec: JobSpec, remote_hosts: int) -> str:
-    """ "tree" or "flat" for this plan (plan/fanoutmode.py): the tree where OpenMPI 4's mpirun starts the ranks."""
+def fan_out(plan: LaunchPlan, spec: JobSpec, remote_hosts: int, environ=None) -> str:
+    """ "tree" or "flat" for this plan (plan/fanoutmode.py): the tree where OpenMPI 4's mpirun starts the ranks;
+    auto's threshold the one-pass tree's where it would go in one pass."""
     possible = capabilities(plan.backend).daemon_tree and openmpi.major(openmpi.local_version()) == 4  # (before detect)
-    return fanoutmode.choose(spec.fan_out, remote_hosts, possible)
+    one_pass = fanoutmode.one_pass_possible(plan, spec, os.environ if environ is None else environ)
+    return fanoutmode.choose(spec.fan_out, remote_hosts, possible, one_pass=one_pass)
 
 
 def _probe_through_tree(plan: LaunchPlan, spec: JobSpec, remote: list[str], script, master_ssh_port: int):

@@ -37,9 +37,9 @@ import time
 from collections.abc import Mapping
 from typing import Callable, Optional
 
-from gaudi_launch.inputs.backend_options import capabilities
 from gaudi_launch.inputs.hostnames import bare_host, is_local_host
 from gaudi_launch.inputs.spec import JobSpec
+from gaudi_launch.plan import fanoutmode
 from gaudi_launch.plan.launchplan import LaunchPlan
 from gaudi_launch.plan.multinode import apply_facts
 from gaudi_launch.plan.planner import gaudi_settings
@@ -50,25 +50,14 @@ from gaudi_launch.remote.preflight import CheckReport
 from gaudi_launch.wire import HOST_CARDS, TREE_PASSES
 
 PASSES_ENV = TREE_PASSES
-_USER_AGENT = ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_orte_rsh_agent", "OMPI_MCA_pls_rsh_agent")
-
-
-def one_pass_asked(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(PASSES_ENV, "1").strip() != "3"
+one_pass_asked = fanoutmode.one_pass_asked
 
 
 def applies(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str] = os.environ) -> bool:
-    """The job goes through the tree in one pass: mpirun over OpenMPI 4's tree, no spare host, not asked off."""
-    remote = {n.host for n in plan.nodes if not is_local_host(n.host)}
-    if not capabilities(plan.backend).daemon_tree or not remote or plan.spares or not one_pass_asked(environ):
+    """The job goes through the tree in one pass: it can (fanoutmode.one_pass_possible) and goes by the tree."""
+    if not fanoutmode.one_pass_possible(plan, spec, environ):
         return False
-    # --wait-hosts waits for the hosts before its pre-flight; the collective check runs on checked hosts before
-    # the job: both need the pre-flight first, as the three-pass tree runs it
-    if spec.wait_hosts or spec.collective_check:
-        return False
-    if any(environ.get(name) for name in _USER_AGENT):
-        return False
-    return fan_out(plan, spec, len(remote)) == "tree"
+    return fan_out(plan, spec, len({n.host for n in plan.nodes if not is_local_host(n.host)}), environ) == "tree"
 
 
 def deferring(preflight: Callable) -> Callable:

@@ -20,7 +20,7 @@ cluster holds, the issue's targets (met or not), then per-host costs measured on
 handshake, a session over an open connection, the pre-flight's probe, one level of OpenMPI's tree: a
 chain of daemons, routed_radix 1), the plan's scale (dry runs of 1,000 and 10,000 hosts x 8) and a model
 of launch time at 16..4,096 hosts built from those costs, with its assumptions and the host count where
-the tree overtakes the flat path (plan/fanoutmode.py TREE_FROM_HOSTS). A benchmark, not a test: it
+the tree overtakes the flat path (plan/fanoutmode.py ONE_PASS_FROM_HOSTS). A benchmark, not a test: it
 passes or fails on nothing but a launch that did not exit 0 (exit status 1 then).
 """
 
@@ -534,7 +534,7 @@ def model(
     - the fixed parts: raw mpirun's and gaudi-launch's (over raw mpirun's) time with host 0 alone, no
       ssh (without that measurement: the fits' intercepts);
     - the crossover is the fewest hosts from which the tree is never slower than the flat path (the
-      model, scanned host by host to 8,192), what auto's TREE_FROM_HOSTS should be.
+      model, scanned host by host to 8,192), what auto's ONE_PASS_FROM_HOSTS should be.
     """
     hs, sess, mux, probe = costs["handshake"], costs["session"], costs["mux_session"], costs["probe"]
     c_hs = costs.get("handshake_local_cpu", 0.0)
@@ -556,7 +556,7 @@ def model(
         f"over it {probe:.3f} s, our rsh agent (a daemon's start through the session) {rsh:.3f} s, one level of "
         f"OpenMPI's tree (a chain of daemons, routed_radix 1) {level:.3f} s; CPU on the starting side per "
         f"handshake {c_hs:.3f} s, per multiplexed session {c_mux:.3f} s, per rsh agent {c_rsh:.3f} s, per tree "
-        f"hop {c_hop:.3f} s, per rank at the one-pass gate {c_gate * 1000:.2f} ms (one thread)",
+        f"hop {c_hop:.3f} s, per connection at the one-pass gate {c_gate * 1000:.2f} ms (one thread)",
         f"fixed parts ({where}): raw mpirun {mpirun_fixed:.2f} s, gaudi-launch's own start-up over that "
         f"{ours_fixed:.2f} s",
         f"assumed: every host its own machine (remote work in parallel), {cores} cores on every host that "
@@ -815,12 +815,13 @@ def markdown(res: dict) -> str:
 
 
 def tree_from_hosts() -> Optional[int]:
-    """auto's threshold in this checkout (plan/fanoutmode.py), None before issue 34."""
+    """auto's threshold for the tree this bench runs (one pass where the checkout has it; plan/fanoutmode.py),
+    None before issue 34."""
     try:
-        from gaudi_launch.plan.fanoutmode import TREE_FROM_HOSTS
+        from gaudi_launch.plan import fanoutmode
     except ImportError:
         return None
-    return TREE_FROM_HOSTS
+    return getattr(fanoutmode, "ONE_PASS_FROM_HOSTS", None) or fanoutmode.TREE_FROM_HOSTS
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -316,7 +316,7 @@ def test_bench_scale_tiny(tmp_path):
     assert data["gate"]["connections"] == 1024 and positive(data["gate"]["per_connection_cpu"])
     gate = costs["gate_connection_local_cpu"]
     assert gate == data["gate"]["per_connection_cpu"]
-    assert f"per rank at the one-pass gate {gate * 1000:.2f} ms (one thread)" in out
+    assert f"per connection at the one-pass gate {gate * 1000:.2f} ms (one thread)" in out
     # the tree's one pass down the tree costs less than the three passes, but for the gate's thread, which
     # grows with the hosts (two connections a host)
     assert all(

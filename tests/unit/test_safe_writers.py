@@ -25,6 +25,8 @@ SAFE = {
     "wire:write_private": "O_CREAT|O_EXCL|O_NOFOLLOW in the job's private (0700) directory",
     "wire:create_private": "relative to a descriptor of a directory checked ours and 0700, O_NOFOLLOW",
     "process.heartbeats:install_stack_dump": "wire.create_private in the heartbeat directory (ours, 0700)",
+    "process.gate:_leave_verdict": "wire.create_private (O_EXCL) in the job's directory (checked ours, 0700), renamed "
+    "within it",
     "collective:run_check": "a hostfile in a new TemporaryDirectory (0700, ours)",
     "completion:install": "the user's own shell start-up files in their home",
     "remote.authkeys:add_keys": "the user's own ~/.ssh/authorized_keys (the container's, at start)",

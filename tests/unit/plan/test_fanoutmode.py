@@ -8,12 +8,19 @@ from gaudi_launch.backends.mpirun import with_radix
 from gaudi_launch.errors import UserError
 from gaudi_launch.plan import fanoutmode
 from gaudi_launch.remote import probe, treehop, treeprobe
+from gaudi_launch.wire import TREE_PASSES
 
 
 def test_auto_is_flat_below_the_threshold_and_tree_from_it():
     n = fanoutmode.TREE_FROM_HOSTS
     assert fanoutmode.choose("auto", n - 1, True) == "flat"
     assert fanoutmode.choose("auto", n, True) == "tree"
+    # the tree in one pass crosses flat from fewer hosts (bench_scale's model: 175 against 485)
+    one = fanoutmode.ONE_PASS_FROM_HOSTS
+    assert one < n
+    assert fanoutmode.choose("auto", one - 1, True, one_pass=True) == "flat"
+    assert fanoutmode.choose("auto", one, True, one_pass=True) == "tree"
+    assert fanoutmode.choose("auto", one, True, one_pass=False) == "flat"
     assert fanoutmode.choose("tree", 2, True) == "tree"
     assert fanoutmode.choose("flat", 10_000, True) == "flat"
     # no engine for this backend, or no remote host: flat whatever was asked
@@ -105,3 +112,22 @@ def test_mpirun_s_own_words_come_before_its_boxed_explanation():
     )
     assert treeprobe._tail(err) == "/py: No module named gaudi_launch"
     assert treeprobe._tail("-" * 40 + "\nORTE was unable\n") == "ORTE was unable"
+
+
+def test_the_tree_goes_in_one_pass_unless_something_needs_the_pre_flight_first():
+    from types import SimpleNamespace
+
+    from gaudi_launch.inputs.spec import JobSpec
+
+    def plan(hosts=("a", "b"), backend="mpirun", spares=None):
+        return SimpleNamespace(backend=backend, nodes=[SimpleNamespace(host=h) for h in hosts], spares=spares or {})
+
+    spec = JobSpec(program=["t.py"])
+    assert fanoutmode.one_pass_possible(plan(), spec, {})
+    assert not fanoutmode.one_pass_possible(plan(backend="deepspeed"), spec, {})  # no daemon tree of OpenMPI's
+    assert not fanoutmode.one_pass_possible(plan(hosts=("localhost",)), spec, {})  # no remote host
+    assert not fanoutmode.one_pass_possible(plan(spares={"c": 2}), spec, {})  # a spare is not in the job's mpirun
+    assert not fanoutmode.one_pass_possible(plan(), JobSpec(program=["t.py"], wait_hosts=30), {})
+    assert not fanoutmode.one_pass_possible(plan(), JobSpec(program=["t.py"], collective_check=True), {})
+    assert not fanoutmode.one_pass_possible(plan(), spec, {"OMPI_MCA_plm_rsh_agent": "ssh"})  # the user's hops
+    assert not fanoutmode.one_pass_possible(plan(), spec, {TREE_PASSES: "3"})
