@@ -221,10 +221,6 @@ def with_radix(argv: list[str], radix: Optional[int]) -> list[str]:
     return [argv[0], "--mca", "routed", "radix", "--mca", "routed_radix", str(radix), *argv[1:]]
 
 
-# A user's own rsh agent for mpirun (environment; also under its older names) is theirs to keep.
-_USER_AGENT = ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_orte_rsh_agent", "OMPI_MCA_pls_rsh_agent")
-
-
 def exported_names(plan: LaunchPlan, extra: Sequence[str] = ()) -> list[str]:
     return sorted(set(plan.env) | set(CONTRACT) | set(extra))
 
@@ -489,7 +485,7 @@ def _run(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str], connection
         ssh_args = [*ssh_args, *connections.client_args()]
         # OpenMPI 4: each daemon starts through the pre-flight's session on its host (no second
         # login shell there). OpenMPI 5 (prterun) keeps its own ssh, over the open connections.
-        if plan.openmpi == 4 and not any(env.get(name) for name in _USER_AGENT):
+        if plan.openmpi == 4 and not any(env.get(name) for name in fanoutmode.USER_RSH_AGENT):
             connections.serve_rsh()
             argv = through_sessions(argv, connections.rsh_agent)
     tree = (

@@ -35,7 +35,8 @@ TREE_FROM_HOSTS = 500
 # The tree's radix: OpenMPI's own (routed_radix, 64) unless this variable names another (tests use 2, so a tree
 # of a few hosts has depth 2).
 RADIX_ENV = TREE_RADIX
-# mpirun's rsh agent, set by the user: the tree's hops are then theirs (no tree hop of ours, no session to watch)
+# mpirun's rsh agent, set by the user (also under its older names): theirs to keep, so the tree's hops are theirs
+# (no tree hop of ours, no session to watch)
 USER_RSH_AGENT = ("OMPI_MCA_plm_rsh_agent", "OMPI_MCA_orte_rsh_agent", "OMPI_MCA_pls_rsh_agent")
 
 

@@ -78,10 +78,12 @@ class Gate:
     """This rank's way to the launcher for the end-of-job message: the host's first rank keeps its connection
     open for its life; another rank (``sock`` None) connects when it is the one to say the host was swept."""
 
-    def __init__(self, sock: Optional[socket.socket], key: bytes, nonce: str, host: str, where: str = "", rank=""):
+    def __init__(
+        self, sock: Optional[socket.socket], key: bytes, nonce: str, host: str, where="", rank="", lock_fd=None
+    ):
         self.sock, self.key, self.nonce, self.host = sock, key, nonce, host
         self.where, self.rank = where, rank
-        self.lock_fd: Optional[int] = None
+        self.lock_fd: Optional[int] = lock_fd
 
     def at_exit(self, job: str) -> None:
         at_exit(self, job)
@@ -134,7 +136,7 @@ def wait_for_go(environ: MutableMapping[str, str]) -> Optional[Gate]:
     # the host's lock before the verdict: a rank that ends at once (its script done) must see its host's other
     # ranks still waiting for theirs, not take itself for the last one and sweep them
     lock_fd = _hold_host_lock(environ)
-    shared = _verdict_dir(environ)  # where the host's first rank leaves the verdict for the others
+    shared = _job_dir(environ)  # where the host's first rank leaves the verdict for the others
     if shared is not None and environ.get("LOCAL_RANK") != "0":
         nonce, line = _left_verdict(shared, me)
         sock = None
@@ -162,8 +164,7 @@ def wait_for_go(environ: MutableMapping[str, str]) -> Optional[Gate]:
         sys.exit(STOP_EXIT)  # the launcher prints the pre-flight's table
     env = {str(k): str(v) for k, v in answer["env"].items()}
     environ[GATE_PASSED] = "1"
-    gate = Gate(sock, key, nonce, host, where=where, rank=rank)
-    gate.lock_fd = lock_fd
+    gate = Gate(sock, key, nonce, host, where=where, rank=rank, lock_fd=lock_fd)
     if any(env.get(k, environ.get(k)) != environ.get(k) for k in _STARTUP_VARS):
         environ.update(env)
         # the loader and the interpreter read these at start-up: run again with them (the gate passed; this
@@ -181,24 +182,34 @@ def _nonce() -> str:
     return secrets.token_hex(16)
 
 
-def _verdict_dir(environ: Mapping[str, str]) -> Optional[str]:
-    """The job's directory on this host (as the ranks' lock file's), or None without a job id."""
+def _job_dir(environ: Mapping[str, str]) -> Optional[str]:
+    """The job's directory on this host (the ranks' lock file and the left verdict), or None without a job id."""
     job = environ.get(JOB_ID, "")
     return path_for(job, suffix=environ.get(JOB_DIR_SUFFIX, "")) if job else None
 
 
+def _host_tag() -> str:
+    # files per hostname: a job directory hosts share (NFS TMPDIR) still gives each host its own
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in socket.gethostname())
+
+
 def _verdict_name() -> str:
-    # per hostname, as the lock file: a job directory hosts share (NFS TMPDIR) still holds each host's own
-    return "verdict-" + "".join(c if c.isalnum() or c in "-." else "_" for c in socket.gethostname()) + ".json"
+    return f"verdict-{_host_tag()}.json"
+
+
+def _private_dir_fd(directory: str) -> int:
+    """A descriptor of the job's directory, made if missing: only when it is ours and private (OSError or
+    ValueError otherwise; wire.open_private_dir)."""
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    return open_private_dir(directory)
 
 
 def _open_job_dir(directory: str, me: str) -> int:
     try:
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            pass
-        return open_private_dir(directory)
+        return _private_dir_fd(directory)
     except (OSError, ValueError) as exc:
         print(f"{me}: the job's directory cannot hold the launcher's verdict for this host ({exc})", file=sys.stderr)
         sys.exit(2)
@@ -248,11 +259,8 @@ def _left_verdict(directory: str, me: str) -> tuple[str, bytes]:
 
 
 def _lock_path(environ: Mapping[str, str]) -> Optional[str]:
-    job = environ.get(JOB_ID, "")
-    # one lock per host (its hostname): a job directory on a file system hosts share (NFS TMPDIR) still gives
-    # each host its own last rank
-    name = "ranks-" + "".join(c if c.isalnum() or c in "-." else "_" for c in socket.gethostname()) + ".lock"
-    return os.path.join(path_for(job, suffix=environ.get(JOB_DIR_SUFFIX, "")), name) if job else None
+    directory = _job_dir(environ)  # one lock per host (_host_tag): each host its own last rank
+    return os.path.join(directory, f"ranks-{_host_tag()}.lock") if directory else None
 
 
 def _hold_host_lock(environ: Mapping[str, str]) -> Optional[int]:
@@ -264,11 +272,7 @@ def _hold_host_lock(environ: Mapping[str, str]) -> Optional[int]:
         return None
     directory, name = os.path.split(path)
     try:
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            pass
-        dir_fd = open_private_dir(directory)
+        dir_fd = _private_dir_fd(directory)
     except (OSError, ValueError):
         return None  # no sweep by the ranks here: the launcher's covers this host
     try:

@@ -47,10 +47,7 @@ from gaudi_launch.plan.shared import fabric_settings
 from gaudi_launch.remote import gatewire
 from gaudi_launch.remote.hostchecks import fan_out
 from gaudi_launch.remote.preflight import CheckReport
-from gaudi_launch.wire import HOST_CARDS, TREE_PASSES
-
-PASSES_ENV = TREE_PASSES
-one_pass_asked = fanoutmode.one_pass_asked
+from gaudi_launch.wire import HOST_CARDS
 
 
 def applies(plan: LaunchPlan, spec: JobSpec, environ: Mapping[str, str] = os.environ) -> bool:

@@ -12,9 +12,10 @@ import threading
 
 import pytest
 
+from gaudi_launch.plan import fanoutmode
 from gaudi_launch.process import gate
 from gaudi_launch.remote import gatewire, onepass
-from gaudi_launch.wire import JOB_ID, NO_PYTHON_FLAG
+from gaudi_launch.wire import JOB_ID, NO_PYTHON_FLAG, TREE_PASSES
 
 KEY = bytes(range(32))
 
@@ -151,7 +152,7 @@ def test_held_stream_holds_until_released():
 
 @pytest.mark.parametrize("value,want", [("3", False), ("1", True), ("", True)])
 def test_three_passes_asked(value, want):
-    assert onepass.one_pass_asked({onepass.PASSES_ENV: value} if value else {}) is want
+    assert fanoutmode.one_pass_asked({TREE_PASSES: value} if value else {}) is want
 
 
 def test_each_host_gets_only_its_own_cards():
