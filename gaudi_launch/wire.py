@@ -13,6 +13,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Mapping
 from typing import Optional
 
 # ---------------------------------------------------------------- variables in a rank's environment
@@ -127,6 +128,22 @@ def path_for(job_id: str, tmp: Optional[str] = None, suffix: str = "") -> str:
     """``$TMPDIR/gaudi-launch-<id>``, or ``...-<id>-<suffix>`` (a rank's, JOB_DIR_SUFFIX: hex only, else ignored)."""
     name = PREFIX + job_id + (f"-{suffix}" if suffix and all(c in "0123456789abcdef" for c in suffix) else "")
     return os.path.join(tmp or tempfile.gettempdir(), name)
+
+
+def rank_dir(job_id: str, environ: Mapping[str, str]) -> str:
+    """A rank's job directory on its host: named after the public job id and the launcher's private random suffix
+    (JOB_DIR_SUFFIX in the rank's environment), so no other user can make it first; the id alone without one."""
+    return path_for(job_id, suffix=environ.get(JOB_DIR_SUFFIX, ""))
+
+
+def private_rank_dir(job_id: str, environ: Mapping[str, str]) -> str:
+    """``rank_dir``, made 0700 if absent; JobDirError for one that is not ours and private."""
+    path = rank_dir(job_id, environ)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        check_private_dir(path)
+    return path
 
 
 def check_private_dir(path: str) -> None:

@@ -25,7 +25,6 @@ import shlex
 import stat
 from collections.abc import Iterable, Mapping
 from typing import Optional
-from urllib.parse import quote, unquote
 
 from gaudi_launch.errors import UserError
 from gaudi_launch.inputs.readfile import read_regular
@@ -494,6 +493,8 @@ def _forms(value: str) -> set[str]:
     string (a quote or backslash in it is written escaped there), line by line (output is masked a
     line at a time, so a multi-line secret arrives in pieces), and a URL's password on its own,
     as written and percent-decoded."""
+    from urllib.parse import quote, unquote  # here: every rank's relay imports this module (start-up, issue 34)
+
     forms = {value, shlex.quote(value), repr(value)[1:-1], json.dumps(value)[1:-1]}
     forms.add(json.dumps(value, ensure_ascii=False)[1:-1])
     if not value.isascii():  # escaped non-ASCII: ascii()'s \xe4, bytes' \xc3\xa4, a URL's %C3%A4

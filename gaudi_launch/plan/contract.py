@@ -12,8 +12,6 @@ from collections import ChainMap
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Optional, cast
 
-from gaudi_launch.plan.gaudi import RECIPE_VAR
-from gaudi_launch.scriptflags import BF16_OPS_VAR, FP32_OPS_VAR, INT64_VAR, LAZY_VAR
 from gaudi_launch.wire import (
     JOB_ID,
     MAX_RESTARTS_VAR,
@@ -52,27 +50,6 @@ ELASTIC = (
     "TORCHELASTIC_MAX_RESTARTS",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 )
-
-# Who sets a variable (docs/architecture.md, "The plan sets, the rank sets"): the plan sets every variable it
-# can know from the request, the launcher's environment and the hosts' facts (--dry-run --json shows each); a
-# rank sets at its start only these, each from its own place in the job or its host's state when it starts,
-# and never one you set yourself. The plan lists them ("set_by_rank"); tests/integration/test_set_by_rank.py
-# runs the bootstrap as each backend starts it and finds it sets no other name.
-SET_BY_RANK: dict[str, str] = {
-    **{name: "the rank's place in the job, from the launcher that started it" for name in LAYOUT},
-    **{name: "torchrun's worker variables, made with the rank's layout" for name in ELASTIC},
-    "MASTER_ADDR": "srun from a login node: the step's first node (known once srun has the nodes)",
-    "MASTER_PORT": "srun from a login node: from the Slurm job id (known once srun has the job)",
-    **{name: "its node's devices (the plan's per-node lists), by the rank's node" for name in VISIBILITY},
-    "OMP_NUM_THREADS": "the cores the rank is bound to (its card's NUMA node), or its host's cores over its ranks",
-    "TORCHELASTIC_ERROR_FILE": "a private file of the rank's own, for torch's @record",
-    RECIPE_VAR: "the job's directory on the rank's host, and that filesystem's kind",
-    LAZY_VAR: "where the rank's Python has the Gaudi bridge: from the script's flags",
-    INT64_VAR: "where the rank's Python has the Gaudi bridge: from the script's flags",
-    BF16_OPS_VAR: "where the rank's Python has the Gaudi bridge: op lists written in the job's directory there",
-    FP32_OPS_VAR: "where the rank's Python has the Gaudi bridge: op lists written in the job's directory there",
-    "PYTHONPATH": "DeepSpeed's runners put their own directory first: the launcher's working directory instead",
-}
 
 
 def visible_subset(parent: Optional[str], slots: Sequence[int]) -> str:

@@ -41,12 +41,11 @@ from gaudi_launch.wire import (
     GATE_KEY,
     GATE_PASSED,
     GATE_PROBE,
-    JOB_DIR_SUFFIX,
     JOB_ID,
     SWEEP_OWN_UTS,
     create_private,
     open_private_dir,
-    path_for,
+    rank_dir,
 )
 
 __all__ = ["GATE", "GATE_KEY", "GATE_PROBE", "STOP_EXIT", "Gate", "at_exit", "wait_for_go"]
@@ -177,15 +176,13 @@ def wait_for_go(environ: MutableMapping[str, str]) -> Optional[Gate]:
 
 
 def _nonce() -> str:
-    import secrets  # here: every rank imports this module, only one-pass ranks use it
-
-    return secrets.token_hex(16)
+    return os.urandom(16).hex()  # what secrets.token_hex reads, without its imports (random, base64)
 
 
 def _job_dir(environ: Mapping[str, str]) -> Optional[str]:
     """The job's directory on this host (the ranks' lock file and the left verdict), or None without a job id."""
     job = environ.get(JOB_ID, "")
-    return path_for(job, suffix=environ.get(JOB_DIR_SUFFIX, "")) if job else None
+    return rank_dir(job, environ) if job else None
 
 
 def _host_tag() -> str:

@@ -31,38 +31,34 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Mapping, MutableMapping
 from typing import Optional
 
-from gaudi_launch.inputs import cards
-from gaudi_launch.inputs.idranges import id_ranges
 from gaudi_launch.inputs.ports import describe_holder, port_is_free
 from gaudi_launch.inputs.slurm import rank_layout, wait_alone_in_group
-from gaudi_launch.plan import gaudi
 from gaudi_launch.plan.contract import elastic_env, node_layout, node_of_rank, node_visibility, read_error_file
 from gaudi_launch.process import gate, placement, relay
 from gaudi_launch.process.heartbeats import install_stack_dump
-from gaudi_launch.remote.jobdir import clean_stale, owner_of, read_job
+from gaudi_launch.remote.jobdir import clean_stale, read_job
 from gaudi_launch.remote.teardown import sweep_here
-from gaudi_launch.scriptflags import hpu_env_for_script  # torch-free; only on Gaudi hosts
 from gaudi_launch.wire import (
+    CPU_BIND,
     DEVICE,
     GATE,
     GRACE,
     HEARTBEAT_DIR,
+    HOST_CARDS,
     JOB_DIGEST_FLAG,
-    JOB_DIR_SUFFIX,
     JOB_FILE_FLAG,
     JOB_ID,
     NO_PYTHON_FLAG,
     RANKS_FROM,
     STARTED,
-    SYSFS,
     TORN_DOWN,
     JobDirError,
     check_private_dir,
     path_for,
+    rank_dir,
     record_line,
 )
 
@@ -149,20 +145,10 @@ def uses_hpu(environ: Mapping[str, str]) -> bool:
     return environ.get(DEVICE, "hpu") == "hpu" and importlib.util.find_spec("habana_frameworks") is not None
 
 
-def _job_dir_path(job: str, environ: Mapping[str, str] = os.environ) -> str:
-    """This rank's job directory on its host: named after the public job id and the launcher's private random
-    suffix (wire.JOB_DIR_SUFFIX), so no other user can make it first; the id alone without a suffix."""
-    return path_for(job, suffix=environ.get(JOB_DIR_SUFFIX, ""))
-
-
-def _private_job_dir(job: str, environ: Mapping[str, str] = os.environ) -> str:
-    """The per-job directory, made 0700 if absent; JobDirError for one that is not ours and private."""
-    path = _job_dir_path(job, environ)
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        check_private_dir(path)
-    return path
+def _may_bind(environ: Mapping[str, str]) -> bool:
+    """The rank may bind itself to its card's cores (cardside.bind_cpus): binding is on and the plan carried the
+    hosts' cards, or this host has hl-smi to read its own. Pure but for the PATH lookup."""
+    return environ.get(CPU_BIND) != "none" and bool(environ.get(HOST_CARDS) or shutil.which("hl-smi"))
 
 
 def _check_master_port(environ: Mapping[str, str]) -> None:
@@ -188,101 +174,6 @@ def _clean_dead_jobs() -> None:
         clean_stale()
     except OSError:
         pass  # housekeeping only: never a reason for the rank to fail
-
-
-def _hpu_env(script_args: list[str], environ: MutableMapping[str, str]) -> dict[str, str]:
-    # The bridge reads lazy mode and the autocast op lists once, at import, and `import torch`
-    # imports it (SynapseAI >= 1.18): they must be in place before the script's first line.
-    job = environ.get(JOB_ID, "")
-    try:
-        job_dir = _private_job_dir(job, environ) if job else None
-        return hpu_env_for_script(script_args, environ, job_dir)
-    except JobDirError as exc:  # made first by someone else: never run without the requested op lists
-        print(
-            f"gaudi-launch worker: error: the job's directory {_job_dir_path(job, environ)} is not this user's "
-            f"alone ({owner_of(_job_dir_path(job, environ))}): {exc}; this rank will not run without its autocast op lists and "
-            "recipe cache. Remove it if it is yours, or set TMPDIR to a directory of your own",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    except OSError as exc:  # e.g. an unwritable TMPDIR: the runtime tries again, later
-        print(
-            f"gaudi-launch worker: could not write the autocast op lists ({exc}); set TMPDIR to a writable directory",
-            file=sys.stderr,
-        )
-        return {}
-
-
-def _bind_cpus(environ: MutableMapping[str, str], threads_set: bool) -> None:
-    """Bind this rank to its card's share of the card's NUMA node (plan/gaudi.py), unless --cpu-bind none.
-    Done here, in every backend's rank, rather than with mpirun's or srun's own flags: only this host knows
-    which card the rank takes and where that card sits. The host's cards come with the job when the plan had
-    them (the pre-flight's probe read them there: gaudi.rank_cards); only without them does the rank run hl-smi
-    itself (cards.read_host), and a host without hl-smi is left alone. Once bound, and unless the user set
-    OMP_NUM_THREADS (``threads_set``), one OpenMP thread per physical core bound."""
-    if environ.get(gaudi.CPU_BIND_VAR) == "none":
-        return
-    sysfs = environ.get(SYSFS) or "/sys"
-    host = gaudi.rank_cards(environ, socket.gethostname())
-    if host is None:
-        if not shutil.which("hl-smi"):
-            return
-        host = cards.read_host(sysfs=sysfs)
-    cores = gaudi.rank_binding(environ, host)
-    if not cores:
-        return
-    try:
-        os.sched_setaffinity(0, cores)
-    except OSError as exc:  # e.g. a cpuset (container, srun) without those cores: run unbound
-        print(f"gaudi-launch worker: could not bind to cores {id_ranges(cores)} ({exc})", file=sys.stderr)
-        return
-    if not threads_set:
-        siblings = {}
-        for cpu in cores:
-            try:
-                with open(
-                    os.path.join(sysfs, "devices", "system", "cpu", f"cpu{cpu}", "topology", "thread_siblings_list")
-                ) as f:
-                    siblings[cpu] = cards.parse_cpulist(f.read())
-            except OSError:
-                pass  # not known: a core of its own
-        environ["OMP_NUM_THREADS"] = str(gaudi.omp_threads(cores, siblings))
-
-
-def _recipe_cache(environ: MutableMapping[str, str]) -> None:
-    """PT_HPU_RECIPE_CACHE_CONFIG in the job's directory on this host, unless the user set it (plan/gaudi.py)."""
-    job = environ.get(JOB_ID, "")
-    if not job or environ.get(gaudi.RECIPE_VAR):
-        return
-    try:
-        job_dir = _private_job_dir(job, environ)
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            kind = gaudi.fs_type(os.path.realpath(job_dir), f.read())
-    except OSError:
-        return
-    value, why = gaudi.recipe_cache_setting(environ, job_dir, kind in gaudi.NETWORK_FS, gaudi.stack_version())
-    if value is None:
-        if environ.get("LOCAL_RANK") == "0":
-            print(f"gaudi-launch worker: {why}", file=sys.stderr)
-        return
-    try:
-        os.makedirs(os.path.join(job_dir, gaudi.RECIPE_DIR), 0o700, exist_ok=True)
-    except OSError:
-        return
-    environ[gaudi.RECIPE_VAR] = value
-
-
-def _register_hccl() -> None:
-    """Make dist.init_process_group("hccl") work for any script, as the bridge's autoload does on
-    SynapseAI >= 1.18 (older stacks need this import, and scripts for torchrun lack it)."""
-    try:
-        importlib.import_module("habana_frameworks.torch.distributed.hccl")
-    except Exception as exc:  # the script may not need it: say so and go on
-        print(
-            f"gaudi-launch worker: the HCCL backend did not load ({type(exc).__name__}: {exc}); "
-            "init_process_group('hccl') will fail on this rank",
-            file=sys.stderr,
-        )
 
 
 def error_record(
@@ -316,6 +207,8 @@ def format_user_traceback(exc: BaseException) -> str:
         or tb.tb_frame.f_code.co_filename.endswith("runpy.py")
     ):
         tb = tb.tb_next
+    import traceback  # here: only a failed rank formats one (every rank's start-up, issue 34)
+
     return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
 
@@ -551,7 +444,7 @@ def _signal_group(group: int, sig: int) -> None:
 def _remove_job_dir(job: str) -> None:
     """This host's directories of the job (DeepSpeed's job file's, the ranks' own), if ours and private (never
     through a link)."""
-    for path in dict.fromkeys((path_for(job), _job_dir_path(job))):
+    for path in dict.fromkeys((path_for(job), rank_dir(job, os.environ))):
         try:
             check_private_dir(path)
         except (OSError, JobDirError):
@@ -685,13 +578,18 @@ def _run(argv: list[str], environ: MutableMapping[str, str]) -> int:
             watch_launcher(_grace(environ), environ[JOB_ID], relayed=_RELAYED)
     as_module = argv[0] in ("-m", NO_PYTHON_FLAG)
     target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
-    if environ.get(JOB_ID):
-        _bind_cpus(environ, threads_set)
-    if uses_hpu(environ):
-        environ.update(_hpu_env(args, environ))
-        _recipe_cache(environ)
-        if int(environ.get("WORLD_SIZE", "1") or 1) > 1 and not no_python:
-            _register_hccl()
+    hpu = uses_hpu(environ)
+    if hpu or (environ.get(JOB_ID) and _may_bind(environ)):
+        # (here, not at the top: a host without cards never loads the card and flag parsing, issue 34)
+        from gaudi_launch.process import cardside
+
+        if environ.get(JOB_ID):
+            cardside.bind_cpus(environ, threads_set)
+        if hpu:
+            environ.update(cardside.hpu_env(args, environ))
+            cardside.recipe_cache(environ)
+            if int(environ.get("WORLD_SIZE", "1") or 1) > 1 and not no_python:
+                cardside.register_hccl()
     if no_python:
         return run_program([target, *args], environ)
     try:

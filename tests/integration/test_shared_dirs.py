@@ -274,7 +274,7 @@ def test_gaudi_launch_env_masks_hccl_and_pt_hpu_secrets(shared):
 
 # ---- item 4: a job directory another user made first ------------------------------------------------------
 
-RANK_ENV = "import os, sys; from gaudi_launch.process import worker; print(worker._hpu_env([], dict(os.environ)))"
+RANK_ENV = "import os, sys; from gaudi_launch.process import cardside; print(cardside.hpu_env([], dict(os.environ)))"
 
 
 def test_a_rank_whose_job_directory_another_user_made_fails_naming_them(tmp_path):

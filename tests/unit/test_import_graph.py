@@ -46,11 +46,12 @@ ROOT_HELPERS = ("errors", "exitcodes", "wire", "safewrite", "scriptflags", "pair
 RANK_SIDE = "runtime"
 RANK_SIDE_MAY_IMPORT = ("wire", "errors", "safewrite", "scriptflags", "pairrounds")
 HEAVY = ("torch", "transformers", "deepspeed", "habana_frameworks")
-# 9: the package's lazy API (2), launch.py for a command, the Typer command for a line the plain reader leaves to
-# it (cli.py: a plain launch never imports Typer), one each in plan/fabric.py and runtime/examples.py, and the
+# 10: the package's lazy API (2), launch.py for a command, the Typer command for a line the plain reader leaves to
+# it (cli.py: a plain launch never imports Typer), one each in plan/fabric.py and runtime/examples.py, the
 # three a job that starts loads and a dry run does not (issue 37, its start-up budget): the ssh pre-flight
-# (backends/job.py), the supervisor (backends/local.py) and the collective test (launch.py).
-MAX_FUNCTION_LEVEL_IMPORTS = 9
+# (backends/job.py), the supervisor (backends/local.py) and the collective test (launch.py), and the rank
+# bootstrap's card-side steps, which a rank on a host without cards never loads (process/worker.py, issue 34).
+MAX_FUNCTION_LEVEL_IMPORTS = 10
 # A GAUDI_LAUNCH_* variable as code spells it: the name, or the name and "=" (an env line, a grep needle).
 VARIABLE = re.compile(r"GAUDI_LAUNCH_[A-Z0-9_]+=?\s?")
 

@@ -20,7 +20,7 @@ import pytest
 from gaudi_launch.cli import main
 from gaudi_launch.inputs import cards
 from gaudi_launch.plan import gaudi
-from gaudi_launch.wire import HOST_CARDS, JOB_ID, SYSFS
+from gaudi_launch.wire import DEVICE, HOST_CARDS, JOB_ID, SYSFS
 from tests.standin import gaudi_tools
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -211,3 +211,43 @@ def test_launched_rank_does_not_ask_hl_smi_again_stand_in(tmp_path, standin_host
     seen = json.loads(done.stdout.split("SEEN ", 1)[1].splitlines()[0])
     assert seen["cpus"] == cpus[1:]
     assert calls(log).count(BINDING_QUERY) == 1  # the probe's; the rank's own was a second
+
+
+LOADED = (
+    "import json, sys\n"
+    "names = ('gaudi_launch.process.cardside', 'gaudi_launch.plan.gaudi', 'gaudi_launch.inputs.cards', "
+    "'gaudi_launch.scriptflags', 'dataclasses', 'argparse', 'traceback', 'secrets')\n"
+    "print('LOADED ' + json.dumps(sorted(n for n in names if n in sys.modules)))\n"
+)
+
+
+def test_a_rank_on_a_host_without_cards_loads_none_of_the_card_side(tmp_path):
+    """Every rank of every job starts the bootstrap: on a host without cards (no hl-smi, none carried) it loads
+    neither the card-side steps (process/cardside.py) nor what they parse with (about a third of the bootstrap's
+    start-up: issue 34); with its host's cards carried it does, and binds (the tests above)."""
+    (tmp_path / "loaded.py").write_text(LOADED)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", HOST_CARDS)}
+    env.update(
+        {JOB_ID: "c4a1d0e6", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"},
+        PYTHONPATH=ROOT,
+        TMPDIR=str(tmp_path),
+        PATH="/usr/bin:/bin",  # no hl-smi
+    )
+    env[DEVICE] = "cpu"
+
+    def loaded(**extra: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-u", "-m", "gaudi_launch.process.worker", str(tmp_path / "loaded.py")],
+            capture_output=True,
+            text=True,
+            env={**env, **extra},
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.split("LOADED ", 1)[1].splitlines()[0])
+
+    assert loaded() == []
+    here = cards.HostCards(cards=[cards.Card(0, 0, "0000:19:00.0")], numa_of_bus={"0000:19:00.0": 0}, node_cpus={})
+    with_cards = loaded(**{HOST_CARDS: gaudi.carry_cards([(socket.gethostname(), here)])})
+    assert {"gaudi_launch.process.cardside", "gaudi_launch.plan.gaudi", "gaudi_launch.inputs.cards"} <= set(with_cards)
