@@ -47,7 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
-from bench_launch import environment, environment_line, timed, venv_tool  # noqa: E402
+from bench_launch import byte_compile_package, environment, environment_line, timed, venv_tool  # noqa: E402
 
 BASELINE = "mpirun (raw)"
 TREE, FLAT = "gaudi-launch, tree", "gaudi-launch, flat"
@@ -57,9 +57,30 @@ PREFIX, OCTET = "glb", 221
 MODEL_SIZES = (16, 64, 128, 1024, 4096)
 
 
+# The Python every launch runs (the launcher, mpirun's tree hops, the ranks' bootstrap, the probe's checks):
+# main() sets it to installed_python's unless --dev-python.
+PYTHON = sys.executable
+
+
+def installed_python(workdir: str) -> str:
+    """A Python as a user's wheel install gives it: a venv of this interpreter's base, with this checkout and the
+    development venv's site-packages on its path as plain directories. The development install is editable: its
+    .pth file loads setuptools' finder at every interpreter start (pathlib, urllib.parse, ipaddress: about 20 ms
+    of CPU here), which a wheel install does not, and a launch starts several interpreters per host."""
+    import site
+    import venv
+
+    home = os.path.join(workdir, "installed")
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(home)
+    packages = os.path.join(home, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+    with open(os.path.join(packages, "gaudi_launch_checkout.pth"), "w") as f:
+        f.write("\n".join([ROOT, *site.getsitepackages()]) + "\n")  # directories only: no .pth of theirs runs
+    return os.path.join(home, "bin", "python")
+
+
 def gl_argv() -> list[str]:
     # `python -m gaudi_launch` from this checkout (the console script may point at another one)
-    return [sys.executable, "-m", "gaudi_launch"]
+    return [PYTHON, "-m", "gaudi_launch"]
 
 
 def fan_out_option() -> bool:
@@ -133,7 +154,7 @@ def configs(deepspeed: bool = False, all_rows: bool = False) -> list[tuple[str, 
             "gaudi-launch mpirun, a Python rank",
             lambda c, hf, n, wd: gl("--backend", "mpirun")(c, hf, n, wd) + [os.path.join(wd, "noop.py")],
         ),
-        ("mpirun (raw), a Python rank", raw_mpirun_of(sys.executable, "noop.py")),
+        ("mpirun (raw), a Python rank", raw_mpirun_of(PYTHON, "noop.py")),
         ("pdsh (raw)", raw_pdsh),
     ]
     if deepspeed:
@@ -276,7 +297,7 @@ def per_host_costs(cluster, env: dict[str, str], workdir: str, samples: int = 5)
     ctl = tempfile.mkdtemp(prefix="glb-", dir="/tmp")
     ssh = ["ssh", "-F", cluster.ssh_config]
     mux = ["-o", f"ControlPath={ctl}/%C"]
-    probe_line = probe.command(sys.executable, None, ROOT, cluster.hosts[0].name, 22, None)
+    probe_line = probe.command(PYTHON, None, ROOT, cluster.hosts[0].name, 22, None)
     tree_hop = importlib.util.find_spec("gaudi_launch.remote.treehop") is not None
     rows: dict[str, list[float]] = {"session": [], "handshake": [], "mux_session": [], "probe": [], "rsh_agent": []}
     rows.update({"tree_hop": []} if tree_hop else {})
@@ -300,9 +321,9 @@ def per_host_costs(cluster, env: dict[str, str], workdir: str, samples: int = 5)
             one("probe", ssh + mux + ["-o", "ControlMaster=no", host, probe_line])
             # what a daemon's start through the pre-flight's session costs this side: our rsh agent's
             # interpreter and imports (gaudi_launch/remote/rshagent.py; its request is one line over a socket)
-            one("rsh_agent", [sys.executable, "-S", "-I", "-c", "import _socket, os, sys"])
+            one("rsh_agent", [PYTHON, "-S", "-I", "-c", "import _socket, os, sys"])
             if tree_hop:  # the tree pre-flight's ssh on each host with children: a Python start and imports
-                one("tree_hop", [sys.executable, "-c", "import gaudi_launch.remote.treehop"])
+                one("tree_hop", [PYTHON, "-c", "import gaudi_launch.remote.treehop"])
     finally:
         for host in targets:
             cluster.run_on(0, ssh + mux + ["-O", "exit", host], env=env, capture_output=True)
@@ -703,6 +724,14 @@ def print_report(res: dict) -> None:
         environment_line(res)
         + f"; load at start {res.get('load_average_at_start')}, at end {res.get('load_average_at_end')}"
     )
+    py = res.get("python")
+    if py:
+        print(
+            f"every launch's Python: {py['interpreter']} ("
+            + ("the editable development install" if py["editable_finder"] else "laid out as a wheel install")
+            + (", byte-compiled" if py.get("byte_compiled") else "")
+            + ")"
+        )
     names = list(launches)
     w = max(len(n) for n in names)
     print(f"\n{'configuration':<{w}}  " + "  ".join(f"{n:>6} h" for n in counts) + "   s/host  ratio@max")
@@ -849,6 +878,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="start no measured round that would end past this many minutes of launches (the medians are of the "
         "rounds run; at least one)",
     )
+    p.add_argument(
+        "--dev-python",
+        action="store_true",
+        help="run every launch with this interpreter (the editable development install) instead of a venv laid out "
+        "as a wheel install (installed_python)",
+    )
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", action="store_true", help="also print the tables as docs/performance.md has them")
     p.add_argument("--from-json", default=None, help="print the report of an earlier run's --json, run nothing")
@@ -866,6 +901,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from tests.cluster.netcluster import NetCluster
 
+    global PYTHON
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", os.defpath)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -876,8 +912,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         "config": {"hosts": counts, "repeats": args.repeats, "deepspeed": args.deepspeed, "all_rows": args.all_rows},
         "tree_from_hosts": tree_from_hosts(),
     }
-    cfgs = configs(args.deepspeed, args.all_rows)
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as workdir:
+        if not args.dev_python:
+            PYTHON = installed_python(workdir)
+            env["PATH"] = os.path.dirname(PYTHON) + os.pathsep + env["PATH"]
+        res["python"] = {
+            "interpreter": PYTHON,
+            "editable_finder": args.dev_python,
+            "byte_compiled": byte_compile_package(),  # as pip's install does (PYTHONDONTWRITEBYTECODE otherwise)
+        }
+        cfgs = configs(args.deepspeed, args.all_rows)
         with open(os.path.join(workdir, "noop.py"), "w") as f:
             f.write("pass\n")
         if not args.no_plans:

@@ -288,6 +288,13 @@ def test_bench_scale_tiny(tmp_path):
     for name in SCALE_ROWS:
         assert all(positive(data["launches"][name][n]["median"]) for n in ("2", "3")), name
         assert name in data["fits"]
+    # every launch ran a Python laid out as a wheel install (no editable finder at each start), byte-compiled
+    assert data["python"]["editable_finder"] is False and data["python"]["byte_compiled"] is True
+    assert data["python"]["interpreter"] != sys.executable
+    assert data["launches"]["gaudi-launch, tree"]["3"]["command"].startswith(
+        data["python"]["interpreter"] + " -m gaudi_launch"
+    )
+    assert "laid out as a wheel install" in out
     assert "--fan-out tree" in data["launches"]["gaudi-launch, tree"]["3"]["command"]
     assert "--fan-out flat" in data["launches"]["gaudi-launch, flat"]["3"]["command"]
     three = data["launches"]["gaudi-launch, tree, three passes"]["3"]["command"]
