@@ -556,17 +556,25 @@ def _run_one_pass(plan, spec, environ, argv, env, proc, sweep, watch, hosts, sup
         here = is_local_host(master)
         port = server.port if here else master_ssh_port(master, spec)
         pythonpath = ranks_pythonpath(plan)
+        # (its Python checks run in the rank's own interpreter: process/gate.checks_here)
+        check_port = None if here else plan.master_port
         probe_args = {
-            "command": probe.command(spec.python, script, cwd, plan.master_addr, port, None, pythonpath=pythonpath),
+            "command": probe.command(
+                spec.python, script, cwd, plan.master_addr, port, None, pythonpath=pythonpath, checks_by_caller=True
+            ),
             "master_command": probe.command(
                 spec.python,
                 script,
                 cwd,
                 plan.master_addr,
                 port,
-                None if here else plan.master_port,
+                check_port,
                 pythonpath=pythonpath,
+                checks_by_caller=True,
             ),
+            "checks": probe.checks_code(),
+            "checks_argv": probe.checks_argv(cwd, pythonpath, plan.master_addr, port, None),
+            "master_checks_argv": probe.checks_argv(cwd, pythonpath, plan.master_addr, port, check_port),
             "master_node": master_node,
         }
         env = {
@@ -576,7 +584,12 @@ def _run_one_pass(plan, spec, environ, argv, env, proc, sweep, watch, hosts, sup
             GATE_PROBE: json.dumps(probe_args),
         }
         # each hop of the tree names the host it could not reach (treehop.py), in mpirun's error output
-        hop = ["--mca", "plm_rsh_agent", f"{spec.python} -m gaudi_launch.remote.treehop"]
+        remote = len({n.host for n in plan.nodes if not is_local_host(n.host)})
+        hop = [
+            "--mca",
+            "plm_rsh_agent",
+            treehop.agent(spec.python, fanoutmode.depth(remote, fanoutmode.radix(environ)) <= 1),
+        ]
         argv = [argv[0], "-x", GATE, "-x", GATE_KEY, "-x", GATE_PROBE, *hop, *argv[1:]]
         # The job id (public: 8 hex digits, in every job directory's name) goes to the ranks on mpirun's command
         # line, not in mpirun's environment: the last rank of this host sweeps what carries it in its environment

@@ -51,6 +51,8 @@ from gaudi_launch.wire import (
 __all__ = ["GATE", "GATE_KEY", "GATE_PROBE", "STOP_EXIT", "Gate", "at_exit", "wait_for_go"]
 
 PROBE_TIMEOUT = 60.0  # (remote/preflight.PROBE_TIMEOUT)
+CHECKS_TIMEOUT = 20.0  # (probe.sh's _t: each tool's time limit)
+PROBE_END = "@@gaudi-launch-probe end"  # (remote/probe.END)
 VERDICT_POLL_S = 0.02  # how often a host's other ranks look for the verdict its first rank leaves
 # Variables read by the dynamic loader or the interpreter at start-up: the rank re-executes itself for them.
 _STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")
@@ -58,8 +60,9 @@ _STARTUP_VARS = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")
 
 def probe_here(args: Mapping, environ: Mapping[str, str]) -> str:
     """The pre-flight's probe on this host, as the ssh pre-flight runs it: the command line the launcher built
-    (remote/probe.command, the master host's with its port check), run by sh (its output; a line saying why
-    when it could not run)."""
+    (remote/probe.command, the master host's with its port check), run by sh, and the probe's Python checks
+    (``checks``) in a fork of this interpreter rather than a new one (its output; a line saying why when it could
+    not run)."""
     master = str(args.get("master_node")) == environ.get("NODE_RANK", "")
     cmd = args.get("master_command" if master else "command")
     if not isinstance(cmd, str):
@@ -70,7 +73,48 @@ def probe_here(args: Mapping, environ: Mapping[str, str]) -> str:
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"@@gaudi-launch-probe-error {type(exc).__name__}: {exc}\n"
-    return done.stdout.decode("utf-8", "replace")
+    out = done.stdout.decode("utf-8", "replace")
+    code, argv = args.get("checks"), args.get("master_checks_argv" if master else "checks_argv")
+    if isinstance(code, str) and isinstance(argv, list):
+        head, end, tail = out.rpartition(PROBE_END + "\n")
+        out = head + checks_here(code, [str(a) for a in argv]) + end + tail if end else out
+    return out
+
+
+def checks_here(code: str, argv: list[str]) -> str:
+    """The probe's Python checks (remote/probe.checks_code) in a forked child of this interpreter: as
+    ``python -c CODE ARGV...`` from "/" with its error output dropped and CHECKS_TIMEOUT s at most, as probe.sh runs
+    them, less an interpreter's start. Its output; when it printed nothing, what probe.sh then says (the checks
+    did not run)."""
+    for stream in (sys.stdout, sys.stderr):  # nothing buffered here may be written twice, by the child too
+        stream.flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        try:
+            os.close(read_end)
+            os.dup2(write_end, 1)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(int(CHECKS_TIMEOUT))
+            os.chdir("/")
+            sys.stdout = os.fdopen(1, "w", closefd=False)
+            sys.argv = ["-c", *argv]
+            exec(compile(code, "<probe checks>", "exec"), {"__name__": "__main__"})
+            sys.stdout.flush()
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    with os.fdopen(read_end, "rb") as f:
+        while chunk := f.read(65536):
+            chunks.append(chunk)
+    os.waitpid(pid, 0)
+    text = b"".join(chunks).decode("utf-8", "replace")
+    if not text.strip():  # (probe.sh's _unknown)
+        text = "python_ok=0\nmaster_reachable=unknown\n" + ("port_free=unknown\n" if len(argv) > 3 else "")
+    return text if text.endswith("\n") else text + "\n"
 
 
 class Gate:

@@ -75,6 +75,7 @@ def command(
     agent: Optional[str] = None,
     one_host: bool = False,
     pythonpath: Optional[str] = None,
+    checks_by_caller: bool = False,
 ) -> str:
     """The probe's command line for one host (POSIX sh). Pure.
 
@@ -84,26 +85,42 @@ def command(
     alone plans with (cards, NUMA, CPUs, addresses), without the Python checks and the scale-out links, which
     matter only between hosts (the local backend's probe, run here). ``pythonpath``: the PYTHONPATH the job
     gives its ranks, searched after ``cwd`` (as the ranks' sys.path has them) when the checks look for
-    gaudi_launch's worker.
+    gaudi_launch's worker. ``checks_by_caller``: every fact but the Python checks' (``checks_code`` with
+    ``checks_argv``), which the caller runs in its own interpreter: the one-pass rank's bootstrap (process/gate.py),
+    one interpreter start less per host.
     """
-    text = _script("probe_checks.py")
-    code = text if agent is None else f"{_AGENT_FIRST}{text}print({END!r})\nsys.stdout.flush()\n{agent}"
-    if one_host and agent is None:  # a one-host job's facts: no Python started, nothing between hosts
+    if checks_by_caller:
+        code = "by the caller"  # (not run; not empty: the facts between hosts are wanted)
+    elif one_host and agent is None:  # a one-host job's facts: no Python started, nothing between hosts
         code = ""
-    search = ":".join([cwd, *(pythonpath.split(":") if pythonpath else [])])
+    elif agent is None:
+        code = checks_code()
+    else:
+        code = f"{_AGENT_FIRST}{checks_code()}print({END!r})\nsys.stdout.flush()\n{agent}"
+    mode = "2" if checks_by_caller else "0" if agent is None else "1"
     argv = [
         python,
         cwd,
         script or "",
         code,
-        "0" if agent is None else "1",
-        search,
-        master_addr,
-        str(int(master_ssh_port)),
+        mode,
+        *checks_argv(cwd, pythonpath, master_addr, master_ssh_port, check_port),
     ]
-    if check_port is not None:
-        argv.append(str(int(check_port)))
     return f"set -- {shlex.join(argv)}\n{_script('probe.sh')}"
+
+
+def checks_code() -> str:
+    """The probe's checks that need Python (scripts/probe_checks.py), as ``python -c`` runs them."""
+    return _script("probe_checks.py")
+
+
+def checks_argv(
+    cwd: str, pythonpath: Optional[str], master_addr: str, master_ssh_port: int, check_port: Optional[int]
+) -> list[str]:
+    """The checks' argv after the program's name: the ranks' first sys.path entries (the working directory, the
+    job's PYTHONPATH), the master and the port its sshd listens on, and on the master the job's port. Pure."""
+    search = ":".join([cwd, *(pythonpath.split(":") if pythonpath else [])])
+    return [search, master_addr, str(int(master_ssh_port)), *([str(int(check_port))] if check_port is not None else [])]
 
 
 _BOOLS = {"1": True, "0": False, "true": True, "false": False, "yes": True, "no": False}

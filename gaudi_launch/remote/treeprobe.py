@@ -65,7 +65,7 @@ def argv(
     out += ["-n", str(len(hosts)), "--hostfile", hostfile, "--mca", "rmaps", "seq", "--bind-to", "none"]
     out += ["--tag-output"]
     if hop_python:
-        out += ["--mca", "plm_rsh_agent", f"{hop_python} -m gaudi_launch.remote.treehop"]
+        out += ["--mca", "plm_rsh_agent", treehop.agent(hop_python, fanoutmode.depth(len(hosts), radix) <= 1)]
     if ssh_args:
         out += ["--mca", "plm_rsh_args", " ".join(ssh_args)]
     if radix:

@@ -7,7 +7,8 @@
 # $1 the workers' python   $2 working directory   $3 script ("" for none)
 # $4 Python code: probe_checks.py, followed by the session agent when $5 is 1; empty: a one-host job's facts
 #    only (no Python checks, no OpenMPI version, no scale-out ports, links or libfabric: nothing between hosts)
-# $5 1: the interpreter stays on as the session's agent (stdin is the session's)
+# $5 1: the interpreter stays on as the session's agent (stdin is the session's); 2: the Python checks are left to
+#    the caller, which runs them in its own interpreter (the one-pass rank bootstrap, process/gate.py)
 # $6 what the ranks have first on sys.path (the working directory, the job's PYTHONPATH), ':'-joined
 # $7... the checks' argv: MASTER_ADDR MASTER_SSH_PORT (0: only resolve the master) [PORT_TO_CHECK]
 py=$1 cwd=$2 script=$3 code=$4 agent=$5 search=$6
@@ -125,7 +126,7 @@ EOF_C
     echo '@@scaleout end'
 }
 _scaleout
-if [ "$agent" != 1 ] && [ -n "$code" ]; then
+if [ "$agent" = 0 ] && [ -n "$code" ]; then
     # before the cd: python -c puts the working directory on sys.path, where a stray socket.py must not
     # matter. Printing nothing means it did not run.
     _p=$(_t "$py" -c "$code" "$search" "$@" </dev/null 2>/dev/null)

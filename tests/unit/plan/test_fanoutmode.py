@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from gaudi_launch.backends.mpirun import with_radix
@@ -84,6 +88,17 @@ def test_what_the_tree_could_not_tell_is_said_once():
     assert "no answer for 2 host(s)" in text and "last words" in text and "--fan-out flat" in text
 
 
+def test_the_hop_runs_as_its_own_file_where_every_hop_runs_on_the_launcher():
+    here = os.path.abspath(treehop.__file__)
+    assert treehop.agent("/py", launcher_only=True) == f"/py -S -I {here}"
+    assert treehop.agent("/py", launcher_only=False) == "/py -m gaudi_launch.remote.treehop"
+    # OpenMPI splits the agent at spaces: a path with one goes by the module's name
+    assert treehop.agent("/py", True, here="/a b/treehop.py") == "/py -m gaudi_launch.remote.treehop"
+    # as a file without site it runs: the usage error is its own, not an import failure
+    done = subprocess.run([sys.executable, "-S", "-I", here, "only-a-host"], capture_output=True, text=True)
+    assert done.returncode == 255 and "usage: treehop" in done.stderr
+
+
 def test_a_hop_that_timed_out_is_classified_as_the_flat_path_would_and_nothing_else_is():
     from gaudi_launch.remote.preflight import hop_timeout
 
@@ -99,9 +114,12 @@ def test_a_round_maps_rank_i_to_the_hostfile_s_line_i_and_names_its_hop():
     common = dict(hostfile="/p/h", mpirun="mpirun", prefix=None, ssh_args=["-o", "BatchMode=yes"], tcp_cidr=None)
     argv = treeprobe.argv(["a", "b"], hop_python="/py", radix=2, root=False, rank_argv=["true"], **common)
     assert argv[argv.index("rmaps") - 1 : argv.index("rmaps") + 2] == ["--mca", "rmaps", "seq"]
-    assert argv[argv.index("plm_rsh_agent") + 1] == "/py -m gaudi_launch.remote.treehop"
+    # radix 2, two hosts: one level, every hop on the launcher: the hop's file itself, without site
+    assert argv[argv.index("plm_rsh_agent") + 1] == f"/py -S -I {os.path.abspath(treehop.__file__)}"
     assert argv[argv.index("plm_rsh_args") + 1] == "-o BatchMode=yes"
     assert argv[argv.index("routed_radix") + 1] == "2" and argv[-1] == "true"
+    deeper = treeprobe.argv(["a", "b", "c"], hop_python="/py", radix=2, root=False, rank_argv=["true"], **common)
+    assert deeper[deeper.index("plm_rsh_agent") + 1] == "/py -m gaudi_launch.remote.treehop"  # found on each host
     sweep = treeprobe.argv(["a"], hop_python=None, radix=None, root=False, rank_argv=["x"], **common)
     assert "plm_rsh_agent" not in sweep and "routed_radix" not in sweep
 

@@ -294,3 +294,35 @@ def test_a_first_rank_done_before_its_hosts_other_ranks_started_leaves_them_runn
         assert "h0" in server.swept and server.accepted == 2
     finally:
         server.close()
+
+
+def test_the_probe_with_its_checks_in_this_interpreter_says_what_the_ssh_pre_flight_s_probe_says(tmp_path):
+    """A one-pass rank runs the probe's Python checks in a fork of its own interpreter (gate.checks_here), not in
+    one more started by probe.sh: the same facts, judged by the same code, as the ssh pre-flight's probe."""
+    import dataclasses
+
+    from gaudi_launch.remote import probe
+
+    assert gate.PROBE_END == probe.END
+    with socket.socket() as master:  # the master's sshd, as the checks see it: a listener
+        master.bind(("127.0.0.1", 0))
+        master.listen(8)
+        port = master.getsockname()[1]
+        common = (sys.executable, None, str(tmp_path), "127.0.0.1", port, None)
+
+        def sh(cmd: str) -> str:
+            return subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, cwd="/", timeout=120).stdout
+
+        classic = probe.parse(sh(probe.command(*common)))
+        left = probe.parse(sh(probe.command(*common, checks_by_caller=True)))
+        args = {
+            "command": probe.command(*common, checks_by_caller=True),
+            "master_command": "exit 1",
+            "master_node": 1,
+            "checks": probe.checks_code(),
+            "checks_argv": probe.checks_argv(str(tmp_path), None, "127.0.0.1", port, None),
+        }
+        ours = probe.parse(gate.probe_here(args, {"NODE_RANK": "0"}))
+    assert left.complete and left.python_ok is None and left.master_reachable is None  # sh started no Python
+    assert ours.complete and ours.python_ok and ours.gaudi_launch_ok and ours.master_reachable
+    assert dataclasses.asdict(ours) == dataclasses.asdict(classic)

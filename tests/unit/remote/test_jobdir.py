@@ -247,17 +247,17 @@ def test_a_worker_given_another_job_file_refuses_to_start(tmp_path):
 def test_the_workers_job_dir_is_made_private_and_an_open_one_refused(tmp_path, monkeypatch):
     import tempfile
 
-    from gaudi_launch.process.worker import _private_job_dir
+    from gaudi_launch.wire import private_rank_dir
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    path = _private_job_dir("0123abcd")
+    path = private_rank_dir("0123abcd", {})
     assert os.stat(path).st_mode & 0o777 == 0o700
-    assert _private_job_dir("0123abcd") == path  # the job's other ranks share it
+    assert private_rank_dir("0123abcd", {}) == path  # the job's other ranks share it
     planted = tmp_path / "gaudi-launch-0000feed"
     planted.mkdir(mode=0o777)
     os.chmod(planted, 0o777)
     with pytest.raises(jobdir.JobDirError, match="mode 777"):  # the rank then fails (issue 36 item 4)
-        _private_job_dir("0000feed")
+        private_rank_dir("0000feed", {})
 
 
 @pytest.mark.parametrize("backend", ["mpirun", "deepspeed", "local"])
