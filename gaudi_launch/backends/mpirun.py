@@ -616,12 +616,16 @@ def _run_one_pass(plan, spec, environ, argv, env, proc, sweep, watch, hosts, sup
         streams = {k: onepass.HeldStream(supervisor_options.get(k) or getattr(sys, k)) for k in ("stdout", "stderr")}
         box["streams"] = streams
 
+        # every host's first rank probes its host, this one's too: the pre-flight judges those outputs, and runs
+        # no probe of its own here (on the path between the last answer and the go)
+        probed = list(dict.fromkeys(hosts.values()))
+
         def decide() -> None:
             limit = treeprobe.round_timeout(len(remote), fanoutmode.radix(environ), spec.ssh_timeout)
-            server.wait_reports(remote, ended.is_set, t0 + limit)
-            if ended.is_set() and not all(h in server.outputs for h in remote):
+            server.wait_reports(probed, ended.is_set, t0 + limit)
+            if ended.is_set() and not all(h in server.outputs for h in probed):
                 return  # mpirun ended first (a daemon did not start): judged below
-            given = treeprobe.TreeResult(outputs={h: server.outputs[h] for h in remote if h in server.outputs})
+            given = treeprobe.TreeResult(outputs={h: server.outputs[h] for h in probed if h in server.outputs})
             given.elapsed_s = time.monotonic() - t0
             try:
                 report = run_preflight(plan, spec, local=is_local_host, one_pass=given)

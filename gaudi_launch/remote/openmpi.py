@@ -25,9 +25,15 @@ def major(version_line: Optional[str]) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
-@functools.cache
 def local_version(mpirun: str = "mpirun") -> Optional[str]:
-    """This host's `mpirun --version`; None when mpirun is missing or does not answer."""
+    """This host's `mpirun --version`; None when mpirun is missing or does not answer. Asked once per mpirun,
+    however it is called (functools.cache alone would run it again for ``local_version()`` after
+    ``local_version("mpirun")``: another key)."""
+    return _version_of(mpirun)
+
+
+@functools.cache
+def _version_of(mpirun: str) -> Optional[str]:
     if not shutil.which(mpirun):
         return None
     try:

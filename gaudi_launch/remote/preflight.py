@@ -401,7 +401,10 @@ def check_hosts(
         try:
             if local(host):
                 where = f"{host} (this machine)"
-                out, err, _ = _local_run(cmd)
+                if through_tree is not None and host in through_tree.outputs:  # its own first rank's (one pass)
+                    out, err = through_tree.outputs[host], ""
+                else:
+                    out, err, _ = _local_run(cmd)
             else:
                 where = host
                 try:

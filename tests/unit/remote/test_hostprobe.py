@@ -74,6 +74,33 @@ def test_the_pre_flight_reads_the_same_facts_of_this_host(gaudi2_here, tmp_path)
     assert checked.fabric.generation == 2  # the pre-flight also reads the scale-out links
 
 
+def test_a_one_pass_job_judges_this_host_by_its_own_rank_s_probe_and_runs_none_here(gaudi2_here, tmp_path, monkeypatch):
+    """In one pass (remote/onepass.py) this host's first rank probes it as every host's does: the pre-flight takes
+    that output for this machine too, and runs no probe of its own between the last answer and the go."""
+    from gaudi_launch.remote import preflight, treeprobe
+
+    line = probe.command(sys.executable, "train.py", str(tmp_path), "127.0.0.1", 0, None)
+    rank_said = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60).stdout
+    ran_here = []
+    monkeypatch.setattr(preflight, "_local_run", lambda cmd: ran_here.append(cmd) or ("", "", 1))
+    common = dict(
+        python=sys.executable,
+        script="train.py",
+        cwd=str(tmp_path),
+        master_host="localhost",
+        master_addr="127.0.0.1",
+        master_port=None,
+        devices_needed={"localhost": 8},
+        ssh=SshOptions(),
+        local=lambda host: True,
+    )
+    given = treeprobe.TreeResult(outputs={"localhost": rank_said})
+    facts = check_hosts(["localhost"], tree=lambda port: given, **common).facts["localhost"]
+    assert ran_here == [] and facts.ok and facts.devices == 8 and facts.script_ok is True
+    check_hosts(["localhost"], **common)  # without the rank's output: probed here, as before
+    assert len(ran_here) == 1
+
+
 def test_the_one_host_probe_starts_no_python_and_reads_no_links(gaudi2_here, tmp_path):
     line = probe.command(sys.executable, None, str(tmp_path), "127.0.0.1", 0, None, one_host=True)
     out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60).stdout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 from gaudi_launch.remote import openmpi
 from gaudi_launch.remote.preflight import CheckReport, HostFacts
 
@@ -41,3 +43,22 @@ def test_judge_fails_the_mismatched_hosts_and_keeps_an_earlier_reason():
     assert not report.ok and [f.host for f in report.failures()] == ["n1", "n2"]
     assert report.facts["n1"].reason.startswith("OpenMPI 4 here") and report.facts["n2"].reason == "python not found"
     assert "n1" in report.render_table() and "install OpenMPI 5 on n1" in report.render_table()
+
+
+def test_the_local_mpirun_is_asked_its_version_once_however_it_is_named(monkeypatch):
+    """`mpirun --version` is on every launch's path (the plan's OpenMPI, the pre-flight's judgement): asked once
+    per mpirun, whether the caller spells the default or not."""
+    asked = []
+
+    def run(argv, **kw):
+        asked.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout="mpirun (Open MPI) 4.1.4\n", stderr="")
+
+    openmpi._version_of.cache_clear()
+    monkeypatch.setattr(openmpi.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(openmpi.subprocess, "run", run)
+    try:
+        assert openmpi.local_version() == openmpi.local_version("mpirun") == "mpirun (Open MPI) 4.1.4\n"
+        assert asked == [["mpirun", "--version"]]
+    finally:
+        openmpi._version_of.cache_clear()
