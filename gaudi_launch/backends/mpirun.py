@@ -584,11 +584,11 @@ def _run_one_pass(plan, spec, environ, argv, env, proc, sweep, watch, hosts, sup
             GATE_PROBE: json.dumps(probe_args),
         }
         # each hop of the tree names the host it could not reach (treehop.py), in mpirun's error output
-        remote = len({n.host for n in plan.nodes if not is_local_host(n.host)})
+        n_remote = len({n.host for n in plan.nodes if not is_local_host(n.host)})
         hop = [
             "--mca",
             "plm_rsh_agent",
-            treehop.agent(spec.python, fanoutmode.depth(remote, fanoutmode.radix(environ)) <= 1),
+            treehop.agent(spec.python, fanoutmode.depth(n_remote, fanoutmode.radix(environ)) <= 1),
         ]
         argv = [argv[0], "-x", GATE, "-x", GATE_KEY, "-x", GATE_PROBE, *hop, *argv[1:]]
         # The job id (public: 8 hex digits, in every job directory's name) goes to the ranks on mpirun's command

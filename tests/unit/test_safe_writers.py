@@ -27,6 +27,8 @@ SAFE = {
     "process.heartbeats:install_stack_dump": "wire.create_private in the heartbeat directory (ours, 0700)",
     "process.gate:_leave_verdict": "wire.create_private (O_EXCL) in the job's directory (checked ours, 0700), renamed "
     "within it",
+    "process.gate:checks_here": "os.devnull, and the forked child's own stdout (fd 1, the pipe to its parent): no "
+    "file made or opened by a name",
     "collective:run_check": "a hostfile in a new TemporaryDirectory (0700, ours)",
     "completion:install": "the user's own shell start-up files in their home",
     "remote.authkeys:add_keys": "the user's own ~/.ssh/authorized_keys (the container's, at start)",
