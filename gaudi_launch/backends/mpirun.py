@@ -583,12 +583,15 @@ def _run_one_pass(plan, spec, environ, argv, env, proc, sweep, watch, hosts, sup
             GATE_KEY: server.key.hex(),
             GATE_PROBE: json.dumps(probe_args),
         }
+        # every host's first rank probes its host, this one's too: the pre-flight judges those outputs, and runs
+        # no probe of its own here (on the path between the last answer and the go)
+        probed = list(dict.fromkeys(hosts.values()))
+        remote = [h for h in probed if not is_local_host(h)]
         # each hop of the tree names the host it could not reach (treehop.py), in mpirun's error output
-        n_remote = len({n.host for n in plan.nodes if not is_local_host(n.host)})
         hop = [
             "--mca",
             "plm_rsh_agent",
-            treehop.agent(spec.python, fanoutmode.depth(n_remote, fanoutmode.radix(environ)) <= 1),
+            treehop.agent(spec.python, fanoutmode.depth(len(remote), fanoutmode.radix(environ)) <= 1),
         ]
         argv = [argv[0], "-x", GATE, "-x", GATE_KEY, "-x", GATE_PROBE, *hop, *argv[1:]]
         # The job id (public: 8 hex digits, in every job directory's name) goes to the ranks on mpirun's command
@@ -609,16 +612,11 @@ def _run_one_pass(plan, spec, environ, argv, env, proc, sweep, watch, hosts, sup
 
             return one
 
-        remote = [h for h in dict.fromkeys(hosts.values()) if not is_local_host(h)]
         ended, went = threading.Event(), threading.Event()
         box: dict = {}
         t0 = time.monotonic()
         streams = {k: onepass.HeldStream(supervisor_options.get(k) or getattr(sys, k)) for k in ("stdout", "stderr")}
         box["streams"] = streams
-
-        # every host's first rank probes its host, this one's too: the pre-flight judges those outputs, and runs
-        # no probe of its own here (on the path between the last answer and the go)
-        probed = list(dict.fromkeys(hosts.values()))
 
         def decide() -> None:
             limit = treeprobe.round_timeout(len(remote), fanoutmode.radix(environ), spec.ssh_timeout)

@@ -33,6 +33,23 @@ def gaudi2_here(monkeypatch, tmp_path):
     (tmp_path / "train.py").write_text("")
 
 
+def check_this_host(tmp_path, **more):
+    """The pre-flight of this machine alone as "localhost", all 8 cards, train.py in ``tmp_path``."""
+    return check_hosts(
+        ["localhost"],
+        python=sys.executable,
+        script="train.py",
+        cwd=str(tmp_path),
+        master_host="localhost",
+        master_addr="127.0.0.1",
+        master_port=None,
+        devices_needed={"localhost": 8},
+        ssh=SshOptions(),
+        local=lambda host: True,
+        **more,
+    )
+
+
 def test_this_machine_read_by_the_probe_every_host_gets(gaudi2_here, tmp_path):
     facts = probe_here("localhost", sys.executable, "train.py", str(tmp_path))
     assert isinstance(facts, HostFacts) and facts.host == "localhost"
@@ -48,18 +65,7 @@ def test_this_machine_read_by_the_probe_every_host_gets(gaudi2_here, tmp_path):
 def test_the_pre_flight_reads_the_same_facts_of_this_host(gaudi2_here, tmp_path):
     """Whichever way the probe ran, what both read of the host is the same object with the same values."""
     here = probe_here("localhost", sys.executable, "train.py", str(tmp_path))
-    checked = check_hosts(
-        ["localhost"],
-        python=sys.executable,
-        script="train.py",
-        cwd=str(tmp_path),
-        master_host="localhost",
-        master_addr="127.0.0.1",
-        master_port=None,
-        devices_needed={"localhost": 8},
-        ssh=SshOptions(),
-        local=lambda host: True,
-    ).facts["localhost"]
+    checked = check_this_host(tmp_path).facts["localhost"]
     assert type(checked) is HostFacts
     for name in (
         "hostname",
@@ -83,21 +89,10 @@ def test_a_one_pass_job_judges_this_host_by_its_own_rank_s_probe_and_runs_none_h
     rank_said = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60).stdout
     ran_here = []
     monkeypatch.setattr(preflight, "_local_run", lambda cmd: ran_here.append(cmd) or ("", "", 1))
-    common = dict(
-        python=sys.executable,
-        script="train.py",
-        cwd=str(tmp_path),
-        master_host="localhost",
-        master_addr="127.0.0.1",
-        master_port=None,
-        devices_needed={"localhost": 8},
-        ssh=SshOptions(),
-        local=lambda host: True,
-    )
     given = treeprobe.TreeResult(outputs={"localhost": rank_said})
-    facts = check_hosts(["localhost"], tree=lambda port: given, **common).facts["localhost"]
+    facts = check_this_host(tmp_path, tree=lambda port: given).facts["localhost"]
     assert ran_here == [] and facts.ok and facts.devices == 8 and facts.script_ok is True
-    check_hosts(["localhost"], **common)  # without the rank's output: probed here, as before
+    check_this_host(tmp_path)  # without the rank's output: probed here, as before
     assert len(ran_here) == 1
 
 
