@@ -47,6 +47,35 @@ for _d in /opt/habanalabs/openmpi /opt/amazon/openmpi; do
     [ -z "$_m" ] && [ -x "$_d/bin/mpirun" ] && _m=$_d/bin/mpirun
 done
 if [ -n "$_m" ] && [ -n "$code" ]; then _one "$(_t "$_m" --version 2>&1 </dev/null)"; echo "openmpi=$_v"; fi
+# hl-smi calls that need no other's answer run side by side: _side_start CALL ARG... runs each function CALL with
+# its one ARG in the background, into a file of its own; _side_end waits and prints them in that order. Habana's
+# Health Screen reads a host's cards so (IGNodes.py health_check: a process per card). One after another, an 8-card
+# host made 30 hl-smi calls in a row, each opening the driver; now 5 (two lists of the cards, then each card's three
+# port reads beside the rest). Where mktemp is missing, one after another still.
+_side_start() {
+    _side_d=$(mktemp -d 2>/dev/null) || _side_d=
+    _side_n=0
+    while [ $# -ge 2 ]; do
+        _side_n=$((_side_n + 1))
+        if [ -n "$_side_d" ]; then "$1" "$2" >"$_side_d/$_side_n" & else "$1" "$2"; fi
+        shift 2
+    done
+}
+_side_end() {
+    [ -n "$_side_d" ] || return 0
+    wait
+    _side_k=0
+    while [ "$_side_k" -lt "$_side_n" ]; do _side_k=$((_side_k + 1)); cat "$_side_d/$_side_k" 2>/dev/null; done
+    rm -rf "$_side_d"
+}
+_ports() { echo "@@hl-smi -n ports -i $1"; _t hl-smi -n ports -i "$1" 2>/dev/null </dev/null; }
+# every port of a card, three reads: a port DOWN in any read is down, UP and DOWN is flapping (Intel Gaudi Health
+# Screen, IGNodes.py check_link_state, reads each card's ports repeatedly)
+_reads() {
+    for _r in 1 2 3; do echo "@@hl-smi -n link -i $1"; _t hl-smi -n link -i "$1" 2>/dev/null </dev/null; done
+}
+_fw() { echo '@@hl-smi --fw-versions'; _t hl-smi --fw-versions 2>/dev/null </dev/null; }
+_table() { echo '@@hl-smi'; _t hl-smi 2>/dev/null </dev/null; }
 # Scale-out facts (plan/scaleout.py reads them): each tool's output verbatim under a @@<command> line.
 # GAUDI_LAUNCH_SYSFS / GAUDI_LAUNCH_PROCFS: where /sys and /proc are (tests point them at a stand-in tree).
 # hl-smi's port lists only when it answers, -n ports on card 0 (the external ports are the same on each card).
@@ -72,22 +101,20 @@ _scaleout() {
         [ -n "$code" ] && while IFS= read -r _l; do
             case $_l in HL-*,*,*) ;; *) continue ;; esac
             _b=${_l##*,}; _b=${_b# }
-            if [ -z "$_buses" ]; then
-                echo "@@hl-smi -n ports -i $_b"; _t hl-smi -n ports -i "$_b" 2>/dev/null </dev/null
-            fi
             _buses="$_buses $_b"
         done <<EOF_Q
 $_q
 EOF_Q
-        # every port of every card, three rounds: a port DOWN in any read is down, UP and DOWN is flapping
-        # (Intel Gaudi Health Screen, IGNodes.py check_link_state, reads each card's ports repeatedly)
-        for _r in 1 2 3; do
-            for _b in $_buses; do
-                echo "@@hl-smi -n link -i $_b"; _t hl-smi -n link -i "$_b" 2>/dev/null </dev/null
-            done
+        # side by side: card 0's port types, each card's port reads, the firmware and the summary table (the
+        # last two between hosts only); the rest below meanwhile
+        set --
+        for _b in $_buses; do
+            [ $# -eq 0 ] && set -- _ports "$_b"
+            set -- "$@" _reads "$_b"
         done
+        if [ -n "$code" ]; then set -- "$@" _fw "" _table ""; fi
+        _side_start "$@"
         if [ -n "$code" ]; then  # (a one-host job: nothing between hosts)
-            echo '@@hl-smi --fw-versions'; _t hl-smi --fw-versions 2>/dev/null </dev/null
             # the L3 Gaudi-NIC configuration HCL reads at every start when it exists (HabanaAI/HCL
             # hcl_device_config.cpp parseGaudinet: HCL_GAUDINET_CONFIG_FILE, else /etc/habanalabs/gaudinet.json,
             # falling back to /etc/gaudinet.json)
@@ -121,7 +148,7 @@ EOF_C
         for _n in "$_s"/devices/system/node/node[0-9]*; do
             [ -r "$_n/cpulist" ] && echo "${_n##*/} $(cat "$_n/cpulist")"
         done
-        if [ -n "$code" ]; then echo '@@hl-smi'; _t hl-smi 2>/dev/null </dev/null; fi
+        _side_end
     fi
     echo '@@scaleout end'
 }

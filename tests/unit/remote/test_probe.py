@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from gaudi_launch.plan import scaleout
 from gaudi_launch.remote import probe
 from tests.standin import gaudi_tools
 
@@ -137,6 +138,67 @@ def test_probe_ip_block_and_devices(tmp_path):
     env["GAUDI_STANDIN_CARDS"] = "none"  # its driver not loaded: hl-smi fails
     got = probe.parse(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env).stdout)
     assert got.devices == 0 and "hl-smi failed" in got.devices_error
+
+
+def test_hl_smi_calls_that_need_no_other_run_side_by_side_each_cards_reads_in_turn(tmp_path):
+    """Every card's Gaudi NIC ports are read three times (a port DOWN in any read is down), the cards side by side
+    as Habana's Health Screen reads them (IGNodes.py health_check: a process per card), and beside them the
+    firmware, the summary table and the card map: 5 calls of hl-smi in a row on an 8-card host, not 30. The
+    stand-in hl-smi takes 0.3 s a call (an assumed latency: the real one's is not measured here) and records when
+    each call ran; the output is the same, each card's reads together."""
+    times, scratch = tmp_path / "times", tmp_path / "tmp"
+    scratch.mkdir()
+    values = gaudi_tools.settings(
+        "gaudi2",
+        os.environ["PATH"],
+        GAUDI_STANDIN_PORTS_DOWN="22",
+        GAUDI_STANDIN_HL_SMI_SECONDS="0.3",
+        GAUDI_STANDIN_HL_SMI_TIMES=str(times),
+    )
+    env = {**os.environ, **values, "TMPDIR": str(scratch)}
+    cmd = probe.command(sys.executable, None, "/", "127.0.0.1", 9, None)
+    done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    calls, reads = [], {}
+    for line in times.read_text().splitlines():
+        start, end, *args = line.split()
+        calls.append((int(start), int(end)))
+        if args[:2] == ["-n", "link"]:
+            reads.setdefault(args[-1], []).append((int(start), int(end)))
+    assert len(calls) == 30 and len(reads) == 8 and all(len(r) == 3 for r in reads.values())
+    for card in reads.values():  # one card's reads one after another
+        card.sort()
+        assert all(a[1] <= b[0] for a, b in zip(card, card[1:]))
+    calls.sort()
+    chain = []  # the most calls each of which started after the one before it ended
+    for i, (start, _) in enumerate(calls):
+        chain.append(1 + max((chain[j] for j in range(i) if calls[j][1] <= start), default=0))
+    assert max(chain) <= 5  # the two card lists, then a card's three reads (one after another: 30)
+    headers = [line for line in done.stdout.splitlines() if line.startswith("@@hl-smi -n link")]
+    order = [line.rsplit(" ", 1)[1] for line in headers[::3]]
+    assert headers == [f"@@hl-smi -n link -i {b}" for b in order for _ in range(3)] and sorted(order) == sorted(reads)
+    fabric = scaleout.parse_probe_block(done.stdout)
+    assert fabric.ports_down == tuple(f"{b} port 22" for b in order) and fabric.flapping == ()
+    assert fabric.ports_up == 2 * 8 and fabric.external_ports == (8, 22, 23)  # ports 8 and 23 of each card up
+    assert fabric.device_name == "HL-225" and len(fabric.firmware) == 8
+    assert list(scratch.iterdir()) == []  # the calls' files are gone
+
+
+def test_without_mktemp_the_hl_smi_calls_run_one_after_another_with_the_same_output(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mktemp").write_text("#!/bin/sh\nexit 1\n")
+    (bin_dir / "mktemp").chmod(0o755)
+    cmd = probe.command(sys.executable, None, "/", "127.0.0.1", 9, None)
+    outputs = []
+    for path in (os.environ["PATH"], f"{bin_dir}:{os.environ['PATH']}"):
+        env = {**os.environ, **gaudi_tools.settings("gaudi2", path, GAUDI_STANDIN_PORTS_DOWN="8")}
+        done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, env=env, timeout=120)
+        block = done.stdout[done.stdout.index("@@scaleout begin") : done.stdout.index("@@scaleout end")]
+        outputs.append(sorted(x.rstrip("\n") for x in block.split("\n@@")))  # the same sections, in another order
+    assert outputs[0] == outputs[1] and sum(s.startswith("hl-smi -n link") for s in outputs[1]) == 24
+    fabric = scaleout.parse_probe_block(done.stdout)
+    assert len(fabric.ports_down) == 8 and fabric.ports_up == 16
 
 
 def test_probe_without_hl_smi_says_none():
