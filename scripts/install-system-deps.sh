@@ -4,12 +4,13 @@
 # Idempotent: does nothing when everything is already present.
 set -euo pipefail
 
-PKGS=(openssh-server openssh-client openmpi-bin pdsh iproute2 util-linux)
+# acct: the kernel's process accounting (accton, dump-acct), for bench_scale.py --cpu-by-process
+PKGS=(openssh-server openssh-client openmpi-bin pdsh iproute2 util-linux acct)
 
 missing=()
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "$1" ]; }
 [ -x /usr/sbin/sshd ] || missing+=("/usr/sbin/sshd")
-for tool in ssh ssh-keygen mpirun pdsh ip nsenter unshare; do
+for tool in ssh ssh-keygen mpirun pdsh ip nsenter unshare accton dump-acct; do
     have "$tool" || missing+=("$tool")
 done
 
@@ -29,7 +30,7 @@ for tool in docker dockerd debootstrap; do
 done
 
 if [ "${#missing[@]}" -eq 0 ]; then
-    echo "install-system-deps: all present (sshd, ssh, mpirun, pdsh, ip, nsenter, unshare, slurm, munge, docker, debootstrap)"
+    echo "install-system-deps: all present (sshd, ssh, mpirun, pdsh, ip, nsenter, unshare, accton, slurm, munge, docker, debootstrap)"
     exit 0
 fi
 

@@ -33,6 +33,7 @@ import math
 import os
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -277,6 +278,120 @@ def measure(
             if entry["seconds"]:
                 entry["median"] = statistics.median(entry["seconds"])
     return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a launch's CPU goes, by process (the kernel's process accounting)
+
+ACCT_ROLES = (
+    "ssh",
+    "orted",
+    "sshd, login shells, mpirun, tools",
+    "Python: rank bootstraps",
+    "Python: tree hops",
+    "Python: the launcher",
+    "Python: other",
+)
+
+
+def acct_records(path: str) -> list[dict]:
+    """The records of a process-accounting file (Debian's acct, `dump-acct`): command, CPU seconds (user + system,
+    in the kernel's 1/100 s ticks), pid, parent pid, whether it forked without an exec (F)."""
+    out = subprocess.run(["dump-acct", path], capture_output=True, text=True, check=True).stdout
+    records = []
+    for line in out.splitlines():
+        f = [x.strip() for x in line.split("|")]
+        if len(f) < 12:
+            continue
+        records.append(
+            {
+                "comm": f[0],
+                "cpu": (float(f[2]) + float(f[3])) / 100,
+                "pid": int(f[9]),
+                "ppid": int(f[10]),
+                "forked": "F" in f[11],
+            }
+        )
+    return records
+
+
+def acct_roles(records: list[dict], roots: set[int]) -> dict[str, tuple[float, int]]:
+    """{role: (CPU seconds, processes)} of the records that descend from ``roots`` (the bench, which starts the
+    launcher, and the hosts' sshd), or from a process that ended before them (a record keeps its parent at its
+    exit: an orphan's is 1). A Python is a rank bootstrap under an orted or started by mpirun itself (host
+    0's), a tree hop where it started an ssh, the launcher where it started mpirun outside both; a fork without an
+    exec counts with the process it forked from. Pure."""
+    by_pid = {r["pid"]: r for r in records}
+    children: dict[int, list[dict]] = {}
+    for r in records:
+        children.setdefault(r["ppid"], []).append(r)
+
+    def ancestors(r: dict) -> list[dict]:
+        chain, seen = [], set()
+        while r["ppid"] in by_pid and r["ppid"] not in seen:
+            seen.add(r["ppid"])
+            r = by_pid[r["ppid"]]
+            chain.append(r)
+        return chain
+
+    def python_role(r: dict) -> str:
+        above = ancestors(r)
+        while r["forked"] and above and above[0]["comm"] == r["comm"]:  # a fork: its parent's role
+            r, above = above[0], above[1:]
+        kids = {c["comm"] for c in children.get(r["pid"], [])}
+        if "ssh" in kids:
+            return "Python: tree hops"
+        if any(a["comm"] == "orted" for a in above) or (above and above[0]["comm"] == "mpirun"):
+            return "Python: rank bootstraps"
+        if "mpirun" in kids:
+            return "Python: the launcher"
+        return "Python: other"
+
+    out: dict[str, list] = {role: [0.0, 0] for role in ACCT_ROLES}
+
+    def ours(r: dict) -> bool:  # under a root, or an orphan (its parent ended in the window: ours, on a quiet bench)
+        top = (ancestors(r) or [r])[-1]
+        return top["ppid"] in roots or top["ppid"] == 1
+
+    for r in records:
+        if not ours(r):
+            continue
+        if r["comm"] in ("ssh", "orted"):
+            role = r["comm"]
+        elif r["comm"].startswith("python"):
+            role = python_role(r)
+        else:
+            role = "sshd, login shells, mpirun, tools"
+        out[role][0] += r["cpu"]
+        out[role][1] += 0 if r["forked"] else 1
+    return {role: (cpu, n) for role, (cpu, n) in out.items()}
+
+
+def cpu_by_process(cluster, cfgs, n: int, repeats: int, workdir: str, env: dict[str, str], timeout: float) -> dict:
+    """CPU per launch by process, one pass against raw mpirun at ``n`` hosts: ``repeats`` launches of each after a
+    warm-up, under the kernel's process accounting (root, Debian's acct: accton, dump-acct)."""
+    builds = dict(cfgs)
+    hostfile = cluster.hostfile(slots=1, hosts=range(n))
+    roots = {os.getpid()} | {h.sshd_pid for h in cluster.hosts if h.sshd_pid}
+    result = {}
+    for name in (TREE, BASELINE):
+        argv = builds[name](cluster, hostfile, n, workdir)
+        timed(argv, env, workdir, timeout, cluster)
+        path = os.path.join(workdir, "acct")
+        open(path, "w").close()
+        subprocess.run(["accton", path], check=True, capture_output=True)
+        try:
+            walls = [timed(argv, env, workdir, timeout, cluster)[0] for _ in range(repeats)]
+        finally:
+            subprocess.run(["accton", "off"], check=True, capture_output=True)
+        roles = acct_roles(acct_records(path), roots)
+        result[name] = {
+            "wall_median": statistics.median(walls),
+            "per_launch": {
+                role: {"cpu": cpu / repeats, "processes": count / repeats} for role, (cpu, count) in roles.items()
+            },
+        }
+    return {"hosts": n, "repeats": repeats, "rows": result}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -801,6 +916,8 @@ def print_report(res: dict) -> None:
                     f"  {n:>6} hosts: dry run {p['dry_run_s']:.2f} s; mpirun argv {p['argv_args']} arguments, "
                     f"{p['argv_bytes']} bytes, longest {p['longest_arg_bytes']} bytes (Linux limit 131072)"
                 )
+    if res.get("cpu_by_process"):
+        print("\n" + "\n".join(cpu_table(res["cpu_by_process"])))
 
 
 def markdown(res: dict) -> str:
@@ -845,6 +962,26 @@ def markdown(res: dict) -> str:
     return "\n".join(out)
 
 
+def cpu_table(cpu: dict) -> list[str]:
+    """The CPU-by-process table (seconds per launch, processes in brackets). Pure."""
+    rows = cpu["rows"]
+    out = [
+        f"CPU per launch by process, {cpu['hosts']} hosts, {cpu['repeats']} launches each (process accounting):",
+        "",
+        "| process | " + " | ".join(rows) + " |",
+        "|---" * (len(rows) + 1) + "|",
+    ]
+    for role in ACCT_ROLES:
+        cells = [rows[r]["per_launch"][role] for r in rows]
+        if any(c["cpu"] or c["processes"] for c in cells):
+            out.append(f"| {role} | " + " | ".join(f"{c['cpu']:.2f} s ({c['processes']:.0f})" for c in cells) + " |")
+    totals = [sum(c["cpu"] for c in rows[r]["per_launch"].values()) for r in rows]
+    out.append(
+        "| all | " + " | ".join(f"{t:.2f} s (wall {rows[r]['wall_median']:.2f} s)" for t, r in zip(totals, rows)) + " |"
+    )
+    return out
+
+
 def tree_from_hosts() -> Optional[int]:
     """auto's threshold for the tree this bench runs (one pass where the checkout has it; plan/fanoutmode.py),
     None before issue 34."""
@@ -886,6 +1023,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="run every launch with this interpreter (the editable development install) instead of a venv laid out "
         "as a wheel install (installed_python)",
     )
+    p.add_argument(
+        "--cpu-by-process",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also the CPU of one pass and raw mpirun at N hosts by process, under the kernel's process accounting "
+        "(root, Debian's acct; --repeats launches each)",
+    )
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", action="store_true", help="also print the tables as docs/performance.md has them")
     p.add_argument("--from-json", default=None, help="print the report of an earlier run's --json, run nothing")
@@ -900,6 +1045,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     counts = sorted({int(x) for x in args.hosts.split(",")})
     if not counts or counts[0] < 1 or counts[-1] > 200:
         p.error("--hosts: counts from 1 to 200 (the namespace cluster's most)")
+    if args.cpu_by_process and not (1 <= args.cpu_by_process <= counts[-1] and shutil.which("accton")):
+        p.error("--cpu-by-process N: N from 1 to the most --hosts, and accton on PATH (apt-get install acct)")
 
     from tests.cluster.netcluster import NetCluster
 
@@ -961,6 +1108,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                     intercept = statistics.fmean(y for _, y in pts) - s * statistics.fmean(x for x, _ in pts)
                     fits[name] = (intercept, s)
             res["fits"] = fits
+            if args.cpu_by_process:
+                print("CPU by process ...", file=sys.stderr, flush=True)
+                res["cpu_by_process"] = cpu_by_process(
+                    cluster, cfgs, args.cpu_by_process, args.repeats, workdir, cenv, args.timeout
+                )
             if counts[-1] >= 2:
                 print("per-host costs and one level of the tree ...", file=sys.stderr, flush=True)
                 res["costs"] = per_host_costs(cluster, cenv, workdir)

@@ -270,6 +270,8 @@ def test_bench_scale_tiny(tmp_path):
         "0",
         "--no-plans",
         "--markdown",
+        "--cpu-by-process",
+        "3",
         "--json",
         str(tmp_path / "scale.json"),
         timeout=600,
@@ -344,6 +346,17 @@ def test_bench_scale_tiny(tmp_path):
     ]
     assert all(isinstance(t["met"], bool) for t in data["targets"])
     assert "1,024 hosts in the model: <= 2x raw mpirun" in out
+    # where each launch's CPU goes, by process (accounting): the same ssh clients and daemons on both sides, our
+    # Python beside them (3 rank bootstraps, a hop beside each of the 2 ssh, the launcher), none in raw mpirun's
+    cpu = data["cpu_by_process"]
+    assert cpu["hosts"] == 3 and list(cpu["rows"]) == ["gaudi-launch, tree", "mpirun (raw)"]
+    ours, raw = (cpu["rows"][r]["per_launch"] for r in cpu["rows"])
+    assert ours["ssh"]["processes"] == raw["ssh"]["processes"] == 2 and positive(raw["ssh"]["cpu"])
+    assert ours["orted"]["processes"] == raw["orted"]["processes"] == 2
+    assert ours["Python: rank bootstraps"]["processes"] == 3 and positive(ours["Python: rank bootstraps"]["cpu"])
+    assert ours["Python: tree hops"]["processes"] == 2 and ours["Python: the launcher"]["processes"] == 1
+    assert all(raw[role]["processes"] == 0 for role in raw if role.startswith("Python"))
+    assert "| Python: rank bootstraps | " in out
 
 
 def test_bench_launch_start_up_only_writes_its_json(tmp_path):
