@@ -698,7 +698,7 @@ def model(
         f"assumed: every host its own machine (remote work in parallel), {cores} cores on every host that "
         f"starts others (the launcher, a tree's inner daemons), pre-flight pool {pool}, OpenMPI tree radix "
         f"{radix}, the tree path's end-of-job sweep: {tree_sweep}, {gate_connections} gate connections per host",
-        "not in these figures: hl-smi (no Gaudi here). On an 8-card Gaudi host the probe adds 5 hl-smi calls one "
+        "not in these figures: hl-smi (no Gaudi here). On an 8-card Gaudi host the probe adds 4 hl-smi calls one "
         "after another (the rest side by side; 30 before), each at the tool's own latency, alike on every path",
     ]
 

@@ -35,9 +35,11 @@ _unknown() {
 _one "$( (hostname || uname -n || cat /proc/sys/kernel/hostname) 2>/dev/null)"; echo "hostname=$_v"
 _one "$( (nproc || getconf _NPROCESSORS_ONLN) 2>/dev/null)"; echo "ncpus=$_v"
 _one "$(command -v "$py" 2>/dev/null)"; echo "python_path=$_v"
+# the cards, a line each: their count here, their generation, driver and bus ids for the scale-out facts below
+_q=
 if command -v hl-smi >/dev/null 2>&1; then
-    _o=$(_t hl-smi -Q module_id -f csv,noheader 2>/dev/null); _rc=$?
-    if [ "$_rc" = 0 ]; then echo "devices=$(printf '%s\n' "$_o" | grep -c '[^[:space:]]')"
+    _q=$(_t hl-smi -Q name,driver_version,bus_id -f csv,noheader 2>/dev/null </dev/null); _rc=$?
+    if [ "$_rc" = 0 ]; then echo "devices=$(printf '%s\n' "$_q" | grep -c '[^[:space:]]')"
     else echo devices=0; echo "devices_error=hl-smi failed (exit $_rc)"; fi
 else echo devices=none; fi
 # mpirun on PATH, else where Habana's RHEL-family images (HabanaAI/Setup_and_Install dockerfiles/base: MPI_ROOT=
@@ -50,7 +52,7 @@ if [ -n "$_m" ] && [ -n "$code" ]; then _one "$(_t "$_m" --version 2>&1 </dev/nu
 # hl-smi calls that need no other's answer run side by side: _side_start CALL ARG... runs each function CALL with
 # its one ARG in the background, into a file of its own; _side_end waits and prints them in that order. Habana's
 # Health Screen reads a host's cards so (IGNodes.py health_check: a process per card). One after another, an 8-card
-# host made 30 hl-smi calls in a row, each opening the driver; now 5 (two lists of the cards, then each card's three
+# host made 30 hl-smi calls in a row, each opening the driver; now 4 (the list of the cards, then each card's three
 # port reads beside the rest). Where mktemp is missing, one after another still.
 _side_start() {
     _side_d=$(mktemp -d 2>/dev/null) || _side_d=
@@ -95,7 +97,6 @@ _scaleout() {
         grep -c ib_umem_dmabuf_get "${GAUDI_LAUNCH_PROCFS:-/proc}/kallsyms" 2>/dev/null
     fi
     if command -v hl-smi >/dev/null 2>&1; then
-        _q=$(_t hl-smi -Q name,driver_version,bus_id -f csv,noheader 2>/dev/null </dev/null)
         echo '@@hl-smi -Q name,driver_version,bus_id -f csv,noheader'; printf '%s\n' "$_q"
         _buses=
         [ -n "$code" ] && while IFS= read -r _l; do
